@@ -1,0 +1,43 @@
+"""geosearch: find which weight-space geometry each transformer module type should use.
+
+Public API::
+
+    import geosearch
+    assignment = geosearch.load_assignment("runs/default/best_assignment.yaml")
+    optimizer = geosearch.build_optimizer(model, assignment)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; imported on first use so `geosearch --help` stays fast
+# and importing the package does not pull in torch until it is needed.
+_EXPORTS = {
+    "Assignment": "geosearch.assignment",
+    "load_assignment": "geosearch.assignment",
+    "build_optimizer": "geosearch.optim",
+    "ManifoldMuon": "geosearch.optim",
+    "get_manifold": "geosearch.manifolds",
+    "manifold_names": "geosearch.manifolds",
+    "GeosearchError": "geosearch.errors",
+    "ConfigError": "geosearch.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'geosearch' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.assignment import Assignment, load_assignment
+    from geosearch.errors import ConfigError, GeosearchError
+    from geosearch.manifolds import get_manifold, manifold_names
+    from geosearch.optim import ManifoldMuon, build_optimizer

@@ -1,0 +1,3 @@
+from geosearch.cli import main
+
+raise SystemExit(main())

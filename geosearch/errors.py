@@ -1,0 +1,55 @@
+"""User-facing errors.
+
+Everything a user can get wrong (a file, a key, a value, a name) raises a
+:class:`GeosearchError` whose message is one line naming where the problem is and what
+was expected. The CLI prints that line and exits non-zero without a traceback;
+library callers get an ordinary exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class GeosearchError(Exception):
+    """An error caused by user input; its message is meant to be shown as is."""
+
+
+class ConfigError(GeosearchError, ValueError):
+    """A bad value in a YAML file, a CLI flag or an API argument.
+
+    Args:
+        problem: what is wrong, e.g. ``"unknown geometry 'stiefle'"``.
+        source: the file (or ``"--assign"``, ``"build_optimizer"``...) the value came from.
+        key: the key path inside it, e.g. ``"geometry.attn_qkv"``.
+        allowed: the allowed values, listed in the message.
+
+    Example:
+        >>> str(ConfigError("unknown geometry 'x'", source="a.yaml", key="geometry.mlp_in",
+        ...                 allowed=["dgram", "stiefel"]))
+        "a.yaml: geometry.mlp_in: unknown geometry 'x'; expected one of: dgram, stiefel"
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        source: str | None = None,
+        key: str | None = None,
+        allowed: Iterable[object] | None = None,
+    ) -> None:
+        self.problem, self.source, self.key = problem, source, key
+        self.allowed = list(allowed) if allowed is not None else None
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = ": ".join(str(x) for x in (self.source, self.key) if x)
+        msg = f"{where}: {self.problem}" if where else self.problem
+        if self.allowed is not None:
+            msg += "; expected one of: " + ", ".join(str(a) for a in self.allowed)
+        return msg
+
+
+def unknown_name(kind: str, name: object, known: Iterable[object], **where) -> ConfigError:
+    """The error for a name missing from a registry, listing the known names."""
+    return ConfigError(f"unknown {kind} {name!r}", allowed=sorted(map(str, known)), **where)
