@@ -1,0 +1,188 @@
+"""The matrix sign (polar factor) ``msign(G) = U Vᵀ`` and an accurate polar factor.
+
+``msign`` is what Muon applies to a momentum matrix: the steepest-descent direction
+under the spectral norm. It runs Newton–Schulz with the Polar Express per-iteration
+coefficients (Amsel, Persson, Musco, Gower, arXiv 2505.16932, Algorithm 1): the input is
+divided by its Frobenius norm ×1.01 so every singular value lies in (0, 1), then each
+iteration applies the odd quintic ``p_k(x) = a_k x + b_k x³ + c_k x⁵`` to every singular
+value, on the wide orientation (the Gram ``X Xᵀ`` is the small one). Five iterations give
+a direction (singular values within about ±0.2 of 1 down to 1e-3 of the largest, enough
+for an optimizer step); eight converge in float32.
+
+``polar`` is the accurate version used to put matrices *on* a manifold: it polishes with
+the classical cubic Newton–Schulz iteration, which converges quadratically when the
+input is already close to orthonormal (the usual case after a small optimizer step: one
+or two iterations) and runs Polar Express first otherwise.
+
+Precision: the iteration runs in float32 on CPU (and on CUDA unless ``bf16=True``);
+``polar`` runs in the input's precision when that is float64. ``exact=True`` uses an SVD
+in float64 (a reference, and for tests).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import Tensor
+
+__all__ = ["POLAR_EXPRESS_COEFFS", "msign", "polar", "gram_error"]
+
+# Polar Express degree-5 coefficients (a, b, c), one triple per iteration, as published
+# in arXiv 2505.16932 (Algorithm 1); iterations past the list reuse the last triple
+# (the classical quintic Newton–Schulz 15/8, -10/8, 3/8, to which the sequence converges).
+_POLAR_EXPRESS_RAW: tuple[tuple[float, float, float], ...] = (
+    (8.28721201814563, -23.595886519098837, 17.300387312530933),
+    (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
+    (3.9486908534822946, -2.908902115962949, 0.5518191394370137),
+    (3.3184196573706015, -2.488488024314874, 0.51004894012372),
+    (2.300652019954817, -1.6689039845747493, 0.4188073119525673),
+    (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
+    (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
+    (1.875, -1.25, 0.375),
+)
+# The paper's safety factor: p(x) -> p(x / 1.01) for all but the last polynomial, so
+# rounding that pushes a singular value slightly above 1 cannot make it blow up.
+_SAFETY = 1.01
+POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = tuple(
+    (a / _SAFETY, b / _SAFETY**3, c / _SAFETY**5) for a, b, c in _POLAR_EXPRESS_RAW[:-1]
+) + (_POLAR_EXPRESS_RAW[-1],)
+
+# Polar Express iterations `polar` runs before polishing an input far from orthonormal.
+_POLAR_FAR_STEPS = 8
+# Stop polishing once max|XᵀX - I| is below this many units of the working precision.
+_POLISH_TOL_ULPS = 64
+# An input counts as "near" when ||XᵀX - I||_F < this: then every singular value lies in
+# (sqrt(1/2), sqrt(3/2)), inside the cubic iteration's basin (0, sqrt(3)).
+_NEAR = 0.5
+_MAX_POLISH = 8
+# Above this max|XᵀX - I| after polishing, `polar` gives up on Newton–Schulz (SVD instead).
+_FALLBACK = 1e-4
+
+
+def _coefficients(steps: int) -> list[tuple[float, float, float]]:
+    head = list(POLAR_EXPRESS_COEFFS[:steps])
+    return head + list(itertools.repeat(POLAR_EXPRESS_COEFFS[-1], steps - len(head)))
+
+
+def _fma(C: Tensor, A: Tensor, B: Tensor, beta: float, alpha: float = 1.0) -> Tensor:
+    """``beta·C + alpha·A@B`` with one fused kernel for 2-D and 3-D operands."""
+    if C.ndim == 2:
+        return torch.addmm(C, A, B, beta=beta, alpha=alpha)
+    if C.ndim == 3:
+        return torch.baddbmm(C, A, B, beta=beta, alpha=alpha)
+    return beta * C + alpha * (A @ B)
+
+
+def _svd_sign(G: Tensor) -> Tensor:
+    """U·sign(Σ)·Vᵀ in float64: singular values at rounding level map to 0, like NS does."""
+    X = G.to(torch.float64)
+    U, S, Vh = torch.linalg.svd(X, full_matrices=False)
+    cutoff = S.amax(dim=-1, keepdim=True) * (max(X.shape[-2:]) * torch.finfo(X.dtype).eps)
+    keep = (S > cutoff).to(X.dtype)
+    return ((U * keep.unsqueeze(-2)) @ Vh).to(G.dtype)
+
+
+def _svd_polar(X: Tensor) -> Tensor:
+    """U Vᵀ from a float64 SVD; always orthonormal, also for rank-deficient X."""
+    U, _, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
+    return (U @ Vh).to(X.dtype)
+
+
+def msign(G: Tensor, steps: int = 5, exact: bool = False, bf16: bool = False) -> Tensor:
+    """Approximate polar factor ``U Vᵀ`` of the last two dims of ``G`` (``G = U Σ Vᵀ``).
+
+    Args:
+        G: ``(m, n)`` or batched ``(..., m, n)``; any real dtype, any device.
+        steps: Newton–Schulz iterations with the Polar Express coefficients
+            (5 for an optimizer direction; 8 converge in float32).
+        exact: use an SVD in float64 instead (zero singular values map to zero).
+        bf16: on CUDA, iterate in bfloat16 (the paper's speed setting); ignored on CPU.
+
+    Returns:
+        A tensor of ``G``'s shape and dtype. Singular vectors are ``G``'s; singular
+        values are ``p(σ/(1.01‖G‖_F))`` for the composed polynomial ``p`` (≈ 1).
+        ``msign(c·G) = msign(G)`` for every ``c > 0``.
+
+    Example:
+        >>> A = msign(torch.randn(64, 16))
+        >>> bool(torch.linalg.matrix_norm(A, 2) < 1.3)
+        True
+    """
+    if G.ndim < 2:
+        raise ValueError(f"msign needs a matrix or a batch of matrices, got shape {tuple(G.shape)}")
+    if exact:
+        return _svd_sign(G)
+    work = torch.bfloat16 if (bf16 and G.is_cuda) else torch.float32
+    X = G.to(work)
+    tall = X.shape[-2] > X.shape[-1]
+    if tall:  # iterate on the wide orientation: the Gram X Xᵀ is min(m, n) square
+        X = X.mT
+    # 1.01: the Frobenius norm bounds σ_max; the margin absorbs rounding in low precision.
+    X = X / (torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True) * 1.01 + 1e-30)
+    for a, b, c in _coefficients(steps):
+        A = X @ X.mT  # (.., k, k), k = min(m, n)
+        B = _fma(A, A, A, beta=b, alpha=c)  # bA + cA²
+        X = _fma(X, B, X, beta=a)  # aX + bX³ + cX⁵
+    if tall:
+        X = X.mT
+    return X.to(G.dtype)
+
+
+def gram_error(X: Tensor) -> Tensor:
+    """``max|XᵀX - I|`` per matrix over the small Gram (shape = batch dims)."""
+    gram = X.mT @ X if X.shape[-2] >= X.shape[-1] else X @ X.mT
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    return (gram - eye).abs().amax(dim=(-2, -1))
+
+
+def polar(X: Tensor, exact: bool = False) -> Tensor:
+    """Accurate orthonormal polar factor of ``X`` (for projections and retractions).
+
+    Near-orthonormal inputs (``‖XᵀX − I‖_F < 0.5``, e.g. a Stiefel point after a small
+    step) are polished with the cubic Newton–Schulz iteration ``X ← X(3I − XᵀX)/2``,
+    which converges quadratically (one or two iterations after a step of 0.02), until
+    ``max|XᵀX − I|`` is within 64 ulps, then takes one more step to the rounding floor.
+    Inputs further away first get 8 Polar Express iterations.
+    Inputs that still have not converged (rank-deficient, or a smallest singular value
+    below about 1e-3 of the Frobenius norm) fall back to the SVD, so the result always
+    has orthonormal columns (rows, if wide): unlike :func:`msign`, zero singular values
+    are completed to an orthonormal frame.
+
+    Args:
+        X: ``(m, n)`` or ``(..., m, n)``.
+        exact: SVD in float64 instead.
+
+    Returns:
+        ``U Vᵀ`` with ``X = U Σ Vᵀ`` (full-rank ``X``), same shape and dtype as ``X``:
+        orthonormal to the working precision; equal to ``U Vᵀ`` to working precision for
+        near inputs and to float32 accuracy (≈1e-6) for far ones.
+    """
+    if exact:
+        return _svd_polar(X)
+    work = torch.promote_types(X.dtype, torch.float32)
+    wide = X.shape[-2] < X.shape[-1]
+    Xt = X.mT if wide else X
+    Y = Xt.to(work).reshape(-1, *Xt.shape[-2:])  # (batch, m, n), m >= n
+    eye = torch.eye(Y.shape[-1], dtype=work, device=Y.device)
+    tol = _POLISH_TOL_ULPS * torch.finfo(work).eps
+    E = Y.mT @ Y - eye
+    # Each matrix takes its own path, so a batch gives what a loop would.
+    far = ~(torch.linalg.matrix_norm(E) < _NEAR)
+    if bool(far.any()):
+        Y = torch.where(far[:, None, None], msign(Y, steps=_POLAR_FAR_STEPS).to(work), Y)
+        E = Y.mT @ Y - eye
+    for _ in range(_MAX_POLISH):
+        todo = E.abs().amax(dim=(-2, -1)) > tol  # NaN compares False: stops, passes through
+        if not bool(todo.any()):
+            break
+        Y = torch.where(todo[:, None, None], Y - 0.5 * (Y @ E), Y)  # Y (3I − YᵀY) / 2
+        E = Y.mT @ Y - eye
+    # One last correction with the Gram already at hand: it takes the error from the
+    # stopping tolerance to the rounding floor (quadratic convergence) for one product.
+    Y = Y - 0.5 * (Y @ E)
+    failed = E.abs().amax(dim=(-2, -1)) > _FALLBACK
+    if bool(failed.any()):  # not converged (rank-deficient or very ill-conditioned): SVD
+        Y = torch.where(failed[:, None, None], _svd_polar(Xt.reshape(Y.shape).to(work)), Y)
+    Y = Y.reshape(Xt.shape)
+    return (Y.mT if wide else Y).to(X.dtype)

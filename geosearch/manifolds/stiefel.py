@@ -1,0 +1,44 @@
+"""Stiefel: orthonormal columns, ``WᵀW = I``."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from geosearch.manifolds.base import Manifold, sym
+from geosearch.manifolds.msign import polar
+
+__all__ = ["Stiefel"]
+
+
+class Stiefel(Manifold):
+    """Orthonormal columns: ``WᵀW = I`` on the tall orientation (all σ = 1).
+
+    Gram projector ``P = identity``. A wide weight has orthonormal rows instead.
+
+    * project / retract: the polar factor ``msign(W) = U Vᵀ`` (the nearest point in
+      Frobenius norm), polished by Newton–Schulz to rounding level.
+    * tangent space ``{A : WᵀA + AᵀW = 0}``; projection ``G − W·sym(WᵀG)``.
+    * constraint error ``max|WᵀW − I|``.
+
+    Example:
+        >>> import torch
+        >>> W = Stiefel().project(torch.randn(8, 3, dtype=torch.float64))
+        >>> Stiefel().check(W)[0]
+        True
+    """
+
+    name = "stiefel"
+    equation = "WᵀW = I"
+    error_text = "max|WᵀW − I|"
+
+    def gram_projector(self, S: Tensor) -> Tensor:
+        return S
+
+    def _project(self, W: Tensor, exact: bool) -> Tensor:
+        return polar(W, exact=exact)
+
+    def _normal_coefficients(self, W: Tensor, G: Tensor) -> Tensor:
+        return sym(W.mT @ G)
+
+    def solve_normal(self, W: Tensor, H: Tensor) -> Tensor:
+        return 0.5 * H  # WᵀW = I
