@@ -1,0 +1,311 @@
+"""Instability probes: attention logits and entropy, spectral norms, constraint errors.
+
+Two measurements, both cheap enough to run every few training steps:
+
+* :func:`attention_stats` runs one extra forward pass (no grad, eval mode) on a fixed
+  probe batch with every attention layer recording its queries and keys, and reduces the
+  attention logits ``z = q·kᵀ/√hs`` of each layer to
+
+  - ``max_logit``: the largest logit over heads, sequences and causal (query, key)
+    pairs; future positions, which the softmax never sees, are excluded. Signed max, as
+    in Wortsman et al. 2023 (max logits ≳ 1e3 degrade the loss, ≳ 1e4 diverge).
+  - attention entropy, in nats, of each causal softmax row ``H_i = -Σ_{j≤i} p_ij ln p_ij``
+    (at most ``ln(i+1)``). Row 0 attends to a single key and always has H = 0, so it is
+    left out. Each head's entropy is its mean over rows 1..T-1 and the batch;
+    ``min_entropy`` is the smallest head entropy (one head collapsing onto single keys,
+    Zhai et al. 2023) and ``mean_entropy`` the mean over heads (= over heads and rows).
+    The minimum is taken over *heads*, not over single rows: a row minimum is ~0 in any
+    healthy model that has a previous-token head, so it could not tell collapse apart.
+
+* :class:`WeightProbe` measures the largest singular value of every watched hidden
+  weight and its distance from its manifold
+  (``geosearch.manifolds.get_manifold(name).constraint_error``), per module type (split
+  blocks of a fused weight separately), reporting the max over layers.
+
+Example:
+    >>> probe = WeightProbe.from_assignment(model, assignment)   # once
+    >>> stats = attention_stats(model, x_probe)                   # every probe step
+    >>> stats["max_logit"], probe.measure()["sigma_max"]["attn_qkv"]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+from geosearch.errors import ConfigError
+from geosearch.manifolds import ADAMW, geometry_names, get_manifold
+from geosearch.modules import match_parameters
+from geosearch.proxy.model import CausalSelfAttention
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.assignment import Assignment
+
+
+# --------------------------------------------------------------------------- attention
+@contextmanager
+def recording_qk(model: nn.Module) -> Iterator[list[CausalSelfAttention]]:
+    """Make every attention layer of ``model`` keep ``last_q``/``last_k`` while inside.
+
+    Yields the attention modules in layer order. On exit recording is switched off and
+    the stored tensors are dropped.
+    """
+    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no CausalSelfAttention module to probe")
+    for m in layers:
+        m.record_qk = True
+    try:
+        yield layers
+    finally:
+        for m in layers:
+            m.record_qk, m.last_q, m.last_k = False, None, None
+
+
+def causal_logits(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Attention logits q·kᵀ/√hs in float32 with the future masked to -inf.
+
+    Args:
+        q, k: (B, nh, T, hs).
+        scale: the model's attention scale when it is not 1/√hs (logits ``scale·q·kᵀ``).
+
+    Returns:
+        (B, nh, T, T); entry [b, h, i, j] is the logit of query i for key j, -inf for j > i.
+    """
+    T, hs = q.size(-2), q.size(-1)
+    z = q.float() @ k.float().transpose(-2, -1)  # (B, nh, T, T)
+    z = z / math.sqrt(hs) if scale is None else z * scale
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T, T) j > i
+    return z.masked_fill(future, float("-inf"))
+
+
+def row_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of the softmax of each row; -inf entries have probability 0.
+
+    Args:
+        logits: (..., T, T) as from :func:`causal_logits`.
+
+    Returns:
+        (..., T); a uniform row over n keys gives ln n.
+    """
+    p = torch.softmax(logits, dim=-1)  # (..., T, T), 0 where masked
+    return torch.special.entr(p).sum(dim=-1)  # entr(p) = -p ln p, entr(0) = 0
+
+
+def layer_attention_stats(q: torch.Tensor, k: torch.Tensor,
+                          scale: float | None = None) -> tuple[float, float, float]:
+    """``(max_logit, min_entropy, mean_entropy)`` of one layer (definitions in the module doc).
+
+    Args:
+        q, k: (B, nh, T, hs) with T ≥ 2.
+        scale: attention scale, when not 1/√hs (see :func:`causal_logits`).
+    """
+    if q.size(-2) < 2:
+        raise ValueError("attention entropy needs sequences of at least 2 tokens")
+    z = causal_logits(q, k, scale)  # (B, nh, T, T)
+    max_logit = z.amax()  # masked entries are -inf, never the max
+    head_entropy = row_entropy(z)[..., 1:].mean(dim=(0, 2))  # (nh,) rows 1..T-1, batch
+    return max_logit.item(), head_entropy.min().item(), head_entropy.mean().item()
+
+
+@torch.no_grad()
+def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str = "nanogpt") -> dict:
+    """Per-layer max attention logit and attention entropy on the probe batch ``x``.
+
+    One forward pass of ``model`` under ``torch.no_grad`` in eval mode (the training mode
+    is restored). Pass the unwrapped model (not a DDP wrapper).
+
+    Args:
+        model: a model holding :class:`CausalSelfAttention` layers (e.g. the proxy GPT),
+            or any model whose attention :func:`geosearch.proxy.qk.qk_capture` can hook.
+        x: token ids (B, T), T ≥ 2; a fixed batch of a few sequences.
+        qk_source: how to get each layer's queries and keys: ``"nanogpt"`` (the proxy's
+            ``record_qk`` switch), ``"gpt2"`` or ``"llama"`` (Hugging Face models, hooks;
+            see :mod:`geosearch.proxy.qk`); ``BuiltModel.qk_source`` of a zoo model.
+
+    Returns:
+        ``max_logit_per_layer``, ``min_entropy_per_layer``, ``mean_entropy_per_layer``
+        (lists, layer order), and ``max_logit`` (max over layers), ``min_entropy`` (min
+        over layers), ``mean_entropy`` (mean over layers), as floats. A diverged model
+        gives NaN/inf values, which the pruner treats as unstable.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        if qk_source == "nanogpt" and any(isinstance(m, CausalSelfAttention) for m in model.modules()):
+            with recording_qk(model) as layers:
+                model(x)
+                per_layer = [layer_attention_stats(m.last_q, m.last_k) for m in layers]
+        else:
+            from geosearch.proxy.qk import qk_capture
+
+            with qk_capture(model, qk_source) as capture:
+                model(x)
+                per_layer = [layer_attention_stats(t.q, t.k, t.scale) for t in capture.layers()]
+    finally:
+        model.train(was_training)
+    max_logit, min_entropy, mean_entropy = (list(v) for v in zip(*per_layer))
+    return {
+        "max_logit_per_layer": max_logit,
+        "min_entropy_per_layer": min_entropy,
+        "mean_entropy_per_layer": mean_entropy,
+        "max_logit": max(max_logit, key=_nan_first),
+        "min_entropy": min(min_entropy, key=lambda v: -math.inf if math.isnan(v) else v),
+        "mean_entropy": sum(mean_entropy) / len(mean_entropy),
+    }
+
+
+def _nan_first(v: float) -> float:
+    """Sort key that puts NaN above everything, so max()/min() report a NaN layer."""
+    return math.inf if math.isnan(v) else v
+
+
+# --------------------------------------------------------------------------- weights
+@dataclass(frozen=True)
+class ProbedWeight:
+    """One hidden weight to watch.
+
+    Attributes:
+        name: parameter name, for messages.
+        param: the 2-D weight.
+        types: module type of each block (one entry unless the weight is fused, e.g.
+            ``("attn_q", "attn_k", "attn_v")`` for a split ``c_attn``).
+        geometries: geometry of each block, as ``types``.
+        split_dim: the dimension the blocks are stacked along (0 for ``nn.Linear``).
+    """
+
+    name: str
+    param: torch.Tensor
+    types: tuple[str, ...]
+    geometries: tuple[str, ...]
+    split_dim: int = 0
+
+
+class WeightProbe:
+    """σ_max and constraint error of hidden weights, per module type, max over layers.
+
+    Build it once, call :meth:`measure` at every probe step. Blocks of the same type are
+    stacked and measured in one batched call.
+
+    σ_max: ``sigma="exact"`` takes the top eigenvalue of the small Gram matrix WᵀW
+    (``torch.linalg.eigvalsh``, batched; a few ms for the ``small`` proxy on CPU).
+    ``sigma="power"`` runs ``power_iters`` power-iteration steps per call, warm-started
+    from the previous call's vector: a lower bound that converges as calls accumulate
+    (weights move little between probes); use it when the weights are large.
+
+    Constraint error: ``get_manifold(geometry).constraint_error`` per block; geometry
+    ``adamw`` has no constraint and is left out of ``constraint_error``.
+
+    Args:
+        weights: the weights to watch.
+        sigma: ``"exact"`` or ``"power"``.
+        power_iters: power-iteration steps per call (``sigma="power"``); the first call
+            does ``10 * power_iters``.
+
+    Example:
+        >>> probe = WeightProbe.from_assignment(model, Assignment.parse("attn=stiefel,mlp=dgram"))
+        >>> probe.measure()
+        {'sigma_max': {'attn_qkv': 1.0, ...}, 'constraint_error': {'attn_qkv': 3e-07, ...}}
+    """
+
+    SIGMA_METHODS = ("exact", "power")
+
+    def __init__(self, weights: Sequence[ProbedWeight], *, sigma: str = "exact",
+                 power_iters: int = 2) -> None:
+        if sigma not in self.SIGMA_METHODS:
+            raise ConfigError(f"unknown sigma method {sigma!r}", source="WeightProbe", key="sigma",
+                              allowed=self.SIGMA_METHODS)
+        if isinstance(power_iters, bool) or not isinstance(power_iters, int) or power_iters < 1:
+            raise ConfigError(f"must be a positive integer but got {power_iters!r}",
+                              source="WeightProbe", key="power_iters")
+        known = geometry_names()
+        self.sigma, self.power_iters = sigma, power_iters
+        # module type -> [(param, block, n_blocks, split_dim)] and its geometry
+        self.blocks: dict[str, list[tuple[torch.Tensor, int, int, int]]] = {}
+        self.geometry: dict[str, str] = {}
+        for w in weights:
+            if w.param.dim() != 2 or len(w.types) != len(w.geometries):
+                raise ValueError(f"{w.name}: need a 2-D weight and one geometry per block type")
+            for block, (t, geo) in enumerate(zip(w.types, w.geometries)):
+                if geo not in known:
+                    raise ConfigError(f"unknown geometry {geo!r} for {w.name}", source="WeightProbe",
+                                      key=t, allowed=known)
+                if self.geometry.setdefault(t, geo) != geo:
+                    raise ValueError(f"module type {t!r} has two geometries: "
+                                     f"{self.geometry[t]!r} and {geo!r} ({w.name})")
+                self.blocks.setdefault(t, []).append((w.param, block, len(w.types), w.split_dim))
+        self.manifolds = {t: get_manifold(g) for t, g in self.geometry.items() if g != ADAMW}
+        self._v: dict[str, torch.Tensor] = {}  # power iteration: type -> (L, n, 1) unit vectors
+
+    @classmethod
+    def from_assignment(cls, model: nn.Module, assignment: Assignment, **kwargs) -> WeightProbe:
+        """Watch every weight the assignment's rules match in ``model``."""
+        geometry = assignment.resolve()
+        matched = match_parameters(model, assignment.rule_set()).matched
+        return cls([ProbedWeight(m.name, m.param, m.types, tuple(geometry[t] for t in m.types),
+                                 m.rule.split_dim) for m in matched], **kwargs)
+
+    def stacked(self, module_type: str) -> torch.Tensor:
+        """All blocks of one type as (L, m, n) tall matrices (m ≥ n), float32 or float64.
+
+        Blocks are taken in the ``(out, in)`` orientation first (a ``Conv1D`` block is
+        transposed), so a square block's Gram matrix is the one the optimizer constrains."""
+        mats = []
+        for param, block, n_blocks, split_dim in self.blocks[module_type]:
+            W = param.detach()
+            if n_blocks > 1:
+                W = W.chunk(n_blocks, dim=split_dim)[block]
+            if split_dim == 1:  # Conv1D (in, out): measured as (out, in), as the optimizer
+                W = W.mT         # constrains it (matters for square DGram/oblique blocks)
+            mats.append(W.mT if W.size(0) < W.size(1) else W)
+        W = torch.stack(mats)  # (L, m, n)
+        return W if W.dtype == torch.float64 else W.float()
+
+    @torch.no_grad()
+    def measure(self) -> dict[str, dict[str, float]]:
+        """``{"sigma_max": {type: float}, "constraint_error": {type: float}}``, max over layers.
+
+        A type with a NaN/inf weight anywhere reports NaN for both (a diverged run must be
+        measurable: eigensolvers raise on non-finite input).
+        """
+        sigma_max, constraint_error = {}, {}
+        for t in self.blocks:
+            W = self.stacked(t)  # (L, m, n)
+            if not torch.isfinite(W).all():
+                sigma_max[t] = math.nan
+                if t in self.manifolds:
+                    constraint_error[t] = math.nan
+                continue
+            sigma_max[t] = self._sigma_max(t, W).max().item()
+            if t in self.manifolds:
+                constraint_error[t] = self.manifolds[t].constraint_error(W).max().item()
+        return {"sigma_max": sigma_max, "constraint_error": constraint_error}
+
+    def _sigma_max(self, t: str, W: torch.Tensor) -> torch.Tensor:
+        """(L,) largest singular value of each tall (m, n) matrix."""
+        if self.sigma == "exact":
+            gram = W.mT @ W  # (L, n, n), eigenvalues σ²
+            return torch.linalg.eigvalsh(gram)[..., -1].clamp_min(0).sqrt()
+        v = self._v.get(t)
+        iters = self.power_iters
+        if v is None or v.shape[:2] != W.shape[::2] or v.device != W.device:
+            g = torch.Generator().manual_seed(0)
+            v = torch.randn(W.size(0), W.size(2), 1, generator=g, dtype=W.dtype).to(W.device)
+            iters = 10 * self.power_iters
+        v = v.to(W.dtype)
+        for _ in range(iters):  # v ← WᵀW v / ‖WᵀW v‖
+            v = W.mT @ (W @ v)  # (L, n, 1)
+            v = v / v.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        self._v[t] = v
+        return (W @ v).norm(dim=1).squeeze(-1)  # (L,) ‖W v‖ ≤ σ_max
+
+
+def weight_stats(model: nn.Module, assignment: Assignment) -> dict[str, dict[str, float]]:
+    """One-off :meth:`WeightProbe.measure` for ``model`` under ``assignment``."""
+    return WeightProbe.from_assignment(model, assignment).measure()

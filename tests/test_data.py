@@ -1,0 +1,258 @@
+"""Corpora and batches: the stdlib default, text files and directories, token files, errors."""
+
+import json
+import socket
+import sysconfig
+
+import numpy as np
+import pytest
+import torch
+
+from geosearch.errors import ConfigError
+from geosearch.proxy import data as data_mod
+from geosearch.proxy.data import clear_corpus_cache, get_batch, load_corpus
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    clear_corpus_cache()
+    yield
+    clear_corpus_cache()
+
+
+def as_bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.tolist())
+
+
+# --------------------------------------------------------------------------- stdlib default
+def test_default_corpus_loads_offline_and_deterministically(monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("load_corpus tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    first = load_corpus()
+    # Rule: the default is the running interpreter's stdlib, byte-level, capped at max_bytes.
+    assert first.vocab_size == 256 and first.train.dtype == torch.uint8
+    assert "stdlib" in first.source and sysconfig.get_paths()["stdlib"] in first.source
+    n = len(first.train) + len(first.val)
+    assert 1_000_000 < n <= data_mod.DEFAULT_MAX_BYTES
+    # Rule: about val_fraction of the bytes are validation (whole files: not exact).
+    assert 0.05 < len(first.val) / n < 0.2
+    # Rule: a second load in the same process is the cached object.
+    assert load_corpus() is first
+    clear_corpus_cache()
+    second = load_corpus()
+    # Rule: loading again from disk gives identical bytes.
+    assert second is not first
+    assert torch.equal(first.train, second.train) and torch.equal(first.val, second.val)
+
+
+def make_fake_stdlib(root, n=30):
+    """n module files with unique contents, plus files that must be left out."""
+    contents = {}
+    for i in range(n):
+        path = root / ("pkg" if i % 3 else "") / f"mod_{i:02d}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        contents[path] = f"# module {i:02d}\n" + "x = 1\n" * (10 + i)
+        path.write_text(contents[path])
+    for excluded in ["site-packages/foo.py", "test/test_x.py", "pkg/tests/t.py", "idle_test/i.py"]:
+        (root / excluded).parent.mkdir(parents=True, exist_ok=True)
+        (root / excluded).write_text("# EXCLUDED\n")
+    (root / "notes.txt").write_text("# EXCLUDED not python\n")
+    return contents
+
+
+def test_stdlib_split_is_by_whole_files_and_excludes_site_packages_and_tests(tmp_path, monkeypatch):
+    contents = make_fake_stdlib(tmp_path)
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    corpus = load_corpus(val_fraction=0.1)
+    train, val = as_bytes(corpus.train).decode(), as_bytes(corpus.val).decode()
+    # Rule: site-packages, test directories and non-.py files are not in the corpus.
+    assert "EXCLUDED" not in train + val
+    in_val = sorted(p for p, text in contents.items() if text in val)
+    for p, text in contents.items():
+        # Rule: every file lies whole in exactly one split (no file straddles, no overlap).
+        assert (text in train) != (text in val), p
+    # Rule: every 10th file (sorted path order) is held out: 3 of 30.
+    assert len(in_val) == 3
+    ordered = sorted(contents)
+    assert in_val == [ordered[9], ordered[19], ordered[29]]
+    # Rule: the splits are the files concatenated in sorted path order.
+    assert train == "".join(contents[p] for p in ordered if p not in in_val)
+
+
+def test_stdlib_cap_picks_files_independently_of_location(tmp_path, monkeypatch):
+    for where in ("a", "b"):
+        make_fake_stdlib(tmp_path / where)
+    total = sum(len(t) for t in make_fake_stdlib(tmp_path / "c").values())
+    corpora = []
+    for where in ("a", "b"):
+        monkeypatch.setattr(sysconfig, "get_paths", lambda w=where: {"stdlib": str(tmp_path / w)})
+        corpora.append(load_corpus(max_bytes=total // 2))
+    a, b = corpora
+    # Rule: the cap holds, and the pick depends on relative paths only (same on every machine).
+    assert len(a.train) + len(a.val) <= total // 2
+    assert len(a.train) + len(a.val) > total // 3
+    assert torch.equal(a.train, b.train) and torch.equal(a.val, b.val)
+
+
+# --------------------------------------------------------------------------- batches
+def test_get_batch_is_reproducible_and_shifted():
+    data = torch.arange(1000, dtype=torch.int64).to(torch.uint8)  # 0..255 repeating
+    x1, y1 = get_batch(data, 8, 16, torch.Generator().manual_seed(3))
+    x2, y2 = get_batch(data, 8, 16, torch.Generator().manual_seed(3))
+    x3, _ = get_batch(data, 8, 16, torch.Generator().manual_seed(4))
+    # Rule: (B, T) int64; the same seed gives the same batch, another seed another batch.
+    assert x1.shape == y1.shape == (8, 16) and x1.dtype == y1.dtype == torch.int64
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(x1, x3)
+    # Rule: each row is a contiguous window of data and y is x shifted by one token.
+    assert torch.equal((x1[:, 1:] - x1[:, :-1]) % 256, torch.ones(8, 15, dtype=torch.int64))
+    assert torch.equal(x1[:, 1:], y1[:, :-1])
+    assert torch.equal(y1, (x1 + 1) % 256)
+
+
+def test_get_batch_covers_the_last_window():
+    data = torch.arange(17, dtype=torch.uint8)
+    x, y = get_batch(data, 4, 16, torch.Generator().manual_seed(0))
+    # Rule: with exactly block_size + 1 tokens there is one window, and it is the whole data.
+    assert torch.equal(x[0], data[:16].long()) and torch.equal(y[0], data[1:].long())
+    # Rule: one token fewer is an error that says what is needed.
+    with pytest.raises(ConfigError, match="16 tokens but a context of 16 needs at least 17"):
+        get_batch(data[:16], 4, 16, torch.Generator())
+
+
+# --------------------------------------------------------------------------- user text
+def test_text_file_split_by_bytes(tmp_path):
+    text = bytes(range(256)) * 4  # 1024 bytes
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(text)
+    corpus = load_corpus(path, val_fraction=0.25)
+    # Rule: one file: the first 75% are train, the last 25% validation, nothing lost or shared.
+    assert as_bytes(corpus.train) == text[:768] and as_bytes(corpus.val) == text[768:]
+    assert corpus.vocab_size == 256 and str(path) in corpus.source
+
+
+def test_text_directory_split_by_files(tmp_path):
+    for i in range(10):
+        (tmp_path / "sub" if i % 2 else tmp_path).mkdir(exist_ok=True)
+        ((tmp_path / "sub" if i % 2 else tmp_path) / f"f{i}.txt").write_text(f"<{i}>" * 20)
+    (tmp_path / ".hidden").write_text("HIDDEN")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "x").write_text("HIDDEN")
+    corpus = load_corpus(tmp_path, val_fraction=0.2)
+    train, val = as_bytes(corpus.train).decode(), as_bytes(corpus.val).decode()
+    ordered = sorted((tmp_path / "sub" if i % 2 else tmp_path) / f"f{i}.txt" for i in range(10))
+    held = [p for i, p in enumerate(ordered) if i in (4, 9)]
+    # Rule: hidden files and directories are skipped.
+    assert "HIDDEN" not in train + val
+    # Rule: files 5 and 10 of the sorted list (every 5th for 0.2) are validation, whole.
+    assert val == "".join(p.read_text() for p in held)
+    assert train == "".join(p.read_text() for p in ordered if p not in held)
+
+
+def test_directory_with_one_file_falls_back_to_byte_split(tmp_path):
+    (tmp_path / "only.txt").write_bytes(b"a" * 90 + b"b" * 10)
+    corpus = load_corpus(tmp_path, val_fraction=0.1)
+    # Rule: too few files to split by file: the last val_fraction of the bytes.
+    assert as_bytes(corpus.val) == b"b" * 10 and as_bytes(corpus.train) == b"a" * 90
+
+
+def test_cache_reloads_an_edited_file(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"x" * 100)
+    first = load_corpus(path)
+    # Rule: same file, same arguments: the cached corpus.
+    assert load_corpus(path) is first
+    path.write_bytes(b"y" * 200)
+    # Rule: a changed file is read again.
+    assert len(load_corpus(path).train) == 180
+
+
+# --------------------------------------------------------------------------- token files
+def write_tokens(directory, train, val, meta=None, meta_name="meta.json"):
+    directory.mkdir(exist_ok=True)
+    np.asarray(train, dtype=np.uint16).tofile(directory / "train.bin")
+    np.asarray(val, dtype=np.uint16).tofile(directory / "val.bin")
+    if meta is not None:
+        (directory / meta_name).write_text(meta)
+
+
+def test_token_files_with_meta_json(tmp_path):
+    train = np.arange(0, 60000, 7)
+    write_tokens(tmp_path, train, [50000, 3, 2, 1], json.dumps({"vocab_size": 50257}))
+    corpus = load_corpus(tmp_path)
+    # Rule: uint16 ids round-trip; the vocab comes from meta.json; the splits are the two files.
+    assert corpus.vocab_size == 50257
+    assert corpus.train.dtype == torch.uint16
+    assert torch.equal(corpus.train.long(), torch.from_numpy(train))
+    assert corpus.val.long().tolist() == [50000, 3, 2, 1]
+    x, y = get_batch(corpus.train, 2, 8, torch.Generator().manual_seed(0))
+    # Rule: batches of token files are int64 ids from the file.
+    assert x.dtype == torch.int64 and int(x.max()) < 60000 and torch.equal(x[:, 1:] - x[:, :-1],
+                                                                           torch.full((2, 7), 7))
+
+
+def test_token_files_with_meta_yaml_or_argument(tmp_path):
+    write_tokens(tmp_path, range(100), range(50), "vocab_size: 100\n", meta_name="meta.yaml")
+    # Rule: meta.yaml works too; an explicit vocab_size wins over the file.
+    assert load_corpus(tmp_path).vocab_size == 100
+    assert load_corpus(tmp_path, vocab_size=128).vocab_size == 128
+
+
+def test_token_files_without_vocab_are_refused(tmp_path):
+    write_tokens(tmp_path, range(100), range(50))
+    (tmp_path / "meta.pkl").write_bytes(b"not read")
+    # Rule: no vocab size: the error names the directory, meta.json, and why meta.pkl is not used.
+    with pytest.raises(ConfigError,
+                       match=rf"{tmp_path}: no vocabulary size: write meta.json.*meta.pkl is not read"):
+        load_corpus(tmp_path)
+
+
+# --------------------------------------------------------------------------- errors
+def test_missing_empty_and_short_data_name_the_path(tmp_path):
+    missing = tmp_path / "nope.txt"
+    # Rule: a missing path is named, with what was expected.
+    with pytest.raises(ConfigError, match=rf"{missing}: no such file or directory; expected a text file"):
+        load_corpus(missing)
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    # Rule: an empty file is named.
+    with pytest.raises(ConfigError, match=rf"{empty}: the text is empty"):
+        load_corpus(empty)
+    (tmp_path / "emptydir").mkdir()
+    with pytest.raises(ConfigError, match=r"emptydir: the directory holds no files"):
+        load_corpus(tmp_path / "emptydir")
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"x" * 200)
+    # Rule: too short for one context (+1) in a split: the source names the path and the need.
+    with pytest.raises(ConfigError, match=rf"{short}.*val split has 20 tokens but a context of 32 "
+                                          r"needs at least 33"):
+        load_corpus(short, block_size=32)
+    load_corpus(short, block_size=19)  # 20 tokens: exactly one sample fits
+
+
+def test_bad_token_files_name_the_file(tmp_path):
+    write_tokens(tmp_path, range(10), range(10), json.dumps({"vocab_size": 10}))
+    (tmp_path / "val.bin").write_bytes(b"abc")
+    # Rule: a token file that is not whole uint16 values is named.
+    with pytest.raises(ConfigError, match=r"val.bin: has 3 bytes; expected a non-empty array of uint16"):
+        load_corpus(tmp_path)
+    (tmp_path / "val.bin").unlink()
+    # Rule: a missing half of the pair is named.
+    with pytest.raises(ConfigError, match=r"val.bin is missing"):
+        load_corpus(tmp_path)
+    # Rule: pointing at a .bin file itself says to pass the directory.
+    with pytest.raises(ConfigError, match=r"train.bin: a token file on its own"):
+        load_corpus(tmp_path / "train.bin")
+    (tmp_path / "meta.json").write_text("{not json")
+    write_tokens(tmp_path, range(10), range(10))
+    with pytest.raises(ConfigError, match=r"meta.json: cannot parse it"):
+        load_corpus(tmp_path)
+
+
+def test_bad_arguments():
+    # Rule: val_fraction must leave both splits something.
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ConfigError, match="val_fraction: must be strictly between 0 and 1"):
+            load_corpus(val_fraction=bad)
