@@ -1,0 +1,384 @@
+"""Search spaces: the shipped files, validation messages, overrides, sampler/pruner/suggest."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import textwrap
+from pathlib import Path
+
+import optuna
+import pytest
+
+from geosearch.errors import ConfigError
+from geosearch.modules import rule_set_names
+from geosearch.search import (
+    LogitGrowthPruner,
+    SearchSpace,
+    SearchSpaceError,
+    apply_overrides,
+    load_space,
+    space_names,
+)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+REPO = Path(__file__).resolve().parents[1]
+MINIMAL = {"version": 1, "geometries": {"attn": ["stiefel", "dgram"], "mlp": ["stiefel", "dgram"]}}
+
+
+def write(tmp_path, text, name="space.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def problems(excinfo):
+    """{key path: ConfigError} of a SearchSpaceError."""
+    return {p.key: p for p in excinfo.value.problems}
+
+
+def space(**changes):
+    return SearchSpace.from_dict({**MINIMAL, **changes}, source="inline")
+
+
+# ---------------------------------------------------------------------- shipped spaces
+def test_shipped_spaces_load_by_name():
+    # Rule: every shipped space loads by name and the names are listed.
+    assert space_names() == ["default", "full", "paper"]
+    default, paper, full = load_space("default"), load_space("paper"), load_space("full")
+    # Rule: default and paper are attention x MLP over {stiefel, dgram}, searched exhaustively.
+    for s in (default, paper):
+        assert s.categorical_choices() == {"geometry.attn": ["stiefel", "dgram"], "geometry.mlp": ["stiefel", "dgram"]}
+        assert s.grid_size() == 4 and s.sampler_type() == "grid"
+    # Rule: the default space is CPU-sized: small proxy, one seed, a few hundred steps.
+    assert default.proxy.model == "small" and default.repeats == 1
+    assert 150 <= default.proxy.steps <= 300 and default.name == "default"
+    # Rule: paper.yaml carries the study's shared settings.
+    p = paper.proxy
+    assert (p.spectral_lr, p.momentum, p.lr, p.betas, p.weight_decay, p.grad_clip) == (
+        0.02, 0.95, 6e-4, (0.9, 0.95), 0.1, 1.0)
+    # Rule: full.yaml searches every split module type over every geometry, plus step sizes.
+    assert full.rules == "nanogpt_split" and full.proxy.model == "gpt2"
+    assert list(full.geometries) == ["attn_q", "attn_k", "attn_v", "attn_out", "mlp_in", "mlp_out"]
+    from geosearch.assignment import geometry_names
+    assert all(sorted(v) == sorted(geometry_names()) for v in full.geometries.values())
+    assert full.grid_size() == math.inf and full.sampler_type() == "tpe"
+
+
+@pytest.mark.parametrize("name", ["default", "paper", "full"])
+def test_repo_search_spaces_are_the_shipped_files(name):
+    repo_file = REPO / "search_spaces" / f"{name}.yaml"
+    shipped = REPO / "geosearch" / "search" / "spaces" / f"{name}.yaml"
+    # Rule: search_spaces/ at the repo top shows the packaged files, not copies of them.
+    assert repo_file.resolve() == shipped.resolve()
+    # Rule: every shipped YAML starts with a comment showing the command that uses it.
+    assert repo_file.read_text().startswith("# geosearch search")
+    # Rule: loading by path gives the same space as by name.
+    assert load_space(repo_file).to_dict() == load_space(name).to_dict()
+
+
+@pytest.mark.parametrize("name", ["default", "paper", "full"])
+def test_to_dict_round_trips(name):
+    s = load_space(name)
+    # Rule: from_dict(to_dict()) rebuilds the same space.
+    assert SearchSpace.from_dict(s.to_dict(), source="x").to_dict() == s.to_dict()
+
+
+# ---------------------------------------------------------------------- messages
+def test_one_problem_is_one_line_with_file_key_and_allowed(tmp_path):
+    path = write(tmp_path, """\
+        version: 1
+        geometries: {attn: [stiefel, dgram], mlp: [stiefle]}
+    """)
+    with pytest.raises(SearchSpaceError) as e:
+        load_space(path)
+    msg = str(e.value)
+    # Rule: the message names the file, the key path and the allowed values, on one line.
+    assert msg.startswith(f"{path}: geometries.mlp: unknown geometry 'stiefle'; expected one of:")
+    assert "stiefel" in msg and "adamw" in msg and "\n" not in msg
+    # Rule: a SearchSpaceError is a ConfigError (the CLI prints it without a traceback).
+    assert isinstance(e.value, ConfigError)
+
+
+def test_all_problems_are_reported_at_once(tmp_path):
+    path = write(tmp_path, """\
+        version: 1
+        geometries: {attn: [stiefel], mlp: [dgram]}
+        proxy: {model: huge, steps: -5, lernrate: 0.1}
+        repeats: 0
+        pruner: {max_logit: -1, loss: {type: median, n_startup_trials: two}}
+        sampler: {type: bayes}
+        colour: blue
+    """)
+    with pytest.raises(SearchSpaceError) as e:
+        load_space(path)
+    found = problems(e)
+    # Rule: every problem is collected before raising, each with its key path.
+    assert set(found) == {"colour", "proxy.lernrate", "proxy.model", "proxy.steps", "repeats",
+                          "pruner.max_logit", "pruner.loss.n_startup_trials", "sampler.type"}
+    msg = str(e.value)
+    # Rule: several problems make one message: a count, then one indented line each.
+    assert msg.splitlines()[0] == f"{path}: 8 problems in the search space:"
+    assert "  sampler.type: unknown sampler 'bayes'; expected one of: auto, grid, tpe, random, gp" in msg
+    assert "  proxy.model: unknown preset 'huge'; expected one of: tiny, small, gpt2" in msg
+    assert "  pruner.max_logit: max_logit must be positive and finite but got -1" in msg
+    # Rule: unknown keys list the allowed keys of their level.
+    assert "version" in found["colour"].allowed and "steps" in found["proxy.lernrate"].allowed
+
+
+def test_file_errors(tmp_path):
+    # Rule: a missing file says so and lists the shipped names.
+    with pytest.raises(ConfigError, match=r"nowhere\.yaml: no such file.*default, full, paper"):
+        load_space(tmp_path / "nowhere.yaml")
+    # Rule: malformed YAML gives the line and column.
+    bad = write(tmp_path, "version: 1\ngeometries: {attn: [stiefel\n")
+    with pytest.raises(ConfigError, match=r"malformed YAML at line 3, column 1"):
+        load_space(bad)
+    # Rule: version is required and must be 1.
+    with pytest.raises(SearchSpaceError, match=r"version: missing schema version"):
+        load_space(write(tmp_path, "geometries: {attn: stiefel, mlp: dgram}\n"))
+    with pytest.raises(SearchSpaceError, match=r"version: unsupported schema version 2; expected one of: 1"):
+        load_space(write(tmp_path, "version: 2\ngeometries: {attn: stiefel, mlp: dgram}\n"))
+    # Rule: geometries are required.
+    with pytest.raises(SearchSpaceError, match=r"geometries: missing"):
+        load_space(write(tmp_path, "version: 1\n"))
+
+
+# ---------------------------------------------------------------------- geometries, rules
+def test_geometry_keys_are_module_types_or_shorthands():
+    # Rule: per-type keys of the rule set are accepted, one categorical each.
+    s = space(geometries={"attn_qkv": ["stiefel", "dgram"], "attn_out": "stiefel",
+                          "mlp": ["dgram", "adamw"]})
+    assert s.categorical_choices() == {"geometry.attn_qkv": ["stiefel", "dgram"], "geometry.attn_out": ["stiefel"],
+                                       "geometry.mlp": ["dgram", "adamw"]}
+    assert s.grid_size() == 4
+    with pytest.raises(SearchSpaceError) as e:
+        space(geometries={"attn_q": ["stiefel"], "mlp": ["dgram"]})
+    found = problems(e)
+    # Rule: a type of another rule set is unknown here; the allowed keys are listed.
+    assert found["geometries.attn_q"].allowed == ["attn", "mlp", "attn_qkv", "attn_out", "mlp_in",
+                                                  "mlp_out"]
+    # Rule: every module type must be covered.
+    assert "attn_qkv, attn_out" in found["geometries"].problem
+    # Rule: the split rule set accepts q, k, v.
+    split = space(rules="nanogpt_split", geometries={"attn_q": "stiefel", "attn_k": "stiefel",
+                                                     "attn_v": "dgram", "attn_out": "dgram",
+                                                     "mlp": "dgram"})
+    assert list(split.categorical_choices()) == ["geometry." + k for k in ["attn_q", "attn_k", "attn_v", "attn_out", "mlp"]]
+
+
+def test_a_module_type_is_covered_once():
+    with pytest.raises(SearchSpaceError) as e:
+        space(geometries={"attn": ["stiefel"], "attn_qkv": ["dgram"], "mlp": ["dgram"]})
+    # Rule: a type given both by itself and by its family's shorthand is ambiguous.
+    assert "'attn_qkv' is also covered by 'attn'" in problems(e)["geometries.attn_qkv"].problem
+
+
+def test_rules_errors_and_custom_rules():
+    with pytest.raises(SearchSpaceError) as e:
+        space(rules="no_such_family")
+    # Rule: an unknown rule set lists the known ones.
+    assert problems(e)["rules"].allowed == sorted(rule_set_names())
+    custom = [{"type": "qkv", "pattern": r"c_attn\.weight$", "family": "attn"},
+              {"type": "ffn", "pattern": r"c_fc\.weight$", "family": "mlp", "colour": 1}]
+    with pytest.raises(SearchSpaceError) as e:
+        space(rules=custom, geometries={"qkv": "stiefel", "ffn": "dgram"})
+    # Rule: rule entries are checked key by key, with their index in the path.
+    assert "rules[1].colour" in problems(e)
+    del custom[1]["colour"]
+    s = space(rules=custom, geometries={"qkv": ["stiefel", "dgram"], "mlp": "dgram"})
+    # Rule: a list of rules defines the module types; shorthands cover them by family.
+    assert s.categorical_choices() == {"geometry.qkv": ["stiefel", "dgram"], "geometry.mlp": ["dgram"]}
+    assert [r.type for r in s.rules] == ["qkv", "ffn"]
+
+
+# ---------------------------------------------------------------------- hyperparams
+def test_hyperparameter_ranges():
+    s = space(hyperparams={"spectral_lr": [0.005, 0.05], "lr": ["1e-4", 3.0e-3]},
+              budget={"trials": 100})
+    # Rule: ranges are log-uniform [low, high]; YAML 1.1's string "1e-4" is a number too.
+    assert (s.hyperparams.lr.low, s.hyperparams.lr.high) == (1e-4, 3e-3)
+    # Rule: continuous parameters make the space infinite and auto picks TPE.
+    assert s.grid_size() == math.inf and s.sampler_type() == "tpe"
+    with pytest.raises(SearchSpaceError) as e:
+        space(hyperparams={"spectral_lr": [0.05, 0.005], "lr": 3e-4, "momentum": [0.9, 0.99]},
+              budget={"trials": 5})
+    found = problems(e)
+    # Rule: low < high; a range is two numbers; only spectral_lr and lr are searchable.
+    assert "0 < low < high" in found["hyperparams.spectral_lr"].problem
+    assert "expected [low, high]" in found["hyperparams.lr"].problem
+    assert found["hyperparams.momentum"].allowed == ["spectral_lr", "lr"]
+    with pytest.raises(SearchSpaceError) as e:
+        space(hyperparams={"spectral_lr": {"oblique": [0.01, 0.1]}}, budget={"trials": 5})
+    # Rule: a per-geometry range needs a manifold geometry of this space.
+    assert problems(e)["hyperparams.spectral_lr.oblique"].allowed == ["dgram", "stiefel"]
+
+
+def test_grid_needs_a_finite_space():
+    with pytest.raises(SearchSpaceError) as e:
+        space(hyperparams={"lr": [1e-4, 1e-3]}, sampler={"type": "grid"})
+    err = problems(e)["sampler.type"]
+    # Rule: a grid over continuous parameters is an error naming them and the other samplers.
+    assert "hyperparams.lr is continuous" in err.problem
+    assert err.allowed == ["auto", "tpe", "random", "gp"]
+
+
+def test_suggest_with_per_geometry_step_sizes():
+    s = space(hyperparams={"spectral_lr": {"stiefel": [0.01, 0.04], "dgram": [0.001, 0.004]},
+                           "lr": [1e-4, 1e-3]}, budget={"trials": 8})
+    trial = optuna.trial.FixedTrial({"geometry.attn": "stiefel", "geometry.mlp": "stiefel",
+                                     "spectral_lr.stiefel": 0.02, "lr": 5e-4})
+    sug = s.suggest(trial)
+    # Rule: one categorical per key; a per-geometry step size is suggested only for
+    # geometries the trial uses and becomes the `lr` option of the keys that use it.
+    assert sug.geometry == {"attn": "stiefel", "mlp": "stiefel"}
+    assert sug.options == {"attn": {"lr": 0.02}, "mlp": {"lr": 0.02}}
+    # Rule: the AdamW lr becomes a TrainConfig override.
+    assert sug.train_overrides == {"lr": 5e-4}
+    config = s.train_config(sug, repeat=2)
+    assert (config.lr, config.seed) == (5e-4, s.proxy.seed + 2)
+    # Rule: the suggestion is a valid assignment of the space's rules.
+    resolved = sug.assignment().resolve()
+    assert resolved == {"attn_qkv": "stiefel", "attn_out": "stiefel", "mlp_in": "stiefel",
+                        "mlp_out": "stiefel"}
+
+
+# ---------------------------------------------------------------------- sampler
+def test_grid_visits_every_assignment_once_and_stops():
+    s = load_space("default")
+    study = optuna.create_study(sampler=s.make_sampler(), pruner=s.make_pruner())
+    seen = []
+    study.optimize(lambda t: seen.append(tuple(s.suggest(t).geometry.values())) or 0.0,
+                   n_trials=10)
+    # Rule: the grid sampler covers categorical_choices exactly, then ends the study.
+    assert sorted(seen) == sorted((a, m) for a in ("stiefel", "dgram") for m in ("stiefel", "dgram"))
+
+
+def test_sampler_choice():
+    # Rule: auto is a grid when the trial budget covers the space, TPE otherwise.
+    assert isinstance(space().make_sampler(), optuna.samplers.GridSampler)
+    assert isinstance(space(budget={"trials": 3}).make_sampler(), optuna.samplers.TPESampler)
+    # Rule: explicit choices are honoured.
+    assert isinstance(space(sampler="random", budget={"trials": 5}).make_sampler(),
+                      optuna.samplers.RandomSampler)
+    assert isinstance(space(sampler={"type": "tpe", "n_startup_trials": 3},
+                            budget={"timeout": 60}).make_sampler(), optuna.samplers.TPESampler)
+    # Rule: a search that never ends by itself needs a budget.
+    with pytest.raises(SearchSpaceError, match=r"budget: a tpe search never ends by itself"):
+        space(sampler="tpe")
+    # Rule: n_startup_trials belongs to model-based samplers only.
+    with pytest.raises(SearchSpaceError, match=r"sampler.n_startup_trials: the grid sampler"):
+        space(sampler={"type": "grid", "n_startup_trials": 3})
+
+
+def test_gp_sampler_names_its_extra_dependency():
+    s = space(sampler="gp", budget={"trials": 20})
+    if importlib.util.find_spec("scipy") is not None:
+        # Rule: with scipy installed, gp is Optuna's GPSampler.
+        assert isinstance(s.make_sampler(), optuna.samplers.GPSampler)
+        return
+    # Rule: without scipy the error names the missing package and the other samplers.
+    with pytest.raises(ConfigError, match=r"sampler.type: Optuna's GPSampler needs scipy.*"
+                                          r"pip install scipy.*expected one of: auto, grid, tpe"):
+        s.make_sampler()
+
+
+# ---------------------------------------------------------------------- pruner
+def test_make_pruner_with_a_wrapped_loss_pruner():
+    s = space(pruner={"max_logit": "2e3", "min_entropy": None, "window": 4,
+                      "loss": {"type": "percentile", "percentile": 25, "n_startup_trials": 2}})
+    pruner = s.make_pruner()
+    # Rule: the pruner is a LogitGrowthPruner wrapping the configured loss pruner.
+    assert isinstance(pruner, LogitGrowthPruner)
+    assert isinstance(pruner.wrapped, optuna.pruners.PercentilePruner)
+    # Rule: YAML 1.1's string "2e3" is read as a number; null turns a rule off.
+    assert s.pruner.max_logit == 2e3 and s.pruner.min_entropy is None
+    # Rule: the defaults are the pruner's own.
+    assert space().pruner.max_logit == 1e3 and space().pruner.loss.type == "none"
+    assert space(pruner={"loss": "median"}).make_pruner().wrapped.__class__ is optuna.pruners.MedianPruner
+
+
+def test_pruner_errors():
+    with pytest.raises(SearchSpaceError) as e:
+        space(pruner={"max_logit": 50, "trend_min_logit": 80, "loss": {"type": "percentile"}})
+    found = problems(e)
+    # Rule: the cross-key check trend_min_logit < max_logit is reported on trend_min_logit.
+    assert "trend_min_logit must be between 0 and max_logit (50)" in found[
+        "pruner.trend_min_logit"].problem
+    # Rule: the percentile pruner needs its percentile.
+    assert "pruner.loss.percentile" in found
+    with pytest.raises(SearchSpaceError) as e:
+        space(pruner={"loss": {"type": "percentile", "percentile": 120}})
+    # Rule: Optuna's own range checks come through, keyed to the loss pruner.
+    assert "Percentile must be between 0 and 100" in problems(e)["pruner.loss"].problem
+    with pytest.raises(SearchSpaceError) as e:
+        space(pruner={"loss": {"type": "successive_halving", "patience": 3}})
+    # Rule: each loss pruner accepts its own arguments only, listed on error.
+    assert "reduction_factor" in problems(e)["pruner.loss.patience"].allowed
+    with pytest.raises(SearchSpaceError) as e:
+        space(pruner={"loss": "hyperband"})
+    assert problems(e)["pruner.loss.type"].allowed == ["none", "median", "percentile",
+                                                       "successive_halving"]
+
+
+# ---------------------------------------------------------------------- proxy
+def test_proxy_errors():
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model_args": {"n_layers": 2},
+                     "optimizer_args": {"lr": 0.1, "dual_step": 3, "dual_steps": 0}})
+    found = problems(e)
+    # Rule: model_args are GPTConfig fields, listed on error.
+    assert "n_layer" in found["proxy.model_args.n_layers"].allowed
+    # Rule: optimizer_args take build_optimizer settings that are not TrainConfig fields.
+    assert found["proxy.optimizer_args.lr"].problem == "set it as proxy.lr"
+    assert "dual_steps" in found["proxy.optimizer_args.dual_step"].allowed
+    assert "proxy.optimizer_args.dual_steps" in found
+    s = space(proxy={"model": "tiny", "steps": 20, "lr": "1e-3", "optimizer_args": {"dual_steps": 5}})
+    # Rule: proxy is a TrainConfig (numeric strings accepted, as TrainConfig does).
+    assert (s.proxy.model, s.proxy.steps, s.proxy.lr) == ("tiny", 20, 1e-3)
+
+
+# ---------------------------------------------------------------------- overrides
+def test_cli_flags_and_dotted_overrides():
+    base = load_space("default")
+    s = apply_overrides(base, ["proxy.eval_every=25", "hyperparams.lr=[1e-4, 1e-3]"],
+                        trials=12, steps=100, model="tiny", data=None, seed=None)
+    # Rule: flags map to their key paths; None means "flag not given".
+    assert (s.budget.trials, s.proxy.steps, s.proxy.model, s.proxy.data) == (12, 100, "tiny", None)
+    assert s.sampler.seed == base.sampler.seed
+    # Rule: dotted key=value overrides are read as YAML values.
+    assert s.proxy.eval_every == 25 and s.hyperparams.lr.high == 1e-3
+    # Rule: the original space is unchanged.
+    assert base.proxy.steps == 200 and base.hyperparams.lr is None
+    # Rule: overrides that change the space change auto's choice (now continuous: TPE).
+    assert s.sampler_type() == "tpe"
+    # Rule: a mapping of dotted keys works too.
+    assert apply_overrides(base, {"proxy.model_args.n_layer": 2}).proxy.model_args == {"n_layer": 2}
+
+
+def test_bad_overrides_name_the_override():
+    base = load_space("default")
+    with pytest.raises(SearchSpaceError) as e:
+        apply_overrides(base, ["proxy.stepz=5"], trials=0)
+    # Rule: errors in overrides name them as the source, with key path and allowed keys.
+    assert str(e.value).startswith("overrides of ") and "default.yaml: 2 problems" in str(e.value)
+    assert set(problems(e)) == {"proxy.stepz", "budget.trials"}
+    # Rule: an item that is not key=value is rejected in words.
+    with pytest.raises(ConfigError, match=r"expected 'key=value'"):
+        apply_overrides(base, ["proxy.steps"])
+    # Rule: a key path through a non-mapping value is rejected.
+    with pytest.raises(ConfigError, match=r"cannot set 'repeats.x': repeats is not a mapping"):
+        apply_overrides(base, ["repeats.x=1"])
+    # Rule: an unknown flag is a programming error.
+    with pytest.raises(TypeError, match=r"unexpected flag 'stepz'"):
+        apply_overrides(base, stepz=5)
+
+
+def test_summary_mentions_what_is_searched():
+    text = load_space("default").summary()
+    # Rule: the summary names the space, the choices and the sampler.
+    assert "search space 'default'" in text and "attn, mlp in {stiefel, dgram}" in text
+    assert "= 4 assignments" in text and "sampler: grid" in text
+    # Rule: it is a few lines.
+    assert len(text.splitlines()) <= 6
