@@ -1,0 +1,253 @@
+"""Time per optimizer step at GPT-2-small weight shapes, per geometry × solver.
+
+Compares :class:`geosearch.optim.ManifoldMuon` on every registered geometry with both
+solvers against ``torch.optim.AdamW`` and against the reference algorithm as published
+(see the "reference" section below), all measured in the same run, and reports the
+constraint error each leaves. Not a test: it prints a table and writes it to
+``benchmarks/results/optimizer_step.md``.
+
+Usage::
+
+    python benchmarks/optimizer_step.py                      # GPT-2 small shapes
+    python benchmarks/optimizer_step.py --shapes small --repeats 2   # a quick run
+    python benchmarks/optimizer_step.py --threads 1          # stable numbers on a shared CPU
+    python benchmarks/optimizer_step.py --device cuda --repeats 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from geosearch.manifolds import get_manifold, manifold_names, msign
+from geosearch.optim.muon import ManifoldMuon
+
+SHAPES = {
+    # (out, in) of nn.Linear: c_attn, attn c_proj, c_fc, mlp c_proj of GPT-2 small
+    "gpt2": [(2304, 768), (768, 768), (3072, 768), (768, 3072)],
+    "small": [(576, 192), (192, 192), (768, 192), (192, 768)],
+}
+LR = 0.02  # the study's spectral step size
+RESULTS = Path(__file__).parent / "results" / "optimizer_step.md"
+
+# ------------------------------------------------------------------------------------
+# The reference algorithm as published, kept here only for this comparison.
+# Manifold Muon of Bernstein (2025) as in the "modular manifolds" code, with the Gram
+# projector P of the study inserted: Λ₀ = −¼·P(WᵀG + GᵀW); K = 20 times
+# A = msign(G + 2WΛ), H = P(WᵀA + AᵀW), stop if ‖H‖_F/√numel < 1e-6, Λ ← Λ − α(1 − k/K)H
+# with the fixed α = 0.1 on the unscaled G; msign = 10 Polar Express iterations (that
+# code's default; run in float32 here like ours). Retraction: Stiefel msign(W); DGram
+# the SVD-based U Vᵀ·diag(σ) (which re-sorts column norms, so it moves on-manifold points).
+# ------------------------------------------------------------------------------------
+REF_STEPS, REF_ALPHA, REF_TOL, REF_NS = 20, 0.1, 1e-6, 10
+REFERENCE_GEOMETRIES = ("stiefel", "dgram")
+
+
+def reference_dgram_retract(W: torch.Tensor) -> torch.Tensor:
+    """REFERENCE ONLY (published DGram retraction): ``U Vᵀ·diag(σ)`` for tall ``W``."""
+    U, S, Vh = torch.linalg.svd(W, full_matrices=False)
+    return (U @ Vh) * S
+
+
+def reference_update(
+    geometry: str, W: torch.Tensor, G: torch.Tensor, lr: float
+) -> tuple[torch.Tensor, float]:
+    """REFERENCE ONLY: one published manifold-Muon update; returns (new W, last residual)."""
+    wide = W.shape[0] < W.shape[1]
+    if wide:
+        W, G = W.T, G.T
+    project = get_manifold(geometry).gram_projector
+    lam = -0.25 * project(W.T @ G + G.T @ W)
+    for k in range(REF_STEPS):
+        A = msign(G + 2 * W @ lam, steps=REF_NS)
+        H = project(W.T @ A + A.T @ W)
+        residual = float(H.norm() / math.sqrt(H.numel()))
+        if residual < REF_TOL:
+            break
+        lam = lam - REF_ALPHA * (1 - k / REF_STEPS) * H
+    new = W - lr * A
+    new = msign(new, steps=REF_NS) if geometry == "stiefel" else reference_dgram_retract(new)
+    return (new.T if wide else new), residual
+
+
+class ReferenceOptimizer:
+    """REFERENCE ONLY: Nesterov momentum (as in ManifoldMuon) + :func:`reference_update`."""
+
+    def __init__(self, param: torch.Tensor, geometry: str, lr: float = LR, momentum: float = 0.95):
+        self.param, self.geometry, self.lr, self.beta = param, geometry, lr, momentum
+        self.buf = torch.zeros_like(param)
+        self.residual = math.nan
+
+    @torch.no_grad()
+    def step(self) -> None:
+        g = self.param.grad
+        self.buf.lerp_(g, 1 - self.beta)
+        update = torch.lerp(g, self.buf, self.beta)
+        new, self.residual = reference_update(self.geometry, self.param, update, self.lr)
+        self.param.copy_(new)
+
+
+# ------------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _gradients(shape, count: int, device, seed: int) -> list[torch.Tensor]:
+    """Gaussian gradients with ‖G‖_F = 1 (the reference measured norms of 0.3–2.9)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        g = torch.randn(*shape, generator=gen)
+        out.append((g / g.norm()).to(device))
+    return out
+
+
+def run_case(make: Callable[[torch.nn.Parameter], object], geometry: str, shape, args, device) -> dict:
+    """Median seconds per step of one optimizer on one weight, and what it leaves behind."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(*shape, device=device) / math.sqrt(shape[1]))
+    if geometry != "adamw":
+        with torch.no_grad():
+            p.copy_(get_manifold(geometry).project(p))
+    opt = make(p)
+    grads = _gradients(shape, args.warmup + args.repeats, device, seed=1)
+    times = []
+    for i, g in enumerate(grads):
+        p.grad = g
+        _sync(device)
+        t0 = time.perf_counter()
+        opt.step()
+        _sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    error = 0.0
+    if geometry != "adamw":
+        error = float(get_manifold(geometry).constraint_error(p.detach().double()))
+    if isinstance(opt, ReferenceOptimizer):
+        residual = opt.residual
+    else:
+        residual = opt.state[p].get("residual", math.nan) if isinstance(opt, ManifoldMuon) else math.nan
+    return {"seconds": statistics.median(times), "error": error, "residual": residual}
+
+
+def _cases(args) -> list[tuple[str, str, Callable]]:
+    cases: list[tuple[str, str, Callable]] = [
+        ("adamw", "torch AdamW",
+         lambda p: torch.optim.AdamW([p], lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)),
+    ]
+    for geometry in args.geometries:
+        for solver in ("project", "dual"):
+            label = solver + (" (default)" if solver == "project"
+                              else f" (K≤{args.dual_steps}, tol {args.dual_tol:g})")
+            cases.append((geometry, label, lambda p, g=geometry, s=solver: ManifoldMuon(
+                [{"params": [p], "geometry": g, "lr": LR, "solver": s, "dual_steps": args.dual_steps,
+                  "dual_tol": args.dual_tol}])))
+        if geometry in REFERENCE_GEOMETRIES:  # the study's geometries: also measure the warm start
+            cases.append((geometry, "dual + warm start", lambda p, g=geometry: ManifoldMuon(
+                [{"params": [p], "geometry": g, "lr": LR, "solver": "dual", "warm_start": True,
+                  "dual_steps": args.dual_steps, "dual_tol": args.dual_tol}])))
+        if geometry in REFERENCE_GEOMETRIES and not args.no_reference:
+            cases.append((geometry, "reference (published)", lambda p, g=geometry: ReferenceOptimizer(p, g)))
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="gpt2",
+                        help="weight shapes (default gpt2)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per case (median reported)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--geometries", nargs="+", default=manifold_names(), choices=manifold_names())
+    parser.add_argument("--dual-steps", type=int, default=20, help="K of our dual solver")
+    parser.add_argument("--dual-tol", type=float, default=1e-3, help="tolerance of our dual solver")
+    parser.add_argument("--no-reference", action="store_true", help="skip the published reference")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's choice; 1 gives stable numbers on a "
+                             "machine other jobs share)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    shapes = SHAPES[args.shapes]
+
+    rows = []
+    for geometry, label, make in _cases(args):
+        per_shape = [run_case(make, geometry, shape, args, device) for shape in shapes]
+        row = {
+            "geometry": geometry, "solver": label,
+            "ms": [r["seconds"] * 1e3 for r in per_shape],
+            "error": max(r["error"] for r in per_shape),
+            "residual": max((r["residual"] for r in per_shape), default=math.nan),
+        }
+        row["total"] = sum(row["ms"])
+        rows.append(row)
+        print(f"  {geometry:14s} {label:32s} {row['total']:10.1f} ms", flush=True)
+
+    adamw = next(r["total"] for r in rows if r["geometry"] == "adamw")
+    reference = {r["geometry"]: r for r in rows if r["solver"].startswith("reference")}
+    table = _table(rows, shapes, adamw, reference)
+    header = (
+        f"# Optimizer step time ({args.shapes} shapes)\n\n"
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; device {device} "
+        f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads); "
+        f"torch {torch.__version__}; "
+        f"median of {args.repeats} steps after {args.warmup} warm-up; spectral lr {LR}; Gaussian gradients "
+        f"with ‖G‖_F = 1. Times in ms per step of one weight; ratios of the total over the four shapes, "
+        f"measured in this run. Error: the geometry's constraint error after the steps "
+        f"(max over shapes); residual: the dual solver's last tangent residual ‖H‖_F/√numel.\n"
+        f"Reference = published manifold Muon: K={REF_STEPS} dual ascent, fixed α={REF_ALPHA} on the "
+        f"unscaled G, "
+        f"msign with {REF_NS} Polar Express steps; DGram retraction U Vᵀ·diag(σ) from an SVD.\n\n"
+    )
+    verdicts = _verdicts(rows, reference)
+    text = header + table + "\n" + verdicts
+    print()
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"written to {args.out}")
+    return 0
+
+
+def _table(rows, shapes, adamw: float, reference: dict) -> str:
+    cols = [f"{m}×{n} ms" for m, n in shapes]
+    head = " | total ms | × AdamW | reference ÷ this | error | residual |"
+    lines = ["| geometry | solver | " + " | ".join(cols) + head,
+             "|---" * (len(cols) + 7) + "|"]
+    for r in rows:
+        ref = reference.get(r["geometry"])
+        speedup = f"{ref['total'] / r['total']:.1f}×" if ref is not None and ref is not r else "—"
+        lines.append(
+            f"| {r['geometry']} | {r['solver']} | " + " | ".join(f"{x:.1f}" for x in r["ms"])
+            + f" | {r['total']:.1f} | {r['total'] / adamw:.1f} | {speedup} | {r['error']:.1e} | "
+            + ("—" if math.isnan(r["residual"]) else f"{r['residual']:.1e}") + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _verdicts(rows, reference: dict) -> str:
+    """Target: the default solver ≥ 5× faster than the reference at equal or better error
+    (errors below 1e-6, float32 rounding, count as equal)."""
+    out = []
+    for geometry, ref in reference.items():
+        default = next(r for r in rows if r["geometry"] == geometry and r["solver"].startswith("project"))
+        speedup = ref["total"] / default["total"]
+        ok = speedup >= 5 and default["error"] <= max(ref["error"], 1e-6)
+        out.append(f"- {geometry}: default solver {speedup:.1f}× faster than the reference; constraint "
+                   f"error {default['error']:.1e} vs {ref['error']:.1e}; target (≥ 5× at equal or better "
+                   f"error, below 1e-6 counting as equal) {'met' if ok else 'NOT met'}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

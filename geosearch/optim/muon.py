@@ -1,0 +1,339 @@
+"""``ManifoldMuon``: manifold Muon for constrained weights, AdamW for the rest.
+
+The optimizer only holds state and param groups (the maths is in
+:mod:`geosearch.optim.solvers` and :mod:`geosearch.manifolds`), in the style of Keller
+Jordan's ``MuonWithAuxAdam``: every group says what it is with a ``geometry`` key.
+
+* ``geometry="adamw"``: AdamW (keys ``lr``, ``betas``, ``eps``, ``weight_decay``).
+* any registered manifold (or a tuple of them, one per block): Nesterov momentum, then
+  a manifold-Muon step of spectral size ``lr`` and the retraction (keys below).
+  ``"euclidean"`` is plain Muon: ``W ← (1 − lr·wd)·W − lr·s·msign(M)`` with the usual
+  shape scale ``s = sqrt(max(1, fan_out/fan_in))``; constrained geometries take
+  ``s = 1`` (the spectral step size of the reference study) and no weight decay.
+
+Parameters of manifold groups are **projected onto their manifold when the group is
+added** (at construction), as the reference study places weights on their manifold at
+initialisation; the optimizer then keeps them there. Parameters already on it (constraint
+error ≤ 1e-4, e.g. weights resumed from a checkpoint) are left bit-for-bit untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from geosearch.errors import ConfigError
+from geosearch.manifolds import ADAMW, Manifold, get_manifold, manifold_names
+from geosearch.optim.solvers import manifold_muon_update
+
+__all__ = ["ManifoldMuon", "MUON_DEFAULTS", "ADAMW_DEFAULTS", "SOLVERS"]
+
+SOLVERS = ("project", "dual")
+
+MUON_DEFAULTS: dict[str, Any] = {
+    "lr": 0.02,  # spectral step size η
+    "momentum": 0.95,
+    "nesterov": True,
+    "solver": "project",
+    "dual_steps": 20,
+    "dual_lr": 0.1,  # for G scaled to unit RMS singular value (see solvers.py)
+    "dual_tol": 1e-3,
+    "warm_start": False,
+    "weight_decay": 0.0,  # decoupled; euclidean blocks only
+    "ns_steps": 5,
+    "split": 1,  # equal blocks along split_dim, each constrained on its own
+    "split_dim": 0,  # the output dimension: 0 for nn.Linear (out, in), 1 for HF Conv1D (in, out)
+}
+"""Manifold-Muon group keys and their defaults."""
+
+ADAMW_DEFAULTS: dict[str, Any] = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
+"""AdamW group keys and their defaults."""
+
+_COMMON_KEYS = ("params", "geometry", "name")
+# Keys torch itself may put in a group (named parameters, LR schedulers).
+_TORCH_KEYS = ("param_names", "initial_lr")
+_SOURCE = "ManifoldMuon"
+# A parameter whose constraint error is at most this is not projected again when a group
+# is added, so building an optimizer on resumed weights does not perturb them.
+_ON_MANIFOLD_ATOL = 1e-4
+
+
+class ManifoldMuon(torch.optim.Optimizer):
+    """Manifold Muon on constrained weights and AdamW on the rest, in one optimizer.
+
+    Args:
+        params: param groups (dicts), each with a ``geometry``: ``"adamw"``, a manifold
+            name (see :func:`geosearch.manifolds.manifold_names`), or, with ``split > 1``,
+            a tuple with one manifold name per block. Missing keys take
+            :data:`MUON_DEFAULTS` / :data:`ADAMW_DEFAULTS`; an optional ``name`` is free
+            text. Manifold groups take 2-D tensors of either orientation.
+
+    Raises:
+        ConfigError (a ``ValueError``): a missing or unknown geometry, an unknown key
+            (the message lists the allowed ones), a bad value, or a weight whose split
+            dimension does not divide into ``split`` blocks.
+
+    State per parameter: ``momentum_buffer``; ``dual`` (Λ, with ``warm_start``) and
+    ``residual`` (float, the dual solver's last tangent residual, largest over blocks);
+    AdamW: ``exp_avg``, ``exp_avg_sq``, ``step``.
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+        >>> opt = ManifoldMuon([
+        ...     {"params": [model[0].weight], "geometry": "stiefel", "lr": 0.02},
+        ...     {"params": [model[1].weight], "geometry": "dgram", "solver": "dual"},
+        ...     {"params": [model[0].bias, model[1].bias], "geometry": "adamw", "lr": 1e-3},
+        ... ])
+        >>> model(torch.randn(8, 16)).square().mean().backward()
+        >>> opt.step()
+    """
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]]) -> None:
+        # Defaults differ per kind of group, so groups are completed in add_param_group
+        # and torch's single `defaults` dict stays empty.
+        super().__init__(params, {})
+
+    # ------------------------------------------------------------------ groups
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Validate and complete a group, place manifold params on their manifold, add it."""
+        index = len(self.param_groups)
+        group = _complete_group(dict(param_group), index)
+        super().add_param_group(group)
+        if group["geometry"] != ADAMW:
+            with torch.no_grad():
+                for p in group["params"]:
+                    _check_param(p, group, index)
+                    for manifold, view in _pieces(p, group):
+                        # Already on it (e.g. resumed from a checkpoint): leave it untouched.
+                        if bool((manifold.constraint_error(view) > _ON_MANIFOLD_ATOL).any()):
+                            view.copy_(manifold.project(view))
+
+    # -------------------------------------------------------------------- step
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a gradient.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (optional).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["geometry"] == ADAMW:
+                self._adamw_step(group)
+            else:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._muon_step(p, group)
+        return loss
+
+    def _muon_step(self, p: Tensor, group: dict[str, Any]) -> None:
+        grad = p.grad
+        if grad.is_sparse:
+            raise RuntimeError("ManifoldMuon does not support sparse gradients")
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+        buf = state["momentum_buffer"]
+        beta = group["momentum"]
+        buf.lerp_(grad, 1 - beta)
+        update = torch.lerp(grad, buf, beta) if group["nesterov"] else buf
+
+        warm = group["solver"] == "dual" and group["warm_start"]
+        lam0 = state.get("dual") if warm else None
+        kwargs = {k: group[k] for k in ("solver", "ns_steps", "dual_steps", "dual_lr", "dual_tol")}
+        lams: list[Tensor] = []
+        residuals: list[float] = []
+        pieces = zip(_pieces(p, group), _pieces(update, group))
+        for i, ((manifold, W), (_, U)) in enumerate(pieces):
+            # lam0 is (k, k) for one piece, (split, k, k) for blocks stepped one by one
+            start = lam0 if lam0 is None or _uniform(group) else lam0[i]
+            new, lam, res = manifold_muon_update(
+                manifold, W, U, group["lr"], lam0=start, weight_decay=_decay(manifold, group),
+                scale=_scale(manifold, W, group), **kwargs)
+            W.copy_(new)
+            lams.append(lam if lam is not None else _zeros_dual(W))
+            if res is not None:
+                residuals.append(res)
+        if group["solver"] == "dual":
+            state["residual"] = max(residuals, default=0.0)
+            if warm and any(m.is_gram for m in _geometries(group)):
+                state["dual"] = lams[0] if len(lams) == 1 else torch.stack(lams)
+
+    def _adamw_step(self, group: dict[str, Any]) -> None:
+        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("ManifoldMuon's AdamW does not support sparse gradients")
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            params.append(p)
+            grads.append(p.grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        if not params:
+            return
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        for step in sorted(set(steps)):  # usually one: every param stepped equally often
+            idx = [i for i, s in enumerate(steps) if s == step]
+            bias1, bias2 = 1 - beta1**step, 1 - beta2**step
+            denom = torch._foreach_sqrt([exp_avg_sqs[i] for i in idx])
+            torch._foreach_div_(denom, math.sqrt(bias2))
+            torch._foreach_add_(denom, eps)
+            torch._foreach_addcdiv_([params[i] for i in idx], [exp_avgs[i] for i in idx], denom,
+                                    value=-lr / bias1)
+
+
+# --------------------------------------------------------------------------- helpers
+def _complete_group(group: dict[str, Any], index: int) -> dict[str, Any]:
+    """Check a group's keys and values; fill in the defaults of its kind."""
+    where = f"param group {index}"
+    geometry = group.get("geometry")
+    known = manifold_names() + [ADAMW]
+    if geometry is None:
+        raise ConfigError(f"{where} has no 'geometry' key; every group must say how it is trained",
+                          source=_SOURCE, key="geometry", allowed=known)
+    if isinstance(geometry, list):
+        geometry = group["geometry"] = tuple(geometry)
+    names = geometry if isinstance(geometry, tuple) else (geometry,)
+    for g in names:
+        if g not in known:
+            raise ConfigError(f"{where}: unknown geometry {g!r}", source=_SOURCE, key="geometry",
+                              allowed=known)
+    if len(names) > 1 and ADAMW in names:
+        raise ConfigError(f"{where}: 'adamw' cannot be one block of a split weight", source=_SOURCE,
+                          key="geometry", allowed=manifold_names())
+    defaults = ADAMW_DEFAULTS if geometry == ADAMW else MUON_DEFAULTS
+    allowed = list(_COMMON_KEYS) + list(defaults)
+    unknown = [k for k in group if k not in allowed and k not in _TORCH_KEYS]
+    if unknown:
+        kind = "AdamW" if geometry == ADAMW else "manifold-Muon"
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))} for a {kind} group; the allowed "
+            f"keys are {', '.join(allowed)}", source=_SOURCE, key=unknown[0], allowed=allowed)
+    for k, v in defaults.items():
+        group.setdefault(k, v)
+    _check_values(group, where, names)
+    return group
+
+
+def _check_values(group: dict[str, Any], where: str, names: tuple[str, ...]) -> None:
+    def bad(key: str, expected: str, allowed: Iterable[object] | None = None) -> ConfigError:
+        return ConfigError(f"{where}: {key} must be {expected}, got {group[key]!r}", source=_SOURCE,
+                           key=key, allowed=allowed)
+
+    if not (isinstance(group["lr"], (int, float)) and group["lr"] >= 0):
+        raise bad("lr", "a number >= 0")
+    if not (isinstance(group["weight_decay"], (int, float)) and group["weight_decay"] >= 0):
+        raise bad("weight_decay", "a number >= 0")
+    if group["geometry"] == ADAMW:
+        betas = group["betas"]
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(0 <= b < 1 for b in betas)):
+            raise bad("betas", "two numbers in [0, 1)")
+        group["betas"] = tuple(betas)
+        if not group["eps"] > 0:
+            raise bad("eps", "a number > 0")
+        return
+    if not 0 <= group["momentum"] < 1:
+        raise bad("momentum", "a number in [0, 1)")
+    if group["solver"] not in SOLVERS:
+        raise bad("solver", "a solver name", SOLVERS)
+    for key in ("dual_steps", "ns_steps", "split"):
+        if isinstance(group[key], bool) or not isinstance(group[key], int) or group[key] < 1:
+            raise bad(key, "a whole number >= 1")
+    if group["split_dim"] not in (0, 1):
+        raise bad("split_dim", "0 or 1", (0, 1))
+    if not group["dual_lr"] > 0:
+        raise bad("dual_lr", "a number > 0")
+    if not group["dual_tol"] >= 0:
+        raise bad("dual_tol", "a number >= 0")
+    if len(names) > 1 and len(names) != group["split"]:
+        raise ConfigError(f"{where}: {len(names)} geometries {names} for split={group['split']} blocks; give "
+                          "one geometry per block", source=_SOURCE, key="geometry")
+    if group["weight_decay"] and "euclidean" not in names:
+        raise ConfigError(f"{where}: weight_decay applies to euclidean blocks only, and this group's "
+                          f"geometry is {group['geometry']!r}; constrained weights are not decayed",
+                          source=_SOURCE, key="weight_decay")
+
+
+def _check_param(p: Tensor, group: dict[str, Any], index: int) -> None:
+    if p.ndim != 2:
+        raise ConfigError(f"param group {index}: manifold geometries take 2-D weights, got a tensor of "
+                          f"shape {tuple(p.shape)}; train it with 'adamw'", source=_SOURCE, key="params")
+    split, dim = group["split"], group["split_dim"]
+    if p.shape[dim] % split:
+        raise ConfigError(f"param group {index}: dimension {dim} of a {tuple(p.shape)} weight does not split "
+                          f"into {split} equal blocks", source=_SOURCE, key="split")
+
+
+def _geometries(group: dict[str, Any]) -> list[Manifold]:
+    geo = group["geometry"]
+    names = geo if isinstance(geo, tuple) else (geo,) * group["split"]
+    return [get_manifold(g) for g in names]
+
+
+def _uniform(group: dict[str, Any]) -> bool:
+    geo = group["geometry"]
+    return not isinstance(geo, tuple) or len(set(geo)) == 1
+
+
+def _stacked(t: Tensor, group: dict[str, Any]) -> Tensor:
+    """A view of ``t`` in the ``(out, in)`` orientation of ``nn.Linear``: ``t`` itself (no
+    split) or ``(split, out/split, in)`` for its equal blocks.
+
+    A ``split_dim=1`` weight (Hugging Face ``Conv1D``, stored ``(in, out)``) is seen
+    transposed, so the manifold constrains the same Gram matrix whatever the layout: this
+    matters for square matrices, which are not reoriented to tall (DGram's orthogonal
+    columns are input directions for both)."""
+    split, dim = group["split"], group["split_dim"]
+    if split > 1:
+        t = t.unflatten(dim, (split, -1)).movedim(dim, 0)  # (split, rows, cols)
+    return t.mT if dim == 1 else t
+
+
+def _pieces(t: Tensor, group: dict[str, Any]) -> list[tuple[Manifold, Tensor]]:
+    """(geometry, view of ``t``) pairs to step: one batched view when every block has the
+    same geometry, else one view per block. Writing into a view writes into ``t``."""
+    views = _stacked(t, group)
+    geos = _geometries(group)
+    if _uniform(group):
+        return [(geos[0], views)]
+    return list(zip(geos, views.unbind(0)))
+
+
+def _decay(manifold: Manifold, group: dict[str, Any]) -> float:
+    return group["weight_decay"] if manifold.name == "euclidean" else 0.0
+
+
+def _scale(manifold: Manifold, W: Tensor, group: dict[str, Any]) -> float:
+    """Plain Muon's shape scale sqrt(max(1, fan_out/fan_in)) for euclidean blocks, else 1.
+
+    ``W`` is a view from :func:`_pieces`, already ``(out, in)``."""
+    if manifold.name != "euclidean":
+        return 1.0
+    fan_out, fan_in = W.shape[-2:]
+    return math.sqrt(max(1.0, fan_out / fan_in))
+
+
+def _zeros_dual(W: Tensor) -> Tensor:
+    k = min(W.shape[-2:])
+    return torch.zeros(*W.shape[:-2], k, k, dtype=W.dtype, device=W.device)

@@ -1,0 +1,346 @@
+"""build_optimizer: groups, manifolds at init, split blocks, schedulers, Accelerate, errors."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from geosearch.assignment import Assignment
+from geosearch.errors import ConfigError
+from geosearch.manifolds import get_manifold
+from geosearch.modules import ModuleRule
+from geosearch.optim import ManifoldMuon, build_optimizer, optimizer_summary
+
+V, T, D, H = 32, 8, 16, 2  # vocab, context, width, heads
+ATOL = 1e-4  # float32 weights
+
+
+class Conv1D(nn.Module):
+    """Hugging Face's Conv1D: weight is (in, out), y = x @ W + b."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n_in, n_out) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x):
+        return x @ self.weight + self.bias
+
+
+class Block(nn.Module):
+    def __init__(self, conv: bool = False, extra: bool = False) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.attn, self.mlp = nn.Module(), nn.Module()
+        self.attn.c_attn = Conv1D(D, 3 * D) if conv else nn.Linear(D, 3 * D)
+        self.attn.c_proj = nn.Linear(D, D)
+        self.mlp.c_fc = nn.Linear(D, 4 * D)
+        self.mlp.c_proj = nn.Linear(4 * D, D)
+        self.extra = nn.Linear(D, D) if extra else None
+
+    def forward(self, x):  # (B, T, D)
+        B, T_, _ = x.shape
+        q, k, v = self.attn.c_attn(self.ln_1(x)).split(D, dim=2)
+        q, k, v = (t.view(B, T_, H, D // H).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T_, D)
+        x = x + self.attn.c_proj(y)
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
+
+
+class TinyGPT(nn.Module):
+    """nanoGPT names, lm_head tied to wte."""
+
+    def __init__(self, n_layer: int = 2, **block_kw) -> None:
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(V, D), wpe=nn.Embedding(T, D),
+            h=nn.ModuleList(Block(**block_kw) for _ in range(n_layer)), ln_f=nn.LayerNorm(D)))
+        self.lm_head = nn.Linear(D, V, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, idx):
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.shape[1]))
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+def loss_of(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, V, (4, T), generator=g)
+    return F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
+
+
+def train(model, opt, steps=3):
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss_of(model, s).backward()
+        opt.step()
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return TinyGPT()
+
+
+def by_name(opt):
+    return {g["name"]: g for g in opt.param_groups}
+
+
+def test_every_parameter_in_exactly_one_group(model):
+    opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"), verbose=False)
+    assert isinstance(opt, ManifoldMuon)
+    ids = [id(p) for g in opt.param_groups for p in g["params"]]
+    unique = {id(p) for p in model.parameters()}  # the tied head/wte tensor counts once
+    assert len(ids) == len(set(ids)) == len(unique)
+    assert set(ids) == unique
+    groups = by_name(opt)
+    assert set(groups) == {"attn_qkv,attn_out", "mlp_in,mlp_out", "adamw: embeddings, head",
+                           "adamw: norms, biases (no decay)"}
+    assert groups["attn_qkv,attn_out"]["geometry"] == "stiefel"
+    assert groups["mlp_in,mlp_out"]["geometry"] == "dgram"
+
+
+def test_nanogpt_weight_decay_convention(model):
+    opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"), verbose=False)
+    groups = by_name(opt)
+    decay, no_decay = groups["adamw: embeddings, head"], groups["adamw: norms, biases (no decay)"]
+    # Embeddings (and the head tied to wte) decay; norms and biases do not.
+    assert {id(p) for p in decay["params"]} == {id(model.transformer.wte.weight), id(model.transformer.wpe.weight)}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() < 2 for p in no_decay["params"])
+    assert decay["geometry"] == no_decay["geometry"] == "adamw"
+    assert decay["lr"] == no_decay["lr"] == 6e-4 and tuple(decay["betas"]) == (0.9, 0.95)
+
+
+def test_matched_weights_start_on_their_manifold(model):
+    opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"), verbose=False)
+    for g in opt.param_groups:
+        if g["geometry"] == "adamw":
+            continue
+        for p in g["params"]:
+            ok, why = get_manifold(g["geometry"]).check(p.detach(), atol=ATOL)
+            assert ok, why
+    # And they stay there after a few steps, while the loss goes down.
+    before = loss_of(model).item()
+    train(model, opt, steps=3)
+    assert loss_of(model).item() < before
+    for g in opt.param_groups:
+        if g["geometry"] != "adamw":
+            for p in g["params"]:
+                ok, why = get_manifold(g["geometry"]).check(p.detach(), atol=ATOL)
+                assert ok, why
+
+
+@pytest.mark.parametrize("conv", [False, True], ids=["linear-out_in", "conv1d-in_out"])
+def test_split_blocks_each_keep_their_own_geometry(conv):
+    torch.manual_seed(0)
+    model = TinyGPT(conv=conv)
+    if conv:  # a custom rule list: c_attn is (in, out), blocks along dim 1
+        rules = [ModuleRule("attn_qkv", r"attn\.c_attn\.weight$", "attn", split=("attn_q", "attn_k", "attn_v"),
+                            layout="in_out"),
+                 ModuleRule("attn_out", r"attn\.c_proj\.weight$", "attn"),
+                 ModuleRule("mlp_in", r"mlp\.c_fc\.weight$", "mlp"), ModuleRule("mlp_out", r"mlp\.c_proj\.weight$", "mlp")]
+    else:
+        rules = "nanogpt_split"
+    a = Assignment({"attn_q": "stiefel", "attn_k": "dgram", "attn_v": "euclidean", "attn_out": "stiefel",
+                    "mlp": "adamw"}, rules=rules)
+    opt = build_optimizer(model, a, verbose=False)
+    g = by_name(opt)["attn_q,attn_k,attn_v"]
+    # One group holds the fused tensors, its geometry the per-block tuple.
+    assert g["geometry"] == ("stiefel", "dgram", "euclidean")
+    assert g["split"] == 3 and g["split_dim"] == (1 if conv else 0)
+    assert len(g["params"]) == 2
+    # The MLP is plain AdamW, decayed (2-D weights).
+    mlp = by_name(opt)["mlp_in,mlp_out"]
+    assert mlp["geometry"] == "adamw" and mlp["weight_decay"] == 0.1 and len(mlp["params"]) == 4
+    train(model, opt, steps=3)
+    for block in model.transformer.h:
+        w = block.attn.c_attn.weight.detach()
+        q, k, v = w.chunk(3, dim=g["split_dim"])
+        if conv:  # a Conv1D block is constrained in the (out, in) orientation, as nn.Linear's
+            q, k, v = q.mT, k.mT, v.mT
+        for name, part in (("stiefel", q), ("dgram", k)):
+            ok, why = get_manifold(name).check(part, atol=ATOL)
+            assert ok, why
+        # Q is Stiefel (all singular values 1); K is only DGram, so it is not Stiefel.
+        assert not get_manifold("stiefel").check(k, atol=ATOL)[0]
+
+
+def test_overrides_and_per_type_options(model):
+    a = Assignment({"attn": "stiefel", "mlp": "dgram", "mlp_out": "adamw"},
+                   options={"attn_qkv": {"lr": 0.01, "solver": "dual", "dual_steps": 3}, "mlp_out": {"lr": 1e-3}})
+    opt = build_optimizer(model, a, verbose=False, spectral_lr=0.05, lr=3e-4, momentum=0.9)
+    groups = by_name(opt)
+    # Distinct options -> distinct groups; per-type options win over the overrides.
+    assert groups["attn_qkv"]["lr"] == 0.01 and groups["attn_qkv"]["solver"] == "dual"
+    assert groups["attn_qkv"]["dual_steps"] == 3
+    assert groups["attn_out"]["lr"] == 0.05 and groups["attn_out"]["solver"] == "project"
+    assert groups["attn_out"]["momentum"] == 0.9
+    assert groups["mlp_in"]["lr"] == 0.05 and groups["mlp_in"]["geometry"] == "dgram"
+    assert groups["mlp_out"]["geometry"] == "adamw" and groups["mlp_out"]["lr"] == 1e-3
+    assert groups["adamw: embeddings, head"]["lr"] == 3e-4
+
+
+def test_lambda_lr_scales_every_group(model):
+    opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"), verbose=False)
+    base = [g["lr"] for g in opt.param_groups]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
+    train(model, opt, steps=1)
+    sched.step()
+    train(model, opt, steps=1)
+    sched.step()
+    # Each group's lr = its own initial lr x the schedule factor (0.25 after two steps).
+    assert [g["initial_lr"] for g in opt.param_groups] == base
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([b * 0.25 for b in base])
+
+
+def test_one_step_through_accelerate(model):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    try:
+        accelerator = Accelerator(cpu=True)
+        opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"), verbose=False)
+        model, opt = accelerator.prepare(model, opt)
+        w0 = model.transformer.h[0].attn.c_attn.weight.detach().clone()
+        opt.zero_grad()
+        accelerator.backward(loss_of(model))
+        opt.step()
+        w1 = model.transformer.h[0].attn.c_attn.weight.detach()
+        assert not torch.equal(w0, w1)  # the step happened...
+        assert get_manifold("stiefel").check(w1, atol=ATOL)[0]  # ...and stayed on the manifold
+        assert "stiefel" in optimizer_summary(opt)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_summary_lists_each_geometry_with_counts(model, capsys, caplog):
+    with caplog.at_level(logging.INFO, logger="geosearch"):
+        opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram,mlp_out=euclidean"))
+    printed = capsys.readouterr().out
+    assert printed.strip() == caplog.records[-1].getMessage().strip() == optimizer_summary(
+        opt, note="rule set 'nanogpt'")
+    n_unique = sum(p.numel() for p in model.parameters())  # tied tensor once
+    n_tensors = len(list(model.parameters()))
+    assert printed.splitlines()[0] == (f"ManifoldMuon: 5 groups, {n_tensors} tensors, {n_unique:,} parameters "
+                                       "[rule set 'nanogpt']")
+    rows = {line.split()[0]: line.split() for line in printed.splitlines()[2:]}
+    # name, geometry, tensors, params: 2 layers of each weight
+    assert rows["attn_qkv,attn_out"][1:4] == ["stiefel", "4", f"{2 * (3 * D * D + D * D):,}"]
+    assert rows["mlp_in"][1:4] == ["dgram", "2", f"{2 * 4 * D * D:,}"]
+    assert rows["mlp_out"][1:4] == ["euclidean", "2", f"{2 * 4 * D * D:,}"]
+    # quiet mode logs but does not print
+    build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"), verbose=False)
+    assert capsys.readouterr().out == ""
+
+
+def test_summary_shows_split_geometries():
+    torch.manual_seed(0)
+    a = Assignment({"attn_q": "stiefel", "attn_k": "dgram", "attn_v": "stiefel", "attn_out": "stiefel",
+                    "mlp": "dgram"}, rules="nanogpt_split")
+    text = optimizer_summary(build_optimizer(TinyGPT(), a, verbose=False))
+    assert "stiefel/dgram/stiefel (split 3, dim 0)" in text
+
+
+def test_loads_a_saved_assignment_and_skips_frozen_parameters(model, tmp_path, capsys):
+    path = Assignment.parse("attn=stiefel,mlp=dgram").save(tmp_path / "a.yaml")
+    model.transformer.wpe.weight.requires_grad_(False)
+    opt = build_optimizer(model, path)
+    assert "1 frozen tensor(s) left out" in capsys.readouterr().out
+    ids = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert id(model.transformer.wpe.weight) not in ids
+    assert ids == {id(p) for p in model.parameters() if p.requires_grad}
+
+
+def test_all_adamw_split_weight_goes_to_adamw(model):
+    a = Assignment({"attn_q": "adamw", "attn_k": "adamw", "attn_v": "adamw", "attn_out": "stiefel",
+                    "mlp": "dgram"}, rules="nanogpt_split")
+    g = by_name(build_optimizer(model, a, verbose=False))["attn_q,attn_k,attn_v"]
+    assert g["geometry"] == "adamw" and "split" not in g
+
+
+# (case id, how to build the failing call, substrings of the message)
+def _missing_mlp():
+    torch.manual_seed(0)
+    m = TinyGPT()
+    for block in m.transformer.h:
+        del block.mlp.c_fc
+    return m, Assignment.parse("attn=stiefel,mlp=dgram"), {}
+
+
+def _extra_hidden():
+    torch.manual_seed(0)
+    return TinyGPT(extra=True), Assignment.parse("attn=stiefel,mlp=dgram"), {}
+
+
+def _bad_geometry():
+    a = Assignment.parse("attn=stiefel,mlp=dgram")
+    a.geometry["mlp"] = "hyperbolic"  # changed after construction: build_optimizer re-checks
+    return TinyGPT(), a, {}
+
+
+def _type_not_in_rules():
+    a = Assignment.parse("attn=stiefel,mlp=dgram")
+    a.geometry["attn_q"] = "stiefel"
+    return TinyGPT(), a, {}
+
+
+def _conv_with_linear_rules():
+    return TinyGPT(conv=True), Assignment.parse("attn=stiefel,mlp=dgram"), {}
+
+
+def _mixed_split():
+    return TinyGPT(), Assignment({"attn": "stiefel", "attn_v": "adamw", "mlp": "dgram"}, rules="nanogpt_split"), {}
+
+
+def _split_options():
+    return TinyGPT(), Assignment({"attn": "stiefel", "mlp": "dgram"}, rules="nanogpt_split",
+                                 options={"attn_q": {"lr": 0.01}}), {}
+
+
+ERRORS = [
+    ("rule-matches-nothing", _missing_mlp, ["rule set 'nanogpt': rule(s) matching no parameter of TinyGPT: mlp_in"]),
+    ("unassigned-hidden", _extra_hidden, ["2 2-D hidden weight(s) match no rule of rule set 'nanogpt'",
+                                          "transformer.h.0.extra.weight, transformer.h.1.extra.weight",
+                                          "nanogpt, nanogpt_split"]),
+    ("unknown-geometry", _bad_geometry, ["geometry.mlp: unknown geometry 'hyperbolic'", "stiefel", "adamw"]),
+    ("type-not-in-rule-set", _type_not_in_rules, ["geometry.attn_q: unknown module type 'attn_q' for rule set "
+                                                  "'nanogpt'", "attn_qkv, attn_out, mlp_in, mlp_out"]),
+    ("layout-contradicts-module", _conv_with_linear_rules,
+     ["build_optimizer: rules: rule set 'nanogpt': rule 'attn_qkv' says layout 'out_in' but "
+      "'transformer.h.0.attn.c_attn.weight' belongs to a Conv1D"]),
+    ("split-mixes-adamw", _mixed_split, ["blocks attn_q, attn_k, attn_v", "must be all manifolds or all 'adamw'"]),
+    ("split-options-differ", _split_options, ["so they share one step; their options differ"]),
+    ("unknown-override", lambda: (TinyGPT(), Assignment.parse("attn=stiefel,mlp=dgram"), {"learning_rate": 1}),
+     ["build_optimizer: learning_rate: unknown setting 'learning_rate'", "lr, spectral_lr, betas"]),
+    ("bad-override", lambda: (TinyGPT(), Assignment.parse("attn=stiefel,mlp=dgram"), {"solver": "newton"}),
+     ["build_optimizer: solver: expected a solver name", "project, dual"]),
+    ("not-an-assignment", lambda: (TinyGPT(), {"attn": "stiefel"}, {}), ["expected an Assignment"]),
+]
+
+
+@pytest.mark.parametrize("make, expected", [c[1:] for c in ERRORS], ids=[c[0] for c in ERRORS])
+def test_errors_are_config_errors_with_clear_messages(make, expected):
+    model, assignment, overrides = make()
+    with pytest.raises(ConfigError) as e:
+        build_optimizer(model, assignment, verbose=False, **overrides)
+    for part in expected:
+        assert part in str(e.value), str(e.value)
+
+
+def test_state_dict_round_trip(model):
+    # Checkpoint/resume: a fresh optimizer loads the state and keeps the group keys.
+    a = Assignment.parse("attn=stiefel,mlp=dgram")
+    opt = build_optimizer(model, a, verbose=False)
+    train(model, opt, steps=1)
+    opt2 = build_optimizer(model, a, verbose=False)
+    opt2.load_state_dict(opt.state_dict())
+    assert [g["name"] for g in opt2.param_groups] == [g["name"] for g in opt.param_groups]
+    w = model.transformer.h[0].attn.c_attn.weight
+    assert torch.equal(opt2.state[w]["momentum_buffer"], opt.state[w]["momentum_buffer"])

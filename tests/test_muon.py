@@ -1,0 +1,289 @@
+"""ManifoldMuon: constraints kept while training, groups, AdamW, state, Accelerate."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from geosearch.manifolds import get_manifold, manifold_names, msign
+from geosearch.optim.muon import MUON_DEFAULTS, ManifoldMuon
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matrices gain nothing from threads, and on a shared 2-core machine a second
+    intra-op thread waiting for a busy core slows every op down many times."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _regression(seed: int = 0, d_in: int = 16, d_out: int = 24, n: int = 128):
+    """A toy linear regression whose target map has singular values around 0.5–1.5."""
+    X = torch.randn(n, d_in, generator=_gen(seed))
+    target = torch.randn(d_out, d_in, generator=_gen(seed + 1)) / math.sqrt(d_in)
+    return X, X @ target.T
+
+
+def _loss(model: nn.Module, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    return (model(X) - Y).square().mean()
+
+
+def _train(model, opt, X, Y, steps):
+    for _ in range(steps):
+        opt.zero_grad()
+        _loss(model, X, Y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("solver", ["project", "dual"])
+@pytest.mark.parametrize("geometry", manifold_names())
+def test_each_geometry_keeps_its_constraint_and_lowers_the_loss(geometry, solver):
+    torch.manual_seed(0)
+    X, Y = _regression()
+    model = nn.Linear(16, 24, bias=False)
+    opt = ManifoldMuon([{"params": [model.weight], "geometry": geometry, "solver": solver, "lr": 0.02}])
+    M = get_manifold(geometry)
+    with torch.no_grad():
+        start = float(_loss(model, X, Y))
+    _train(model, opt, X, Y, 200)
+    with torch.no_grad():
+        end = float(_loss(model, X, Y))
+    # Rule: after 200 steps the weight still satisfies its equation (error < 1e-3) ...
+    assert M.constraint_error(model.weight.detach()) < 1e-3
+    # ... and the loss went down (by at least a quarter).
+    assert end < 0.75 * start
+    # Rule: the dual solver records its last tangent residual as a float.
+    assert isinstance(opt.state[model.weight].get("residual", 0.0), float)
+    assert ("residual" in opt.state[model.weight]) == (solver == "dual")
+
+
+@pytest.mark.parametrize("split_dim", [0, 1])
+@pytest.mark.parametrize("geometry", [("stiefel", "dgram", "sphere"), "stiefel"])
+def test_split_blocks_each_keep_their_own_constraint(geometry, split_dim):
+    torch.manual_seed(1)
+    X, Y = _regression(d_out=48)
+    if split_dim == 0:  # nn.Linear layout (out, in): blocks stacked along the outputs
+        model = nn.Linear(16, 48, bias=False)
+        weight, forward = model.weight, model
+    else:  # HF Conv1D layout (in, out): y = x @ W
+        weight = nn.Parameter(torch.randn(16, 48) * 0.1)
+        model = nn.Module()
+        model.weight = weight
+        forward = lambda x: x @ weight  # noqa: E731
+    opt = ManifoldMuon([{"params": [weight], "geometry": geometry, "split": 3, "split_dim": split_dim,
+                         "solver": "dual", "warm_start": True, "dual_steps": 5}])
+    with torch.no_grad():
+        start = float((forward(X) - Y).square().mean())
+    for _ in range(30):
+        opt.zero_grad()
+        (forward(X) - Y).square().mean().backward()
+        opt.step()
+    names = geometry if isinstance(geometry, tuple) else (geometry,) * 3
+    blocks = weight.detach().chunk(3, dim=split_dim)
+    # Rule: each of the equal blocks along split_dim satisfies its own geometry's equation,
+    # in the (out, in) orientation (a Conv1D block is constrained as its transpose).
+    for name, block in zip(names, blocks):
+        assert get_manifold(name).constraint_error(block.mT if split_dim else block) < 1e-3, name
+    # Rule: the whole weight is NOT one Stiefel matrix (the blocks are constrained separately).
+    if geometry == "stiefel":
+        assert get_manifold("stiefel").constraint_error(weight.detach()) > 1e-2
+    with torch.no_grad():
+        assert float((forward(X) - Y).square().mean()) < start
+    # Rule: with warm_start the dual variable of every block is kept, in the small dim.
+    assert opt.state[weight]["dual"].shape == (3, 16, 16)
+
+
+@pytest.mark.parametrize("geometry", [g for g in manifold_names() if g != "euclidean"])
+def test_params_are_placed_on_their_manifold_at_construction(geometry):
+    torch.manual_seed(2)
+    model = nn.Linear(12, 20)
+    M = get_manifold(geometry)
+    model.weight.data.mul_(10)
+    assert M.constraint_error(model.weight.detach()) > 1e-2
+    ManifoldMuon([{"params": [model.weight], "geometry": geometry},
+                  {"params": [model.bias], "geometry": "adamw"}])
+    # Rule: constructing the optimizer projects manifold-group weights onto their manifold.
+    assert M.constraint_error(model.weight.detach()) < 1e-5
+    # Rule: weights already on their manifold are left bit-for-bit untouched.
+    before = model.weight.detach().clone()
+    ManifoldMuon([{"params": [model.weight], "geometry": geometry}])
+    assert torch.equal(model.weight.detach(), before)
+
+
+def _model_and_groups(seed: int = 3):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 48), nn.Tanh(), nn.Linear(48, 24))
+
+    def groups():
+        return [
+            {"params": [model[0].weight], "geometry": ("stiefel", "dgram", "stiefel"), "split": 3,
+             "solver": "dual", "warm_start": True, "dual_steps": 4, "name": "qkv-like"},
+            {"params": [model[2].weight], "geometry": "euclidean", "weight_decay": 0.1},
+            {"params": [model[0].bias, model[2].bias], "geometry": "adamw", "lr": 1e-2, "weight_decay": 0.1},
+        ]
+
+    return model, groups
+
+
+def test_state_dict_round_trip_continues_identically():
+    X, Y = _regression()
+    model, groups = _model_and_groups()
+    opt = ManifoldMuon(groups())
+    _train(model, opt, X, Y, 3)
+    saved_model = copy.deepcopy(model.state_dict())
+    saved_opt = copy.deepcopy(opt.state_dict())
+    _train(model, opt, X, Y, 4)  # uninterrupted
+
+    resumed, resumed_groups = _model_and_groups(seed=99)  # different init, then loaded
+    resumed.load_state_dict(saved_model)
+    opt2 = ManifoldMuon(resumed_groups())
+    opt2.load_state_dict(saved_opt)
+    _train(resumed, opt2, X, Y, 4)
+    # Rule: training on from a saved state gives exactly the uninterrupted parameters.
+    for a, b in zip(model.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    state = opt2.state[resumed[0].weight]
+    # Rule: the saved state holds every documented key.
+    assert {"momentum_buffer", "dual", "residual"} <= set(state)
+    assert {"exp_avg", "exp_avg_sq", "step"} <= set(opt2.state[resumed[0].bias])
+
+
+def test_runs_under_accelerate():
+    accelerate = pytest.importorskip("accelerate")
+    X, Y = _regression()
+    model, groups = _model_and_groups()
+    opt = ManifoldMuon(groups())
+    accelerator = accelerate.Accelerator(cpu=True)
+    try:
+        model, opt = accelerator.prepare(model, opt)
+        before = model[0].weight.detach().clone()
+        opt.zero_grad()
+        accelerator.backward(_loss(model, X, Y))
+        opt.step()
+    finally:  # the Accelerate state is a process-wide singleton: leave none behind
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    W = model[0].weight.detach()
+    # Rule: the wrapped optimizer steps (weights move) and keeps each block on its manifold.
+    assert not torch.equal(W, before)
+    for name, block in zip(("stiefel", "dgram", "stiefel"), W.chunk(3, dim=0)):
+        assert get_manifold(name).constraint_error(block) < 1e-4
+
+
+def test_unknown_group_key_lists_the_allowed_keys():
+    model = nn.Linear(8, 8)
+    with pytest.raises(ValueError) as info:
+        ManifoldMuon([{"params": [model.weight], "geometry": "stiefel", "betas": (0.9, 0.99)}])
+    message = str(info.value)
+    # Rule: the message names the bad key and lists every allowed key, in words.
+    assert "unknown key(s) 'betas'" in message and "allowed keys are" in message
+    assert all(k in message for k in MUON_DEFAULTS)
+    with pytest.raises(ValueError, match="'momentum'.*allowed keys are.*betas"):
+        ManifoldMuon([{"params": [model.bias], "geometry": "adamw", "momentum": 0.9}])
+
+
+@pytest.mark.parametrize(
+    "group, match",
+    [
+        ({}, "no 'geometry' key"),
+        ({"geometry": "stiefle"}, "unknown geometry 'stiefle'.*stiefel"),
+        ({"geometry": ("stiefel", "dgram"), "split": 4}, "2 geometries"),
+        ({"geometry": "stiefel", "weight_decay": 0.1}, "euclidean blocks only"),
+        ({"geometry": "stiefel", "split": 3}, "does not split into 3"),
+        ({"geometry": "stiefel", "solver": "newton"}, "solver must be"),
+        ({"geometry": "stiefel", "momentum": 1.5}, "momentum must be"),
+    ],
+)
+def test_bad_groups_are_explained(group, match):
+    weight = nn.Parameter(torch.randn(8, 4))
+    # Rule: every bad group raises a ValueError that says what is wrong.
+    with pytest.raises(ValueError, match=match):
+        ManifoldMuon([{"params": [weight], **group}])
+
+
+def test_manifold_groups_need_matrices():
+    with pytest.raises(ValueError, match="2-D weights"):
+        ManifoldMuon([{"params": [nn.Parameter(torch.randn(5))], "geometry": "stiefel"}])
+
+
+def test_adamw_groups_match_torch_adamw():
+    torch.manual_seed(4)
+    X, Y = _regression()
+    a, b = nn.Linear(16, 24), nn.Linear(16, 24)
+    b.load_state_dict(a.state_dict())
+    ours = ManifoldMuon([{"params": list(a.parameters()), "geometry": "adamw", "lr": 3e-3,
+                          "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}])
+    ref = torch.optim.AdamW(b.parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    _train(a, ours, X, Y, 5)
+    _train(b, ref, X, Y, 5)
+    # Rule: "adamw" groups are stepped exactly like torch.optim.AdamW.
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_euclidean_group_is_plain_muon_with_shape_scale_and_weight_decay():
+    torch.manual_seed(5)
+    X, Y = _regression(d_out=48)
+    model = nn.Linear(16, 48, bias=False)
+    W0 = model.weight.detach().clone()
+    opt = ManifoldMuon([{"params": [model.weight], "geometry": "euclidean", "lr": 0.05,
+                         "weight_decay": 0.1, "momentum": 0.9}])
+    _loss(model, X, Y).backward()
+    g = model.weight.grad.clone()
+    opt.step()
+    update = torch.lerp(g, 0.1 * g, 0.9)  # Nesterov: lerp(g, buf, β) with buf = (1 − β)·g
+    expected = W0 * (1 - 0.05 * 0.1) - 0.05 * math.sqrt(48 / 16) * msign(update)
+    # Rule: W ← (1 − lr·wd)·W − lr·sqrt(max(1, fan_out/fan_in))·msign(Nesterov momentum).
+    assert torch.allclose(model.weight.detach(), expected, atol=1e-6)
+
+
+def test_step_returns_the_closure_loss_and_skips_params_without_grad():
+    X, Y = _regression()
+    model = nn.Linear(16, 24)
+    opt = ManifoldMuon([{"params": [model.weight], "geometry": "stiefel"},
+                        {"params": [model.bias], "geometry": "adamw"}])
+    model.bias.requires_grad_(False)
+    bias = model.bias.detach().clone()
+
+    def closure():
+        opt.zero_grad()
+        loss = _loss(model, X, Y)
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    # Rule: step(closure) returns the closure's loss; a param without grad is not touched.
+    assert isinstance(loss, torch.Tensor) and torch.equal(model.bias.detach(), bias)
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_in_out_layout_is_the_transpose_of_out_in(split):
+    # A Conv1D weight (in, out) holds the transpose of the nn.Linear weight (out, in) of the
+    # same map. Square blocks are not reoriented to tall, so without care DGram would make
+    # the *output* directions orthogonal for one layout and the input ones for the other.
+    torch.manual_seed(0)
+    W = torch.randn(8, 8, dtype=torch.float64)
+    a, b = nn.Parameter(W.clone()), nn.Parameter(W.T.clone())
+    opt_a = ManifoldMuon([{"params": [a], "geometry": "dgram", "split": split, "split_dim": 0}])
+    opt_b = ManifoldMuon([{"params": [b], "geometry": "dgram", "split": split, "split_dim": 1}])
+    # Rule: placing the weights on the manifold commutes with the transpose ...
+    torch.testing.assert_close(b.detach().mT, a.detach(), rtol=0, atol=1e-12)
+    for _ in range(3):
+        G = torch.randn(8, 8, dtype=torch.float64)
+        a.grad, b.grad = G.clone(), G.mT.clone()
+        opt_a.step()
+        opt_b.step()
+    # ... and so does every step: the two layouts follow one trajectory.
+    torch.testing.assert_close(b.detach().mT, a.detach(), rtol=0, atol=1e-10)
+    if split == 1:  # Rule: a square weight gets orthogonal *input* directions (Linear columns).
+        gram = a.detach().mT @ a.detach()
+        assert (gram - torch.diag(gram.diagonal())).abs().max() < 1e-8
