@@ -1,0 +1,571 @@
+"""The models a search can train: the proxy presets, Hugging Face models, your own.
+
+A *model spec* (``--model``, ``TrainConfig.model``, ``proxy.model`` of a search space)
+names one; :func:`build_model` turns it into a randomly initialised ``nn.Module`` with
+what the rest of geosearch needs to know about it (:class:`BuiltModel`):
+
+===============================  ==============================================  ===========  ===========
+spec                             model                                           rules        qk source
+===============================  ==============================================  ===========  ===========
+``tiny``, ``small``, ``gpt2``    the proxy GPT (:mod:`geosearch.proxy.model`)    ``nanogpt``  ``nanogpt``
+``hf:gpt2``                      ``transformers.GPT2LMHeadModel``                ``gpt2``     ``gpt2``
+``hf:llama``                     ``transformers.LlamaForCausalLM``               ``llama``    ``llama``
+``py:package.module:factory``    your own ``nn.Module``                          (none)       detected
+===============================  ==============================================  ===========  ===========
+
+``model_args`` override fields: a preset's :class:`~geosearch.proxy.model.GPTConfig`
+fields, a Hugging Face config's fields (``n_layer=2`` for GPT-2, ``num_hidden_layers=2``
+for LLaMA; their aliases too), or keyword arguments of your factory. ``block_size`` is
+understood by every kind (for Hugging Face models it sets ``n_positions`` /
+``max_position_embeddings``).
+
+**Hugging Face models** (``pip install 'geosearch[hf]'``) are built from their config
+class with random weights: no download, no tokenizer, nothing read from the network.
+The vocabulary is the data's (256 for the byte-level corpora). Defaults are the size of
+the ``small`` proxy (the CPU default) with dropout off and no KV cache:
+
+* ``hf:gpt2``: ``n_layer=4, n_head=4, n_embd=128, n_positions=block_size`` (128),
+  ``activation_function=gelu_new`` (GPT-2's), tied embeddings, no BOS/EOS id (no
+  tokenizer).
+* ``hf:llama``: ``hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+  num_key_value_heads=2`` (grouped-query attention), ``intermediate_size=344`` (≈ 8/3 ×
+  128, LLaMA's SwiGLU ratio), ``max_position_embeddings=block_size``, untied head.
+
+**Your own model**: ``py:package.module:factory`` imports ``package.module`` (or
+``py:path/to/file.py:factory`` loads a file) and calls
+``factory(vocab_size=..., block_size=..., **model_args)``; it must return an
+``nn.Module`` whose ``forward(idx)`` takes token ids (B, T) and returns the logits
+(B, T, vocab_size), or an object with a ``.logits`` attribute, or a tuple whose first
+item is the logits. geosearch computes the next-token loss itself. There is no default
+rule set: name one (or write rules) in the search space or assignment YAML
+(:func:`fitting_rule_sets` lists the registered ones that fit). The attention probes
+work when its attention modules are Hugging Face GPT-2/LLaMA-style or follow the proxy's
+``record_qk`` protocol (see :mod:`geosearch.proxy.qk`); otherwise ``qk_source`` is None
+and runs report no attention logits.
+
+Example:
+    >>> built = build_model("hf:llama", vocab_size=256, block_size=None, model_args={"num_hidden_layers": 2})
+    >>> built.rules, built.qk_source, built.block_size
+    ('llama', 'llama', 128)
+    >>> loss = lm_loss(built.model, x, y)          # x, y: (B, T) token ids
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from geosearch.errors import ConfigError
+from geosearch.modules import ModuleRule, get_rule_set, match_parameters, rule_set_names
+from geosearch.proxy.model import GPT, PRESETS, make_config
+from geosearch.proxy.qk import detect_qk_source
+
+DEFAULT_BLOCK_SIZE = 128
+"""Context length of Hugging Face and ``py:`` models when neither ``block_size`` nor
+``model_args`` set one (the ``small`` preset's)."""
+
+HF_PREFIX, PY_PREFIX = "hf:", "py:"
+PY_SPEC_HELP = "py:MODULE:FACTORY"
+
+_SOURCE = "--model"
+# Config fields that describe the checkpoint, not the architecture: not overridable.
+_HF_INTERNAL = frozenset({"_name_or_path", "transformers_version", "architectures", "model_type",
+                          "id2label", "label2id", "return_dict", "output_hidden_states",
+                          "output_attentions", "torchscript", "problem_type"})
+
+
+@dataclass(frozen=True)
+class HFFamily:
+    """A Hugging Face causal-LM family that ``hf:<name>`` builds.
+
+    Attributes:
+        config_class: name of its config class in ``transformers``.
+        model_class: name of its causal-LM class in ``transformers``.
+        defaults: config fields set unless ``model_args`` override them.
+        block_field: the config field holding the context length.
+        size_fields: fields that must be positive integers.
+        rules: its rule set in :mod:`geosearch.modules`.
+        qk_source: how :mod:`geosearch.proxy.qk` captures its queries and keys.
+    """
+
+    config_class: str
+    model_class: str
+    defaults: Mapping[str, Any]
+    block_field: str
+    size_fields: tuple[str, ...]
+    rules: str
+    qk_source: str
+
+
+HF_MODELS: dict[str, HFFamily] = {
+    "gpt2": HFFamily(
+        "GPT2Config", "GPT2LMHeadModel",
+        defaults=dict(n_layer=4, n_head=4, n_embd=128, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                      bos_token_id=None, eos_token_id=None),
+        block_field="n_positions", size_fields=("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"),
+        rules="gpt2", qk_source="gpt2"),
+    "llama": HFFamily(
+        "LlamaConfig", "LlamaForCausalLM",
+        defaults=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=344, bos_token_id=None, eos_token_id=None),
+        block_field="max_position_embeddings",
+        size_fields=("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "max_position_embeddings", "vocab_size"),
+        rules="llama", qk_source="llama"),
+}
+"""``hf:<name>`` -> how to build it. One entry per family."""
+
+
+def model_spec_names() -> list[str]:
+    """The model specs :func:`build_model` accepts (``py:`` as its pattern)."""
+    return [*PRESETS, *(HF_PREFIX + name for name in HF_MODELS), PY_SPEC_HELP]
+
+
+def default_rules(spec: str) -> str | None:
+    """The default rule set of a spec's family, without building anything: ``nanogpt`` for
+    presets, the family's for ``hf:`` specs, None for ``py:`` specs and unknown ones.
+
+    Use it to parse an inline assignment for a model (``Assignment.parse(text,
+    rules=default_rules(spec) or "nanogpt")``) before the model exists.
+    """
+    if spec in PRESETS:
+        return "nanogpt"
+    if isinstance(spec, str) and spec.startswith(HF_PREFIX) and spec[len(HF_PREFIX):] in HF_MODELS:
+        return HF_MODELS[spec[len(HF_PREFIX):]].rules
+    return None
+
+
+# --------------------------------------------------------------------------- result
+@dataclass
+class BuiltModel:
+    """A freshly initialised model and what geosearch needs to know about it.
+
+    Attributes:
+        model: the ``nn.Module`` (on the CPU).
+        spec: the spec it was built from.
+        family: ``"nanogpt"`` (presets), ``"gpt2"``, ``"llama"`` (Hugging Face) or ``"py"``.
+        rules: name of its default rule set (``None`` for ``py:`` models: the search space
+            or assignment names one).
+        block_size: context length T it was built for.
+        vocab_size: its vocabulary size (``None`` when unknown, for ``py:`` models).
+        qk_source: how the attention probes capture its queries and keys (a
+            :data:`geosearch.proxy.qk.QK_SOURCES` name), ``None`` when they cannot.
+        config: the resolved architecture, YAML-safe (a preset's ``GPTConfig``, a Hugging
+            Face config's non-default fields, or a factory and its arguments).
+    """
+
+    model: nn.Module
+    spec: str
+    family: str
+    rules: str | None
+    block_size: int
+    vocab_size: int | None
+    qk_source: str | None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def num_params(self) -> int:
+        """Parameters, shared (tied) tensors counted once."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def describe(self) -> dict[str, Any]:
+        """YAML-safe summary for ``config.yaml`` and ``geosearch inspect``."""
+        return {"spec": self.spec, "family": self.family, "class": type(self.model).__name__,
+                "rules": self.rules, "qk_source": self.qk_source, "block_size": self.block_size,
+                "vocab_size": self.vocab_size, "parameters": self.num_params(), "config": self.config}
+
+    def summary(self) -> str:
+        """One line for people: spec, class, size, default rules."""
+        rules = f"rule set {self.rules!r}" if self.rules else "no default rule set"
+        probes = f"attention probes via {self.qk_source}" if self.qk_source else "no attention probes"
+        return (f"{self.spec}: {type(self.model).__name__}, {self.num_params():,} parameters, "
+                f"T={self.block_size}; {rules}; {probes}")
+
+
+# --------------------------------------------------------------------------- build
+def build_model(spec: str, *, vocab_size: int, block_size: int | None = None,
+                model_args: Mapping[str, Any] | None = None) -> BuiltModel:
+    """Build a randomly initialised model from a spec (see the module docstring).
+
+    Seed torch before calling for a reproducible initialisation.
+
+    Args:
+        spec: ``tiny``/``small``/``gpt2``, ``hf:gpt2``, ``hf:llama``, or
+            ``py:package.module:factory`` (:func:`model_spec_names`).
+        vocab_size: the data's vocabulary size; ``model_args["vocab_size"]`` may raise it.
+        block_size: context length when ``model_args`` does not set one; None = the
+            preset's, else :data:`DEFAULT_BLOCK_SIZE`.
+        model_args: field overrides (preset or Hugging Face config fields, or factory
+            keyword arguments).
+
+    Returns:
+        A :class:`BuiltModel`.
+
+    Raises:
+        ConfigError: an unknown spec, a Hugging Face spec without ``transformers``
+            installed, an unknown model field, a bad size, a module that cannot be
+            imported, a missing factory or one that does not take the arguments or does
+            not return an ``nn.Module``; each message names the spec and what is allowed.
+    """
+    return _plan(spec, vocab_size, block_size, dict(model_args or {}))()
+
+
+def check_model_spec(spec: str, model_args: Mapping[str, Any] | None = None, *,
+                     vocab_size: int = 256) -> None:
+    """Check a spec and its ``model_args`` without building the model (cheap).
+
+    Presets and Hugging Face specs are checked completely (their config is made);
+    ``py:`` specs are imported and their factory's signature is checked against the
+    arguments, but the factory is not called.
+
+    Raises:
+        ConfigError: as :func:`build_model`.
+    """
+    _plan(spec, vocab_size, None, dict(model_args or {}))
+
+
+_Build = Callable[[], BuiltModel]
+"""What ``_plan_*`` return: the checked spec, built on call."""
+
+
+def _plan(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    if not isinstance(spec, str):
+        raise ConfigError(f"a model spec must be a string, got {spec!r}", source=_SOURCE, key="model",
+                          allowed=model_spec_names())
+    if spec in PRESETS:
+        return _plan_preset(spec, vocab_size, block_size, model_args)
+    if spec.startswith(HF_PREFIX):
+        return _plan_hf(spec, vocab_size, block_size, model_args)
+    if spec.startswith(PY_PREFIX):
+        return _plan_py(spec, vocab_size, block_size, model_args)
+    raise ConfigError(f"unknown model {spec!r}", source=_SOURCE, key="model", allowed=model_spec_names())
+
+
+def _check_vocab(spec: str, data_vocab: int, model_vocab: Any) -> None:
+    if isinstance(model_vocab, int) and not isinstance(model_vocab, bool) and model_vocab < data_vocab:
+        raise ConfigError(f"model {spec!r}: vocab_size {model_vocab} is smaller than the data's {data_vocab}",
+                          source=_SOURCE, key="model_args.vocab_size")
+
+
+# presets ---------------------------------------------------------------------------
+def _plan_preset(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    base = {"vocab_size": vocab_size, **({"block_size": block_size} if block_size is not None else {})}
+    try:
+        config = make_config(spec, **{**base, **model_args})
+    except ConfigError as e:
+        raise ConfigError(f"model {spec!r}: {e.problem}", source=_SOURCE, key=f"model_args.{e.key}",
+                          allowed=e.allowed) from None
+    _check_vocab(spec, vocab_size, config.vocab_size)
+
+    def build() -> BuiltModel:
+        return BuiltModel(GPT(config), spec, "nanogpt", "nanogpt", config.block_size, config.vocab_size,
+                          "nanogpt", dataclasses.asdict(config))
+    return build
+
+
+# Hugging Face ----------------------------------------------------------------------
+def _transformers(spec: str) -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(f"model {spec!r} needs Hugging Face transformers, which is not installed; "
+                          "install it with: pip install 'geosearch[hf]'", source=_SOURCE, key="model") from None
+    return transformers
+
+
+def hf_config_fields(name: str) -> list[str]:
+    """The ``model_args`` keys ``hf:<name>`` accepts: its config's fields, their aliases,
+    ``block_size`` and ``attn_implementation`` (``eager``, ``sdpa``, ...)."""
+    family = HF_MODELS[name]
+    config_class = getattr(_transformers(HF_PREFIX + name), family.config_class)
+    keys = set(config_class().to_dict()) - _HF_INTERNAL
+    keys |= set(getattr(config_class, "attribute_map", {}))
+    return sorted(keys | {"block_size", "attn_implementation"})
+
+
+def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    name = spec[len(HF_PREFIX):]
+    if name not in HF_MODELS:
+        raise ConfigError(f"unknown Hugging Face model {spec!r}", source=_SOURCE, key="model",
+                          allowed=model_spec_names())
+    family = HF_MODELS[name]
+    transformers = _transformers(spec)
+    config_class = getattr(transformers, family.config_class)
+    allowed = hf_config_fields(name)
+    for key in model_args:
+        if key not in allowed:
+            raise ConfigError(f"unknown field {key!r} for model {spec!r} ({family.config_class})",
+                              source=_SOURCE, key=f"model_args.{key}", allowed=allowed)
+    args = dict(model_args)
+    aliases = getattr(config_class, "attribute_map", {})
+    args = {aliases.get(k, k): v for k, v in args.items()}  # hidden_size -> n_embd for GPT-2
+    if "block_size" in args:
+        block = args.pop("block_size")
+        if family.block_field in args and args[family.block_field] != block:
+            raise ConfigError(f"model {spec!r}: block_size={block} and {family.block_field}="
+                              f"{args[family.block_field]} disagree; give one", source=_SOURCE,
+                              key="model_args.block_size")
+        args[family.block_field] = block
+    kwargs = {**family.defaults, family.block_field: block_size or DEFAULT_BLOCK_SIZE,
+              "vocab_size": vocab_size, "use_cache": False, **args}
+    for key in family.size_fields:
+        value = kwargs.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"model {spec!r}: {key} must be a positive integer but got {value!r}",
+                              source=_SOURCE, key=f"model_args.{key}")
+    _check_vocab(spec, vocab_size, kwargs["vocab_size"])
+    try:
+        config = config_class(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model {spec!r}: {family.config_class} rejected the arguments: {e}",
+                          source=_SOURCE, key="model_args") from None
+    _check_heads(spec, config, "head_dim" in args)
+
+    def build() -> BuiltModel:
+        try:
+            model = getattr(transformers, family.model_class)(config)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model {spec!r}: {family.model_class} rejected its config: {e}",
+                              source=_SOURCE, key="model_args") from None
+        return BuiltModel(model, spec, name, family.rules, int(getattr(config, family.block_field)),
+                          int(config.vocab_size), family.qk_source, _plain(config.to_diff_dict()))
+    return build
+
+
+def _check_heads(spec: str, config: Any, explicit_head_dim: bool) -> None:
+    """Width and head counts that fit together (the configs do not check this themselves)."""
+    width, heads = config.hidden_size, config.num_attention_heads
+    if not explicit_head_dim and width % heads:
+        raise ConfigError(f"model {spec!r}: width {width} is not a multiple of {heads} heads",
+                          source=_SOURCE, key="model_args")
+    kv = getattr(config, "num_key_value_heads", None)
+    if kv is not None and (kv < 1 or heads % kv):
+        raise ConfigError(f"model {spec!r}: {heads} attention heads do not split into groups for "
+                          f"num_key_value_heads={kv}; it must divide the heads", source=_SOURCE,
+                          key="model_args.num_key_value_heads")
+
+
+def _plain(x: Any) -> Any:
+    """YAML-safe copy: dicts, lists, numbers, strings, None; other values as strings."""
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if x is None or isinstance(x, (bool, int, float)):
+        return x
+    return str(x)
+
+
+# your own --------------------------------------------------------------------------
+def _plan_py(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    target, colon, name = spec[len(PY_PREFIX):].rpartition(":")
+    if not colon or not target or not name.isidentifier():
+        raise ConfigError(f"model {spec!r}: expected {PY_SPEC_HELP}, e.g. py:mypackage.models:make_model",
+                          source=_SOURCE, key="model", allowed=model_spec_names())
+    module = _import(spec, target)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        found = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v)
+                       and getattr(v, "__module__", None) == module.__name__)
+        raise ConfigError(f"model {spec!r}: module {target!r} has no factory {name!r}", source=_SOURCE,
+                          key="model", allowed=found)
+    kwargs = {"vocab_size": vocab_size, "block_size": block_size or DEFAULT_BLOCK_SIZE, **model_args}
+    _check_vocab(spec, vocab_size, kwargs["vocab_size"])
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as e:
+            raise ConfigError(f"model {spec!r}: {name}() does not take the arguments "
+                              f"{', '.join(kwargs)} ({e})", source=_SOURCE, key="model_args",
+                              allowed=list(signature.parameters)) from None
+
+    def build() -> BuiltModel:
+        model = factory(**kwargs)
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model {spec!r}: {name}() returned a {type(model).__name__}, not a "
+                              "torch.nn.Module", source=_SOURCE, key="model")
+        vocab = kwargs["vocab_size"]
+        return BuiltModel(model, spec, "py", None, int(kwargs["block_size"]), vocab, detect_qk_source(model),
+                          {"factory": f"{target}:{name}", "kwargs": _plain(kwargs)})
+    return build
+
+
+def _import(spec: str, target: str) -> Any:
+    """The module ``target``: a dotted module name, or a ``.py`` file path."""
+    if target.endswith(".py") or os.sep in target or "/" in target:
+        if not os.path.isfile(target):
+            raise ConfigError(f"model {spec!r}: no file {target!r}", source=_SOURCE, key="model")
+        mod_name = "_geosearch_user_model_" + os.path.splitext(os.path.basename(target))[0]
+        file_spec = importlib.util.spec_from_file_location(mod_name, target)
+        module = importlib.util.module_from_spec(file_spec)
+        file_spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(target)
+    except ImportError as e:
+        raise ConfigError(f"model {spec!r}: cannot import module {target!r} ({type(e).__name__}: {e}); "
+                          "is it installed or on PYTHONPATH?", source=_SOURCE, key="model") from None
+
+
+# --------------------------------------------------------------------------- forward
+def lm_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Next-token logits of any zoo model (or a DDP/Accelerate wrapper of one).
+
+    Calls ``model(x)`` and takes the logits from what it returns: a tensor, an object
+    with ``.logits`` (Hugging Face), or a tuple whose first item is the logits (the proxy
+    GPT returns ``(logits, None)``).
+
+    Args:
+        model: the model.
+        x: token ids (B, T).
+
+    Returns:
+        (B, T, V).
+
+    Raises:
+        TypeError: the output holds no (B, T, V) logits.
+    """
+    out = model(x)
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        logits = out[0] if isinstance(out, (tuple, list)) and out else out
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != x.shape:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise TypeError(f"{type(model).__name__}.forward(idx) must return logits of shape (B, T, V) = "
+                        f"({x.size(0)}, {x.size(1)}, V), or an object with .logits; got {shape}")
+    return logits
+
+
+def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of any zoo model on inputs ``x`` and targets ``y``.
+
+    ``y`` is already the shifted sequence (as :func:`geosearch.proxy.data.get_batch`
+    returns it); Hugging Face's ``labels=`` path, which shifts again, is not used.
+    Targets of -1 are ignored.
+
+    Args:
+        model: the model (or a DDP/Accelerate wrapper of it).
+        x, y: token ids (B, T).
+
+    Returns:
+        A scalar tensor.
+    """
+    logits = lm_logits(model, x)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1)
+
+
+# --------------------------------------------------------------------------- rules
+def fitting_rule_sets(model: nn.Module) -> list[str]:
+    """Registered rule sets that fit ``model``: each rule matches, no hidden weight is left
+    out, and layouts agree with the modules (``nn.Linear`` / ``Conv1D``)."""
+    names = []
+    for name in rule_set_names():
+        try:
+            match = match_parameters(model, name)
+        except ConfigError:
+            continue
+        if match.matched and not match.empty_rules and not match.unmatched_hidden:
+            names.append(name)
+    return names
+
+
+class ParamRow(NamedTuple):
+    """One line of :func:`describe_parameters`.
+
+    Attributes:
+        name: parameter name (a split weight has one row per block).
+        shape: its shape (of the whole tensor).
+        role: ``"matched"``, ``"embedding"`` (embeddings and output head),
+            ``"unassigned"`` (a 2-D hidden weight no rule matches: trained with AdamW) or
+            ``"norm/bias"``.
+        module_type: the module type of a matched weight or block, else None.
+        rule_type: the fused rule's type when the row is one block of a split weight.
+        layout: ``"out_in"`` / ``"in_out"`` for matched weights, else None.
+        geometries: the candidate geometries (``("adamw",)`` unless matched).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    role: str
+    module_type: str | None
+    rule_type: str | None
+    layout: str | None
+    geometries: tuple[str, ...]
+
+    def cells(self) -> tuple[str, str, str, str]:
+        """The four columns of ``geosearch inspect``: name, shape, module type, geometries."""
+        return self.name, "x".join(map(str, self.shape)), self.label, ", ".join(self.geometries)
+
+    @property
+    def label(self) -> str:
+        """The module-type column of ``geosearch inspect``."""
+        if self.role == "matched":
+            return self.module_type + (f" (block of {self.rule_type})" if self.rule_type else "")
+        return {"embedding": "embedding/head", "unassigned": "NO RULE"}.get(self.role, self.role)
+
+
+def describe_parameters(built: BuiltModel | nn.Module, rules: str | Sequence[ModuleRule] | None = None,
+                        space_geometries: Mapping[str, Sequence[str]] | None = None) -> list[ParamRow]:
+    """Every parameter of a model with the module type the rules give it.
+
+    Args:
+        built: a :class:`BuiltModel` (or a bare module, with ``rules`` given).
+        rules: a rule-set name or rules; None = the model's default rule set.
+        space_geometries: module type or family -> candidate geometries (a search space's
+            ``geometries``); None = every geometry.
+
+    Returns:
+        One :class:`ParamRow` per parameter (per block of a split weight), in
+        ``named_parameters()`` order.
+
+    Raises:
+        ConfigError: no rules given for a model without a default rule set (the message
+            lists the rule sets that fit), or rules that do not fit the model.
+    """
+    from geosearch.assignment import geometry_names
+    from geosearch.modules import family_types
+
+    model = built.model if isinstance(built, BuiltModel) else built
+    if rules is None:
+        rules = built.rules if isinstance(built, BuiltModel) else None
+        if rules is None:
+            spec = built.spec if isinstance(built, BuiltModel) else type(model).__name__
+            raise ConfigError(f"model {spec!r} has no default rule set; name one", key="rules",
+                              allowed=fitting_rule_sets(model) or rule_set_names())
+    rule_seq = get_rule_set(rules) if isinstance(rules, str) else tuple(rules)
+    family_of = {t: fam for fam, types in family_types(rule_seq).items() for t in types}
+    match = match_parameters(model, rule_seq)
+    matched = {m.name: m for m in match.matched}
+    embeddings, unassigned = set(match.embeddings), set(match.unmatched_hidden)
+    every = tuple(geometry_names())
+
+    def candidates(t: str) -> tuple[str, ...]:
+        if space_geometries is None:
+            return every
+        return tuple(space_geometries.get(t) or space_geometries.get(family_of.get(t, ""), ()))
+
+    rows = []
+    for name, param in model.named_parameters():
+        shape = tuple(param.shape)
+        if name in matched:
+            m = matched[name]
+            for t in m.types:
+                rows.append(ParamRow(name, shape, "matched", t, m.rule.type if m.rule.split else None,
+                                     m.rule.layout, candidates(t)))
+            continue
+        role = "embedding" if name in embeddings else "unassigned" if name in unassigned else "norm/bias"
+        rows.append(ParamRow(name, shape, role, None, None, None, ("adamw",)))
+    return rows

@@ -1,0 +1,350 @@
+"""Model specs: the proxy presets, Hugging Face GPT-2 / LLaMA, and a user's own model."""
+
+from __future__ import annotations
+
+import math
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from geosearch.assignment import Assignment
+from geosearch.errors import ConfigError
+from geosearch.modules import match_parameters
+from geosearch.optim import build_optimizer
+from geosearch.proxy.model import GPT, make_config
+from geosearch.proxy.probes import WeightProbe, attention_stats
+from geosearch.proxy.zoo import (
+    BuiltModel,
+    build_model,
+    check_model_spec,
+    describe_parameters,
+    fitting_rule_sets,
+    lm_logits,
+    lm_loss,
+    model_spec_names,
+)
+
+HF_REASON = "Hugging Face transformers is not installed (pip install 'geosearch[hf]')"
+TESTS = Path(__file__).parent
+T = 16
+TINY = {
+    "hf:gpt2": dict(n_layer=2, n_head=2, n_embd=32),
+    "hf:llama": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=96),
+}
+ASSIGN = "attn=stiefel,mlp=dgram"
+
+
+@pytest.fixture
+def hf():
+    return pytest.importorskip("transformers", reason=HF_REASON)
+
+
+@pytest.fixture
+def user_model(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    import _user_model
+
+    return _user_model
+
+
+def _batch(n: int = 4, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(256, (n, T), generator=g), torch.randint(256, (n, T), generator=g)
+
+
+def _tiny(spec: str, **extra) -> BuiltModel:
+    torch.manual_seed(0)
+    return build_model(spec, vocab_size=256, block_size=T, model_args={**TINY[spec], **extra})
+
+
+# --------------------------------------------------------------------------- Hugging Face
+@pytest.mark.parametrize("spec", list(TINY))
+def test_hf_models_build_offline_and_start_at_uniform_loss(spec, hf, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise OSError("network access attempted while building a model")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    built = _tiny(spec)
+    family = spec.split(":")[1]
+    # Rule: the family's rule set and qk source, the data's vocabulary and context length.
+    assert (built.family, built.rules, built.qk_source) == (family, family, family)
+    assert built.vocab_size == 256 and built.block_size == T
+    assert built.model.config.vocab_size == 256 and not built.model.config.use_cache
+    x, y = _batch()
+    logits = lm_logits(built.model, x)
+    assert logits.shape == (4, T, 256)
+    # Rule: at a small random init the model predicts ~uniformly: loss ≈ ln 256.
+    assert lm_loss(built.model, x, y).item() == pytest.approx(math.log(256), abs=0.1)
+    # Rule: describe() is YAML-safe and names the spec, class and sizes.
+    import yaml
+
+    d = yaml.safe_load(yaml.safe_dump(built.describe()))
+    assert d["spec"] == spec and d["class"] == type(built.model).__name__ and d["parameters"] > 0
+
+
+def test_hf_defaults_are_the_small_proxy_size(hf):
+    gpt2 = build_model("hf:gpt2", vocab_size=256, block_size=None, model_args={}).model.config
+    llama = build_model("hf:llama", vocab_size=256, block_size=None, model_args={}).model.config
+    # Rule: width 128, 4 layers, 4 heads, T=128 (the `small` preset); LLaMA with 2 KV heads.
+    assert (gpt2.n_embd, gpt2.n_layer, gpt2.n_head, gpt2.n_positions) == (128, 4, 4, 128)
+    assert (llama.hidden_size, llama.num_hidden_layers, llama.num_attention_heads,
+            llama.num_key_value_heads, llama.intermediate_size, llama.max_position_embeddings) == (
+        128, 4, 4, 2, 344, 128)
+    # Rule: dropout off for proxy runs.
+    assert gpt2.resid_pdrop == gpt2.embd_pdrop == gpt2.attn_pdrop == 0.0
+
+
+def test_block_size_and_aliases(hf):
+    # Rule: `block_size` in model_args sets the HF context-length field; aliases resolve.
+    built = build_model("hf:gpt2", vocab_size=256, block_size=64,
+                        model_args={"block_size": 16, "num_hidden_layers": 1, "hidden_size": 32, "n_head": 2})
+    cfg = built.model.config
+    assert (built.block_size, cfg.n_positions, cfg.n_layer, cfg.n_embd) == (16, 16, 1, 32)
+    # Rule: the block_size argument is the default when model_args do not set it.
+    assert build_model("hf:llama", vocab_size=256, block_size=48, model_args=TINY["hf:llama"]).block_size == 48
+    # Rule: a larger vocab_size may be asked for, a smaller one is an error.
+    assert _tiny("hf:gpt2", vocab_size=300).vocab_size == 300
+    with pytest.raises(ConfigError, match="smaller than the data's 256"):
+        _tiny("hf:gpt2", vocab_size=100)
+
+
+@pytest.mark.parametrize("spec", list(TINY))
+def test_hf_rules_cover_every_hidden_weight_and_the_optimizer_keeps_constraints(spec, hf):
+    built = _tiny(spec)
+    model = built.model
+    match = match_parameters(model, built.rules)
+    # Rule: every 2-D hidden weight has a module type; every rule finds weights.
+    assert match.unmatched_hidden == [] and match.empty_rules == []
+    assert len(match.matched) == 2 * (4 if spec == "hf:gpt2" else 7)
+    assignment = Assignment.parse(ASSIGN, rules=built.rules)
+    opt = build_optimizer(model, assignment, verbose=False)
+    # Rule: every parameter is in exactly one group.
+    grouped = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(grouped) == len(set(grouped)) == len(list(model.parameters()))
+    probe = WeightProbe.from_assignment(model, assignment)
+    x, y = _batch()
+    losses = []
+    for _ in range(5):
+        loss = lm_loss(model, x, y)
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    # Rule: after the steps every constrained type is still on its manifold ...
+    errors = probe.measure()["constraint_error"]
+    assert set(errors) == set(assignment.resolve()) and max(errors.values()) < 1e-3, errors
+    # ... and the loss on the repeated batch went down.
+    assert losses[-1] < losses[0]
+
+
+def test_nanogpt_rules_refuse_hf_gpt2_conv1d(hf):
+    built = _tiny("hf:gpt2")
+    # Rule: the nn.Linear rule set on Conv1D weights is an error naming the layout problem.
+    with pytest.raises(ConfigError, match="Conv1D.*'in_out'"):
+        match_parameters(built.model, "nanogpt")
+    # Rule: fitting_rule_sets finds exactly the GPT-2 sets.
+    assert fitting_rule_sets(built.model) == ["gpt2", "gpt2_split"]
+    assert fitting_rule_sets(_tiny("hf:llama").model) == ["llama"]
+
+
+# --------------------------------------------------------------------------- Conv1D orientation
+def _proxy_and_hf_twins():
+    """The proxy GPT and HF GPT-2 computing the same function (HF Conv1D = Linear weight ᵀ)."""
+    torch.manual_seed(0)
+    proxy = GPT(make_config("tiny", block_size=T)).double()
+    hf = build_model("hf:gpt2", vocab_size=256, block_size=T,
+                     model_args={**TINY["hf:gpt2"], "activation_function": "gelu"}).model.double()
+    src = dict(proxy.named_parameters())
+    modules = dict(hf.named_modules())
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            conv = type(modules[name.rpartition(".")[0]]).__name__ == "Conv1D" and p.dim() == 2
+            p.copy_(src[name].mT if conv else src[name])
+    return proxy, hf
+
+
+def _hidden(model, rules):
+    return {m.name: m.param for m in match_parameters(model, rules).matched}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+def test_conv1d_weights_are_constrained_like_the_proxy_linear_ones(split, hf):
+    proxy, hf_model = _proxy_and_hf_twins()
+    x, y = _batch()
+    torch.testing.assert_close(lm_logits(hf_model, x), lm_logits(proxy, x))  # the same function
+    if split:
+        rules = ("nanogpt_split", "gpt2_split")
+        text = "attn_q=stiefel,attn_k=dgram,attn_v=oblique,attn_out=dgram,mlp_in=oblique,mlp_out=stiefel"
+    else:
+        rules = ("nanogpt", "gpt2")
+        text = "attn_qkv=stiefel,attn_out=dgram,mlp_in=oblique,mlp_out=stiefel"
+    opts = [build_optimizer(m, Assignment.parse(text, rules=r), verbose=False)
+            for m, r in zip((proxy, hf_model), rules)]
+    a, b = _hidden(proxy, rules[0]), _hidden(hf_model, rules[1])
+    assert a.keys() == b.keys()
+    # Rule: placing the weights on their manifolds gives the HF weights = the proxy's ᵀ,
+    # including square DGram blocks (attn_out), whose Gram matrix is orientation-sensitive.
+    for name in a:
+        torch.testing.assert_close(b[name].detach().mT, a[name].detach(), rtol=0, atol=1e-6)
+    # Rule: Stiefel c_attn: WᵀW = I on the proxy's (out, in) weight, W Wᵀ = I on HF's (in, out).
+    C = 32
+    c_attn = "transformer.h.0.attn.c_attn.weight"
+    W_proxy, W_hf = a[c_attn].detach(), b[c_attn].detach()  # (3C, C) and (C, 3C)
+    q_proxy, q_hf = (W_proxy[:C], W_hf[:, :C]) if split else (W_proxy, W_hf)  # attn_q block / whole
+    eye = torch.eye(C, dtype=torch.float64)
+    torch.testing.assert_close(q_proxy.mT @ q_proxy, eye, atol=1e-5, rtol=0)
+    torch.testing.assert_close(q_hf @ q_hf.mT, eye, atol=1e-5, rtol=0)
+    for _ in range(3):  # the same batch and steps on both
+        losses = []
+        for model, opt in zip((proxy, hf_model), opts):
+            loss = lm_loss(model, x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    # Rule: the two layouts follow one trajectory.
+    for name in a:
+        torch.testing.assert_close(b[name].detach().mT, a[name].detach(), rtol=0, atol=1e-5)
+    # Rule: the weight probe measures the same σ_max and constraint errors on both.
+    geometry_p = WeightProbe.from_assignment(proxy, Assignment.parse(text, rules=rules[0])).measure()
+    geometry_h = WeightProbe.from_assignment(hf_model, Assignment.parse(text, rules=rules[1])).measure()
+    assert geometry_h["sigma_max"] == pytest.approx(geometry_p["sigma_max"], rel=1e-5)
+    assert max(geometry_h["constraint_error"].values()) < 1e-4
+    assert geometry_h["constraint_error"] == pytest.approx(geometry_p["constraint_error"], abs=1e-6)
+
+
+# --------------------------------------------------------------------------- presets, py:
+def test_presets_build_the_proxy():
+    torch.manual_seed(0)
+    built = build_model("tiny", vocab_size=256, block_size=None, model_args={"n_layer": 1})
+    # Rule: a preset gives the proxy GPT with the nanogpt rules and its own block size.
+    assert isinstance(built.model, GPT) and built.rules == "nanogpt" and built.qk_source == "nanogpt"
+    assert built.block_size == 32 and built.model.config.n_layer == 1
+    assert built.config["n_embd"] == 32
+    x, y = _batch()
+    # Rule: lm_loss is the proxy's own loss.
+    assert lm_loss(built.model, x, y).item() == pytest.approx(built.model(x, y)[1].item())
+
+
+def test_user_factory_model(user_model):
+    torch.manual_seed(0)
+    built = build_model("py:_user_model:make_model", vocab_size=256, block_size=T, model_args={"width": 48})
+    # Rule: the factory got vocab_size, block_size and the model args; no default rules;
+    # the record_qk protocol is detected for the attention probes.
+    assert isinstance(built.model, user_model.TinyLM) and built.model.embed.weight.shape == (256, 48)
+    assert (built.family, built.rules, built.qk_source, built.block_size) == ("py", None, "nanogpt", T)
+    assert built.config == {"factory": "_user_model:make_model",
+                            "kwargs": {"vocab_size": 256, "block_size": T, "width": 48}}
+    x, y = _batch()
+    assert lm_loss(built.model, x, y).item() == pytest.approx(math.log(256), abs=0.1)
+    stats = attention_stats(built.model, x, built.qk_source)
+    assert len(stats["max_logit_per_layer"]) == 2 and math.isfinite(stats["max_logit"])
+    # Rule: rules come from the user (a list, as in a YAML file), and then everything works.
+    with pytest.raises(ConfigError, match="no default rule set"):
+        describe_parameters(built)
+    assignment = Assignment.parse(ASSIGN, rules=user_model.RULES)
+    opt = build_optimizer(built.model, assignment, verbose=False)
+    loss = lm_loss(built.model, x, y)
+    loss.backward()
+    opt.step()
+    assert max(WeightProbe.from_assignment(built.model, assignment).measure()["constraint_error"].values()) < 1e-3
+
+
+def test_user_factory_from_a_file_path():
+    spec = f"py:{TESTS / '_user_model.py'}:make_model"
+    built = build_model(spec, vocab_size=256, block_size=T, model_args={})
+    assert type(built.model).__name__ == "TinyLM" and built.qk_source == "nanogpt"
+
+
+def test_lm_logits_rejects_outputs_without_logits():
+    class Bad(torch.nn.Module):
+        def forward(self, idx):
+            return idx.float()  # (B, T): no vocabulary dimension
+
+    # Rule: a forward that breaks the contract is a TypeError that states the contract.
+    with pytest.raises(TypeError, match=r"must return logits of shape \(B, T, V\)"):
+        lm_logits(Bad(), torch.zeros(2, 3, dtype=torch.long))
+
+
+# --------------------------------------------------------------------------- describe
+@pytest.mark.parametrize("spec", ["tiny", "hf:gpt2", "hf:llama"])
+def test_describe_parameters_shows_the_rules_at_work(spec):
+    if spec.startswith("hf:"):
+        pytest.importorskip("transformers", reason=HF_REASON)
+        built = _tiny(spec)
+    else:
+        built = build_model(spec, vocab_size=256, block_size=None, model_args={})
+    rows = describe_parameters(built, space_geometries={"attn": ["stiefel", "dgram"], "mlp_out": ["adamw"]})
+    by_role = {}
+    for r in rows:
+        by_role.setdefault(r.role, []).append(r)
+    # Rule: one row per parameter, except one row per block of a split weight.
+    assert len({r.name for r in rows}) == len(list(built.model.named_parameters()))
+    # Rule: every hidden 2-D weight is matched; embeddings/head and norms/biases are AdamW.
+    assert "unassigned" not in by_role
+    assert all(r.geometries == ("adamw",) for role in ("embedding", "norm/bias") for r in by_role[role])
+    attn = [r for r in by_role["matched"] if r.module_type.startswith("attn")]
+    assert attn and all(r.geometries == ("stiefel", "dgram") for r in attn)
+    assert all(r.geometries == ("adamw",) for r in by_role["matched"] if r.module_type == "mlp_out")
+    layouts = {r.layout for r in by_role["matched"]}
+    assert layouts == ({"in_out"} if spec == "hf:gpt2" else {"out_in"})
+    if spec != "hf:llama":  # Rule: split rules give one labelled row per block.
+        split = describe_parameters(built, "gpt2_split" if spec == "hf:gpt2" else "nanogpt_split")
+        assert [r.label for r in split if r.name == "transformer.h.0.attn.c_attn.weight"] == [
+            f"attn_{x} (block of attn_qkv)" for x in "qkv"]
+
+
+# --------------------------------------------------------------------------- errors
+def test_unknown_specs_list_the_allowed_ones():
+    for spec in ("huge", "hf:bert", "py:no_colon"):
+        with pytest.raises(ConfigError) as e:
+            check_model_spec(spec)
+        # Rule: the message names the spec and lists the allowed specs.
+        assert repr(spec) in str(e.value) and "hf:llama" in str(e.value) and "py:MODULE:FACTORY" in str(e.value)
+    assert model_spec_names() == ["tiny", "small", "gpt2", "hf:gpt2", "hf:llama", "py:MODULE:FACTORY"]
+
+
+def test_missing_transformers_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails
+    with pytest.raises(ConfigError, match=r"needs Hugging Face transformers.*pip install 'geosearch\[hf\]'"):
+        build_model("hf:gpt2", vocab_size=256, block_size=None, model_args={})
+
+
+def test_bad_model_args(hf):
+    # Rule: an unknown field names the spec and lists the config's fields.
+    with pytest.raises(ConfigError, match="unknown field 'n_layers' for model 'hf:gpt2'") as e:
+        check_model_spec("hf:gpt2", {"n_layers": 2})
+    assert "n_layer" in e.value.allowed and e.value.key == "model_args.n_layers"
+    with pytest.raises(ConfigError, match="model 'tiny': unknown model field 'layers'"):
+        check_model_spec("tiny", {"layers": 2})
+    # Rule: sizes are checked before anything is built.
+    with pytest.raises(ConfigError, match="num_key_value_heads=3"):
+        check_model_spec("hf:llama", {"num_key_value_heads": 3})
+    with pytest.raises(ConfigError, match="width 30 is not a multiple of 4 heads"):
+        check_model_spec("hf:gpt2", {"n_embd": 30})
+    with pytest.raises(ConfigError, match="n_layer must be a positive integer but got 0"):
+        check_model_spec("hf:gpt2", {"n_layer": 0})
+    with pytest.raises(ConfigError, match="block_size=16 and n_positions=32 disagree"):
+        check_model_spec("hf:gpt2", {"block_size": 16, "n_positions": 32})
+
+
+def test_bad_user_factories(user_model):
+    # Rule: each mistake names the spec; a missing factory lists the module's callables.
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_pkg.models'"):
+        check_model_spec("py:no_such_pkg.models:make")
+    with pytest.raises(ConfigError, match="module '_user_model' has no factory 'make'") as e:
+        check_model_spec("py:_user_model:make")
+    assert "make_model" in e.value.allowed
+    with pytest.raises(ConfigError, match=r"make_model\(\) does not take the arguments") as e:
+        check_model_spec("py:_user_model:make_model", {"colour": "red"})
+    assert e.value.allowed == ["vocab_size", "block_size", "width", "depth", "heads"]
+    with pytest.raises(ConfigError, match=r"not_a_model\(\) returned a str, not a torch.nn.Module"):
+        build_model("py:_user_model:not_a_model", vocab_size=256, block_size=T, model_args={})
+    with pytest.raises(ConfigError, match="no file"):
+        check_model_spec("py:/nonexistent/m.py:make")
