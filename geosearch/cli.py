@@ -9,11 +9,39 @@ Ctrl-C ends with exit code 130 and nothing lost (studies resume on rerun).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from geosearch import __version__
 from geosearch.errors import GeosearchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.report import ReportFiles
+
+
+_MODEL_HELP = ("the model: a proxy preset (tiny, small, gpt2), hf:gpt2 or hf:llama (Hugging Face, "
+               "random weights, no download), or py:MODULE:FACTORY (your own nn.Module)")
+_MODEL_ARG_HELP = ("override a model field, e.g. n_layer=2 (presets, hf:gpt2), num_hidden_layers=2 "
+                   "(hf:llama), block_size=64 (any); repeatable")
+_RULES_DEFAULT = "nanogpt for the presets, gpt2 for hf:gpt2, llama for hf:llama"
+
+
+def _key_values(items: Sequence[str], flag: str) -> dict:
+    """``KEY=VALUE`` flags as a dict, each value read as YAML (numbers, booleans, null)."""
+    import yaml
+
+    from geosearch.errors import ConfigError
+
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"expected KEY=VALUE but got {item!r}", source=flag)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
 
 
 # --------------------------------------------------------------------------- geometries
@@ -31,9 +59,331 @@ def _run_geometries(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- train
+def _add_train(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("Several processes, same global batch: "
+                "accelerate launch --multi_gpu --num_processes N -m geosearch train ... (GPUs); "
+                "torchrun --nproc_per_node N -m geosearch train --device cpu ... (CPU).")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--assign", metavar="TEXT",
+                       help='geometries inline, e.g. "attn=stiefel,mlp=dgram"')
+    which.add_argument("--assignment", metavar="FILE", help="an assignment YAML file")
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML of TrainConfig fields; the flags below override it")
+    p.add_argument("--model", metavar="SPEC", help=_MODEL_HELP + " (default: small)")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help=_MODEL_ARG_HELP)
+    p.add_argument("--rules", metavar="NAME",
+                   help=f"the rule set --assign's module types refer to (default: the model's: {_RULES_DEFAULT}; "
+                        "nanogpt for py: models)")
+    p.add_argument("--data", metavar="PATH", help="corpus file or directory (default: built-in text)")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-size", type=int, help="global batch in sequences")
+    p.add_argument("--lr", type=float, help="AdamW learning rate (default 6e-4)")
+    p.add_argument("--spectral-lr", type=float, help="manifold Muon step size (default 0.02)")
+    p.add_argument("--solver", help="manifold Muon direction: project (default) or dual")
+    p.add_argument("--eval-every", type=int)
+    p.add_argument("--probe-every", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="auto (default), cpu or cuda")
+    p.add_argument("--mixed-precision", help="no (default), bf16 or fp16")
+    p.add_argument("--out", metavar="DIR", help="write config.yaml, metrics.jsonl, result.json here")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import yaml
+
+    from geosearch.assignment import Assignment, load_assignment
+    from geosearch.errors import ConfigError
+    from geosearch.proxy.train import TrainConfig, get_accelerator, train
+    from geosearch.proxy.zoo import default_rules
+
+    fields: dict = {}
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                fields = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot read: {e}".splitlines()[0], source=args.config) from None
+    for flag in ("model", "data", "steps", "batch_size", "lr", "spectral_lr", "solver",
+                 "eval_every", "probe_every", "seed", "device", "mixed_precision"):
+        if getattr(args, flag) is not None:
+            fields[flag] = getattr(args, flag)
+    if args.model_arg:
+        fields["model_args"] = {**(fields.get("model_args") or {}), **_key_values(args.model_arg, "--model-arg")}
+    config = TrainConfig.from_dict(fields, source=args.config or "command line")
+
+    if args.assign is not None:
+        # the module types of --assign are the model's (hf:llama: attn_q, ..., mlp_gate)
+        rules = args.rules or default_rules(config.model) or "nanogpt"
+        assignment = Assignment.parse(args.assign, rules=rules)
+        source = "--assign"
+    else:
+        if args.rules is not None:
+            raise ConfigError("--rules goes with --assign; an assignment file names its own rules",
+                              source="--rules")
+        assignment = load_assignment(args.assignment)
+        source = args.assignment
+    assignment.resolve()  # unknown types or geometries fail here, before any work
+
+    main_process = get_accelerator(config.device, config.mixed_precision).is_main_process
+    if main_process:
+        print(f"training {config.model} with {source}: "
+              + ", ".join(f"{t}={g}" for t, g in assignment.resolve().items()), file=sys.stderr)
+    result = train(config, assignment, out_dir=args.out, progress=not args.quiet)
+    if not main_process:
+        return 0 if result.status == "completed" else 1
+    print(result.summary())
+    if args.out:
+        print(f"files       {args.out}/config.yaml, metrics.jsonl, result.json")
+    return 0 if result.status == "completed" else 1
+
+
+# --------------------------------------------------------------------------- report
+def _add_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/default")
+    p.add_argument("--study", metavar="NAME",
+                   help="the study to report (default: the only study in the storage)")
+    p.add_argument("--storage", metavar="URL",
+                   help="storage URL or journal file instead of RUN_DIR/study.db or journal.log")
+    p.add_argument("--no-plots", action="store_true", help="write report.md without plots")
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from geosearch.report import write_report
+
+    files = write_report(args.run_dir, study_name=args.study, storage=args.storage,
+                         plots=not args.no_plots)
+    _print_report_files(files)
+    return 0
+
+
+def _print_report_files(files: ReportFiles) -> None:
+    print(f"report: {files.report}")
+    if files.plots:
+        print(f"plots:  {files.report.parent / 'plots'} ({', '.join(p.name for p in files.plots.values())})")
+    if files.plots_note:
+        print(files.plots_note)
+
+
+# --------------------------------------------------------------------------- search
+def _add_search(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("Rerun the same command to resume: finished trials are kept and count towards "
+                "--trials; a trial cut short by Ctrl-C or a crash runs again. At the end the "
+                "search exports DIR/<study>/best_assignment.yaml and writes DIR/<study>/report.md "
+                "(as `geosearch report` does). Data-parallel trials (each trial on N processes, "
+                "rank 0 runs the study): torchrun --nproc_per_node N -m geosearch search ... (CPU); "
+                "accelerate launch --multi_gpu --num_processes N -m geosearch search ... (GPUs). "
+                "Several machines: the same --study and --storage postgresql://... on each.")
+    p.add_argument("--space", default="default", metavar="FILE|NAME",
+                   help="search-space YAML, or a shipped space: default, paper, full, llama (default: default)")
+    p.add_argument("--model", metavar="SPEC",
+                   help=_MODEL_HELP + " (default: the space's; a space that names no rules takes the "
+                        f"model's: {_RULES_DEFAULT})")
+    p.add_argument("--data", metavar="PATH", help="corpus file or directory (default: the space's)")
+    p.add_argument("--study", metavar="NAME", help="study name (default: the space's name)")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR",
+                   help="the study runs in DIR/<study>/ (default: runs)")
+    p.add_argument("--trials", type=int, metavar="N",
+                   help="total trials of the study, earlier runs included")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", help="stop starting trials after this long")
+    p.add_argument("--steps", type=int, metavar="N", help="training steps of each proxy run")
+    p.add_argument("--batch-size", type=int, metavar="N", help="proxy batch in sequences")
+    p.add_argument("--repeats", type=int, metavar="N", help="seeds per assignment (mean and spread)")
+    p.add_argument("--seed", type=int, metavar="S", help="sampler seed")
+    p.add_argument("--sampler", help="auto, grid, tpe, random or gp")
+    p.add_argument("--device", help="auto, cpu or cuda")
+    p.add_argument("--storage", metavar="URL",
+                   help="Optuna storage URL (e.g. postgresql://...) or journal file, instead of "
+                        "DIR/<study>/study.db (one worker) or journal.log (several)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="worker processes on this machine, one GPU each (else a share of the CPU); "
+                        "not with torchrun/accelerate launch")
+    p.add_argument("--stale-after", type=float, metavar="SECONDS",
+                   help="a trial whose worker (on another machine) sent no heartbeat for this long "
+                        "is taken as dead and run again (default: 300; give every machine the same)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any key of the space, e.g. proxy.eval_every=25 (repeatable)")
+    p.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+
+
+def _run_search(args: argparse.Namespace) -> int:
+    import optuna
+
+    from geosearch.search.space import apply_overrides, load_space
+    from geosearch.search.study import run_search
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = apply_overrides(
+        load_space(args.space), args.set, trials=args.trials, timeout=args.timeout,
+        steps=args.steps, model=args.model, data=args.data, batch_size=args.batch_size,
+        device=args.device, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
+        name=args.study)
+    outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
+                         workers=args.workers, worker_index=args.worker_index,
+                         **({} if args.stale_after is None else {"stale_after": args.stale_after}))
+    if outcome.rank:  # a data-parallel rank other than 0: rank 0 reports
+        return 0
+    if args.worker_index is None:
+        _report_after_search(outcome.run_dir, outcome.study_name, args.storage)
+    if args.worker_index is not None or outcome.ranking.rows:
+        return 0
+    print(f"geosearch search: no trial completed in {outcome.run_dir}; nothing exported",
+          file=sys.stderr)
+    return 1
+
+
+def _report_after_search(run_dir: Path, study_name: str, storage: str | None) -> None:
+    """Write report.md (and plots, when matplotlib is installed) for the finished search.
+
+    The study is already saved: a report that fails costs one warning line, not the search.
+    """
+    from geosearch.report import write_report
+
+    try:
+        files = write_report(run_dir, study_name=study_name, storage=storage)
+    except Exception as e:  # noqa: BLE001 - any failure here must leave the search's result alone
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"warning: the search is saved, but its report failed ({type(e).__name__}: {first}); "
+              f"retry with: geosearch report {run_dir}", file=sys.stderr)
+        return
+    _print_report_files(files)
+
+
+# --------------------------------------------------------------------------- export
+def _add_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/default")
+    p.add_argument("-o", "--out", metavar="FILE",
+                   help="output file (default RUN_DIR/best_assignment.yaml); with --top K > 1 a "
+                        "directory (default RUN_DIR/top) that gets one file per rank")
+    p.add_argument("--top", type=int, default=1, metavar="K", help="export the K best assignments")
+    p.add_argument("--study", metavar="NAME", help="the study (default: the only one in the storage)")
+    p.add_argument("--storage", metavar="URL",
+                   help="storage URL or journal file instead of RUN_DIR/study.db or journal.log")
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    import optuna
+
+    from geosearch.assignment import load_assignment
+    from geosearch.search.study import export_best
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    paths = export_best(args.run_dir, args.out, top=args.top, study_name=args.study,
+                        storage=args.storage)
+    for path in paths:
+        a = load_assignment(path)
+        score = a.provenance.get("score", {})
+        spread = f" ± {score['std']:.4f}" if score.get("std") is not None else " (one seed)"
+        print(f"{path}: trial {a.provenance.get('trial')}, val loss {score.get('mean'):.4f}{spread}, "
+              + ", ".join(f"{t}={g}" for t, g in a.geometry.items()))
+    first = load_assignment(paths[0]).provenance
+    print(f"verdict: {first.get('verdict')}")
+    if first.get("build_optimizer_overrides"):
+        kw = ", ".join(f"{k}={v:.3g}" for k, v in first["build_optimizer_overrides"].items())
+        print(f"the search also tuned global settings: build_optimizer(model, assignment, {kw})")
+    return 0
+
+
+# --------------------------------------------------------------------------- inspect
+def _add_inspect(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("The model is built on the meta device (no memory, no initialisation), with the "
+                "byte-level vocabulary (256) unless --model-arg vocab_size=N says otherwise.")
+    p.add_argument("--model", metavar="SPEC", help=_MODEL_HELP + " (default: the space's)")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help=_MODEL_ARG_HELP)
+    p.add_argument("--space", metavar="FILE|NAME", help="show each type's candidate geometries from this space")
+    p.add_argument("--rules", metavar="NAME",
+                   help=f"rule set (default: the space's, else the model's: {_RULES_DEFAULT})")
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from geosearch.assignment import geometry_names
+    from geosearch.errors import ConfigError
+    from geosearch.modules import family_types, get_rule_set, match_parameters, module_types, rule_set_names
+    from geosearch.proxy.zoo import build_meta_model, describe_parameters, fitting_rule_sets
+    from geosearch.search.space import load_space
+
+    space = load_space(args.space) if args.space else None
+    if args.model is None and space is None:
+        raise ConfigError("give --model SPEC (tiny, small, gpt2, hf:gpt2, hf:llama, py:MODULE:FACTORY) "
+                          "or --space FILE", source="inspect")
+    model_args = dict(space.proxy.model_args) if space is not None and args.model is None else {}
+    model_args.update(_key_values(args.model_arg, "--model-arg"))
+    spec = args.model or space.proxy.model
+    # The rules, as `geosearch search` would take them: --rules, else the space's (unless they
+    # were derived from the space's model and --model names another), else the model's.
+    if args.rules is not None:
+        rules, rules_name = get_rule_set(args.rules), f"rule set {args.rules!r}"
+    elif space is not None and not (space.rules_from_model and args.model is not None):
+        rules = get_rule_set(space.rules) if isinstance(space.rules, str) else space.rules
+        rules_name = f"rule set {space.rules!r}" if isinstance(space.rules, str) else "the space's rules"
+    else:
+        rules, rules_name = None, None
+    built = build_meta_model(spec, vocab_size=256, model_args=model_args)
+    fitting = fitting_rule_sets(built.model)
+    if rules is None and built.rules is not None:
+        rules, rules_name = get_rule_set(built.rules), f"rule set {built.rules!r} (the model's)"
+    elif rules is None:  # a py: model: show its parameters, so that rules can be written for it
+        rules = ()
+
+    families = family_types(rules)
+    if space is not None:
+        unknown = [k for k in space.geometries if k not in families and k not in module_types(rules)]
+        if unknown:
+            raise ConfigError(f"module type {unknown[0]!r} of the space is not a type of {rules_name}",
+                              source=space.source, key=f"geometries.{unknown[0]}",
+                              allowed=[*families, *module_types(rules)])
+    rows = describe_parameters(built, rules, space.geometries if space is not None else None)
+    match = match_parameters(built.model, rules)  # for the rules that match nothing
+
+    def candidates(row) -> str:
+        if row.role == "unassigned":
+            return "adamw (unassigned hidden weight)"
+        if row.role != "matched":
+            return "adamw"
+        if space is None:
+            return "any: " + ", ".join(geometry_names())
+        return ", ".join(row.geometries) or "(not searched)"
+
+    cells = [(r.name, "x".join(map(str, r.shape)), r.label, candidates(r)) for r in rows]
+    widths = [max(len(c[i]) for c in [("parameter", "shape", "module type", ""), *cells]) for i in range(3)]
+    print(built.summary())
+    if rules_name is None:
+        print(f"no rules: model {spec!r} has no default rule set; name one with --rules NAME "
+              f"(registered: {', '.join(rule_set_names())}) or write rules in a search space")
+    else:
+        print(f"module types by {rules_name}"
+              + (f"; candidate geometries from {space.source}" if space is not None else ""))
+    print(f"{'parameter':<{widths[0]}}  {'shape':<{widths[1]}}  {'module type':<{widths[2]}}  geometries")
+    for c in cells:
+        print(f"{c[0]:<{widths[0]}}  {c[1]:<{widths[1]}}  {c[2]:<{widths[2]}}  {c[3]}")
+    counts = Counter(r.module_type for r in rows if r.role == "matched")
+    print("module types: " + (", ".join(f"{t} ({n} weight{'s' if n > 1 else ''})" for t, n in counts.items())
+                              or "none"))
+    print("rule sets that fit this model: " + (", ".join(fitting) or "none registered; write rules"))
+    for r in rows:
+        if r.role == "unassigned" and rules_name is not None:
+            print(f"warning: 2-D weight {r.name!r} matches no rule of {rules_name}; it will be trained "
+                  "with AdamW", file=sys.stderr)
+    if match.empty_rules:
+        r = match.empty_rules[0]
+        raise ConfigError(f"rule {r.type!r} (pattern {r.pattern!r}) matches no parameter of the "
+                          f"{spec!r} model", source=rules_name, key="rules")
+    return 0
+
+
 # --------------------------------------------------------------------------- registry
 _COMMANDS: list[tuple[str, str, Callable, Callable]] = [
     ("geometries", "list the geometries a module type can take", _add_geometries, _run_geometries),
+    ("train", "train the proxy once with one assignment and report", _add_train, _run_train),
+    ("report", "write report.md and plots for a run directory", _add_report, _run_report),
+    ("search", "search which geometry each module type should use (an Optuna study)", _add_search,
+     _run_search),
+    ("export", "write the best assignment(s) of a run directory as YAML", _add_export, _run_export),
+    ("inspect", "list a model's parameters, their module types and candidate geometries",
+     _add_inspect, _run_inspect),
 ]
 
 
@@ -65,6 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"geosearch {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `geosearch inspect | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -32,14 +32,6 @@ SHAPES = {
 # Unsorted column norms: a retraction that re-sorts them moves these points.
 DGRAM_NORMS = [0.5, 2.0, 0.1, 1.3, 0.8, 1.7, 0.3, 1.1, 0.6]
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices gain nothing from threads, and on a shared 2-core machine a second
-    intra-op thread waiting for a busy core slows every op down many times."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 

@@ -7,14 +7,6 @@ import torch
 
 from geosearch.manifolds.msign import POLAR_EXPRESS_COEFFS, gram_error, msign, polar
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices gain nothing from threads, and on a shared 2-core machine a second
-    intra-op thread waiting for a busy core slows every op down many times."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 

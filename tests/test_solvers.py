@@ -10,14 +10,6 @@ from geosearch.optim.solvers import dual_ascent_direction, manifold_muon_update,
 
 GRAM = [n for n in manifold_names() if get_manifold(n).is_gram]
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices gain nothing from threads, and on a shared 2-core machine a second
-    intra-op thread waiting for a busy core slows every op down many times."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 

@@ -45,7 +45,7 @@ def space(**changes):
 # ---------------------------------------------------------------------- shipped spaces
 def test_shipped_spaces_load_by_name():
     # Rule: every shipped space loads by name and the names are listed.
-    assert space_names() == ["default", "full", "paper"]
+    assert space_names() == ["default", "full", "llama", "paper"]
     default, paper, full = load_space("default"), load_space("paper"), load_space("full")
     # Rule: default and paper are attention x MLP over {stiefel, dgram}, searched exhaustively.
     for s in (default, paper):
@@ -54,6 +54,8 @@ def test_shipped_spaces_load_by_name():
     # Rule: the default space is CPU-sized: small proxy, one seed, a few hundred steps.
     assert default.proxy.model == "small" and default.repeats == 1
     assert 150 <= default.proxy.steps <= 300 and default.name == "default"
+    # Rule: default and paper name no rules: they take the model's (nanogpt for the presets).
+    assert default.rules == paper.rules == "nanogpt" and default.rules_from_model
     # Rule: paper.yaml carries the study's shared settings.
     p = paper.proxy
     assert (p.spectral_lr, p.momentum, p.lr, p.betas, p.weight_decay, p.grad_clip) == (
@@ -66,8 +68,24 @@ def test_shipped_spaces_load_by_name():
     assert full.grid_size() == math.inf and full.sampler_type() == "tpe"
 
 
-@pytest.mark.parametrize("name", ["default", "paper", "full"])
+def test_llama_space():
+    pytest.importorskip("transformers", reason="llama.yaml's proxy is hf:llama (Hugging Face transformers)")
+    llama, default = load_space("llama"), load_space("default")
+    # Rule: llama.yaml is attention x MLP over {stiefel, dgram} like default, searched exhaustively.
+    assert llama.categorical_choices() == default.categorical_choices() and llama.sampler_type() == "grid"
+    # Rule: it trains the LLaMA proxy at the CPU default's size and steps, with LLaMA's rules.
+    assert (llama.proxy.model, llama.rules) == ("hf:llama", "llama")
+    assert llama.proxy.model_args["hidden_size"] == 128 and llama.proxy.steps == default.proxy.steps
+
+
+def needs_models(name: str) -> None:
+    if name == "llama":
+        pytest.importorskip("transformers", reason="llama.yaml's proxy is hf:llama (Hugging Face transformers)")
+
+
+@pytest.mark.parametrize("name", ["default", "paper", "full", "llama"])
 def test_repo_search_spaces_are_the_shipped_files(name):
+    needs_models(name)
     repo_file = REPO / "search_spaces" / f"{name}.yaml"
     shipped = REPO / "geosearch" / "search" / "spaces" / f"{name}.yaml"
     # Rule: search_spaces/ at the repo top shows the packaged files, not copies of them.
@@ -78,8 +96,9 @@ def test_repo_search_spaces_are_the_shipped_files(name):
     assert load_space(repo_file).to_dict() == load_space(name).to_dict()
 
 
-@pytest.mark.parametrize("name", ["default", "paper", "full"])
+@pytest.mark.parametrize("name", ["default", "paper", "full", "llama"])
 def test_to_dict_round_trips(name):
+    needs_models(name)
     s = load_space(name)
     # Rule: from_dict(to_dict()) rebuilds the same space.
     assert SearchSpace.from_dict(s.to_dict(), source="x").to_dict() == s.to_dict()
@@ -121,7 +140,8 @@ def test_all_problems_are_reported_at_once(tmp_path):
     # Rule: several problems make one message: a count, then one indented line each.
     assert msg.splitlines()[0] == f"{path}: 8 problems in the search space:"
     assert "  sampler.type: unknown sampler 'bayes'; expected one of: auto, grid, tpe, random, gp" in msg
-    assert "  proxy.model: unknown preset 'huge'; expected one of: tiny, small, gpt2" in msg
+    assert ("  proxy.model: unknown model 'huge'; expected one of: tiny, small, gpt2, hf:gpt2, hf:llama, "
+            "py:MODULE:FACTORY") in msg
     assert "  pruner.max_logit: max_logit must be positive and finite but got -1" in msg
     # Rule: unknown keys list the allowed keys of their level.
     assert "version" in found["colour"].allowed and "steps" in found["proxy.lernrate"].allowed
@@ -129,7 +149,7 @@ def test_all_problems_are_reported_at_once(tmp_path):
 
 def test_file_errors(tmp_path):
     # Rule: a missing file says so and lists the shipped names.
-    with pytest.raises(ConfigError, match=r"nowhere\.yaml: no such file.*default, full, paper"):
+    with pytest.raises(ConfigError, match=r"nowhere\.yaml: no such file.*default, full, llama, paper"):
         load_space(tmp_path / "nowhere.yaml")
     # Rule: malformed YAML gives the line and column.
     bad = write(tmp_path, "version: 1\ngeometries: {attn: [stiefel\n")
@@ -191,6 +211,31 @@ def test_rules_errors_and_custom_rules():
     # Rule: a list of rules defines the module types; shorthands cover them by family.
     assert s.categorical_choices() == {"geometry.qkv": ["stiefel", "dgram"], "geometry.mlp": ["dgram"]}
     assert [r.type for r in s.rules] == ["qkv", "ffn"]
+
+
+def test_rules_default_to_the_models_rule_set(monkeypatch):
+    s = space(proxy={"model": "tiny"})
+    # Rule: a space that names no rules takes its model's default rule set.
+    assert (s.rules, s.rules_from_model) == ("nanogpt", True)
+    # Rule: overriding the model re-derives such rules; rules the space names stay.
+    assert apply_overrides(s, model="gpt2").rules == "nanogpt"
+    assert apply_overrides(space(rules="nanogpt_split"), model="tiny").rules == "nanogpt_split"
+    # Rule: to_dict() records the rules in use either way.
+    assert s.to_dict()["rules"] == "nanogpt"
+    # Rule: a py: model has no default rule set: the space must name one (listing them).
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model": "py:_user_model:make_model"})
+    assert set(problems(e)) == {"rules"} and problems(e)["rules"].allowed == sorted(rule_set_names())
+    assert space(rules="nanogpt", proxy={"model": "py:_user_model:make_model"}).rules == "nanogpt"
+    pytest.importorskip("transformers", reason="hf: models need Hugging Face transformers")
+    # Rule: Hugging Face models are valid proxies and bring their own rule sets.
+    assert space(proxy={"model": "hf:gpt2", "model_args": {"n_layer": 2}}).rules == "gpt2"
+    assert apply_overrides(s, ["proxy.model_args={num_hidden_layers: 2}"], model="hf:llama").rules == "llama"
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model": "hf:llama", "model_args": {"n_layers": 2}})
+    # Rule: a bad model field is reported under proxy.model_args, listing the config's fields.
+    assert "num_hidden_layers" in problems(e)["proxy.model_args.n_layers"].allowed
 
 
 # ---------------------------------------------------------------------- hyperparams

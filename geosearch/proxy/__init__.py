@@ -18,6 +18,7 @@ from geosearch.proxy.probes import (
 from geosearch.proxy.qk import LayerQK, detect_qk_source, qk_capture
 from geosearch.proxy.zoo import (
     BuiltModel,
+    build_meta_model,
     build_model,
     check_model_spec,
     default_rules,
@@ -38,6 +39,7 @@ __all__ = [
     "ProbedWeight",
     "WeightProbe",
     "attention_stats",
+    "build_meta_model",
     "build_model",
     "check_model_spec",
     "clear_corpus_cache",

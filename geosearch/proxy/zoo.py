@@ -233,6 +233,26 @@ def check_model_spec(spec: str, model_args: Mapping[str, Any] | None = None, *,
     _plan(spec, vocab_size, None, dict(model_args or {}))
 
 
+def build_meta_model(spec: str, *, vocab_size: int, block_size: int | None = None,
+                     model_args: Mapping[str, Any] | None = None) -> BuiltModel:
+    """:func:`build_model` on the meta device: parameter names, shapes and module classes
+    without memory or initialisation, to look at a model (``geosearch inspect``, the search
+    preflight) without paying for it. A model whose construction fails on the meta device
+    (a ``py:`` factory that computes with its tensors, say) is built for real on the CPU.
+
+    Raises:
+        ConfigError: as :func:`build_model`.
+    """
+    build = _plan(spec, vocab_size, block_size, dict(model_args or {}))
+    try:
+        with torch.device("meta"):
+            return build()
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - cannot be built on meta: build it for real
+        return build()
+
+
 _Build = Callable[[], BuiltModel]
 """What ``_plan_*`` return: the checked spec, built on call."""
 

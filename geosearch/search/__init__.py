@@ -5,9 +5,19 @@ Example:
     >>> from geosearch.search import load_space
     >>> space = load_space("default")
     >>> study = optuna.create_study(sampler=space.make_sampler(), pruner=space.make_pruner())
+
+``run_search``, ``export_best`` and ``open_run_study`` live in
+:mod:`geosearch.search.study`, which imports the proxy trainer (and so torch): they are
+imported on first use, so that reading a space or ranking a study stays light.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from geosearch.search.pruners import LogitGrowthPruner
+from geosearch.search.ranking import Ranking, Score, rank_study
 from geosearch.search.space import (
     Budget,
     Hyperparams,
@@ -23,6 +33,8 @@ from geosearch.search.space import (
     space_names,
 )
 
+_LAZY = {name: "geosearch.search.study" for name in ("export_best", "open_run_study", "run_search")}
+
 __all__ = [
     "Budget",
     "Hyperparams",
@@ -30,11 +42,27 @@ __all__ = [
     "LogitGrowthPruner",
     "LossPrunerSpec",
     "PrunerSpec",
+    "Ranking",
     "SamplerSpec",
+    "Score",
     "SearchSpace",
     "SearchSpaceError",
     "Suggestion",
     "apply_overrides",
+    "export_best",
     "load_space",
+    "open_run_study",
+    "rank_study",
+    "run_search",
     "space_names",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'geosearch.search' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.search.study import export_best, open_run_study, run_search

@@ -16,7 +16,9 @@ The schema, every key optional but ``version`` and ``geometries``::
     version: 1
     name: default                 # study name (runs/<name>/); default: the file's stem
     rules: nanogpt                # rule-set name, or a list of {type, pattern, family,
-                                  #   split, layout} as in assignment files
+                                  #   split, layout} as in assignment files; default: the
+                                  #   model's rule set (nanogpt for the presets, gpt2 for
+                                  #   hf:gpt2, llama for hf:llama; py: models must name one)
     geometries:                   # one Optuna categorical per key: a module type of the
       attn: [stiefel, dgram]      #   rules, or a family shorthand (attn, mlp) covering its
       mlp: [stiefel, dgram]       #   types; every module type covered exactly once
@@ -24,8 +26,8 @@ The schema, every key optional but ``version`` and ``geometries``::
       spectral_lr: [0.005, 0.05]  #   or per geometry: {stiefel: [..], dgram: [..]}
       lr: [1.0e-4, 3.0e-3]        #   AdamW lr (embeddings, head, norms, adamw types)
     proxy:                        # the proxy run: any geosearch.proxy.train.TrainConfig field
-      model: small                #   tiny | small | gpt2
-      model_args: {}              #   GPTConfig overrides, e.g. {n_layer: 2}
+      model: small                #   tiny | small | gpt2 | hf:gpt2 | hf:llama | py:MODULE:FACTORY
+      model_args: {}              #   model fields, e.g. {n_layer: 2} (geosearch.proxy.zoo)
       data: null                  #   corpus path; null = the built-in text
       steps: 200
       ...
@@ -41,6 +43,12 @@ The schema, every key optional but ``version`` and ``geometries``::
       loss: none                  # none | median | percentile | successive_halving, or
                                   #   {type: median, n_startup_trials: 2, ...}
     sampler: {type: auto, seed: 0}  # auto | grid | tpe | random | gp (+ n_startup_trials)
+
+When ``rules`` is not set, the space takes the default rule set of ``proxy.model``
+(:func:`geosearch.proxy.zoo.default_rules`), so ``geosearch search --model hf:llama`` with a
+space written for the proxy searches LLaMA's module types; an override of the model
+(``--model``, ``proxy.model=...``) moves such derived rules along. Rules the space names stay
+as they are. ``to_dict()`` writes the rules in use, whichever way they came.
 
 Command-line flags and ``key=value`` overrides go through :func:`apply_overrides`.
 """
@@ -265,6 +273,9 @@ class SearchSpace:
     """The proxy run every trial trains (``seed`` is the first repeat's seed)."""
     rules: str | tuple[ModuleRule, ...] = "nanogpt"
     """Rule-set name, or the rules themselves."""
+    rules_from_model: bool = field(default=False, compare=False)
+    """True when the space set no ``rules`` and they are ``proxy.model``'s default rule set
+    (an override of the model then re-derives them)."""
     hyperparams: Hyperparams = field(default_factory=Hyperparams)
     """Continuous hyperparameters, if any."""
     repeats: int = 1
@@ -540,6 +551,8 @@ def apply_overrides(
         return space
 
     d = space.to_dict()
+    if space.rules_from_model and not any(k == "rules" or k.startswith("rules.") for k, _ in pairs):
+        del d["rules"]  # derived from the model: derive them again from the (new) model
     for key, value in pairs:
         node = d
         *parents, last = key.split(".")
@@ -599,7 +612,8 @@ class _Parser:
         name = top.get("name", "search")
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             self.error("name", f"expected a study name (no '/'), got {name!r}")
-        rules = self.rules(top.get("rules", "nanogpt"))
+        rules_from_model = "rules" not in top
+        rules = self.model_rules(top.get("proxy")) if rules_from_model else self.rules(top["rules"])
         geometries = self.geometries(top.get("geometries"), rules)
         hyperparams = self.hyperparams(top.get("hyperparams"), geometries)
         proxy = self.proxy(top.get("proxy"))
@@ -616,7 +630,7 @@ class _Parser:
         space = SearchSpace(
             geometries=geometries, proxy=proxy, rules=rules, hyperparams=hyperparams,
             repeats=repeats, budget=budget, pruner=pruner, sampler=sampler, name=name,
-            source=self.source,
+            source=self.source, rules_from_model=rules_from_model,
         )
         if budget.trials is None and budget.timeout is None and space.sampler_type() != "grid":
             self.error("budget", f"a {space.sampler_type()} search never ends by itself: set "
@@ -625,6 +639,21 @@ class _Parser:
         return space
 
     # ------------------------------------------------------------------ sections
+    def model_rules(self, proxy: Any) -> str | None:
+        """The default rule set of ``proxy.model``, for a space that sets no rules; None when
+        it has none (a problem for ``py:`` models; an unknown model is ``proxy``'s problem)."""
+        from geosearch.modules import rule_set_names
+        from geosearch.proxy.train import TrainConfig
+        from geosearch.proxy.zoo import PY_PREFIX, default_rules
+
+        model = proxy.get("model", TrainConfig.model) if isinstance(proxy, Mapping) else TrainConfig.model
+        name = default_rules(model)
+        if name is None and isinstance(model, str) and model.startswith(PY_PREFIX):
+            self.error("rules", f"missing: model {model!r} has no default rule set; name one, or "
+                       "write rules matching its parameter names (geosearch inspect --model "
+                       f"{model} --rules NAME shows how a rule set fits)", rule_set_names())
+        return name
+
     def rules(self, value: Any) -> str | tuple[ModuleRule, ...] | None:
         """The rules, or None when they are wrong (the problems are recorded)."""
         from geosearch.modules import ModuleRule, check_rules, rule_set_names
@@ -751,8 +780,8 @@ class _Parser:
         return LogRange(low, high)
 
     def proxy(self, value: Any) -> TrainConfig:
-        from geosearch.proxy.model import PRESETS, make_config
         from geosearch.proxy.train import TrainConfig
+        from geosearch.proxy.zoo import check_model_spec
 
         fields = [f.name for f in dataclasses.fields(TrainConfig)]
         d = self.mapping(value, "proxy", fields)
@@ -762,14 +791,12 @@ class _Parser:
                 TrainConfig.from_dict({k: v})
             except ConfigError as e:
                 self.error(f"proxy.{k}", e.problem, e.allowed)
-        model = d.get("model", TrainConfig.model)
-        if isinstance(model, str) and model not in PRESETS:
-            self.error("proxy.model", f"unknown preset {model!r}", list(PRESETS))
-        elif isinstance(d.get("model_args"), Mapping):
-            try:
-                make_config(model, **d["model_args"])
+        model, model_args = d.get("model", TrainConfig.model), d.get("model_args") or {}
+        if isinstance(model, str) and isinstance(model_args, Mapping):
+            try:  # a preset, hf:gpt2, hf:llama or py:module:factory; nothing is built
+                check_model_spec(model, model_args)
             except ConfigError as e:
-                self.rekey(e, "proxy.model_args")
+                self.rekey(e, "proxy")  # e.key: model, or model_args.<field>
         if isinstance(d.get("optimizer_args"), Mapping):
             self.optimizer_args(d["optimizer_args"], fields)
         if len(self.problems) > n_before:
