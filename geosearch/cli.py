@@ -335,7 +335,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
             raise ConfigError(f"module type {unknown[0]!r} of the space is not a type of {rules_name}",
                               source=space.source, key=f"geometries.{unknown[0]}",
                               allowed=[*families, *module_types(rules)])
-    rows = describe_parameters(built, rules, space.geometries if space is not None else None)
+    try:
+        rows = describe_parameters(built, rules, space.geometries if space is not None else None)
+    except ConfigError as e:  # rules for another family, e.g. nanogpt's nn.Linear rules on hf:gpt2
+        raise ConfigError(e.problem.rstrip("."), source=rules_name, key=e.key,
+                          allowed=fitting or e.allowed) from None
     match = match_parameters(built.model, rules)  # for the rules that match nothing
 
     def candidates(row) -> str:

@@ -286,7 +286,9 @@ def test_trial_of_a_dead_worker_is_failed_and_its_point_run_again(fake, tmp_path
     search(make_space(sampler="random", budget={"trials": 1}), tmp_path)
     done = {c[0] for c in fake.calls}
     params = {"geometry.attn": "euclidean" if "attn=adamw,mlp=adamw" in done else "adamw", "geometry.mlp": "adamw"}
-    dead = {"host": socket.gethostname(), "pid": 999999, "lock": str(tmp_path / "gone.lock")}
+    lock = tmp_path / "dead.lock"
+    lock.touch()  # a killed worker leaves its lock file behind, no longer locked
+    dead = {"host": socket.gethostname(), "pid": 999999, "lock": str(lock)}
     n = _running_trial(tmp_path, params, dead)
     out = search(space, tmp_path)
     trials = {t.number: t for t in trials_of(tmp_path)}

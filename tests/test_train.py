@@ -301,7 +301,7 @@ def test_two_gloo_processes_match_one_process(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), json.dumps(fields), MIXED, str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[:3000] + "\n...\n" + proc.stderr[-2000:]
     two = [json.loads(line) for line in (tmp_path / "out/metrics.jsonl").read_text().splitlines()]
     assert yaml.safe_load((tmp_path / "out/config.yaml").read_text())["num_processes"] == 2
 

@@ -41,6 +41,7 @@ precision.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import json
@@ -317,7 +318,9 @@ def get_accelerator(device: Device = "auto", mixed_precision: Precision = "no"):
     Accelerate keeps its state in a process-wide singleton that cannot change device or
     precision once made (``AcceleratorState._reset_state`` is private), so every run of a
     process must ask for the same ones. Under ``torchrun``/``accelerate launch`` the
-    distributed environment is picked up here.
+    distributed environment is picked up here, with a collective timeout of
+    ``GEOSEARCH_DIST_TIMEOUT`` seconds (default 1800, for gloo and NCCL alike): a rank
+    whose peers died unnoticed by the launcher gives up after it.
 
     Raises:
         ConfigError: CUDA or fp16 asked for without a GPU, or a device/precision other
@@ -355,6 +358,10 @@ def get_accelerator(device: Device = "auto", mixed_precision: Precision = "no"):
     except ValueError as e:  # the state was already made by someone else, differently
         raise ConfigError(f"Accelerate refused device={resolved}, "
                           f"mixed_precision={mixed_precision}: {e}") from None
+    if accelerator.num_processes > 1:
+        # Leave the process group cleanly at exit: gloo ranks that exit with it alive can
+        # abort (SIGABRT) when their peer has already closed its sockets.
+        atexit.register(accelerator.state.destroy_process_group)
     _ACCELERATOR = (key, accelerator)
     return accelerator
 

@@ -14,8 +14,8 @@ message, so every rank ends with it. Messages go through
 
 Failure modes, and what ends the others:
 
-* Ctrl-C in a terminal reaches every rank: rank 0 fails and queues its trial, the others
-  exit; ``torchrun`` exits 130.
+* Ctrl-C in a terminal reaches every rank: rank 0 fails and queues its trial (as one
+  process does), every rank exits with code 130, ``torchrun`` with an error of its own.
 * A rank that dies (killed, out of memory) leaves the others inside a collective:
   ``torchrun`` (and ``accelerate launch``, which runs it) stops them as soon as it sees the
   dead one; under any other launcher the process-group timeout does

@@ -3,7 +3,7 @@
 A search space is a YAML file (schema version 1) loaded into :class:`SearchSpace`, a tree
 of typed dataclasses. Every problem in the file is reported at once, each naming the
 file, the key path and the allowed values. The shipped spaces (``default``, ``paper``,
-``full``) load by name::
+``full``, ``llama``) load by name::
 
     >>> space = load_space("default")
     >>> space.categorical_choices()
@@ -435,7 +435,9 @@ class SearchSpace:
         return "\n".join([
             f"search space {self.name!r} ({self.source or 'inline'})",
             f"  geometries: {params}"
-            + (f" = {size} assignments" if size != math.inf else ""),
+            + (f" = {size} assignments" if size != math.inf else "")
+            + (f"; rule set {self.rules!r}" if isinstance(self.rules, str) else "; the space's rules")
+            + (" (the model's)" if self.rules_from_model else ""),
             *([f"  hyperparams: {', '.join(hp)}"] if hp else []),
             f"  proxy: {p.model}{p.model_args or ''}, {p.steps} steps x {p.batch_size} seqs, "
             f"data {p.data or 'built-in'}, solver {p.solver}; {self.repeats} seed(s) each",

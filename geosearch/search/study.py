@@ -299,9 +299,14 @@ def open_storage(
         # a trial can outlast a server's or a firewall's idle timeout: test connections
         # before use instead of failing on a dropped one
         kwargs["engine_kwargs"] = {"pool_pre_ping": True}
+    url = _with_installed_driver(storage)
     for attempt in range(3):
         try:
-            return optuna.storages.RDBStorage(storage, **kwargs), mask_url(storage)
+            return optuna.storages.RDBStorage(url, **kwargs), mask_url(storage)
+        except ImportError:
+            raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: its database driver "
+                              "is not installed (PostgreSQL: pip install 'geosearch[postgres]')",
+                              source="--storage") from None
         except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors of many kinds
             # Two processes creating the schema of a new database at once: one of them
             # fails on the version table (IntegrityError) or a lock (OperationalError).
@@ -314,6 +319,19 @@ def open_storage(
             raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: {first}",
                               source="--storage") from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _with_installed_driver(url: str) -> str:
+    """``postgresql://`` with the driver that is installed: SQLAlchemy 2.1 takes it as
+    psycopg 3, 2.0 as psycopg2 (``geosearch[postgres]`` installs psycopg2-binary)."""
+    import importlib.util
+
+    if not url.startswith("postgresql://"):
+        return url
+    for module, scheme in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return scheme + url[len("postgresql"):]
+    return url
 
 
 def open_run_study(
@@ -1034,7 +1052,7 @@ def run_search(
     if not stale_after > 0:
         raise ConfigError(f"expected a positive number of seconds, got {stale_after}",
                           source="--stale-after")
-    rank, world = launch_world()
+    world = launch_world()[1]
     if world == 1:
         return _search(space, runs_dir=runs_dir, storage=storage, workers=workers,
                        worker_index=worker_index, stale_after=stale_after, export=export,

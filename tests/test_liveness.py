@@ -1,0 +1,163 @@
+"""Stale trials across machines: heartbeats, the lock-file fast path, and lost trials.
+
+A RUNNING trial's worker is judged by its lock file when that file is on this machine, by
+its ``heartbeat`` attr otherwise (another host, or a host of the same name that does not
+share this disk). ``train`` is replaced by a fake here (milliseconds per trial); the
+PostgreSQL test (tests/test_postgres.py) kills a real worker.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import socket
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import geosearch.search.study as study_mod
+from geosearch.proxy.train import TrainResult
+from geosearch.search.space import SearchSpace
+from geosearch.search.study import open_run_study, run_search
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+PROXY = {"model": "tiny", "steps": 10, "batch_size": 2, "eval_every": 5, "eval_batches": 1,
+         "probe_every": 5, "probe_batch_size": 1, "device": "cpu"}
+ADAMW = {"geometry.attn": "adamw", "geometry.mlp": "adamw"}
+EUCLIDEAN = {"geometry.attn": "euclidean", "geometry.mlp": "adamw"}
+
+
+def make_space(**extra) -> SearchSpace:
+    d = {"version": 1, "name": "t", "proxy": dict(PROXY),
+         "geometries": {"attn": ["adamw", "euclidean"], "mlp": ["adamw"]}, **extra}
+    return SearchSpace.from_dict(d, source="test space")
+
+
+def fake_train(config, assignment, callback=None, out_dir=None, **kw):
+    """Two records (steps 5, 10) with a val loss that depends on the attention geometry."""
+    loss = 3.0 if assignment.resolve()["attn_qkv"] == "adamw" else 3.1
+    history = []
+    for step in (5, 10):
+        m = {"step": step, "train_loss": loss, "val_loss": loss, "max_logit": 1.0, "min_entropy": 1.0}
+        history.append(m)
+        if callback is not None:
+            callback(step, m)
+    return TrainResult("completed", None, None, loss, loss, history, 1.0, 1e3, {})
+
+
+def search(tmp_path, space, **kw):
+    out = io.StringIO()
+    outcome = run_search(space, runs_dir=tmp_path / "runs", out=out, progress=False, **kw)
+    return outcome, out.getvalue()
+
+
+def running_trial(tmp_path, params, worker, heartbeat=None) -> int:
+    """A RUNNING trial as a worker leaves it: ``worker`` attr, maybe a heartbeat."""
+    study = open_run_study(tmp_path / "runs" / "t")
+    study.enqueue_trial(params, user_attrs={"queued": True, "queued_params": params})
+    trial = study.ask()
+    trial.suggest_categorical("geometry.attn", ["adamw", "euclidean"])
+    trial.suggest_categorical("geometry.mlp", ["adamw"])
+    trial.set_user_attr("worker", worker)
+    trial.set_user_attr("status", "running")  # training
+    if heartbeat is not None:
+        trial.set_user_attr("heartbeat", heartbeat)
+    return trial.number
+
+
+@pytest.fixture
+def one_done(monkeypatch, tmp_path):
+    """A study with one of its two points done: ``(done params, params left)``."""
+    monkeypatch.setattr(study_mod, "train", fake_train)
+    search(tmp_path, make_space(sampler="grid", budget={"trials": 1}))
+    done = [t.params for t in open_run_study(tmp_path / "runs" / "t").get_trials()
+            if t.state == TrialState.COMPLETE]
+    assert len(done) == 1
+    return done[0], next(p for p in (ADAMW, EUCLIDEAN) if p != done[0])
+
+
+def test_a_trial_whose_lock_is_not_here_is_judged_by_its_heartbeat(one_done, tmp_path):
+    done, left = one_done
+    # the point left: its worker on another machine stopped beating 60 s ago
+    stale = running_trial(tmp_path, left, {"host": "elsewhere", "pid": 1, "lock": "/elsewhere/w.lock"},
+                          heartbeat=time.time() - 60)
+    # the done point again, by a live worker on a machine of the same name: its lock file
+    # is on its own disk, so only its fresh heartbeat tells
+    live = running_trial(tmp_path, done, {"host": socket.gethostname(), "pid": 2,
+                                          "lock": str(tmp_path / "on-another-disk.lock")},
+                         heartbeat=time.time())
+    # budget 3: 1 done + 1 live + the retry of the stale one
+    outcome, printed = search(tmp_path, make_space(sampler="random", budget={"trials": 3}), stale_after=30)
+    trials = {t.number: t for t in open_run_study(tmp_path / "runs" / "t").get_trials()}
+    # the stale trial: failed, the reason printed, its point queued again and completed
+    assert re.search(rf"trial {stale} was left running by a worker that died \(no heartbeat from "
+                     r"elsewhere for (59|6\d) s\): marked failed and queued again", printed), printed
+    assert trials[stale].state == TrialState.FAIL and outcome.counts["interrupted"] == 1
+    retry = [t for t in trials.values() if t.user_attrs.get("retry_of") == stale]
+    assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].params == left
+    # the live one is left alone: a missing lock file is not taken as a dead worker
+    assert trials[live].state == TrialState.RUNNING
+    assert "still running elsewhere" in outcome.stopped
+
+
+def test_a_fresh_heartbeat_of_another_host_keeps_its_trial(one_done, tmp_path):
+    n = running_trial(tmp_path, one_done[1], {"host": "elsewhere", "pid": 1, "lock": "/elsewhere/w.lock"},
+                      heartbeat=time.time() - 20)
+    outcome, printed = search(tmp_path, make_space(sampler="grid"), stale_after=30)  # 20 s < 30 s
+    assert "left running" not in printed
+    assert open_run_study(tmp_path / "runs" / "t").get_trials()[n].state == TrialState.RUNNING
+    assert "(1 still running elsewhere)" in outcome.stopped
+
+
+def test_the_heartbeat_thread_keeps_a_long_trial_alive(monkeypatch, tmp_path):
+    # a proxy run with no record for 2 s while stale_after is 1 s: only the thread's
+    # heartbeats (every 0.25 s) keep it from being taken for dead
+    beats, verdicts = [], []
+
+    def slow_train(config, assignment, callback=None, out_dir=None, **kw):
+        study = open_run_study(tmp_path / "runs" / "t")
+        for _ in range(20):
+            time.sleep(0.1)
+            t = next(t for t in study.get_trials() if t.state == TrialState.RUNNING)
+            beats.append(t.user_attrs["heartbeat"])
+            with monkeypatch.context() as m:  # what a worker on another host concludes now
+                m.setattr(socket, "gethostname", lambda: "another-host")
+                verdicts.append(study_mod._dead_reason(t, 1.0))
+        return fake_train(config, assignment, callback, out_dir)
+
+    monkeypatch.setattr(study_mod, "train", slow_train)
+    outcome, _ = search(tmp_path, make_space(sampler="grid", budget={"trials": 1}), stale_after=1.0)
+    assert outcome.counts == {"completed": 1}
+    assert verdicts == [None] * 20  # never taken for dead
+    assert len(set(beats)) >= 5  # the heartbeat moved while the run made no record
+
+
+def test_a_trial_taken_for_dead_by_another_worker_is_dropped_and_run_again(monkeypatch, tmp_path):
+    calls = []
+
+    def train_then_lose_it(config, assignment, callback=None, out_dir=None, **kw):
+        calls.append(assignment.resolve()["attn_qkv"])
+        if len(calls) == 1:
+            # another worker, seeing no heartbeat for too long, fails this trial and queues
+            # its point again, as _recover_stale does
+            study = open_run_study(tmp_path / "runs" / "t")
+            t = next(t for t in study.get_trials() if t.state == TrialState.RUNNING)
+            study.tell(t.number, state=TrialState.FAIL)
+            study.enqueue_trial(dict(t.params), user_attrs={"queued": True, "queued_params": dict(t.params),
+                                                            "retry_of": t.number})
+        return fake_train(config, assignment, callback, out_dir)
+
+    monkeypatch.setattr(study_mod, "train", train_then_lose_it)
+    outcome, printed = search(tmp_path, make_space(sampler="grid"))
+    # the first trial's report was refused: this worker dropped it and went on
+    assert "trial 0 was taken for dead by another worker" in printed and "this worker drops it" in printed
+    trials = open_run_study(tmp_path / "runs" / "t").get_trials()
+    assert trials[0].state == TrialState.FAIL and trials[0].user_attrs["status"] == "running"
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    # each point completed once, the lost one by its retry; the loss is not a failure
+    assert sorted(t.params["geometry.attn"] for t in complete) == ["adamw", "euclidean"]
+    assert any(t.user_attrs.get("retry_of") == 0 for t in complete)
+    assert outcome.counts == {"completed": 2, "interrupted": 1} and len(calls) == 3
