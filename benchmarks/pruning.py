@@ -30,7 +30,7 @@ Not a test: it prints tables and writes them to ``benchmarks/results/pruning.md`
 
 Usage::
 
-    python benchmarks/pruning.py                  # tiny proxy, 300 steps, 1 seed (~6-8 min, 2 cores)
+    python benchmarks/pruning.py                  # tiny proxy, 300 steps, 1 seed (~7-9 min on 2 shared cores)
     python benchmarks/pruning.py --quick          # a smoke run (~1 min)
     python benchmarks/pruning.py --spectral-lr 0.5    # skip the scan
     python benchmarks/pruning.py --model small --steps 500 --repeats 3   # closer to paper.yaml (hours)

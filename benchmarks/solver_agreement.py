@@ -17,7 +17,7 @@ exact one for the final training. Not a test: it prints a table and writes it to
 
 Usage::
 
-    python benchmarks/solver_agreement.py               # tiny proxy, paper.yaml's 500 steps, 3 seeds (~6 min, 2 cores)
+    python benchmarks/solver_agreement.py               # tiny proxy, paper.yaml's 500 steps, 3 seeds (~6-9 min, 2 shared cores)
     python benchmarks/solver_agreement.py --quick       # 100 steps, 1 seed
     python benchmarks/solver_agreement.py --model small --repeats 3   # the CPU default proxy (much longer)
 """

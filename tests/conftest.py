@@ -25,3 +25,13 @@ def _one_thread():
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
         os.environ["OMP_NUM_THREADS"] = env
+
+
+@pytest.fixture
+def accelerator():
+    """The process's one ``accelerate.Accelerator(cpu=True)``: Accelerate keeps its state in
+    a process-wide singleton, so tests share the trainer's instead of making and resetting
+    their own (a reset would leave the trainer's cached one broken)."""
+    from geosearch.proxy.train import get_accelerator
+
+    return get_accelerator("cpu")

@@ -150,20 +150,15 @@ def test_state_dict_round_trip_continues_identically():
     assert {"exp_avg", "exp_avg_sq", "step"} <= set(opt2.state[resumed[0].bias])
 
 
-def test_runs_under_accelerate():
-    accelerate = pytest.importorskip("accelerate")
+def test_runs_under_accelerate(accelerator):
     X, Y = _regression()
     model, groups = _model_and_groups()
     opt = ManifoldMuon(groups())
-    accelerator = accelerate.Accelerator(cpu=True)
-    try:
-        model, opt = accelerator.prepare(model, opt)
-        before = model[0].weight.detach().clone()
-        opt.zero_grad()
-        accelerator.backward(_loss(model, X, Y))
-        opt.step()
-    finally:  # the Accelerate state is a process-wide singleton: leave none behind
-        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    model, opt = accelerator.prepare(model, opt)
+    before = model[0].weight.detach().clone()
+    opt.zero_grad()
+    accelerator.backward(_loss(model, X, Y))
+    opt.step()
     W = model[0].weight.detach()
     # Rule: the wrapped optimizer steps (weights move) and keeps each block on its manifold.
     assert not torch.equal(W, before)

@@ -353,7 +353,8 @@ def test_storage_kind_follows_workers_and_what_exists(tmp_path):
 def test_end_to_end_search_exports_an_assignment_that_builds_an_optimizer(tmp_path):
     space = make_space({"attn": ["adamw", "oblique"], "mlp": ["adamw", "euclidean"]})
     out = search(space, tmp_path)
-    assert out.counts == {"completed": 4}
+    reasons = [t.user_attrs.get("fail_reason") for t in trials_of(tmp_path)]
+    assert out.counts == {"completed": 4}, reasons
     run = tmp_path / "runs" / "t"
     for t in trials_of(tmp_path):
         lines = (run / t.user_attrs["trial_dir"] / "metrics.jsonl").read_text().splitlines()
