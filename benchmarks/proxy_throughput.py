@@ -20,6 +20,7 @@ Not a test: numbers depend on the machine. Usage::
 
     python benchmarks/proxy_throughput.py                       # small preset, 60 steps, best of 3
     python benchmarks/proxy_throughput.py --model tiny --steps 30 --repeats 1   # quick look
+    python benchmarks/proxy_throughput.py --threads 1           # steadier on a busy machine
 """
 
 from __future__ import annotations
@@ -132,7 +133,11 @@ def main() -> None:
     parser.add_argument("--solver", default="project")
     parser.add_argument("--probe-every", type=int, default=TrainConfig.probe_every)
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (1 is steadier on a shared machine)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.steps < 3 * BLOCK:
         parser.error(f"--steps must be at least {3 * BLOCK}")
 

@@ -147,8 +147,10 @@ def test_inspect_shows_types_and_candidates_and_warns_about_unmatched_weights(tm
 def start_and_stop_mid_trial(cmd, tmp_path, study, sig, need_complete=True):
     """Run ``cmd``, wait until a trial is training (after one completed, if asked), send
     ``sig``; returns (process, {number: value} of completed trials, the running trial)."""
+    # A shell that starts a background job (as CI may) makes it ignore SIGINT, and the
+    # child would inherit that: give the search the default handler a terminal gives it.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-                            cwd=tmp_path)
+                            cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     db = tmp_path / "runs" / study / "study.db"
     deadline = time.monotonic() + 240
     try:
