@@ -15,6 +15,8 @@ from geosearch.proxy.probes import (
     recording_qk,
     weight_stats,
 )
+# `train` itself stays in geosearch.proxy.train: re-exporting it here would shadow the module.
+from geosearch.proxy.train import TrainConfig, TrainResult, get_accelerator
 from geosearch.proxy.qk import LayerQK, detect_qk_source, qk_capture
 from geosearch.proxy.zoo import (
     BuiltModel,
@@ -29,6 +31,9 @@ from geosearch.proxy.zoo import (
 )
 
 __all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "get_accelerator",
     "GPT",
     "PRESETS",
     "BuiltModel",
