@@ -43,8 +43,6 @@ import dataclasses
 import datetime
 import io
 import math
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -54,6 +52,7 @@ from pathlib import Path
 import optuna
 import torch
 
+from _machine import machine  # benchmarks/ is on sys.path when a script runs
 from geosearch.proxy.train import train
 from geosearch.search.pruners import BUDGET_STEPS_ATTR, PROBE_HISTORY_ATTR
 from geosearch.report import TrialRecord, load_run
@@ -338,21 +337,6 @@ def verdicts(rows: list[dict], unstable: set[str], base: SearchRun, lr: float) -
             out.append(f"  - the unpruned winner ({base.winner}) ends unstable; the pruned search "
                        "picks the best of the trials that end stable, as it is meant to")
     return "\n".join(out) + "\n"
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    return (f"{os.cpu_count()} CPUs ({cpu}), torch {torch.__version__} with "
-            f"{torch.get_num_threads()} thread(s), optuna {optuna.__version__}, "
-            f"load average {load:.1f} at the start")
 
 
 # --------------------------------------------------------------------------- main

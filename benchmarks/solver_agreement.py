@@ -29,8 +29,6 @@ import dataclasses
 import datetime
 import itertools
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -39,6 +37,7 @@ from pathlib import Path
 import optuna
 import torch
 
+from _machine import machine  # benchmarks/ is on sys.path when a script runs
 from geosearch.proxy.train import train
 from geosearch.search.space import SearchSpace, apply_overrides, load_space
 
@@ -165,20 +164,6 @@ def report(results: dict[str, dict[str, list[dict]]]) -> tuple[str, dict]:
         "- seed noise: one seed per assignment, so rank swaps cannot be told from seed noise",
     ]) + "\n"
     return text, summary
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    return (f"{os.cpu_count()} CPUs ({cpu}), torch {torch.__version__} with "
-            f"{torch.get_num_threads()} thread(s), load average {load:.1f} at the start")
 
 
 def main(argv: list[str] | None = None) -> int:

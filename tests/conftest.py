@@ -35,3 +35,28 @@ def accelerator():
     from geosearch.proxy.train import get_accelerator
 
     return get_accelerator("cpu")
+
+
+@pytest.fixture
+def running_trial():
+    """Leave a RUNNING trial in study ``t`` of ``tmp_path/runs`` as a worker leaves it.
+
+    Returns ``make(tmp_path, params, worker, heartbeat=None) -> trial number``: the point
+    ``params`` (``geometry.attn`` in {adamw, euclidean}, ``geometry.mlp`` = adamw) is
+    queued and taken, with the ``worker`` attr and, if given, a ``heartbeat``.
+    """
+    from geosearch.search.study import open_run_study
+
+    def make(tmp_path, params, worker, heartbeat=None) -> int:
+        study = open_run_study(tmp_path / "runs" / "t")
+        study.enqueue_trial(params, user_attrs={"queued": True, "queued_params": params})
+        trial = study.ask()
+        trial.suggest_categorical("geometry.attn", ["adamw", "euclidean"])
+        trial.suggest_categorical("geometry.mlp", ["adamw"])
+        trial.set_user_attr("worker", worker)
+        trial.set_user_attr("status", "running")  # training
+        if heartbeat is not None:
+            trial.set_user_attr("heartbeat", heartbeat)
+        return trial.number
+
+    return make

@@ -54,20 +54,6 @@ def search(tmp_path, space, **kw):
     return outcome, out.getvalue()
 
 
-def running_trial(tmp_path, params, worker, heartbeat=None) -> int:
-    """A RUNNING trial as a worker leaves it: ``worker`` attr, maybe a heartbeat."""
-    study = open_run_study(tmp_path / "runs" / "t")
-    study.enqueue_trial(params, user_attrs={"queued": True, "queued_params": params})
-    trial = study.ask()
-    trial.suggest_categorical("geometry.attn", ["adamw", "euclidean"])
-    trial.suggest_categorical("geometry.mlp", ["adamw"])
-    trial.set_user_attr("worker", worker)
-    trial.set_user_attr("status", "running")  # training
-    if heartbeat is not None:
-        trial.set_user_attr("heartbeat", heartbeat)
-    return trial.number
-
-
 @pytest.fixture
 def one_done(monkeypatch, tmp_path):
     """A study with one of its two points done: ``(done params, params left)``."""
@@ -79,7 +65,7 @@ def one_done(monkeypatch, tmp_path):
     return done[0], next(p for p in (ADAMW, EUCLIDEAN) if p != done[0])
 
 
-def test_a_trial_whose_lock_is_not_here_is_judged_by_its_heartbeat(one_done, tmp_path):
+def test_a_trial_whose_lock_is_not_here_is_judged_by_its_heartbeat(one_done, tmp_path, running_trial):
     done, left = one_done
     # the point left: its worker on another machine stopped beating 60 s ago
     stale = running_trial(tmp_path, left, {"host": "elsewhere", "pid": 1, "lock": "/elsewhere/w.lock"},
@@ -103,7 +89,7 @@ def test_a_trial_whose_lock_is_not_here_is_judged_by_its_heartbeat(one_done, tmp
     assert "still running elsewhere" in outcome.stopped
 
 
-def test_a_fresh_heartbeat_of_another_host_keeps_its_trial(one_done, tmp_path):
+def test_a_fresh_heartbeat_of_another_host_keeps_its_trial(one_done, tmp_path, running_trial):
     n = running_trial(tmp_path, one_done[1], {"host": "elsewhere", "pid": 1, "lock": "/elsewhere/w.lock"},
                       heartbeat=time.time() - 20)
     outcome, printed = search(tmp_path, make_space(sampler="grid"), stale_after=30)  # 20 s < 30 s

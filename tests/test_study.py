@@ -268,18 +268,7 @@ def test_resume_with_other_proxy_settings_is_refused(fake, tmp_path):
         search(changed, tmp_path)
 
 
-def _running_trial(tmp_path, params, worker):
-    """A RUNNING trial left in the study as a worker would leave it."""
-    study = open_run_study(tmp_path / "runs" / "t")
-    study.enqueue_trial(params, user_attrs={"queued": True, "queued_params": params})
-    trial = study.ask()
-    trial.suggest_categorical("geometry.attn", ["adamw", "euclidean"])
-    trial.suggest_categorical("geometry.mlp", ["adamw"])
-    trial.set_user_attr("worker", worker)
-    return trial.number
-
-
-def test_trial_of_a_dead_worker_is_failed_and_its_point_run_again(fake, tmp_path):
+def test_trial_of_a_dead_worker_is_failed_and_its_point_run_again(fake, tmp_path, running_trial):
     import socket
 
     space = make_space(sampler="random", budget={"trials": 2})
@@ -289,7 +278,7 @@ def test_trial_of_a_dead_worker_is_failed_and_its_point_run_again(fake, tmp_path
     lock = tmp_path / "dead.lock"
     lock.touch()  # a killed worker leaves its lock file behind, no longer locked
     dead = {"host": socket.gethostname(), "pid": 999999, "lock": str(lock)}
-    n = _running_trial(tmp_path, params, dead)
+    n = running_trial(tmp_path, params, dead)
     out = search(space, tmp_path)
     trials = {t.number: t for t in trials_of(tmp_path)}
     assert trials[n].state == TrialState.FAIL  # the dead worker's trial
@@ -299,7 +288,7 @@ def test_trial_of_a_dead_worker_is_failed_and_its_point_run_again(fake, tmp_path
 
 
 @pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
-def test_trial_of_a_live_worker_is_left_alone_and_holds_its_budget_slot(fake, tmp_path):
+def test_trial_of_a_live_worker_is_left_alone_and_holds_its_budget_slot(fake, tmp_path, running_trial):
     import fcntl
     import socket
 
@@ -309,7 +298,7 @@ def test_trial_of_a_live_worker_is_left_alone_and_holds_its_budget_slot(fake, tm
     fcntl.flock(fd, fcntl.LOCK_EX)  # a live worker holds its lock
     try:
         live = {"host": socket.gethostname(), "pid": 1, "lock": str(lock)}
-        n = _running_trial(tmp_path, {"attn": "adamw", "mlp": "adamw"}, live)
+        n = running_trial(tmp_path, {"geometry.attn": "adamw", "geometry.mlp": "adamw"}, live)
         calls = len(fake.calls)
         out = search(make_space(sampler="random", budget={"trials": 2}), tmp_path)
         assert len(fake.calls) == calls  # 1 done + 1 running = the budget of 2
