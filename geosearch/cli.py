@@ -210,6 +210,7 @@ def _add_search(p: argparse.ArgumentParser) -> None:
 def _run_search(args: argparse.Namespace) -> int:
     import optuna
 
+    from geosearch.search.distributed import leave_together
     from geosearch.search.space import apply_overrides, load_space
     from geosearch.search.study import run_search
 
@@ -222,10 +223,13 @@ def _run_search(args: argparse.Namespace) -> int:
     outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
                          workers=args.workers, worker_index=args.worker_index,
                          **({} if args.stale_after is None else {"stale_after": args.stale_after}))
-    if outcome.rank:  # a data-parallel rank other than 0: rank 0 reports
-        return 0
-    if args.worker_index is None:
-        _report_after_search(outcome.run_dir, outcome.study_name, args.storage)
+    try:
+        if outcome.rank:  # a data-parallel rank other than 0: rank 0 reports
+            return 0
+        if args.worker_index is None:
+            _report_after_search(outcome.run_dir, outcome.study_name, args.storage)
+    finally:
+        leave_together()  # data-parallel ranks wait for rank 0's report, then exit together
     if args.worker_index is not None or outcome.ranking.rows:
         return 0
     print(f"geosearch search: no trial completed in {outcome.run_dir}; nothing exported",

@@ -32,7 +32,7 @@ from typing import Any
 
 from geosearch.errors import GeosearchError
 
-__all__ = ["RankGroup", "follow", "launch_world"]
+__all__ = ["RankGroup", "follow", "launch_world", "leave_together"]
 
 
 def launch_world() -> tuple[int, int]:
@@ -123,3 +123,17 @@ def follow(group: RankGroup, train_fn) -> str:
             train_fn(message["config"], message["assignment"])
         except Exception:  # noqa: BLE001 - rank 0 met it too and fails the trial
             continue
+
+
+def leave_together() -> None:
+    """End a distributed launch on every rank at the same point: a barrier (rank 0 has
+    written its export and report by then), then the process group is destroyed before
+    the interpreter shuts down. A rank that left earlier, with the group still alive,
+    could abort (SIGABRT from gloo's threads) while its peer was still working. No-op in
+    a plain process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
