@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from _common import publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.manifolds import get_manifold, manifold_names, msign
 from geosearch.optim.muon import ManifoldMuon
 
@@ -211,12 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         f"msign with {REF_NS} Polar Express steps; DGram retraction U Vᵀ·diag(σ) from an SVD.\n\n"
     )
     verdicts = _verdicts(rows, reference)
-    text = header + table + "\n" + verdicts
-    print()
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"written to {args.out}")
+    publish(header + table + "\n" + verdicts, args.out)
     return 0
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 import geosearch.proxy.train as train_mod
+from _common import publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.assignment import Assignment
 from geosearch.manifolds import geometry_names
 from geosearch.optim import build_optimizer
@@ -189,11 +190,7 @@ def main() -> None:
         loss = results[name].final_val_loss
         lines.append(f"| {name} | {best[name]:.1f} | {best[name] / best[ADAMW]:.2f} | "
                      f"{results[name].status} | {'-' if loss is None else f'{loss:.3f}'} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text, encoding="utf-8")
-    print(f"written to {RESULTS}")
+    publish("\n".join(lines) + "\n", RESULTS)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from pathlib import Path
 import optuna
 import torch
 
-from _machine import machine  # benchmarks/ is on sys.path when a script runs
+from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.proxy.train import train
 from geosearch.search.pruners import BUDGET_STEPS_ATTR, PROBE_HISTORY_ATTR
 from geosearch.report import TrialRecord, load_run
@@ -421,12 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         text += [f"## Spectral lr {lr:g}\n",
                  "Order of the trials: " + "; ".join(runs["none"].order) + ".\n",
                  summary_table(rows), "\n" + trial_table(runs, unstable), "\n" + verdicts(rows, unstable, runs["none"], lr)]
-    out = "\n".join(text)
-    print()
-    print(out)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(out, encoding="utf-8")
-    print(f"written to {args.out}")
+    publish("\n".join(text), args.out)
     return 0
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import optuna
 import torch
 
-from _machine import machine  # benchmarks/ is on sys.path when a script runs
+from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.proxy.train import train
 from geosearch.search.space import SearchSpace, apply_overrides, load_space
 
@@ -212,11 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine is shared: the cost ratio is indicative, the losses are exact for these seeds.\n",
         table,
     ])
-    print()
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(f"written to {args.out}")
+    publish(text, args.out)
     return 0
 
 
