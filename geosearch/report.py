@@ -50,7 +50,8 @@ from geosearch.search.ranking import (
     trial_label,
     trial_score,
 )
-from geosearch.search.study import mask_url, open_run_study, resolve_storage, trial_status
+from geosearch.search.records import trial_status
+from geosearch.search.storage import mask_url, open_run_study, resolve_storage
 
 __all__ = [
     "CostRow",

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-import geosearch.search.study as study_mod
 from geosearch.errors import ConfigError
+from geosearch.search import liveness
 from geosearch.search.space import SearchSpace
 from geosearch.search.study import run_search
 
@@ -207,9 +207,9 @@ def test_a_dead_rank_ends_the_launch_and_its_trial_runs_again(tmp_path):
     left = next(t for t in load(run_dir, "dead").get_trials() if t.number == trial.number)
     assert left.state == TrialState.RUNNING  # nobody could record it...
     # ...and the next run of the study, on any number of processes, takes it as dead at once
-    owner = study_mod._Owner(run_dir)
+    owner = liveness.Owner(run_dir)
     try:
-        recovered = study_mod._recover_stale(load(run_dir, "dead"), owner, 300)
+        recovered = liveness.recover_stale(load(run_dir, "dead"), owner, 300)
     finally:
         owner.close()
     assert [n for n, _ in recovered] == [trial.number] and "lock" in recovered[0][1]

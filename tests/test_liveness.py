@@ -9,31 +9,24 @@ PostgreSQL test (tests/test_postgres.py) kills a real worker.
 from __future__ import annotations
 
 import io
+import os
 import re
 import socket
 import time
 
 import optuna
 import pytest
+from _search_helpers import fake, make_space, trials_of, use_train  # noqa: F401
 from optuna.trial import TrialState
 
-import geosearch.search.study as study_mod
 from geosearch.proxy.train import TrainResult
-from geosearch.search.space import SearchSpace
+from geosearch.search import liveness
 from geosearch.search.study import open_run_study, run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-PROXY = {"model": "tiny", "steps": 10, "batch_size": 2, "eval_every": 5, "eval_batches": 1,
-         "probe_every": 5, "probe_batch_size": 1, "device": "cpu"}
 ADAMW = {"geometry.attn": "adamw", "geometry.mlp": "adamw"}
 EUCLIDEAN = {"geometry.attn": "euclidean", "geometry.mlp": "adamw"}
-
-
-def make_space(**extra) -> SearchSpace:
-    d = {"version": 1, "name": "t", "proxy": dict(PROXY),
-         "geometries": {"attn": ["adamw", "euclidean"], "mlp": ["adamw"]}, **extra}
-    return SearchSpace.from_dict(d, source="test space")
 
 
 def fake_train(config, assignment, callback=None, out_dir=None, **kw):
@@ -57,12 +50,49 @@ def search(tmp_path, space, **kw):
 @pytest.fixture
 def one_done(monkeypatch, tmp_path):
     """A study with one of its two points done: ``(done params, params left)``."""
-    monkeypatch.setattr(study_mod, "train", fake_train)
+    use_train(monkeypatch, fake_train)
     search(tmp_path, make_space(sampler="grid", budget={"trials": 1}))
     done = [t.params for t in open_run_study(tmp_path / "runs" / "t").get_trials()
             if t.state == TrialState.COMPLETE]
     assert len(done) == 1
     return done[0], next(p for p in (ADAMW, EUCLIDEAN) if p != done[0])
+
+
+def test_trial_of_a_dead_worker_is_failed_and_its_point_run_again(fake, tmp_path, running_trial):
+    space = make_space(sampler="random", budget={"trials": 2})
+    search(tmp_path, make_space(sampler="random", budget={"trials": 1}))
+    done = {c[0] for c in fake.calls}
+    params = {"geometry.attn": "euclidean" if "attn=adamw,mlp=adamw" in done else "adamw", "geometry.mlp": "adamw"}
+    lock = tmp_path / "dead.lock"
+    lock.touch()  # a killed worker leaves its lock file behind, no longer locked
+    dead = {"host": socket.gethostname(), "pid": 999999, "lock": str(lock)}
+    n = running_trial(tmp_path, params, dead)
+    out, _ = search(tmp_path, space)
+    trials = {t.number: t for t in trials_of(tmp_path)}
+    assert trials[n].state == TrialState.FAIL  # the dead worker's trial
+    retry = [t for t in trials.values() if t.user_attrs.get("retry_of") == n]
+    assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].params == params
+    assert out.counts["completed"] == 2  # budget: the dead trial did not count
+
+
+@pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
+def test_trial_of_a_live_worker_is_left_alone_and_holds_its_budget_slot(fake, tmp_path, running_trial):
+    import fcntl
+
+    search(tmp_path, make_space(sampler="random", budget={"trials": 1}))
+    lock = tmp_path / "alive.lock"
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a live worker holds its lock
+    try:
+        live = {"host": socket.gethostname(), "pid": 1, "lock": str(lock)}
+        n = running_trial(tmp_path, {"geometry.attn": "adamw", "geometry.mlp": "adamw"}, live)
+        calls = len(fake.calls)
+        out, _ = search(tmp_path, make_space(sampler="random", budget={"trials": 2}))
+        assert len(fake.calls) == calls  # 1 done + 1 running = the budget of 2
+        assert "still running elsewhere" in out.stopped
+        assert next(t for t in trials_of(tmp_path) if t.number == n).state == TrialState.RUNNING
+    finally:
+        os.close(fd)
 
 
 def test_a_trial_whose_lock_is_not_here_is_judged_by_its_heartbeat(one_done, tmp_path, running_trial):
@@ -111,10 +141,10 @@ def test_the_heartbeat_thread_keeps_a_long_trial_alive(monkeypatch, tmp_path):
             beats.append(t.user_attrs["heartbeat"])
             with monkeypatch.context() as m:  # what a worker on another host concludes now
                 m.setattr(socket, "gethostname", lambda: "another-host")
-                verdicts.append(study_mod._dead_reason(t, 1.0))
+                verdicts.append(liveness.dead_reason(t, 1.0))
         return fake_train(config, assignment, callback, out_dir)
 
-    monkeypatch.setattr(study_mod, "train", slow_train)
+    use_train(monkeypatch, slow_train)
     outcome, _ = search(tmp_path, make_space(sampler="grid", budget={"trials": 1}), stale_after=1.0)
     assert outcome.counts == {"completed": 1}
     assert verdicts == [None] * 20  # never taken for dead
@@ -128,7 +158,7 @@ def test_a_trial_taken_for_dead_by_another_worker_is_dropped_and_run_again(monke
         calls.append(assignment.resolve()["attn_qkv"])
         if len(calls) == 1:
             # another worker, seeing no heartbeat for too long, fails this trial and queues
-            # its point again, as _recover_stale does
+            # its point again, as recover_stale does
             study = open_run_study(tmp_path / "runs" / "t")
             t = next(t for t in study.get_trials() if t.state == TrialState.RUNNING)
             study.tell(t.number, state=TrialState.FAIL)
@@ -136,7 +166,7 @@ def test_a_trial_taken_for_dead_by_another_worker_is_dropped_and_run_again(monke
                                                             "retry_of": t.number})
         return fake_train(config, assignment, callback, out_dir)
 
-    monkeypatch.setattr(study_mod, "train", train_then_lose_it)
+    use_train(monkeypatch, train_then_lose_it)
     outcome, printed = search(tmp_path, make_space(sampler="grid"))
     # the first trial's report was refused: this worker dropped it and went on
     assert "trial 0 was taken for dead by another worker" in printed and "this worker drops it" in printed

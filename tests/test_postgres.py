@@ -167,7 +167,7 @@ _STORAGES: dict[str, optuna.storages.BaseStorage] = {}
 
 def load(url: str) -> optuna.Study:
     """The study, through one storage (one connection pool) per URL for all the polling."""
-    from geosearch.search.study import open_storage
+    from geosearch.search.storage import open_storage
 
     if url not in _STORAGES:
         _STORAGES[url] = open_storage("unused", url)[0]  # postgresql:// with the installed driver
@@ -186,7 +186,7 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
 
 
 def test_a_postgresql_storage_tests_its_connections_before_use(postgres_url):
-    from geosearch.search.study import open_storage
+    from geosearch.search.storage import open_storage
 
     storage, desc = open_storage("unused", postgres_url)
     assert isinstance(storage, optuna.storages.RDBStorage) and desc == postgres_url

@@ -20,7 +20,8 @@ from geosearch import report as rp
 from geosearch.cli import main
 from geosearch.errors import GeosearchError
 from geosearch.search.ranking import rank_study
-from geosearch.search.study import format_ranking, mask_url
+from geosearch.search.export import format_ranking
+from geosearch.search.storage import mask_url
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -6,9 +6,10 @@ Example:
     >>> space = load_space("default")
     >>> study = optuna.create_study(sampler=space.make_sampler(), pruner=space.make_pruner())
 
-``run_search``, ``export_best`` and ``open_run_study`` live in
-:mod:`geosearch.search.study`, which imports the proxy trainer (and so torch): they are
-imported on first use, so that reading a space or ranking a study stays light.
+``run_search`` lives in :mod:`geosearch.search.study`, which imports the proxy trainer
+(and so torch): it is imported on first use, so that reading a space, ranking or exporting
+a study stays light. The study's rooms (storage, records, liveness, queue, trial loop,
+workers, export) are listed in ``docs/design.md`` ("The study").
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from geosearch.search.export import export_best
 from geosearch.search.pruners import LogitGrowthPruner
 from geosearch.search.ranking import Ranking, Score, rank_study
 from geosearch.search.space import (
@@ -32,8 +34,9 @@ from geosearch.search.space import (
     load_space,
     space_names,
 )
+from geosearch.search.storage import open_run_study
 
-_LAZY = {name: "geosearch.search.study" for name in ("export_best", "open_run_study", "run_search")}
+_LAZY = {"run_search": "geosearch.search.study"}
 
 __all__ = [
     "Budget",
@@ -65,4 +68,4 @@ def __getattr__(name: str):
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from geosearch.search.study import export_best, open_run_study, run_search
+    from geosearch.search.study import run_search

@@ -1,0 +1,144 @@
+"""What a search hands out: the best assignments as YAML files, and the ranking as a table.
+
+:func:`export_best` writes the winner (or the ``top`` best) of a study as assignment files
+that :func:`geosearch.load_assignment` and :func:`geosearch.build_optimizer` read, each with
+its provenance (study, proxy, score and spread, tie verdict, date, version);
+:func:`format_ranking` is the table the search prints at its end. Torch-free until an
+assignment is built. The ranking rules are in ``docs/design.md`` ("The study").
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import TrialState
+
+from geosearch import __version__
+from geosearch.errors import ConfigError, GeosearchError
+from geosearch.search.queue import done_count
+from geosearch.search.ranking import RankedTrial, Ranking, rank_study
+from geosearch.search.records import (
+    ASSIGNMENT,
+    NOT_RUN,
+    PROXY,
+    RULES,
+    SEEDS,
+    SPACE,
+    trial_line,
+    trial_status,
+)
+from geosearch.search.space import SearchSpace, Suggestion
+from geosearch.search.storage import BEST_FILE, TOP_DIR, open_run_study
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.assignment import Assignment
+
+__all__ = ["export_best", "format_ranking"]
+
+
+def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
+    """The ranked table of completed trials, the verdict, and the pruned/failed ones."""
+    ranking = ranking or rank_study(study)
+    lines = []
+    if ranking.rows:
+        width = max(len(r.label) for r in ranking.rows)
+        lines.append(f"{'rank':>4}  {'trial':>5}  {'assignment':<{width}}  {'val loss':<26}  vs best")
+        for r in ranking.rows:
+            if r.versus_best == "best":
+                vs = "best"
+            elif r.versus_best == "unknown":
+                vs = f"{r.gap:+.4f} (no spread: can't judge)"
+            else:
+                vs = (f"{r.gap:+.4f} {'<' if r.versus_best == 'tie' else '>'} noise "
+                      f"{r.threshold:.4f}: {'tie' if r.versus_best == 'tie' else 'worse'}")
+            lines.append(f"{r.rank:>4}  {r.number:>5}  {r.label:<{width}}  {r.score.text():<26}  {vs}")
+    others = [t for t in study.get_trials(deepcopy=False)
+              if t.state in (TrialState.PRUNED, TrialState.FAIL) and trial_status(t) not in NOT_RUN]
+    if others:
+        lines.append("not ranked:")
+        lines += ["  " + trial_line(t) for t in others]
+    lines.append(f"verdict: {ranking.verdict}")
+    return "\n".join(lines)
+
+
+def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
+                       run_dir: Path) -> Assignment:
+    """The Assignment of one ranked trial, with provenance."""
+    from geosearch.assignment import Assignment
+
+    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == row.number)
+    attrs = study.user_attrs
+    suggestion: Suggestion | None = None
+    space_dict = attrs.get(SPACE)
+    if isinstance(space_dict, dict):
+        try:
+            space = SearchSpace.from_dict(space_dict, source=f"{run_dir} (study attrs)")
+            suggestion = space.suggest(optuna.trial.FixedTrial(dict(trial.params)))
+        except (ConfigError, ValueError):
+            suggestion = None
+    score = row.score
+    provenance: dict[str, Any] = {
+        "study": study.study_name,
+        "run_dir": str(run_dir),
+        "trial": row.number,
+        "rank": row.rank,
+        "score": {"metric": "final validation loss (mean over seeds)", "mean": score.mean,
+                  "std": score.std, "n_seeds": score.n, "values": list(score.values),
+                  "seeds": trial.user_attrs.get(SEEDS)},
+        "tied_with": [n for n in ranking.tied if n != row.number] if row.number in ranking.tied else [],
+        "verdict": ranking.verdict,
+        "proxy": attrs.get(PROXY),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "geosearch_version": __version__,
+        "trials": {"completed": len(ranking.rows), "total": done_count(study)},
+    }
+    if suggestion is not None:
+        if suggestion.train_overrides:
+            # global settings an Assignment cannot hold: pass them to build_optimizer
+            provenance["build_optimizer_overrides"] = dict(suggestion.train_overrides)
+        return suggestion.assignment(provenance)
+    geometry = trial.user_attrs.get(ASSIGNMENT) or {}
+    return Assignment(geometry=dict(geometry), rules=attrs.get(RULES, "nanogpt"),
+                      provenance=provenance)
+
+
+def export_best(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    top: int = 1,
+    study: optuna.Study | None = None,
+    study_name: str | None = None,
+    storage: str | None = None,
+) -> list[Path]:
+    """Write the best (or the ``top`` best) assignments of a run as YAML.
+
+    ``top == 1`` writes one file, ``out`` or ``<run_dir>/best_assignment.yaml``. ``top > 1``
+    writes one file per rank, ``rank<k>-trial<n>.yaml``, into the directory ``out`` (default
+    ``<run_dir>/top``): each loads with :func:`geosearch.load_assignment`. Each file's
+    provenance holds the study, proxy, score with its spread, the tie verdict, date and
+    geosearch version.
+
+    Raises:
+        GeosearchError: no trial completed.
+        ConfigError: no study in ``run_dir`` (or ``storage``).
+    """
+    run_dir = Path(run_dir)
+    if top < 1:
+        raise ConfigError(f"expected a whole number >= 1, got {top}", source="--top")
+    study = study or open_run_study(run_dir, study_name=study_name, storage=storage)
+    ranking = rank_study(study)
+    if not ranking.rows:
+        raise GeosearchError(f"{run_dir}: no trial of study {study.study_name!r} completed, so "
+                             "there is nothing to export")
+    rows = ranking.rows[:top]
+    if top == 1:
+        path = Path(out) if out is not None else run_dir / BEST_FILE
+        return [_export_assignment(study, rows[0], ranking, run_dir).save(path)]
+    folder = Path(out) if out is not None else run_dir / TOP_DIR
+    return [_export_assignment(study, r, ranking, run_dir).save(folder / f"rank{r.rank}-trial{r.number}.yaml")
+            for r in rows]

@@ -1,0 +1,182 @@
+"""The study's points and budget: the grid queue, point keys, duplicates, what counts.
+
+An exhaustive space puts its points (up to the budget) in Optuna's trial queue once, in a
+seeded random order, and workers only pop from it; any other sampler proposes points and
+a proposal of an already scored point is a duplicate. This module keys points, queues them
+(first, or again after an interruption), tells which trials count towards the budget, and
+says when no further trial should start. Torch-free. The budget and queueing rules are in
+``docs/design.md`` ("The study").
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from geosearch.search.records import FAILED, QUEUED, QUEUED_PARAMS, RETRY_OF, STATUS
+from geosearch.search.space import SearchSpace
+
+__all__ = [
+    "budget_taken",
+    "counted",
+    "done_count",
+    "done_reason",
+    "enqueue",
+    "grid_points",
+    "param_key",
+    "resolve_budget",
+    "top_up_queue",
+    "trial_key",
+    "trial_point",
+    "twin_of",
+]
+
+
+def param_key(params: Mapping[str, Any]) -> str:
+    """A point's Optuna params as one comparable string."""
+    return json.dumps({k: params[k] for k in sorted(params)}, sort_keys=True)
+
+
+def trial_point(trial: FrozenTrial | optuna.Trial) -> dict[str, Any] | None:
+    """A trial's point: its params, or the ones it was queued with (a trial that failed
+    before suggesting has none of its own); ``None`` when it has neither."""
+    return dict(trial.params) or trial.user_attrs.get(QUEUED_PARAMS) or None
+
+
+def trial_key(trial: FrozenTrial) -> str | None:
+    """:func:`param_key` of a trial's point, ``None`` without a point."""
+    params = trial_point(trial)
+    return param_key(params) if params else None
+
+
+def counted(trial: FrozenTrial) -> bool:
+    """Whether a trial counts towards the budget: it has a verdict (completed, unstable,
+    failed), over every run of the study."""
+    if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return trial.state == TrialState.FAIL and trial.user_attrs.get(STATUS) == FAILED
+
+
+def done_count(study: optuna.Study) -> int:
+    """How many trials of the study count towards the budget."""
+    return sum(map(counted, study.get_trials(deepcopy=False)))
+
+
+def enqueue(study: optuna.Study, params: dict[str, Any], *, retry_of: int | None = None) -> None:
+    """Queue a point (``queued``, ``queued_params``; ``retry_of`` for the trial it reruns)."""
+    attrs: dict[str, Any] = {QUEUED: True, QUEUED_PARAMS: params}
+    if retry_of is not None:
+        attrs[RETRY_OF] = retry_of
+    study.enqueue_trial(params, user_attrs=attrs)
+
+
+def grid_points(space: SearchSpace) -> list[dict[str, Any]]:
+    """Every point of a finite space as Optuna params, in a seeded random order.
+
+    The parameter names and choices are read from a trial the space suggests on, so they
+    follow whatever names ``SearchSpace.suggest`` uses.
+
+    Raises:
+        ValueError: the space has continuous parameters.
+    """
+    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = probe.ask()
+    space.suggest(trial)
+    dists = trial.distributions
+    if not all(isinstance(d, optuna.distributions.CategoricalDistribution) for d in dists.values()):
+        raise ValueError("the space is not finite: it has continuous parameters")
+    names = list(dists)
+    points = [dict(zip(names, combo)) for combo in
+              itertools.product(*(dists[n].choices for n in names))]
+    random.Random(space.sampler.seed or 0).shuffle(points)
+    return points
+
+
+def resolve_budget(space: SearchSpace, exhaustive: bool) -> int | None:
+    """The number of counted trials the study runs to (``None``: no limit); an exhaustive
+    space stops at its size."""
+    trials = space.budget.trials
+    if exhaustive:
+        size = int(space.grid_size())
+        return size if trials is None else min(trials, size)
+    return trials
+
+
+def top_up_queue(study: optuna.Study, space: SearchSpace, budget: int) -> int:
+    """Queue grid points not yet run, queued or running, until ``budget`` are allocated.
+
+    Returns:
+        How many points were queued.
+    """
+    trials = study.get_trials(deepcopy=False)
+    taken = {trial_key(t) for t in trials
+             if counted(t) or t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    taken.discard(None)
+    allocated = len(taken)
+    added = 0
+    for params in grid_points(space):
+        if allocated >= budget:
+            break
+        if param_key(params) in taken:
+            continue
+        enqueue(study, params)
+        allocated += 1
+        added += 1
+    return added
+
+
+def done_reason(study: optuna.Study, budget: int | None, exhaustive: bool,
+                grid_size: float) -> str | None:
+    """Why no further trial should start, or ``None``: the budget (finished + running
+    trials) is used up, the queue of an exhaustive space is empty, or every point of a
+    finite space has been scored."""
+    trials = study.get_trials(deepcopy=False)
+    done = sum(map(counted, trials))
+    running = sum(t.state == TrialState.RUNNING for t in trials)
+    if budget is not None and done + running >= budget:
+        if running:
+            return f"budget of {budget} trials allocated ({running} still running elsewhere)"
+        if exhaustive and done >= grid_size:
+            return "every assignment of the space has been tried"
+        return f"budget of {budget} trials reached"
+    if exhaustive:
+        if not any(t.state == TrialState.WAITING for t in trials):
+            return ("every assignment of the space has been tried" if running == 0 else
+                    f"every assignment of the space is taken ({running} still running elsewhere)")
+    elif grid_size != math.inf:
+        scored = {trial_key(t) for t in trials if counted(t)}
+        if len(scored) >= grid_size:
+            return f"every one of the {int(grid_size)} assignments of the space has been scored"
+    return None
+
+
+def _ahead(t: FrozenTrial, number: int) -> bool:
+    """Whether trial ``t`` holds its slot before trial ``number``: counted, or running
+    and asked for earlier."""
+    return counted(t) or (t.state == TrialState.RUNNING and t.number < number)
+
+
+def budget_taken(study: optuna.Study, budget: int | None, number: int) -> str | None:
+    """Why trial ``number``, just asked for, must not train because the budget is taken
+    by trials ahead of it (other workers'), or ``None``."""
+    if budget is None:
+        return None
+    ahead = sum(_ahead(t, number) for t in study.get_trials(deepcopy=False))
+    return f"the budget of {budget} trials was taken by other workers" if ahead >= budget else None
+
+
+def twin_of(study: optuna.Study, number: int, params: Mapping[str, Any]) -> int | None:
+    """The number of a trial ahead of trial ``number`` with the same point (scored, or
+    running and asked for earlier), or ``None``: trial ``number`` is then a duplicate."""
+    key = param_key(params)
+    for t in study.get_trials(deepcopy=False):
+        if t.number != number and trial_key(t) == key and _ahead(t, number):
+            return t.number
+    return None

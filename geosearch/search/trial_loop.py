@@ -1,0 +1,364 @@
+"""The trial loop of one process: ask for a trial, guard it, train each seed, tell.
+
+:class:`Searcher` asks the study for a trial, skips it when the budget is taken or it
+repeats a scored point, trains the proxy run once per seed (reporting validation losses,
+recording probes and asking the pruner at each record), and tells the study the outcome
+with its user attrs; a trial's exception fails that trial, not the search. A Ctrl-C fails
+the trial and queues its point again. Trial outcomes and repeats are described in
+``docs/design.md`` ("The study").
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from geosearch.errors import GeosearchError
+from geosearch.proxy.train import TrainResult, train
+from geosearch.search.distributed import RankGroup
+from geosearch.search.liveness import (
+    HEARTBEAT_EVERY,
+    Heartbeat,
+    Owner,
+    TrialLost,
+    recover_stale,
+    recovered_line,
+)
+from geosearch.search.queue import budget_taken, done_reason, enqueue, trial_point, twin_of
+from geosearch.search.ranking import Score
+from geosearch.search.records import (
+    ASSIGNMENT,
+    ASSIGNMENT_KEY,
+    BUDGET_STEPS,
+    COMPLETED,
+    DUPLICATE,
+    DUPLICATE_OF,
+    FAIL_REASON,
+    FAILED,
+    HEARTBEAT,
+    INTERRUPTED,
+    MAX_LOGIT,
+    MEAN_STEP_MS,
+    NUM_PROCESSES,
+    PROBE_FIELDS,
+    PROBE_HISTORY,
+    PRUNE_REASON,
+    PRUNED_SEED,
+    QUEUED,
+    RUNNING,
+    SEEDS,
+    SIGMA_MAX,
+    SKIPPED,
+    STATUS,
+    STOP_STEP,
+    TOKENS_PER_S,
+    TRIAL_DIR,
+    UNSTABLE,
+    VAL_LOSS_MEAN,
+    VAL_LOSS_STD,
+    VAL_LOSSES,
+    WORKER,
+    json_safe,
+)
+from geosearch.search.space import SearchSpace, Suggestion
+from geosearch.search.storage import TRACEBACK_FILE, TRIALS_DIR
+
+__all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_FAILURES_IN_A_ROW", "Searcher", "trial_seeds"]
+
+MAX_FAILURES_IN_A_ROW = 5
+"""Failed trials in a row after which the search stops (the problem is not the point)."""
+MAX_DUPLICATES_IN_A_ROW = 100
+"""Already scored proposals in a row after which the space is taken as exhausted."""
+
+
+def trial_seeds(space: SearchSpace) -> list[int]:
+    """The seeds each trial trains, one proxy run per seed: ``proxy.seed + r``."""
+    return [space.proxy.seed + r for r in range(space.repeats)]
+
+
+class _Stop(Exception):
+    """Ends the trial loop with a reason (not an error)."""
+
+
+class Searcher:
+    """The trial loop of one process: ask, guard, train each seed, tell.
+
+    Args:
+        space: the search space (points, proxy run, seeds).
+        study: the study, opened by this process.
+        run_dir: ``<runs-dir>/<study>``; trials write into ``trials/<n>/``.
+        exhaustive: points come from the queue only (a grid space).
+        budget: counted trials to run to, ``None`` for no limit.
+        stale_after: seconds without a heartbeat after which another host's trial is dead.
+        echo: prints one line.
+        group: in a data-parallel launch, the ranks that train each run with this one.
+    """
+
+    def __init__(self, space: SearchSpace, study: optuna.Study, run_dir: Path, *, exhaustive: bool,
+                 budget: int | None, stale_after: float, echo: Callable[[str], None],
+                 group: RankGroup | None = None) -> None:
+        self.space, self.study, self.run_dir = space, study, run_dir
+        self.exhaustive, self.budget, self.stale_after = exhaustive, budget, stale_after
+        self.echo = echo
+        self.group = group  # data parallel: the other ranks train each run with this one
+        self.grid_size = space.grid_size()
+        self.failures_in_a_row = 0
+        self.duplicates_in_a_row = 0
+        self.owner = Owner(run_dir)
+
+    # ------------------------------------------------------------------ loop
+    def run(self, timeout: float | None, on_trial: Callable[[FrozenTrial], None]) -> str:
+        """Run trials until the budget, the space or ``timeout`` (seconds) is used up.
+
+        Args:
+            timeout: seconds for this call; ``None`` = no limit.
+            on_trial: called with each trial this process trained, once it is told.
+
+        Returns:
+            Why the loop stopped, in words.
+        """
+        start = time.monotonic()
+        try:
+            while True:
+                if timeout is not None and time.monotonic() - start >= timeout:
+                    return f"timeout of {timeout:g} s reached"
+                why = self._should_stop()
+                if why:
+                    return why
+                trial = self.study.ask()
+                try:
+                    number = self._run_trial(trial)
+                except _Stop as e:
+                    return str(e)
+                except (TrialLost, optuna.exceptions.UpdateFinishedTrialError):
+                    self.echo(f"trial {trial.number} was taken for dead by another worker (no "
+                              f"heartbeat for {self.stale_after:g} s?), which queued its point "
+                              "again: this worker drops it")
+                    continue
+                if number is not None:
+                    on_trial(self._frozen(number))
+        finally:
+            self.owner.close()
+
+    def _should_stop(self) -> str | None:
+        for n, why in recover_stale(self.study, self.owner, self.stale_after):
+            self.echo(recovered_line(n, why))
+        return done_reason(self.study, self.budget, self.exhaustive, self.grid_size)
+
+    def _frozen(self, number: int) -> FrozenTrial:
+        return next(t for t in self.study.get_trials(deepcopy=False) if t.number == number)
+
+    # ------------------------------------------------------------------ one trial
+    def _run_trial(self, trial: optuna.Trial) -> int | None:
+        """Guard, train and tell one trial; returns its number if it was trained."""
+        attrs = trial.user_attrs
+        trial.set_user_attr(WORKER, self.owner.attr())
+        trial.set_user_attr(HEARTBEAT, time.time())
+        if self.exhaustive and not attrs.get(QUEUED):
+            self._not_run(trial, SKIPPED, "the queue was empty when this worker asked (another "
+                                          "worker took the last point)")
+            return None
+        suggestion = self.space.suggest(trial)
+        why = budget_taken(self.study, self.budget, trial.number)
+        if why:
+            self._not_run(trial, SKIPPED, why, requeue=bool(attrs.get(QUEUED)))
+            return None
+        twin = twin_of(self.study, trial.number, trial.params)
+        if twin is not None:
+            self._not_run(trial, DUPLICATE, f"same point as trial {twin}", duplicate_of=twin)
+            self.duplicates_in_a_row += 1
+            if self.duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+                raise _Stop(f"the sampler proposed {MAX_DUPLICATES_IN_A_ROW} already scored points "
+                            "in a row; the space looks exhausted")
+            return None
+        self.duplicates_in_a_row = 0
+        return self._train_trial(trial, suggestion)
+
+    def _not_run(self, trial: optuna.Trial, status: str, why: str, *, requeue: bool = False,
+                 duplicate_of: int | None = None) -> None:
+        trial.set_user_attr(STATUS, status)
+        trial.set_user_attr(FAIL_REASON, why)
+        if duplicate_of is not None:
+            trial.set_user_attr(DUPLICATE_OF, duplicate_of)
+        self.study.tell(trial, state=TrialState.FAIL)
+        params = trial_point(trial)
+        if requeue and params:
+            enqueue(self.study, params)
+
+    def _train_trial(self, trial: optuna.Trial, suggestion: Suggestion) -> int:
+        n = trial.number
+        assignment = suggestion.assignment()
+        resolved = assignment.resolve()
+        seeds = trial_seeds(self.space)
+        trial_dir = self.run_dir / TRIALS_DIR / str(n)
+        for key, value in {
+            STATUS: RUNNING,
+            FAIL_REASON: "interrupted before it finished (its worker was killed or crashed); "
+                         "rerun the same command to run this point again",
+            ASSIGNMENT: resolved,
+            ASSIGNMENT_KEY: ",".join(f"{t}={g}" for t, g in sorted(resolved.items())),
+            BUDGET_STEPS: self.space.proxy.steps,
+            SEEDS: seeds,
+            TRIAL_DIR: f"{TRIALS_DIR}/{n}",
+            PROBE_HISTORY: [],
+            NUM_PROCESSES: self.group.world if self.group else 1,
+        }.items():
+            trial.set_user_attr(key, value)
+
+        results: list[TrainResult] = []
+        first_history: list[dict] = []
+        heartbeat = Heartbeat(trial, min(HEARTBEAT_EVERY, self.stale_after / 4))
+        try:
+            with heartbeat:
+                for r, seed in enumerate(seeds):
+                    out_dir = trial_dir if len(seeds) == 1 else trial_dir / f"seed{seed}"
+                    config = self.space.train_config(suggestion, repeat=r)
+                    result = self._train(config, assignment, callback=self._callback(trial, r, heartbeat),
+                                         out_dir=out_dir)
+                    results.append(result)
+                    if r == 0:
+                        first_history = result.probe_history
+                    if result.status != "completed":  # TrainResult.status
+                        break
+            if heartbeat.lost.is_set():
+                raise TrialLost
+        except KeyboardInterrupt:
+            # torchrun sends a second SIGINT to every rank on Ctrl-C: record this one first
+            with _sigint_deferred():
+                try:
+                    trial.set_user_attr(STATUS, INTERRUPTED)
+                    trial.set_user_attr(FAIL_REASON, "interrupted (Ctrl-C); queued again: rerun "
+                                                     "the same command to resume")
+                    self.study.tell(trial, state=TrialState.FAIL)
+                except (ValueError, RuntimeError):  # already failed by a worker that took it for dead
+                    raise KeyboardInterrupt from None
+                enqueue(self.study, dict(trial.params), retry_of=n)
+            raise
+        except TrialLost:
+            raise
+        except Exception as e:  # noqa: BLE001 - a trial's error must not end the search
+            message = str(e) if isinstance(e, GeosearchError) else f"{type(e).__name__}: {e}"
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            (trial_dir / TRACEBACK_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+            self._finish(trial, TrialState.FAIL, {STATUS: FAILED, FAIL_REASON: message})
+            return self._after_failure(n, message)
+
+        last = results[-1]
+        prefix = f"seed {seeds[len(results) - 1]}: " if len(seeds) > 1 else ""
+        common = self._run_attrs(results, first_history)
+        if last.status == "unstable":
+            if len(results) > 1:
+                common[PRUNED_SEED] = seeds[len(results) - 1]
+                common[PROBE_HISTORY] = last.probe_history
+            self._finish(trial, TrialState.PRUNED, {
+                STATUS: UNSTABLE, PRUNE_REASON: prefix + (last.reason or "unstable"),
+                STOP_STEP: last.stop_step, **common})
+            self.failures_in_a_row = 0
+            return n
+        if last.status == "failed":
+            message = prefix + (last.reason or "failed")
+            self._finish(trial, TrialState.FAIL, {STATUS: FAILED, FAIL_REASON: message,
+                                                  STOP_STEP: last.stop_step, **common})
+            return self._after_failure(n, message)
+        losses = [r.final_val_loss for r in results]
+        if any(v is None or not math.isfinite(v) for v in losses):
+            self._finish(trial, TrialState.PRUNED, {
+                STATUS: UNSTABLE, PRUNE_REASON: "no finite final validation loss", **common})
+            return n
+        score = Score(tuple(float(v) for v in losses))
+        self._finish(trial, TrialState.COMPLETE, {
+            STATUS: COMPLETED, VAL_LOSSES: list(score.values), VAL_LOSS_MEAN: score.mean,
+            VAL_LOSS_STD: score.std, **common}, value=score.mean)
+        self.failures_in_a_row = 0
+        return n
+
+    def _after_failure(self, number: int, message: str) -> int:
+        self.failures_in_a_row += 1
+        if self.failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
+            raise GeosearchError(
+                f"{MAX_FAILURES_IN_A_ROW} trials in a row failed, the last (trial {number}) with: "
+                f"{message}; see {self.run_dir / TRIALS_DIR / str(number)}")
+        return number
+
+    def _run_attrs(self, results: list[TrainResult], first_history: list[dict]) -> dict[str, Any]:
+        """The attrs of a trained trial whatever its outcome: probes, speed, last max logit."""
+        first = results[0]
+        probed = [m for m in first.history if m.get("max_logit") is not None]
+        speeds = [r.mean_step_ms for r in results if math.isfinite(r.mean_step_ms)]
+        tokens = [r.tokens_per_s for r in results if math.isfinite(r.tokens_per_s)]
+        return {
+            PROBE_HISTORY: first_history,
+            MEAN_STEP_MS: sum(speeds) / len(speeds) if speeds else None,
+            TOKENS_PER_S: sum(tokens) / len(tokens) if tokens else None,
+            MAX_LOGIT: probed[-1]["max_logit"] if probed else None,
+            SIGMA_MAX: probed[-1].get("sigma_max") if probed else None,
+        }
+
+    def _finish(self, trial: optuna.Trial, state: TrialState, attrs: dict[str, Any], *,
+                value: float | None = None) -> None:
+        """Write a trained trial's final attrs and tell its outcome."""
+        attrs.setdefault(PRUNE_REASON, None)
+        attrs.setdefault(STOP_STEP, None)
+        if state != TrialState.FAIL:
+            attrs.setdefault(FAIL_REASON, None)
+        try:
+            for key, v in attrs.items():
+                trial.set_user_attr(key, json_safe(v))
+            self.study.tell(trial, value, state=state)
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            if self._frozen(trial.number).state != TrialState.RUNNING:
+                raise TrialLost from None  # failed meanwhile by a worker that took it for dead
+            raise
+
+    def _train(self, config: Any, assignment: Any, **kwargs: Any) -> TrainResult:
+        """One proxy run: here, or on every rank of a distributed launch."""
+        if self.group is not None:
+            return self.group.train(train, config, assignment, **kwargs)
+        return train(config, assignment, **kwargs)
+
+    def _callback(self, trial: optuna.Trial, repeat: int,
+                  heartbeat: Heartbeat) -> Callable[[int, dict], str | None]:
+        """Reports, probes and the pruner's verdict for one seed's run."""
+        history: list[dict] = []
+        pruner = self.study.pruner
+
+        def callback(step: int, metrics: dict) -> str | None:
+            if heartbeat.lost.is_set():
+                raise TrialLost
+            try:
+                if repeat == 0 and metrics.get("val_loss") is not None:
+                    trial.report(float(metrics["val_loss"]), step)
+                if metrics.get("max_logit") is not None:
+                    history.append({k: json_safe(metrics.get(k)) for k in PROBE_FIELDS})
+                    trial.set_user_attr(PROBE_HISTORY, list(history))
+            except optuna.exceptions.UpdateFinishedTrialError:
+                raise TrialLost from None
+            if not trial.should_prune():
+                return None
+            reason = getattr(pruner, "reason", None)
+            why = reason(self.study, trial) if callable(reason) else None
+            return why or f"pruned by {type(pruner).__name__} at step {step}"
+
+        return callback
+
+
+class _sigint_deferred:
+    """Hold off SIGINT (main thread only) while a Ctrl-C is being recorded."""
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)

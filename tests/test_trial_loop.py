@@ -1,0 +1,135 @@
+"""Tests of geosearch.search.trial_loop: what each trial records, and how it ends.
+
+``train`` is replaced by a fake (tests/_search_helpers.py) except in the forced-instability
+test, which trains the tiny proxy for real and lets the real pruner stop it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import optuna
+import pytest
+from _search_helpers import FakeTrain, fake, make_space, search, trials_of, use_train  # noqa: F401
+from optuna.trial import TrialState
+
+from geosearch.errors import GeosearchError
+from geosearch.search import trial_loop
+from geosearch.search.study import open_run_study
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_trial_attrs_follow_the_storage_conventions(fake, tmp_path):
+    out = search(make_space(), tmp_path)
+    assert out.counts == {"completed": 2} and out.stopped == "every assignment of the space has been tried"
+    study = open_run_study(tmp_path / "runs" / "t")
+    assert set(study.user_attrs) >= {"space", "geosearch_version", "rules", "proxy"}
+    for t in study.get_trials():
+        ua = t.user_attrs
+        assert t.state == TrialState.COMPLETE and ua["status"] == "completed"
+        assert ua["assignment"]["attn_qkv"] == t.params["geometry.attn"]
+        assert ua["assignment_key"] == ",".join(f"{k}={v}" for k, v in sorted(ua["assignment"].items()))
+        assert ua["budget_steps"] == 10 and ua["seeds"] == [0] and ua["trial_dir"] == f"trials/{t.number}"
+        assert [p["step"] for p in ua["probe_history"]] == [5, 10]
+        assert ua["val_losses"] == [t.value] and ua["val_loss_std"] is None  # one seed: no spread
+        assert ua["prune_reason"] is None and ua["fail_reason"] is None
+        assert t.intermediate_values == {5: t.value, 10: t.value}  # reported at each eval step
+
+
+def test_pruner_verdict_stops_the_run_and_prunes_with_its_reason(monkeypatch, tmp_path):
+    # dgram attention's logits explode: the LogitGrowthPruner must stop it at the first probe
+    f = FakeTrain(logits=lambda key, seed: 5e3 if "attn=euclidean" in key else 10.0)
+    use_train(monkeypatch, f)
+    search(make_space(), tmp_path)
+    by_attn = {t.params["geometry.attn"]: t for t in trials_of(tmp_path)}
+    pruned = by_attn["euclidean"]
+    assert pruned.state == TrialState.PRUNED and pruned.user_attrs["status"] == "unstable"
+    assert pruned.user_attrs["prune_reason"] == "max logit 5e+03 at step 5 > max_logit 1e+03"
+    assert pruned.user_attrs["stop_step"] == 5  # stopped early, not at step 10
+    assert by_attn["adamw"].state == TrialState.COMPLETE  # the study went on
+
+
+def test_non_finite_validation_loss_is_pruned_not_failed(monkeypatch, tmp_path):
+    f = FakeTrain(losses=lambda key, seed: math.nan if "euclidean" in key else 3.0)
+    use_train(monkeypatch, f)
+    search(make_space(), tmp_path)
+    t = next(t for t in trials_of(tmp_path) if t.params["geometry.attn"] == "euclidean")
+    assert t.state == TrialState.PRUNED  # pruned so that TPE learns the region is bad
+    assert "non-finite" in t.user_attrs["prune_reason"]
+
+
+def test_exception_fails_the_trial_with_its_message_and_the_study_goes_on(monkeypatch, tmp_path):
+    f = FakeTrain(raises=lambda key, seed: RuntimeError("boom") if "euclidean" in key else None)
+    use_train(monkeypatch, f)
+    out = search(make_space(), tmp_path)
+    by_attn = {t.params["geometry.attn"]: t for t in trials_of(tmp_path)}
+    failed = by_attn["euclidean"]
+    assert failed.state == TrialState.FAIL and failed.user_attrs["status"] == "failed"
+    assert failed.user_attrs["fail_reason"] == "RuntimeError: boom"
+    assert "RuntimeError: boom" in (tmp_path / "runs/t/trials" / str(failed.number) / "traceback.txt").read_text()
+    assert by_attn["adamw"].state == TrialState.COMPLETE
+    assert out.counts == {"completed": 1, "failed": 1}  # the failure counts towards the budget
+
+
+def test_repeated_failures_end_the_search_with_one_message(monkeypatch, tmp_path):
+    f = FakeTrain(raises=lambda key, seed: RuntimeError("no GPU"))
+    use_train(monkeypatch, f)
+    space = make_space({"attn": ["adamw", "euclidean", "oblique"], "mlp": ["adamw", "euclidean"]},
+                       sampler="grid")
+    with pytest.raises(GeosearchError, match="5 trials in a row failed.*no GPU"):
+        search(space, tmp_path)
+    assert len(f.calls) == 5  # it stopped instead of failing all 6
+
+
+def test_repeats_keep_mean_and_spread_and_a_late_unstable_seed_prunes(monkeypatch, tmp_path):
+    noise = {0: 0.0, 1: 0.02, 2: -0.02}
+    f = FakeTrain(losses=lambda key, seed: (3.0 if "attn=adamw" in key else 3.01) + noise[seed],
+                  logits=lambda key, seed: 5e3 if ("oblique" in key and seed == 1) else 10.0)
+    use_train(monkeypatch, f)
+    out = search(make_space({"attn": ["adamw", "euclidean", "oblique"], "mlp": ["adamw"]}, repeats=3),
+                 tmp_path)
+    trials = {t.params["geometry.attn"]: t for t in trials_of(tmp_path)}
+    a = trials["adamw"].user_attrs
+    assert a["seeds"] == [0, 1, 2] and a["val_losses"] == pytest.approx([3.0, 3.02, 2.98])
+    assert a["val_loss_mean"] == pytest.approx(3.0) and a["val_loss_std"] == pytest.approx(0.02)
+    # intermediate values are the first seed's only
+    assert trials["adamw"].intermediate_values == {5: 3.0, 10: 3.0}
+    # the oblique point is stable on seed 0 and explodes on seed 1: pruned, seed named
+    ob = trials["oblique"]
+    assert ob.state == TrialState.PRUNED and ob.user_attrs["prune_reason"].startswith("seed 1: max logit")
+    assert ob.user_attrs["pruned_seed"] == 1 and ("attn=oblique,mlp=adamw", 2) not in f.calls
+    # adamw and euclidean differ by 0.01 with a spread of 0.02: within noise, no winner
+    assert out.ranking.tied == sorted(out.ranking.tied) and len(out.ranking.tied) == 2
+    assert out.ranking.verdict.startswith("no single winner")
+
+
+def test_ctrl_c_fails_the_trial_queues_it_and_a_rerun_finishes_it(monkeypatch, tmp_path):
+    f = FakeTrain(raises=lambda key, seed: KeyboardInterrupt() if len(f.calls) == 2 else None)
+    use_train(monkeypatch, f)
+    with pytest.raises(KeyboardInterrupt):
+        search(make_space(), tmp_path)
+    interrupted = [t for t in trials_of(tmp_path) if t.state == TrialState.FAIL]
+    assert len(interrupted) == 1 and interrupted[0].user_attrs["status"] == "interrupted"
+    out = search(make_space(), tmp_path)
+    retry = [t for t in trials_of(tmp_path) if t.user_attrs.get("retry_of") == interrupted[0].number]
+    assert retry[0].state == TrialState.COMPLETE and retry[0].params == interrupted[0].params
+    assert out.counts == {"completed": 2, "interrupted": 1}
+
+
+def test_forced_unstable_run_is_pruned_by_the_real_pruner(monkeypatch, tmp_path):
+    real = trial_loop.train
+
+    def absurd_lr_for_adamw_attention(config, assignment, callback=None, out_dir=None, **kw):
+        if assignment.resolve()["attn_qkv"] == "adamw":
+            config = dataclasses.replace(config, lr=10.0)  # AdamW step 10: logits explode
+        return real(config, assignment, callback=callback, out_dir=out_dir, **kw)
+
+    use_train(monkeypatch, absurd_lr_for_adamw_attention)
+    search(make_space({"attn": ["adamw", "oblique"], "mlp": ["adamw"]}), tmp_path)
+    by_attn = {t.params["geometry.attn"]: t for t in trials_of(tmp_path)}
+    pruned = by_attn["adamw"]
+    assert pruned.state == TrialState.PRUNED
+    assert pruned.user_attrs["prune_reason"].startswith("max logit") and pruned.user_attrs["stop_step"] == 5
+    assert by_attn["oblique"].state == TrialState.COMPLETE
