@@ -13,7 +13,7 @@ lives in its run directory ``<runs-dir>/<study>/``::
     best_assignment.yaml     the exported winner (load_assignment / build_optimizer)
     workers/worker<i>.log    output of each worker process (--workers N)
 
-Storage conventions (what this module writes, and what ``report.py`` and ``export`` read):
+Storage conventions (what this module writes, and what :mod:`geosearch.report` and ``export`` read):
 
 * study user attrs: ``space`` (``SearchSpace.to_dict()``), ``geosearch_version``,
   ``rules``, ``proxy`` (the proxy run: ``TrainConfig`` fields + ``repeats`` + ``seeds``).
@@ -108,7 +108,6 @@ import json
 import math
 import os
 import random
-import re
 import signal
 import socket
 import subprocess
@@ -130,7 +129,18 @@ from geosearch import __version__
 from geosearch.errors import ConfigError, GeosearchError
 from geosearch.proxy.train import TrainResult, train
 from geosearch.search.distributed import RankGroup, follow, launch_world
-from geosearch.search.ranking import RankedTrial, Ranking, Score, rank_study, trial_label, trial_score
+from geosearch.search.ranking import RankedTrial, Ranking, Score, rank_study
+from geosearch.search.records import NOT_RUN, trial_line, trial_status
+from geosearch.search.storage import (
+    BEST_FILE,
+    DB_FILE,
+    JOURNAL_FILE,
+    SPACE_FILE,
+    mask_url,
+    open_run_study,
+    open_storage,
+    resolve_storage,
+)
 from geosearch.search.space import SearchSpace, Suggestion, load_space
 
 try:  # POSIX: worker liveness through advisory locks
@@ -155,10 +165,6 @@ __all__ = [
     "trial_status",
 ]
 
-DB_FILE = "study.db"
-JOURNAL_FILE = "journal.log"
-BEST_FILE = "best_assignment.yaml"
-SPACE_FILE = "space.yaml"
 STALE_AFTER = 300.0
 """Seconds without a heartbeat after which another host's RUNNING trial is stale."""
 HEARTBEAT_EVERY = 30.0
@@ -170,194 +176,6 @@ _NEW_TRIAL_GRACE = 120.0
 # Study attrs that define what is measured: a resumed study must keep them.
 _IDENTITY_KEYS = ("rules", "geometries", "hyperparams", "proxy", "repeats")
 _MACHINE_KEYS = ("device",)  # proxy fields that may change between runs of one study
-_STATE_WORDS = {TrialState.COMPLETE: "completed", TrialState.PRUNED: "unstable",
-                TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
-_NOT_RUN = ("duplicate", "skipped")  # FAIL trials that never trained: bookkeeping
-
-
-# =========================================================================== trial lines
-def trial_status(trial: FrozenTrial) -> str:
-    """What became of a trial, in one word (see "Trial outcomes" in the module docstring).
-
-    ``completed``, ``unstable`` (pruned), ``failed``, ``interrupted`` (a FAIL trial whose
-    worker died or was stopped: its point is queued again), ``duplicate`` or ``skipped``
-    (FAIL bookkeeping trials that never trained), ``running`` or ``waiting`` (queued).
-    """
-    ua = trial.user_attrs
-    if trial.state == TrialState.FAIL:
-        status = ua.get("status")
-        if status in (*_NOT_RUN, "failed"):
-            return status
-        reason = ua.get("fail_reason")
-        if status in ("running", "interrupted") or (
-                status is None and isinstance(reason, str) and reason.startswith("interrupted")):
-            return "interrupted"
-        return "failed"
-    return _STATE_WORDS.get(trial.state, trial.state.name.lower())
-
-
-def trial_line(trial: FrozenTrial) -> str:
-    """One line per finished trial: point, outcome (and why), val loss, max logit, speed."""
-    ua = trial.user_attrs
-    status = trial_status(trial)
-    head = f"trial {trial.number:>3}  {trial_label(trial)}"
-    if status == "completed":
-        what = f"completed  val {trial_score(trial).text()}"
-    elif status == "unstable":
-        step = ua.get("stop_step")
-        what = f"PRUNED{f' at step {step}' if step is not None else ''}: {ua.get('prune_reason')}"
-    elif status in _NOT_RUN:
-        return f"{head}  not run: {ua.get('fail_reason')}"
-    elif status == "interrupted":
-        what = ua.get("fail_reason") or "interrupted"  # the stored reasons start with the word
-    else:
-        what = f"FAILED: {ua.get('fail_reason') or 'no message'}"
-    extra = []
-    if isinstance(ua.get("max_logit"), (int, float)):
-        extra.append(f"max logit {ua['max_logit']:.3g}")
-    if isinstance(ua.get("mean_step_ms"), (int, float)) and math.isfinite(ua["mean_step_ms"]):
-        extra.append(f"{ua['mean_step_ms']:.1f} ms/step")
-    return "  ".join([head, what, *extra])
-
-
-# =========================================================================== storage
-def mask_url(url: str) -> str:
-    """A storage URL with its password masked, fit to print: ``postgresql://me:***@db/x``."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
-
-
-def resolve_storage(
-    run_dir: str | os.PathLike, storage: str | None = None, *, workers: int = 1, create: bool = True
-) -> str:
-    """The storage URL or journal file path a run directory uses (nothing is opened).
-
-    Args:
-        run_dir: ``<runs-dir>/<study>``.
-        storage: an explicit URL or journal path: returned as is.
-        workers: processes that will share a new storage (several: a journal file).
-        create: whether a storage that does not exist yet may be named.
-
-    Raises:
-        ConfigError: both storage files exist (which one is current cannot be told); none
-            exists and ``create`` is false.
-    """
-    if storage is not None:
-        return storage
-    run_dir = Path(run_dir)
-    db, journal = run_dir / DB_FILE, run_dir / JOURNAL_FILE
-    if db.is_file() and journal.is_file():
-        raise ConfigError(f"holds both {DB_FILE} and {JOURNAL_FILE}; pass --storage with the "
-                          "one to use", source=str(run_dir))
-    if journal.is_file() or (not db.is_file() and workers > 1):
-        return str(journal)
-    if db.is_file() or create:
-        return f"sqlite:///{db.resolve()}"
-    raise ConfigError(f"no study storage here ({DB_FILE} or {JOURNAL_FILE})", source=str(run_dir))
-
-
-def open_storage(
-    run_dir: str | os.PathLike, storage: str | None = None, *, workers: int = 1, create: bool = True
-) -> tuple[optuna.storages.BaseStorage, str]:
-    """The Optuna storage of a run directory.
-
-    Args:
-        run_dir: ``<runs-dir>/<study>``.
-        storage: an Optuna RDB URL (``sqlite:///...``, ``postgresql://...``) or the path of
-            a journal file; ``None`` = the run directory's ``journal.log`` or ``study.db``,
-            whichever exists, else a new one (journal for several workers, SQLite for one).
-        workers: processes that will share it (picks the kind of a new storage).
-        create: whether a missing run-directory storage may be created.
-
-    Returns:
-        The storage and a description for messages (URL with the password masked, or
-        ``"journal file PATH"``).
-
-    Raises:
-        ConfigError: the URL cannot be opened; both storage files exist; none exists and
-            ``create`` is false.
-    """
-    if storage is None and create:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-    storage = resolve_storage(run_dir, storage, workers=workers, create=create)
-    if "://" not in storage:
-        path = Path(storage)
-        if not path.is_file() and not create:
-            raise ConfigError("journal file not found", source=storage)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            backend = optuna.storages.journal.JournalFileBackend(str(path))
-            journal = optuna.storages.JournalStorage(backend)  # replays the file
-        except Exception as e:  # noqa: BLE001 - OSError, or a corrupt or foreign file
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ConfigError(f"cannot read the journal file: {first}", source=storage) from None
-        return journal, f"journal file {path}"
-    kwargs: dict[str, Any] = {}
-    if storage.startswith("sqlite"):
-        # several processes on one SQLite file wait for each other's writes
-        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
-    elif storage.startswith(("postgresql", "mysql")):
-        # a trial can outlast a server's or a firewall's idle timeout: test connections
-        # before use instead of failing on a dropped one
-        kwargs["engine_kwargs"] = {"pool_pre_ping": True}
-    url = _with_installed_driver(storage)
-    for attempt in range(3):
-        try:
-            return optuna.storages.RDBStorage(url, **kwargs), mask_url(storage)
-        except ImportError:
-            raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: its database driver "
-                              "is not installed (PostgreSQL: pip install 'geosearch[postgres]')",
-                              source="--storage") from None
-        except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors of many kinds
-            # Two processes creating the schema of a new database at once: one of them
-            # fails on the version table (IntegrityError) or a lock (OperationalError).
-            # (PostgreSQL: ProgrammingError "relation already exists")
-            if attempt < 2 and type(e).__name__ in ("IntegrityError", "OperationalError",
-                                                    "ProgrammingError"):
-                time.sleep(0.5 + random.random())
-                continue
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: {first}",
-                              source="--storage") from None
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _with_installed_driver(url: str) -> str:
-    """``postgresql://`` with the driver that is installed: SQLAlchemy 2.1 takes it as
-    psycopg 3, 2.0 as psycopg2 (``geosearch[postgres]`` installs psycopg2-binary)."""
-    import importlib.util
-
-    if not url.startswith("postgresql://"):
-        return url
-    for module, scheme in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
-        if importlib.util.find_spec(module) is not None:
-            return scheme + url[len("postgresql"):]
-    return url
-
-
-def open_run_study(
-    run_dir: str | os.PathLike, *, study_name: str | None = None, storage: str | None = None
-) -> optuna.Study:
-    """Load the study of an existing run directory (for export, report, inspection).
-
-    Raises:
-        ConfigError: no storage, no study, or several studies and no ``study_name``.
-    """
-    run_dir = Path(run_dir)
-    if storage is None and not run_dir.is_dir():
-        raise ConfigError("no such run directory", source=str(run_dir))
-    backend, desc = open_storage(run_dir, storage, create=False)
-    names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
-    if not names:
-        raise ConfigError(f"{desc} holds no study", source=str(run_dir))
-    if study_name is None:
-        if len(names) > 1:
-            raise ConfigError(f"{desc} holds {len(names)} studies; pick one with --study",
-                              source=str(run_dir), allowed=sorted(names))
-        study_name = names[0]
-    elif study_name not in names:
-        raise ConfigError(f"no study {study_name!r} in {desc}", source=str(run_dir),
-                          allowed=sorted(names))
-    return optuna.load_study(study_name=study_name, storage=backend)
 
 
 def _study_attrs(space: SearchSpace) -> dict[str, Any]:
@@ -1218,7 +1036,7 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
                       f"{r.threshold:.4f}: {'tie' if r.versus_best == 'tie' else 'worse'}")
             lines.append(f"{r.rank:>4}  {r.number:>5}  {r.label:<{width}}  {r.score.text():<26}  {vs}")
     others = [t for t in study.get_trials(deepcopy=False)
-              if t.state in (TrialState.PRUNED, TrialState.FAIL) and trial_status(t) not in _NOT_RUN]
+              if t.state in (TrialState.PRUNED, TrialState.FAIL) and trial_status(t) not in NOT_RUN]
     if others:
         lines.append("not ranked:")
         lines += ["  " + trial_line(t) for t in others]
@@ -1276,7 +1094,7 @@ def _run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers
             for t in study.get_trials(deepcopy=False):
                 if t.state.is_finished() and t.number not in seen:
                     seen.add(t.number)
-                    if trial_status(t) not in _NOT_RUN:
+                    if trial_status(t) not in NOT_RUN:
                         bar.write(trial_line(t))
                     bar.update()
             if not running:
