@@ -25,7 +25,7 @@ __all__ = [
     "TRIAL_DIR", "VAL_LOSSES", "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER",
     "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
     "COMPLETED", "UNSTABLE", "FAILED", "INTERRUPTED", "RUNNING", "WAITING", "DUPLICATE",
-    "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN",
+    "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
     "json_safe", "trial_line", "trial_status",
 ]
 
@@ -86,6 +86,8 @@ STATE_WORDS = {TrialState.COMPLETE: COMPLETED, TrialState.PRUNED: UNSTABLE,
 """The outcome word of a trial in each Optuna state but FAIL (whose word is in ``status``)."""
 NOT_RUN = (DUPLICATE, SKIPPED)
 """FAIL trials that never trained: bookkeeping, not results."""
+FINISHED = (COMPLETED, UNSTABLE, FAILED)
+"""Trials with a verdict: the ones the budget counts and the report shows as results."""
 
 
 def trial_status(trial: FrozenTrial) -> str:

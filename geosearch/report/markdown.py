@@ -1,0 +1,258 @@
+"""The report as markdown: :func:`render_markdown` and one function per section.
+
+Sections, in order: the header (run directory, storage, proxy, trial counts), the result
+(the search's verdict), the ranking of completed trials (mean ± std over seeds, ties by the
+search's Welch test), unstable, failed and unfinished trials, which module type's geometry
+matters (importance and stability), cost, the loss-versus-time Pareto front, the plots, and
+how to browse the study in optuna-dashboard. Every section is a list of lines built from
+the loaded run and the analysis results; nothing here reads files or computes statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from geosearch.report.analysis import CostTable, Importance, pareto_trials, stability_table
+from geosearch.report.load import RunData, TrialRecord
+from geosearch.report.plots import PLOT_NAMES
+from geosearch.search.ranking import Ranking, Score, format_params
+from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY
+
+__all__ = ["dashboard_paragraph", "render_markdown"]
+
+
+def _fmt(x: float | None, spec: str = ".4f", missing: str = "—") -> str:
+    return missing if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def _fmt_spread(s: Score) -> str:
+    return f"{s.text()} (1 seed, spread unknown)" if s.n == 1 else s.text()
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def dashboard_paragraph(run_dir: str | Path = "runs/<study>", storage: str | None = None) -> str:
+    """How to open a run's study in optuna-dashboard (the generic text is in the README).
+
+    Args:
+        run_dir: the run directory to name in the commands.
+        storage: the storage actually opened; ``None`` shows both the SQLite and the
+            journal-file command.
+    """
+    if storage is None:
+        commands = (
+            f"optuna-dashboard sqlite:///{run_dir}/study.db    # one worker (SQLite)\n"
+            f"optuna-dashboard {run_dir}/journal.log          # --workers > 1 (journal file)\n"
+        )
+    else:
+        commands = f"optuna-dashboard {storage}\n"
+    return (
+        "Every run directory is an ordinary Optuna storage, so "
+        "[optuna-dashboard](https://github.com/optuna/optuna-dashboard) can browse the same "
+        "study, also while the search runs: optimisation history, parameter importances, "
+        "intermediate values, and every trial's user attrs (`assignment`, `prune_reason`, "
+        "`val_loss_std`, ...). Install it with `pip install 'geosearch[dashboard]'`, then run\n\n"
+        f"```bash\n{commands}```\n\n"
+        "and open http://127.0.0.1:8080. A study kept in PostgreSQL opens the same way with "
+        "its `postgresql://...` URL."
+    )
+
+
+def render_markdown(
+    run: RunData,
+    ranking: Ranking,
+    importance: Importance,
+    cost: CostTable,
+    plots: dict[str, str],
+    plots_note: str | None = None,
+) -> str:
+    """The report as markdown.
+
+    Args:
+        run: the loaded run.
+        ranking: from :func:`geosearch.search.ranking.rank_study` on ``run.study``.
+        importance: from :func:`~geosearch.report.analysis.geometry_importances`.
+        cost: from :func:`~geosearch.report.analysis.cost_table`.
+        plots: plot name -> path relative to the run directory, for the plots written.
+        plots_note: why some or all plots are missing (e.g.
+            :data:`~geosearch.report.plots.PLOTS_HINT`).
+    """
+    by_state: dict[str, list[TrialRecord]] = {}
+    for t in run.trials:
+        by_state.setdefault(t.state, []).append(t)
+    sections = [
+        _md_header(run, by_state),
+        _md_result(ranking, by_state.get("unstable", [])),
+        _md_ranking(ranking, {t.number: t for t in run.trials}),
+        _md_unfinished(by_state),
+        _md_importance(importance, stability_table(run.trials)),
+        _md_cost(cost),
+        _md_pareto(run.trials),
+        _md_plots(run, plots, plots_note),
+        ["## Browse this study in optuna-dashboard", "", dashboard_paragraph(run.run_dir, run.storage)],
+    ]
+    return "\n\n".join("\n".join(s) for s in sections) + "\n"
+
+
+def _step(t: TrialRecord) -> str:
+    return str(t.stop_step) if t.stop_step is not None else "?"
+
+
+def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str]:
+    lines = [f"# geosearch report: {run.study_name}", ""]
+    lines.append(f"- run directory: `{run.run_dir}`; storage: `{run.storage}`")
+    if run.attrs.get(GEOSEARCH_VERSION):
+        lines.append(f"- written by geosearch {run.attrs[GEOSEARCH_VERSION]}")
+    proxy = run.attrs.get(PROXY)
+    if isinstance(proxy, dict) and proxy:
+        lines.append("- proxy: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in proxy.items()))
+    counts = [f"{len(by_state.get(s, []))} {s}" for s in FINISHED]
+    counts += [f"{len(v)} {s}" for s, v in by_state.items() if s not in FINISHED]
+    lines.append(f"- trials: {len(run.trials)} ({', '.join(counts)})")
+    if run.not_run:
+        lines.append(f"- not shown: {run.not_run} duplicate or skipped trials (points already "
+                     "scored or taken by another worker: never trained)")
+    return lines
+
+
+def _md_result(ranking: Ranking, unstable: list[TrialRecord]) -> list[str]:
+    lines = ["## Result", "", f"**Verdict:** {ranking.verdict}."]
+    if unstable:
+        names = "; ".join(f"{t.label} (trial {t.number}, step {_step(t)})" for t in unstable)
+        lines += ["", f"Unstable (pruned): {names}."]
+    return lines
+
+
+def _md_ranking(ranking: Ranking, records: dict[int, TrialRecord]) -> list[str]:
+    lines = ["## Ranking (completed trials)", ""]
+    if not ranking.rows:
+        return lines + ["No completed trials."]
+    lines += [
+        "Final validation loss, mean ± sample std over seeds (n = seeds). *vs best*: `tie` = "
+        "within noise of the best by a Welch t-test at 5% (|Δmean| < *noise* = "
+        "t₀.₉₇₅(df)·√(se₁²+se₂²), df by Welch–Satterthwaite), `separated` = further than that, "
+        "`unknown` = one seed, so no spread to judge by. The same rule as the ranking printed "
+        "by `geosearch search`.",
+        "",
+    ]
+    params = {r.number: records[r.number].other_params if r.number in records else {} for r in ranking.rows}
+    has_params = any(params.values())
+    header = ["rank", "trial", "assignment"] + (["params"] if has_params else [])
+    header += ["val loss", "std", "n", "Δ vs best", "noise", "vs best"]
+    rows = []
+    for r in ranking.rows:
+        label = records[r.number].label if r.number in records else r.label
+        rank = "=1" if r.number in ranking.tied and len(ranking.tied) > 1 else str(r.rank)
+        row = [rank, r.number, label] + ([format_params(params[r.number])] if has_params else [])
+        row += [_fmt(r.score.mean), _fmt(r.score.std) if r.score.n >= 2 else "unknown", r.score.n]
+        row += ["—" if r.rank == 1 else f"{r.gap:+.4f}", _fmt(r.threshold), r.versus_best]
+        rows.append(row)
+    return lines + _table(header, rows)
+
+
+def _md_unfinished(by_state: dict[str, list[TrialRecord]]) -> list[str]:
+    unstable = by_state.get("unstable", [])
+    lines = ["## Unstable trials (pruned)", ""]
+    if unstable:
+        lines += _table(["trial", "assignment", "stopped at step", "reason"],
+                        [[t.number, t.label, _step(t), t.reason] for t in unstable])
+    else:
+        lines.append("None.")
+    failed = by_state.get("failed", [])
+    if failed:
+        lines += ["", "## Failed trials", ""]
+        lines += _table(["trial", "assignment", "message"], [[t.number, t.label, t.reason] for t in failed])
+    others = [t for s, v in by_state.items() if s not in FINISHED for t in v]
+    if others:
+        lines += ["", "## Not finished", ""]
+        if by_state.get("interrupted"):
+            lines += ["Interrupted trials were stopped by Ctrl-C or lost their worker; their "
+                      "point was queued again, and rerunning the search runs it.", ""]
+        lines += _table(["trial", "assignment", "state", "note"],
+                        [[t.number, t.label, t.state, t.reason or ""] for t in others])
+    return lines
+
+
+def _md_importance(importance: Importance, stability: list[dict[str, Any]]) -> list[str]:
+    lines = ["## Which module type's geometry matters most", ""]
+    if importance.values is None:
+        lines.append(f"Importance: {importance.note}")
+    else:
+        top = next(iter(importance.values)).removeprefix("geometry.")
+        lines += [f"Most important: **{top}**. {importance.note}", ""]
+        lines += _table(["module type", "parameter", "importance"],
+                        [[p.removeprefix("geometry."), p, f"{v:.3f}"] for p, v in importance.values.items()])
+    if stability:
+        lines += ["", "Stability by geometry (every finished trial, including unstable and failed ones):", ""]
+        lines += _table(
+            ["module type", "geometry", "trials", "unstable", "failed", "best val loss"],
+            [[r["param"], r["value"], r["trials"], r["unstable"], r["failed"], _fmt(r["best"])]
+             for r in stability],
+        )
+    return lines
+
+
+def _md_cost(cost: CostTable) -> list[str]:
+    lines = ["## Cost", ""]
+    if not cost.rows:
+        return lines + [f"No cost data: {cost.baseline}."]
+    if cost.baseline.startswith("the fastest"):
+        lines.append(f"Ratios are to {cost.baseline}.")
+    else:
+        plural = "s" if len(cost.baseline_trials) > 1 else ""
+        trials = ", ".join(map(str, cost.baseline_trials))
+        lines.append(f"Ratios are to the {cost.baseline} baseline (trial{plural} {trials}).")
+    lines += [
+        "Time = mean step time × steps run, per seed (the trial's wall time when no step time "
+        "was recorded).",
+        "",
+    ]
+    rows = [
+        [c.trial.number, c.trial.label, c.trial.state, _fmt(c.step_ms, ".1f"), _fmt(c.step_ratio, ".2f"),
+         _fmt(c.tokens_per_s, ",.0f"), _fmt(c.tokens_ratio, ".2f"), _fmt(c.time_s, ".1f")]
+        for c in cost.rows
+    ]
+    header = ["trial", "assignment", "state", "ms/step", "× baseline", "tokens/s", "× baseline", "time (s)"]
+    return lines + _table(header, rows)
+
+
+def _md_pareto(trials: Sequence[TrialRecord]) -> list[str]:
+    lines = ["## Loss versus time (Pareto front)", ""]
+    pts, front = pareto_trials(trials)
+    if not front:
+        return lines + ["No completed trial has both a val loss and a time."]
+    lines += [
+        "Completed trials no other trial beats on both final val loss and training time "
+        "(both minimised), fastest first:",
+        "",
+    ]
+    on_front = [pts[i] for i in front]
+    rows = [[t.number, t.label, _fmt(t.time_s(), ".1f"), _fmt_spread(t.loss)] for t in on_front]
+    return lines + _table(["trial", "assignment", "time (s)", "val loss"], rows)
+
+
+def _md_plots(run: RunData, plots: dict[str, str], note: str | None) -> list[str]:
+    lines = ["## Plots", ""]
+    if run.threshold is not None:
+        lines.append(f"Pruning threshold on the max attention logit: {run.threshold:g} "
+                     f"(from {run.threshold_source}).")
+    else:
+        lines.append(f"Pruning threshold on the max attention logit: {run.threshold_source}.")
+    for name, rel in plots.items():
+        lines += ["", f"![{PLOT_NAMES.get(name, name)}]({rel})"]
+    if note:
+        lines += ["", note]
+    return lines
+

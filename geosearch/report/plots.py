@@ -1,0 +1,228 @@
+"""The report's PNG plots, drawn with matplotlib (the ``report`` extra), imported lazily.
+
+:func:`make_plots` writes ``plots/<name>.png`` for each entry of :data:`PLOT_NAMES` that the
+run has data for: the max attention logit over steps coloured by attention geometry with
+the pruning threshold drawn, σ_max per module type, validation loss curves, loss versus
+time with the Pareto front, and the importance of each module type's geometry. Pruned
+trials are dashed. matplotlib is imported only when plots are drawn, through its
+object-oriented API (no pyplot, no GUI backend); without it :func:`make_plots` raises
+ImportError and the report says how to install it (:data:`PLOTS_HINT`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from geosearch.report.analysis import Importance, geometry_importances, pareto_trials
+from geosearch.report.load import RunData, TrialRecord, as_finite
+
+__all__ = ["PLOTS_HINT", "PLOT_NAMES", "make_plots"]
+
+#: Plot files written under ``<run>/plots/`` (name -> what it shows).
+PLOT_NAMES = {
+    "max_logit": "max attention logit over steps, coloured by attention geometry",
+    "sigma_max": "largest singular value over steps, per module type and geometry",
+    "val_loss": "validation loss over steps",
+    "pareto": "final validation loss versus time, with the Pareto front",
+    "importance": "importance of each module type's geometry",
+}
+
+PLOTS_HINT = "plots need matplotlib: pip install 'geosearch[report]'"
+
+
+def _import_matplotlib():
+    """matplotlib's Figure class; ImportError when the ``report`` extra is missing.
+
+    Uses the object-oriented API (no pyplot), so no GUI backend or global state is touched.
+    """
+    import matplotlib  # noqa: F401  (first, so a missing package fails here)
+    from matplotlib.figure import Figure
+
+    return Figure
+
+
+def _palette(labels: Iterable[str]) -> dict[str, Any]:
+    import matplotlib
+
+    labels = sorted(set(labels))
+    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {lab: cmap(i % cmap.N) for i, lab in enumerate(labels)}
+
+
+def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        x, y = as_finite(r.get("step")), as_finite(r.get(key))
+        if x is not None and y is not None:
+            xs.append(x)
+            ys.append(y)
+    return xs, ys
+
+
+def _logit_series(t: TrialRecord) -> list[tuple[list[float], list[float]]]:
+    runs = [_series(m, "max_logit") for m in t.metrics]
+    runs = [r for r in runs if r[0]]
+    if not runs and t.probe_history:
+        runs = [_series(t.probe_history, "max_logit")]
+    return [r for r in runs if r[0]]
+
+
+def _type_geometry(t: TrialRecord, module_type: str) -> str:
+    family = module_type.split("_")[0]
+    return (
+        t.assignment.get(module_type)
+        or t.geometry_params.get(module_type)
+        or t.geometry_params.get(family)
+        or "?"
+    )
+
+
+def _legend(ax) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        seen: dict[str, Any] = {}
+        for h, lab in zip(handles, labels):
+            seen.setdefault(lab, h)
+        ax.legend(list(seen.values())[:20], list(seen)[:20], fontsize="small")
+
+
+def make_plots(
+    run: RunData, plots_dir: str | Path, importance: Importance | None = None
+) -> tuple[dict[str, Path], list[str]]:
+    """Write the report's PNG plots.
+
+    Args:
+        run: the loaded run.
+        plots_dir: where to write (created).
+        importance: from :func:`~geosearch.report.analysis.geometry_importances` (computed
+            when ``None``).
+
+    Returns:
+        (plot name -> file written, notes on plots skipped for lack of data).
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    Figure = _import_matplotlib()
+    plots_dir = Path(plots_dir)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    skipped: list[str] = []
+    trials = run.trials
+
+    def save(fig, name: str) -> None:
+        path = plots_dir / f"{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        written[name] = path
+
+    # max attention logit, coloured by attention geometry, threshold drawn, log scale
+    series = {t.number: _logit_series(t) for t in trials}
+    if any(series.values()):
+        colours = _palette(t.family_geometry("attn") for t in trials if series[t.number])
+        fig = Figure(figsize=(8, 4.5))
+        ax = fig.add_subplot()
+        for t in trials:
+            for k, (xs, ys) in enumerate(series[t.number]):
+                ys = [max(y, 1e-3) for y in ys]  # log scale
+                c = colours[t.family_geometry("attn")]
+                ax.plot(xs, ys, color=c, alpha=0.85 if k == 0 else 0.35, lw=1.2,
+                        ls="--" if t.state == "unstable" else "-", label=f"attn={t.family_geometry('attn')}")
+                if t.state == "unstable" and k == 0:
+                    ax.plot(xs[-1], ys[-1], "x", color=c, ms=8)
+        if run.threshold is not None:
+            ax.axhline(run.threshold, color="black", ls=":", lw=1.2,
+                       label=f"prune threshold {run.threshold:g}")
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("max attention logit")
+        ax.set_title("Max attention logit (dashed + x: pruned as unstable)")
+        _legend(ax)
+        save(fig, "max_logit")
+    else:
+        skipped.append("max_logit: no trial recorded max_logit")
+
+    # sigma_max per module type, coloured by that type's geometry
+    types = sorted({k for t in trials for m in t.metrics for r in m for k in (r.get("sigma_max") or {})})
+    if types:
+        colours = _palette(_type_geometry(t, ty) for t in trials for ty in types)
+        ncol = min(2, len(types))
+        nrow = math.ceil(len(types) / ncol)
+        fig = Figure(figsize=(5 * ncol, 3.2 * nrow))
+        for k, ty in enumerate(types):
+            ax = fig.add_subplot(nrow, ncol, k + 1)
+            for t in trials:
+                g = _type_geometry(t, ty)
+                for j, m in enumerate(t.metrics):
+                    points = [{"step": r.get("step"), "v": (r.get("sigma_max") or {}).get(ty)} for r in m]
+                    xs, ys = _series(points, "v")
+                    if xs:
+                        ax.plot(xs, ys, color=colours[g], alpha=0.85 if j == 0 else 0.35, lw=1.1,
+                                ls="--" if t.state == "unstable" else "-", label=g)
+            ax.set_yscale("log")
+            ax.set_title(f"σ_max: {ty}")
+            ax.set_xlabel("step")
+            _legend(ax)
+        save(fig, "sigma_max")
+    else:
+        skipped.append("sigma_max: no trial recorded sigma_max")
+
+    # validation loss curves
+    val = {t.number: [r for r in (_series(m, "val_loss") for m in t.metrics) if r[0]] for t in trials}
+    if any(val.values()):
+        colours = _palette(t.label for t in trials if val[t.number])
+        fig = Figure(figsize=(8, 4.5))
+        ax = fig.add_subplot()
+        for t in trials:
+            for j, (xs, ys) in enumerate(val[t.number]):
+                ax.plot(xs, ys, color=colours[t.label], alpha=0.85 if j == 0 else 0.35, lw=1.2,
+                        ls="--" if t.state == "unstable" else "-", label=t.label)
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation loss")
+        ax.set_title("Validation loss (dashed: pruned as unstable)")
+        _legend(ax)
+        save(fig, "val_loss")
+    else:
+        skipped.append("val_loss: no trial recorded val_loss")
+
+    # loss versus time, Pareto front
+    pts, front = pareto_trials(trials)
+    if pts:
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        xs = [t.time_s() for t in pts]
+        ys = [t.loss.mean for t in pts]
+        err = [t.loss.std if t.loss.n >= 2 else 0.0 for t in pts]
+        ax.errorbar(xs, ys, yerr=err, fmt="o", color="tab:gray", alpha=0.7, label="completed trial")
+        fx = [xs[i] for i in front]
+        fy = [ys[i] for i in front]
+        ax.step(fx, fy, where="post", color="tab:red", lw=1.5, label="Pareto front")
+        ax.plot(fx, fy, "o", color="tab:red")
+        for t, x, y in zip(pts, xs, ys):
+            ax.annotate(str(t.number), (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+        ax.set_xlabel("training time (s)")
+        ax.set_ylabel("final validation loss")
+        ax.set_title("Loss versus time (numbers: trials)")
+        _legend(ax)
+        save(fig, "pareto")
+    else:
+        skipped.append("pareto: no completed trial with a val loss and a time")
+
+    importance = importance if importance is not None else geometry_importances(run.study)
+    if importance.values:
+        names = [p.removeprefix("geometry.") for p in importance.values][::-1]
+        fig = Figure(figsize=(6, 0.5 * len(names) + 1.5))
+        ax = fig.add_subplot()
+        ax.barh(names, list(importance.values.values())[::-1], color="tab:blue")
+        ax.set_xlabel("importance (PED-ANOVA, normalised)")
+        ax.set_title("Which module type's geometry matters most")
+        save(fig, "importance")
+    else:
+        skipped.append(f"importance: {importance.note}")
+    for name in PLOT_NAMES.keys() - written.keys():  # a stale plot from an earlier report would mislead
+        (plots_dir / f"{name}.png").unlink(missing_ok=True)
+    return written, skipped
+

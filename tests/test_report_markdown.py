@@ -1,0 +1,54 @@
+"""Tests for geosearch.report.markdown on hand-made studies (no training).
+
+The ranking statistics themselves (Score, the Welch t-test) are tested in test_study.py;
+here the report must render the search's ranking and verdict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from _report_study import add, finished, new_study, row  # noqa: F401 (finished: fixture)
+
+from geosearch import report as rp
+from geosearch.cli import main
+from geosearch.search.ranking import rank_study
+from geosearch.search.export import format_ranking
+
+
+def test_ranking_names_a_tie_not_a_winner(tmp_path: Path) -> None:
+    run = tmp_path / "tie"
+    s = new_study(run)
+    add(s, run, "stiefel", "dgram", [3.30, 3.34, 3.32])
+    add(s, run, "stiefel", "stiefel", [3.31, 3.35, 3.33])  # Δ = 0.01, se ≈ 0.0115 each
+    add(s, run, "euclidean", "euclidean", [3.60, 3.61, 3.62])  # clearly worse
+    # Welch: Δ = 0.01 < t(4)·√2·0.02/√3 ≈ 0.045 (tie); Δ = 0.30 > t(2)·√(0.02²+0.01²)/√3 ≈ 0.056
+    ranking = rank_study(rp.load_run(run).study)
+    assert [r.versus_best for r in ranking.rows] == ["best", "tie", "separated"]
+    assert ranking.tied == [0, 1]
+    assert ranking.verdict.startswith("no single winner:")  # not "winner: ..."
+    text = rp.write_report(run, plots=False).report.read_text()
+    assert row(text, "=1", 0) and row(text, "=1", 1) and row(text, "3", 2)
+    # the report and the ranking printed after `geosearch search` give the same verdict
+    cli_verdict = format_ranking(s).splitlines()[-1].removeprefix("verdict: ")
+    assert cli_verdict == ranking.verdict and f"**Verdict:** {cli_verdict}." in text
+
+
+def test_one_seed_each_names_no_winner(tmp_path: Path) -> None:
+    run = tmp_path / "one"
+    s = new_study(run)
+    add(s, run, "stiefel", "dgram", [3.30])
+    add(s, run, "stiefel", "stiefel", [3.90])  # val_loss_std is None, as study.py stores it
+    ranking = rank_study(rp.load_run(run).study)
+    # Δ = 0.6 is large, but one seed has no spread: no false winner
+    assert [r.versus_best for r in ranking.rows] == ["best", "unknown"]
+    assert "cannot be judged" in ranking.verdict and not ranking.verdict.startswith("winner:")
+    text = rp.write_report(run, plots=False).report.read_text()
+    assert "1 seed, spread unknown" in text and ranking.verdict in text
+    assert row(text, "2", 1, "attn=stiefel, mlp=stiefel", "3.9000", "unknown", 1)
+
+
+def test_cli_report_prints_where_files_are(finished: Path, capsys) -> None:
+    assert main(["report", str(finished), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert f"report: {finished / 'report.md'}" in out
