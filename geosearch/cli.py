@@ -1,7 +1,9 @@
 """The ``geosearch`` command.
 
 Each subcommand is a pair of functions, ``_add_<name>(parser)`` declaring its flags and
-``_run_<name>(args) -> int`` doing the work, listed once in ``_COMMANDS``. User errors
+``_run_<name>(args) -> int`` handing them to the module that does the work
+(:func:`geosearch.commands.train_once`, :func:`geosearch.inspect.inspect_model`, ...),
+listed once in ``_COMMANDS``. User errors
 (:class:`geosearch.errors.GeosearchError`) end as one line on stderr with exit code 2;
 Ctrl-C ends with exit code 130 and nothing lost (studies resume on rerun).
 """
@@ -90,53 +92,19 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
+_TRAIN_FIELDS = ("model", "data", "steps", "batch_size", "lr", "spectral_lr", "solver",
+                 "eval_every", "probe_every", "seed", "device", "mixed_precision")
+"""Flags of ``geosearch train`` that set the TrainConfig field of the same name."""
+
+
 def _run_train(args: argparse.Namespace) -> int:
-    import yaml
+    from geosearch.commands import train_once
 
-    from geosearch.assignment import Assignment, load_assignment
-    from geosearch.errors import ConfigError
-    from geosearch.proxy.train import TrainConfig, get_accelerator, train
-    from geosearch.proxy.zoo import default_rules
-
-    fields: dict = {}
-    if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as f:
-                fields = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"cannot read: {e}".splitlines()[0], source=args.config) from None
-    for flag in ("model", "data", "steps", "batch_size", "lr", "spectral_lr", "solver",
-                 "eval_every", "probe_every", "seed", "device", "mixed_precision"):
-        if getattr(args, flag) is not None:
-            fields[flag] = getattr(args, flag)
-    if args.model_arg:
-        fields["model_args"] = {**(fields.get("model_args") or {}), **_key_values(args.model_arg, "--model-arg")}
-    config = TrainConfig.from_dict(fields, source=args.config or "command line")
-
-    if args.assign is not None:
-        # the module types of --assign are the model's (hf:llama: attn_q, ..., mlp_gate)
-        rules = args.rules or default_rules(config.model) or "nanogpt"
-        assignment = Assignment.parse(args.assign, rules=rules)
-        source = "--assign"
-    else:
-        if args.rules is not None:
-            raise ConfigError("--rules goes with --assign; an assignment file names its own rules",
-                              source="--rules")
-        assignment = load_assignment(args.assignment)
-        source = args.assignment
-    assignment.resolve()  # unknown types or geometries fail here, before any work
-
-    main_process = get_accelerator(config.device, config.mixed_precision).is_main_process
-    if main_process:
-        print(f"training {config.model} with {source}: "
-              + ", ".join(f"{t}={g}" for t, g in assignment.resolve().items()), file=sys.stderr)
-    result = train(config, assignment, out_dir=args.out, progress=not args.quiet)
-    if not main_process:
-        return 0 if result.status == "completed" else 1
-    print(result.summary())
-    if args.out:
-        print(f"files       {args.out}/config.yaml, metrics.jsonl, result.json")
-    return 0 if result.status == "completed" else 1
+    return train_once(
+        config_file=args.config,
+        fields={f: getattr(args, f) for f in _TRAIN_FIELDS if getattr(args, f) is not None},
+        model_args=_key_values(args.model_arg, "--model-arg"), assign=args.assign,
+        assignment_file=args.assignment, rules=args.rules, out=args.out, progress=not args.quiet)
 
 
 # --------------------------------------------------------------------------- report
@@ -301,84 +269,10 @@ def _add_inspect(p: argparse.ArgumentParser) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from collections import Counter
+    from geosearch.inspect import inspect_model
 
-    from geosearch.assignment import geometry_names
-    from geosearch.errors import ConfigError
-    from geosearch.modules import family_types, get_rule_set, match_parameters, module_types, rule_set_names
-    from geosearch.proxy.zoo import build_meta_model, describe_parameters, fitting_rule_sets
-    from geosearch.search.space import load_space
-
-    space = load_space(args.space) if args.space else None
-    if args.model is None and space is None:
-        raise ConfigError("give --model SPEC (tiny, small, gpt2, hf:gpt2, hf:llama, py:MODULE:FACTORY) "
-                          "or --space FILE", source="inspect")
-    model_args = dict(space.proxy.model_args) if space is not None and args.model is None else {}
-    model_args.update(_key_values(args.model_arg, "--model-arg"))
-    spec = args.model or space.proxy.model
-    # The rules, as `geosearch search` would take them: --rules, else the space's (unless they
-    # were derived from the space's model and --model names another), else the model's.
-    if args.rules is not None:
-        rules, rules_name = get_rule_set(args.rules), f"rule set {args.rules!r}"
-    elif space is not None and not (space.rules_from_model and args.model is not None):
-        rules = get_rule_set(space.rules) if isinstance(space.rules, str) else space.rules
-        rules_name = f"rule set {space.rules!r}" if isinstance(space.rules, str) else "the space's rules"
-    else:
-        rules, rules_name = None, None
-    built = build_meta_model(spec, vocab_size=256, model_args=model_args)
-    fitting = fitting_rule_sets(built.model)
-    if rules is None and built.rules is not None:
-        rules, rules_name = get_rule_set(built.rules), f"rule set {built.rules!r} (the model's)"
-    elif rules is None:  # a py: model: show its parameters, so that rules can be written for it
-        rules = ()
-
-    families = family_types(rules)
-    if space is not None:
-        unknown = [k for k in space.geometries if k not in families and k not in module_types(rules)]
-        if unknown:
-            raise ConfigError(f"module type {unknown[0]!r} of the space is not a type of {rules_name}",
-                              source=space.source, key=f"geometries.{unknown[0]}",
-                              allowed=[*families, *module_types(rules)])
-    try:
-        rows = describe_parameters(built, rules, space.geometries if space is not None else None)
-    except ConfigError as e:  # rules for another family, e.g. nanogpt's nn.Linear rules on hf:gpt2
-        raise ConfigError(e.problem.rstrip("."), source=rules_name, key=e.key,
-                          allowed=fitting or e.allowed) from None
-    match = match_parameters(built.model, rules)  # for the rules that match nothing
-
-    def candidates(row) -> str:
-        if row.role == "unassigned":
-            return "adamw (unassigned hidden weight)"
-        if row.role != "matched":
-            return "adamw"
-        if space is None:
-            return "any: " + ", ".join(geometry_names())
-        return ", ".join(row.geometries) or "(not searched)"
-
-    cells = [(r.name, "x".join(map(str, r.shape)), r.label, candidates(r)) for r in rows]
-    widths = [max(len(c[i]) for c in [("parameter", "shape", "module type", ""), *cells]) for i in range(3)]
-    print(built.summary())
-    if rules_name is None:
-        print(f"no rules: model {spec!r} has no default rule set; name one with --rules NAME "
-              f"(registered: {', '.join(rule_set_names())}) or write rules in a search space")
-    else:
-        print(f"module types by {rules_name}"
-              + (f"; candidate geometries from {space.source}" if space is not None else ""))
-    print(f"{'parameter':<{widths[0]}}  {'shape':<{widths[1]}}  {'module type':<{widths[2]}}  geometries")
-    for c in cells:
-        print(f"{c[0]:<{widths[0]}}  {c[1]:<{widths[1]}}  {c[2]:<{widths[2]}}  {c[3]}")
-    counts = Counter(r.module_type for r in rows if r.role == "matched")
-    print("module types: " + (", ".join(f"{t} ({n} weight{'s' if n > 1 else ''})" for t, n in counts.items())
-                              or "none"))
-    print("rule sets that fit this model: " + (", ".join(fitting) or "none registered; write rules"))
-    for r in rows:
-        if r.role == "unassigned" and rules_name is not None:
-            print(f"warning: 2-D weight {r.name!r} matches no rule of {rules_name}; it will be trained "
-                  "with AdamW", file=sys.stderr)
-    if match.empty_rules:
-        r = match.empty_rules[0]
-        raise ConfigError(f"rule {r.type!r} (pattern {r.pattern!r}) matches no parameter of the "
-                          f"{spec!r} model", source=rules_name, key="rules")
+    inspect_model(args.model, model_args=_key_values(args.model_arg, "--model-arg"),
+                  space=args.space, rules=args.rules)
     return 0
 
 

@@ -22,10 +22,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from geosearch.errors import ConfigError, unknown_name
+
+if TYPE_CHECKING:  # pragma: no cover - torch is imported where a model is matched
+    from torch import nn
 
 FAMILIES = ("attn", "mlp")
 """Families of module types; each is also a shorthand key in assignments (``attn=stiefel``)."""
@@ -258,6 +260,8 @@ def _embedding_and_head_ids(model: nn.Module) -> set[int]:
     is an embedding's vocabulary size or whose module has a usual head name (``lm_head``,
     ``output``...).
     """
+    from torch import nn  # here: rules and rule sets are read without torch
+
     ids: set[int] = set()
     vocab_sizes: set[int] = set()
     for module in model.modules():
@@ -287,6 +291,8 @@ def _embedding_and_head_ids(model: nn.Module) -> set[int]:
 
 def _module_kind(module: nn.Module | None) -> str | None:
     """The layout a module's weight is known to have, or None when unknown."""
+    from torch import nn  # here: rules and rule sets are read without torch
+
     if isinstance(module, nn.Linear):
         return "out_in"
     if module is not None and type(module).__name__ == "Conv1D":  # transformers.pytorch_utils

@@ -1,17 +1,16 @@
-"""Search spaces: the shipped files, validation messages, overrides, sampler/pruner/suggest."""
+"""Search spaces (geosearch/search/space.py): the shipped files, loading, overrides, sampler/pruner/suggest."""
 
 from __future__ import annotations
 
 import importlib.util
 import math
-import textwrap
 from pathlib import Path
 
 import optuna
 import pytest
+from _spaces import problems, space, write
 
 from geosearch.errors import ConfigError
-from geosearch.modules import rule_set_names
 from geosearch.search import (
     LogitGrowthPruner,
     SearchSpace,
@@ -24,22 +23,6 @@ from geosearch.search import (
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 REPO = Path(__file__).resolve().parents[1]
-MINIMAL = {"version": 1, "geometries": {"attn": ["stiefel", "dgram"], "mlp": ["stiefel", "dgram"]}}
-
-
-def write(tmp_path, text, name="space.yaml"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def problems(excinfo):
-    """{key path: ConfigError} of a SearchSpaceError."""
-    return {p.key: p for p in excinfo.value.problems}
-
-
-def space(**changes):
-    return SearchSpace.from_dict({**MINIMAL, **changes}, source="inline")
 
 
 # ---------------------------------------------------------------------- shipped spaces
@@ -104,49 +87,7 @@ def test_to_dict_round_trips(name):
     assert SearchSpace.from_dict(s.to_dict(), source="x").to_dict() == s.to_dict()
 
 
-# ---------------------------------------------------------------------- messages
-def test_one_problem_is_one_line_with_file_key_and_allowed(tmp_path):
-    path = write(tmp_path, """\
-        version: 1
-        geometries: {attn: [stiefel, dgram], mlp: [stiefle]}
-    """)
-    with pytest.raises(SearchSpaceError) as e:
-        load_space(path)
-    msg = str(e.value)
-    # Rule: the message names the file, the key path and the allowed values, on one line.
-    assert msg.startswith(f"{path}: geometries.mlp: unknown geometry 'stiefle'; expected one of:")
-    assert "stiefel" in msg and "adamw" in msg and "\n" not in msg
-    # Rule: a SearchSpaceError is a ConfigError (the CLI prints it without a traceback).
-    assert isinstance(e.value, ConfigError)
-
-
-def test_all_problems_are_reported_at_once(tmp_path):
-    path = write(tmp_path, """\
-        version: 1
-        geometries: {attn: [stiefel], mlp: [dgram]}
-        proxy: {model: huge, steps: -5, lernrate: 0.1}
-        repeats: 0
-        pruner: {max_logit: -1, loss: {type: median, n_startup_trials: two}}
-        sampler: {type: bayes}
-        colour: blue
-    """)
-    with pytest.raises(SearchSpaceError) as e:
-        load_space(path)
-    found = problems(e)
-    # Rule: every problem is collected before raising, each with its key path.
-    assert set(found) == {"colour", "proxy.lernrate", "proxy.model", "proxy.steps", "repeats",
-                          "pruner.max_logit", "pruner.loss.n_startup_trials", "sampler.type"}
-    msg = str(e.value)
-    # Rule: several problems make one message: a count, then one indented line each.
-    assert msg.splitlines()[0] == f"{path}: 8 problems in the search space:"
-    assert "  sampler.type: unknown sampler 'bayes'; expected one of: auto, grid, tpe, random, gp" in msg
-    assert ("  proxy.model: unknown model 'huge'; expected one of: tiny, small, gpt2, hf:gpt2, hf:llama, "
-            "py:MODULE:FACTORY") in msg
-    assert "  pruner.max_logit: max_logit must be positive and finite but got -1" in msg
-    # Rule: unknown keys list the allowed keys of their level.
-    assert "version" in found["colour"].allowed and "steps" in found["proxy.lernrate"].allowed
-
-
+# ---------------------------------------------------------------------- files
 def test_file_errors(tmp_path):
     # Rule: a missing file says so and lists the shipped names.
     with pytest.raises(ConfigError, match=r"nowhere\.yaml: no such file.*default, full, llama, paper"):
@@ -165,110 +106,7 @@ def test_file_errors(tmp_path):
         load_space(write(tmp_path, "version: 1\n"))
 
 
-# ---------------------------------------------------------------------- geometries, rules
-def test_geometry_keys_are_module_types_or_shorthands():
-    # Rule: per-type keys of the rule set are accepted, one categorical each.
-    s = space(geometries={"attn_qkv": ["stiefel", "dgram"], "attn_out": "stiefel",
-                          "mlp": ["dgram", "adamw"]})
-    assert s.categorical_choices() == {"geometry.attn_qkv": ["stiefel", "dgram"], "geometry.attn_out": ["stiefel"],
-                                       "geometry.mlp": ["dgram", "adamw"]}
-    assert s.grid_size() == 4
-    with pytest.raises(SearchSpaceError) as e:
-        space(geometries={"attn_q": ["stiefel"], "mlp": ["dgram"]})
-    found = problems(e)
-    # Rule: a type of another rule set is unknown here; the allowed keys are listed.
-    assert found["geometries.attn_q"].allowed == ["attn", "mlp", "attn_qkv", "attn_out", "mlp_in",
-                                                  "mlp_out"]
-    # Rule: every module type must be covered.
-    assert "attn_qkv, attn_out" in found["geometries"].problem
-    # Rule: the split rule set accepts q, k, v.
-    split = space(rules="nanogpt_split", geometries={"attn_q": "stiefel", "attn_k": "stiefel",
-                                                     "attn_v": "dgram", "attn_out": "dgram",
-                                                     "mlp": "dgram"})
-    assert list(split.categorical_choices()) == ["geometry." + k for k in ["attn_q", "attn_k", "attn_v", "attn_out", "mlp"]]
-
-
-def test_a_module_type_is_covered_once():
-    with pytest.raises(SearchSpaceError) as e:
-        space(geometries={"attn": ["stiefel"], "attn_qkv": ["dgram"], "mlp": ["dgram"]})
-    # Rule: a type given both by itself and by its family's shorthand is ambiguous.
-    assert "'attn_qkv' is also covered by 'attn'" in problems(e)["geometries.attn_qkv"].problem
-
-
-def test_rules_errors_and_custom_rules():
-    with pytest.raises(SearchSpaceError) as e:
-        space(rules="no_such_family")
-    # Rule: an unknown rule set lists the known ones.
-    assert problems(e)["rules"].allowed == sorted(rule_set_names())
-    custom = [{"type": "qkv", "pattern": r"c_attn\.weight$", "family": "attn"},
-              {"type": "ffn", "pattern": r"c_fc\.weight$", "family": "mlp", "colour": 1}]
-    with pytest.raises(SearchSpaceError) as e:
-        space(rules=custom, geometries={"qkv": "stiefel", "ffn": "dgram"})
-    # Rule: rule entries are checked key by key, with their index in the path.
-    assert "rules[1].colour" in problems(e)
-    del custom[1]["colour"]
-    s = space(rules=custom, geometries={"qkv": ["stiefel", "dgram"], "mlp": "dgram"})
-    # Rule: a list of rules defines the module types; shorthands cover them by family.
-    assert s.categorical_choices() == {"geometry.qkv": ["stiefel", "dgram"], "geometry.mlp": ["dgram"]}
-    assert [r.type for r in s.rules] == ["qkv", "ffn"]
-
-
-def test_rules_default_to_the_models_rule_set(monkeypatch):
-    s = space(proxy={"model": "tiny"})
-    # Rule: a space that names no rules takes its model's default rule set.
-    assert (s.rules, s.rules_from_model) == ("nanogpt", True)
-    # Rule: overriding the model re-derives such rules; rules the space names stay.
-    assert apply_overrides(s, model="gpt2").rules == "nanogpt"
-    assert apply_overrides(space(rules="nanogpt_split"), model="tiny").rules == "nanogpt_split"
-    # Rule: to_dict() records the rules in use either way.
-    assert s.to_dict()["rules"] == "nanogpt"
-    # Rule: a py: model has no default rule set: the space must name one (listing them).
-    monkeypatch.syspath_prepend(str(REPO / "tests"))
-    with pytest.raises(SearchSpaceError) as e:
-        space(proxy={"model": "py:_user_model:make_model"})
-    assert set(problems(e)) == {"rules"} and problems(e)["rules"].allowed == sorted(rule_set_names())
-    assert space(rules="nanogpt", proxy={"model": "py:_user_model:make_model"}).rules == "nanogpt"
-    pytest.importorskip("transformers", reason="hf: models need Hugging Face transformers")
-    # Rule: Hugging Face models are valid proxies and bring their own rule sets.
-    assert space(proxy={"model": "hf:gpt2", "model_args": {"n_layer": 2}}).rules == "gpt2"
-    assert apply_overrides(s, ["proxy.model_args={num_hidden_layers: 2}"], model="hf:llama").rules == "llama"
-    with pytest.raises(SearchSpaceError) as e:
-        space(proxy={"model": "hf:llama", "model_args": {"n_layers": 2}})
-    # Rule: a bad model field is reported under proxy.model_args, listing the config's fields.
-    assert "num_hidden_layers" in problems(e)["proxy.model_args.n_layers"].allowed
-
-
-# ---------------------------------------------------------------------- hyperparams
-def test_hyperparameter_ranges():
-    s = space(hyperparams={"spectral_lr": [0.005, 0.05], "lr": ["1e-4", 3.0e-3]},
-              budget={"trials": 100})
-    # Rule: ranges are log-uniform [low, high]; YAML 1.1's string "1e-4" is a number too.
-    assert (s.hyperparams.lr.low, s.hyperparams.lr.high) == (1e-4, 3e-3)
-    # Rule: continuous parameters make the space infinite and auto picks TPE.
-    assert s.grid_size() == math.inf and s.sampler_type() == "tpe"
-    with pytest.raises(SearchSpaceError) as e:
-        space(hyperparams={"spectral_lr": [0.05, 0.005], "lr": 3e-4, "momentum": [0.9, 0.99]},
-              budget={"trials": 5})
-    found = problems(e)
-    # Rule: low < high; a range is two numbers; only spectral_lr and lr are searchable.
-    assert "0 < low < high" in found["hyperparams.spectral_lr"].problem
-    assert "expected [low, high]" in found["hyperparams.lr"].problem
-    assert found["hyperparams.momentum"].allowed == ["spectral_lr", "lr"]
-    with pytest.raises(SearchSpaceError) as e:
-        space(hyperparams={"spectral_lr": {"oblique": [0.01, 0.1]}}, budget={"trials": 5})
-    # Rule: a per-geometry range needs a manifold geometry of this space.
-    assert problems(e)["hyperparams.spectral_lr.oblique"].allowed == ["dgram", "stiefel"]
-
-
-def test_grid_needs_a_finite_space():
-    with pytest.raises(SearchSpaceError) as e:
-        space(hyperparams={"lr": [1e-4, 1e-3]}, sampler={"type": "grid"})
-    err = problems(e)["sampler.type"]
-    # Rule: a grid over continuous parameters is an error naming them and the other samplers.
-    assert "hyperparams.lr is continuous" in err.problem
-    assert err.allowed == ["auto", "tpe", "random", "gp"]
-
-
+# ---------------------------------------------------------------------- suggest
 def test_suggest_with_per_geometry_step_sizes():
     s = space(hyperparams={"spectral_lr": {"stiefel": [0.01, 0.04], "dgram": [0.001, 0.004]},
                            "lr": [1e-4, 1e-3]}, budget={"trials": 8})
@@ -342,46 +180,6 @@ def test_make_pruner_with_a_wrapped_loss_pruner():
     # Rule: the defaults are the pruner's own.
     assert space().pruner.max_logit == 1e3 and space().pruner.loss.type == "none"
     assert space(pruner={"loss": "median"}).make_pruner().wrapped.__class__ is optuna.pruners.MedianPruner
-
-
-def test_pruner_errors():
-    with pytest.raises(SearchSpaceError) as e:
-        space(pruner={"max_logit": 50, "trend_min_logit": 80, "loss": {"type": "percentile"}})
-    found = problems(e)
-    # Rule: the cross-key check trend_min_logit < max_logit is reported on trend_min_logit.
-    assert "trend_min_logit must be between 0 and max_logit (50)" in found[
-        "pruner.trend_min_logit"].problem
-    # Rule: the percentile pruner needs its percentile.
-    assert "pruner.loss.percentile" in found
-    with pytest.raises(SearchSpaceError) as e:
-        space(pruner={"loss": {"type": "percentile", "percentile": 120}})
-    # Rule: Optuna's own range checks come through, keyed to the loss pruner.
-    assert "Percentile must be between 0 and 100" in problems(e)["pruner.loss"].problem
-    with pytest.raises(SearchSpaceError) as e:
-        space(pruner={"loss": {"type": "successive_halving", "patience": 3}})
-    # Rule: each loss pruner accepts its own arguments only, listed on error.
-    assert "reduction_factor" in problems(e)["pruner.loss.patience"].allowed
-    with pytest.raises(SearchSpaceError) as e:
-        space(pruner={"loss": "hyperband"})
-    assert problems(e)["pruner.loss.type"].allowed == ["none", "median", "percentile",
-                                                       "successive_halving"]
-
-
-# ---------------------------------------------------------------------- proxy
-def test_proxy_errors():
-    with pytest.raises(SearchSpaceError) as e:
-        space(proxy={"model_args": {"n_layers": 2},
-                     "optimizer_args": {"lr": 0.1, "dual_step": 3, "dual_steps": 0}})
-    found = problems(e)
-    # Rule: model_args are GPTConfig fields, listed on error.
-    assert "n_layer" in found["proxy.model_args.n_layers"].allowed
-    # Rule: optimizer_args take build_optimizer settings that are not TrainConfig fields.
-    assert found["proxy.optimizer_args.lr"].problem == "set it as proxy.lr"
-    assert "dual_steps" in found["proxy.optimizer_args.dual_step"].allowed
-    assert "proxy.optimizer_args.dual_steps" in found
-    s = space(proxy={"model": "tiny", "steps": 20, "lr": "1e-3", "optimizer_args": {"dual_steps": 5}})
-    # Rule: proxy is a TrainConfig (numeric strings accepted, as TrainConfig does).
-    assert (s.proxy.model, s.proxy.steps, s.proxy.lr) == ("tiny", 20, 1e-3)
 
 
 # ---------------------------------------------------------------------- overrides

@@ -12,6 +12,7 @@ import torch
 
 from geosearch.assignment import Assignment
 from geosearch.errors import ConfigError
+from geosearch.inspect import describe_parameters
 from geosearch.modules import match_parameters
 from geosearch.optim import build_optimizer
 from geosearch.proxy.model import GPT, make_config
@@ -20,8 +21,6 @@ from geosearch.proxy.zoo import (
     BuiltModel,
     build_model,
     check_model_spec,
-    describe_parameters,
-    fitting_rule_sets,
     lm_logits,
     lm_loss,
     model_spec_names,
@@ -147,9 +146,6 @@ def test_nanogpt_rules_refuse_hf_gpt2_conv1d(hf):
     # Rule: the nn.Linear rule set on Conv1D weights is an error naming the layout problem.
     with pytest.raises(ConfigError, match="Conv1D.*'in_out'"):
         match_parameters(built.model, "nanogpt")
-    # Rule: fitting_rule_sets finds exactly the GPT-2 sets.
-    assert fitting_rule_sets(built.model) == ["gpt2", "gpt2_split"]
-    assert fitting_rule_sets(_tiny("hf:llama").model) == ["llama"]
 
 
 # --------------------------------------------------------------------------- Conv1D orientation
@@ -270,34 +266,6 @@ def test_lm_logits_rejects_outputs_without_logits():
     # Rule: a forward that breaks the contract is a TypeError that states the contract.
     with pytest.raises(TypeError, match=r"must return logits of shape \(B, T, V\)"):
         lm_logits(Bad(), torch.zeros(2, 3, dtype=torch.long))
-
-
-# --------------------------------------------------------------------------- describe
-@pytest.mark.parametrize("spec", ["tiny", "hf:gpt2", "hf:llama"])
-def test_describe_parameters_shows_the_rules_at_work(spec):
-    if spec.startswith("hf:"):
-        pytest.importorskip("transformers", reason=HF_REASON)
-        built = _tiny(spec)
-    else:
-        built = build_model(spec, vocab_size=256, block_size=None, model_args={})
-    rows = describe_parameters(built, space_geometries={"attn": ["stiefel", "dgram"], "mlp_out": ["adamw"]})
-    by_role = {}
-    for r in rows:
-        by_role.setdefault(r.role, []).append(r)
-    # Rule: one row per parameter, except one row per block of a split weight.
-    assert len({r.name for r in rows}) == len(list(built.model.named_parameters()))
-    # Rule: every hidden 2-D weight is matched; embeddings/head and norms/biases are AdamW.
-    assert "unassigned" not in by_role
-    assert all(r.geometries == ("adamw",) for role in ("embedding", "norm/bias") for r in by_role[role])
-    attn = [r for r in by_role["matched"] if r.module_type.startswith("attn")]
-    assert attn and all(r.geometries == ("stiefel", "dgram") for r in attn)
-    assert all(r.geometries == ("adamw",) for r in by_role["matched"] if r.module_type == "mlp_out")
-    layouts = {r.layout for r in by_role["matched"]}
-    assert layouts == ({"in_out"} if spec == "hf:gpt2" else {"out_in"})
-    if spec != "hf:llama":  # Rule: split rules give one labelled row per block.
-        split = describe_parameters(built, "gpt2_split" if spec == "hf:gpt2" else "nanogpt_split")
-        assert [r.label for r in split if r.name == "transformer.h.0.attn.c_attn.weight"] == [
-            f"attn_{x} (block of attn_qkv)" for x in "qkv"]
 
 
 # --------------------------------------------------------------------------- errors

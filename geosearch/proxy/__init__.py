@@ -1,63 +1,63 @@
-"""The proxy: a small GPT-2, its corpora, and the probes that watch it train.
+"""The proxy: a small GPT-2 (or any zoo model), its corpora, its trainer and the probes.
 
-A geometry search scores each assignment by a short pretraining run of this model (or
-of a Hugging Face or user model, see :mod:`~geosearch.proxy.zoo`) in
-:mod:`geosearch.proxy.train`; :mod:`~geosearch.proxy.probes` turns the run's attention
-logits and weights into the instability signal the pruner reads.
+A geometry search scores each assignment by a short pretraining run of a model of
+:mod:`~geosearch.proxy.zoo` in :mod:`geosearch.proxy.train`, set up by a
+:class:`~geosearch.proxy.config.TrainConfig`; :mod:`~geosearch.proxy.probes` turns the run's
+attention logits and weights into the instability signal the pruner reads. Names are
+imported on first use, so that ``geosearch.proxy.config`` and ``geosearch.proxy.specs``
+load without torch.
 """
 
-from geosearch.proxy.data import Corpus, clear_corpus_cache, get_batch, load_corpus
-from geosearch.proxy.model import GPT, PRESETS, CausalSelfAttention, GPTConfig, make_config
-from geosearch.proxy.probes import (
-    ProbedWeight,
-    WeightProbe,
-    attention_stats,
-    recording_qk,
-    weight_stats,
-)
-# `train` itself stays in geosearch.proxy.train: re-exporting it here would shadow the module.
-from geosearch.proxy.train import TrainConfig, TrainResult, get_accelerator
-from geosearch.proxy.qk import LayerQK, detect_qk_source, qk_capture
-from geosearch.proxy.zoo import (
-    BuiltModel,
-    build_meta_model,
-    build_model,
-    check_model_spec,
-    default_rules,
-    describe_parameters,
-    lm_logits,
-    lm_loss,
-    model_spec_names,
-)
+from __future__ import annotations
 
-__all__ = [
-    "TrainConfig",
-    "TrainResult",
-    "get_accelerator",
-    "GPT",
-    "PRESETS",
-    "BuiltModel",
-    "CausalSelfAttention",
-    "Corpus",
-    "GPTConfig",
-    "LayerQK",
-    "ProbedWeight",
-    "WeightProbe",
-    "attention_stats",
-    "build_meta_model",
-    "build_model",
-    "check_model_spec",
-    "clear_corpus_cache",
-    "default_rules",
-    "describe_parameters",
-    "detect_qk_source",
-    "get_batch",
-    "lm_logits",
-    "lm_loss",
-    "load_corpus",
-    "make_config",
-    "model_spec_names",
-    "qk_capture",
-    "recording_qk",
-    "weight_stats",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+# name -> module that defines it. `train` itself stays in geosearch.proxy.train:
+# re-exporting it here would shadow the module.
+_EXPORTS = {
+    **dict.fromkeys(["TrainConfig", "TrainResult"], "geosearch.proxy.config"),
+    "get_accelerator": "geosearch.proxy.accelerator",
+    **dict.fromkeys(["PRESETS", "default_rules", "model_spec_names"], "geosearch.proxy.specs"),
+    **dict.fromkeys(["Corpus", "clear_corpus_cache", "get_batch", "load_corpus"],
+                    "geosearch.proxy.data"),
+    **dict.fromkeys(["GPT", "CausalSelfAttention", "GPTConfig", "make_config"],
+                    "geosearch.proxy.model"),
+    **dict.fromkeys(["ProbedWeight", "WeightProbe", "attention_stats", "recording_qk",
+                     "weight_stats"], "geosearch.proxy.probes"),
+    **dict.fromkeys(["LayerQK", "detect_qk_source", "qk_capture"], "geosearch.proxy.qk"),
+    **dict.fromkeys(["BuiltModel", "build_meta_model", "build_model", "check_model_spec",
+                     "lm_logits", "lm_loss"], "geosearch.proxy.zoo"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'geosearch.proxy' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.proxy.accelerator import get_accelerator
+    from geosearch.proxy.config import TrainConfig, TrainResult
+    from geosearch.proxy.data import Corpus, clear_corpus_cache, get_batch, load_corpus
+    from geosearch.proxy.model import GPT, CausalSelfAttention, GPTConfig, make_config
+    from geosearch.proxy.probes import (
+        ProbedWeight,
+        WeightProbe,
+        attention_stats,
+        recording_qk,
+        weight_stats,
+    )
+    from geosearch.proxy.qk import LayerQK, detect_qk_source, qk_capture
+    from geosearch.proxy.specs import PRESETS, default_rules, model_spec_names
+    from geosearch.proxy.zoo import (
+        BuiltModel,
+        build_meta_model,
+        build_model,
+        check_model_spec,
+        lm_logits,
+        lm_loss,
+    )

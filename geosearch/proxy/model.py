@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from geosearch.errors import ConfigError
+from geosearch.proxy.specs import PRESETS  # re-exported: the preset names live without torch
 
 
 @dataclass
@@ -70,17 +71,6 @@ class GPTConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"must be in [0, 1) but got {self.dropout!r}",
                               source="GPTConfig", key="dropout")
-
-
-# Presets. vocab_size is not part of a preset: it comes from the data (256 for bytes).
-# "small" is the CPU default: the 4-layer, width-128 model the optimizer overheads in
-# DESIGN.md were measured on (0.8M parameters; one batch-16 AdamW training step takes
-# about 95 ms on two CPU cores, `tiny` about 4 ms).
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=32),  # tests: ms per step
-    "small": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),  # CPU default
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),  # GPT-2 small (124M)
-}
 
 
 def make_config(preset: str = "small", **overrides: object) -> GPTConfig:

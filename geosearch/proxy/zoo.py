@@ -1,47 +1,21 @@
-"""The models a search can train: the proxy presets, Hugging Face models, your own.
+"""Build the models a search can train: the proxy presets, Hugging Face models, your own.
 
-A *model spec* (``--model``, ``TrainConfig.model``, ``proxy.model`` of a search space)
-names one; :func:`build_model` turns it into a randomly initialised ``nn.Module`` with
-what the rest of geosearch needs to know about it (:class:`BuiltModel`):
-
-===============================  ==============================================  ===========  ===========
-spec                             model                                           rules        qk source
-===============================  ==============================================  ===========  ===========
-``tiny``, ``small``, ``gpt2``    the proxy GPT (:mod:`geosearch.proxy.model`)    ``nanogpt``  ``nanogpt``
-``hf:gpt2``                      ``transformers.GPT2LMHeadModel``                ``gpt2``     ``gpt2``
-``hf:llama``                     ``transformers.LlamaForCausalLM``               ``llama``    ``llama``
-``py:package.module:factory``    your own ``nn.Module``                          (none)       detected
-===============================  ==============================================  ===========  ===========
-
-``model_args`` override fields: a preset's :class:`~geosearch.proxy.model.GPTConfig`
-fields, a Hugging Face config's fields (``n_layer=2`` for GPT-2, ``num_hidden_layers=2``
-for LLaMA; their aliases too), or keyword arguments of your factory. ``block_size`` is
-understood by every kind (for Hugging Face models it sets ``n_positions`` /
-``max_position_embeddings``).
-
-**Hugging Face models** (``pip install 'geosearch[hf]'``) are built from their config
-class with random weights: no download, no tokenizer, nothing read from the network.
-The vocabulary is the data's (256 for the byte-level corpora). Defaults are the size of
-the ``small`` proxy (the CPU default) with dropout off and no KV cache:
-
-* ``hf:gpt2``: ``n_layer=4, n_head=4, n_embd=128, n_positions=block_size`` (128),
-  ``activation_function=gelu_new`` (GPT-2's), tied embeddings, no BOS/EOS id (no
-  tokenizer).
-* ``hf:llama``: ``hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-  num_key_value_heads=2`` (grouped-query attention), ``intermediate_size=344`` (≈ 8/3 ×
-  128, LLaMA's SwiGLU ratio), ``max_position_embeddings=block_size``, untied head.
-
-**Your own model**: ``py:package.module:factory`` imports ``package.module`` (or
-``py:path/to/file.py:factory`` loads a file) and calls
-``factory(vocab_size=..., block_size=..., **model_args)``; it must return an
-``nn.Module`` whose ``forward(idx)`` takes token ids (B, T) and returns the logits
-(B, T, vocab_size), or an object with a ``.logits`` attribute, or a tuple whose first
-item is the logits. geosearch computes the next-token loss itself. There is no default
-rule set: name one (or write rules) in the search space or assignment YAML
-(:func:`fitting_rule_sets` lists the registered ones that fit). The attention probes
-work when its attention modules are Hugging Face GPT-2/LLaMA-style or follow the proxy's
-``record_qk`` protocol (see :mod:`geosearch.proxy.qk`); otherwise ``qk_source`` is None
-and runs report no attention logits.
+:func:`build_model` turns a model spec (:mod:`geosearch.proxy.specs`: ``tiny``, ``small``,
+``gpt2``, ``hf:gpt2``, ``hf:llama``, ``py:MODULE:FACTORY``) and its ``model_args`` into a
+randomly initialised ``nn.Module`` with what the rest of geosearch needs to know about it
+(:class:`BuiltModel`: its default rule set, how the probes capture its queries and keys, its
+context length); :func:`check_model_spec` checks a spec without building it,
+:func:`build_meta_model` builds it on the meta device, and :func:`lm_loss` is the next-token
+loss of any of them. Hugging Face models (``pip install 'geosearch[hf]'``) are built from
+their config class with random weights: no download, no tokenizer, nothing read from the
+network. A ``py:`` factory (``py:package.module:factory`` or ``py:path/to/file.py:factory``)
+is called as ``factory(vocab_size=..., block_size=..., **model_args)`` and must return an
+``nn.Module`` whose ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab_size), an
+object with ``.logits``, or a tuple starting with them; it has no default rule set
+(:func:`geosearch.inspect.fitting_rule_sets` lists the registered ones that fit), and its
+attention is probed when its modules are Hugging Face GPT-2/LLaMA-style or follow the
+proxy's ``record_qk`` protocol (:mod:`geosearch.proxy.qk`); otherwise ``qk_source`` is None
+and its runs report no attention logits.
 
 Example:
     >>> built = build_model("hf:llama", vocab_size=256, block_size=None, model_args={"num_hidden_layers": 2})
@@ -57,92 +31,40 @@ import importlib
 import importlib.util
 import inspect
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from geosearch.errors import ConfigError
-from geosearch.modules import ModuleRule, get_rule_set, match_parameters, rule_set_names
-from geosearch.proxy.model import GPT, PRESETS, make_config
+from geosearch.proxy.model import GPT, make_config
 from geosearch.proxy.qk import detect_qk_source
+from geosearch.proxy.specs import (  # re-exported: the spec names live without torch
+    DEFAULT_BLOCK_SIZE,
+    HF_MODELS,
+    HF_PREFIX,
+    PRESETS,
+    PY_PREFIX,
+    PY_SPEC_HELP,
+    HFFamily,
+    default_rules,
+    model_spec_names,
+)
 
-DEFAULT_BLOCK_SIZE = 128
-"""Context length of Hugging Face and ``py:`` models when neither ``block_size`` nor
-``model_args`` set one (the ``small`` preset's)."""
-
-HF_PREFIX, PY_PREFIX = "hf:", "py:"
-PY_SPEC_HELP = "py:MODULE:FACTORY"
+__all__ = [
+    "DEFAULT_BLOCK_SIZE", "HF_MODELS", "HF_PREFIX", "PRESETS", "PY_PREFIX", "PY_SPEC_HELP",
+    "BuiltModel", "HFFamily", "build_meta_model", "build_model", "check_model_spec",
+    "default_rules", "hf_config_fields", "lm_logits", "lm_loss", "model_spec_names",
+]
 
 _SOURCE = "--model"
 # Config fields that describe the checkpoint, not the architecture: not overridable.
 _HF_INTERNAL = frozenset({"_name_or_path", "transformers_version", "architectures", "model_type",
                           "id2label", "label2id", "return_dict", "output_hidden_states",
                           "output_attentions", "torchscript", "problem_type"})
-
-
-@dataclass(frozen=True)
-class HFFamily:
-    """A Hugging Face causal-LM family that ``hf:<name>`` builds.
-
-    Attributes:
-        config_class: name of its config class in ``transformers``.
-        model_class: name of its causal-LM class in ``transformers``.
-        defaults: config fields set unless ``model_args`` override them.
-        block_field: the config field holding the context length.
-        size_fields: fields that must be positive integers.
-        rules: its rule set in :mod:`geosearch.modules`.
-        qk_source: how :mod:`geosearch.proxy.qk` captures its queries and keys.
-    """
-
-    config_class: str
-    model_class: str
-    defaults: Mapping[str, Any]
-    block_field: str
-    size_fields: tuple[str, ...]
-    rules: str
-    qk_source: str
-
-
-HF_MODELS: dict[str, HFFamily] = {
-    "gpt2": HFFamily(
-        "GPT2Config", "GPT2LMHeadModel",
-        defaults=dict(n_layer=4, n_head=4, n_embd=128, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                      bos_token_id=None, eos_token_id=None),
-        block_field="n_positions", size_fields=("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"),
-        rules="gpt2", qk_source="gpt2"),
-    "llama": HFFamily(
-        "LlamaConfig", "LlamaForCausalLM",
-        defaults=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=344, bos_token_id=None, eos_token_id=None),
-        block_field="max_position_embeddings",
-        size_fields=("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                     "intermediate_size", "max_position_embeddings", "vocab_size"),
-        rules="llama", qk_source="llama"),
-}
-"""``hf:<name>`` -> how to build it. One entry per family."""
-
-
-def model_spec_names() -> list[str]:
-    """The model specs :func:`build_model` accepts (``py:`` as its pattern)."""
-    return [*PRESETS, *(HF_PREFIX + name for name in HF_MODELS), PY_SPEC_HELP]
-
-
-def default_rules(spec: str) -> str | None:
-    """The default rule set of a spec's family, without building anything: ``nanogpt`` for
-    presets, the family's for ``hf:`` specs, None for ``py:`` specs and unknown ones.
-
-    Use it to parse an inline assignment for a model (``Assignment.parse(text,
-    rules=default_rules(spec) or "nanogpt")``) before the model exists.
-    """
-    if spec in PRESETS:
-        return "nanogpt"
-    if isinstance(spec, str) and spec.startswith(HF_PREFIX) and spec[len(HF_PREFIX):] in HF_MODELS:
-        return HF_MODELS[spec[len(HF_PREFIX):]].rules
-    return None
 
 
 # --------------------------------------------------------------------------- result
@@ -204,8 +126,11 @@ def build_model(spec: str, *, vocab_size: int, block_size: int | None = None,
         vocab_size: the data's vocabulary size; ``model_args["vocab_size"]`` may raise it.
         block_size: context length when ``model_args`` does not set one; None = the
             preset's, else :data:`DEFAULT_BLOCK_SIZE`.
-        model_args: field overrides (preset or Hugging Face config fields, or factory
-            keyword arguments).
+        model_args: field overrides: a preset's :class:`~geosearch.proxy.model.GPTConfig`
+            fields, a Hugging Face config's fields or their aliases (``n_layer=2`` for
+            GPT-2, ``num_hidden_layers=2`` for LLaMA), or the factory's keyword arguments;
+            ``block_size`` works for every kind (for Hugging Face models it sets
+            ``n_positions`` / ``max_position_embeddings``).
 
     Returns:
         A :class:`BuiltModel`.
@@ -485,107 +410,3 @@ def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """
     logits = lm_logits(model, x)  # (B, T, V)
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1)
-
-
-# --------------------------------------------------------------------------- rules
-def fitting_rule_sets(model: nn.Module) -> list[str]:
-    """Registered rule sets that fit ``model``: each rule matches, no hidden weight is left
-    out, and layouts agree with the modules (``nn.Linear`` / ``Conv1D``)."""
-    names = []
-    for name in rule_set_names():
-        try:
-            match = match_parameters(model, name)
-        except ConfigError:
-            continue
-        if match.matched and not match.empty_rules and not match.unmatched_hidden:
-            names.append(name)
-    return names
-
-
-class ParamRow(NamedTuple):
-    """One line of :func:`describe_parameters`.
-
-    Attributes:
-        name: parameter name (a split weight has one row per block).
-        shape: its shape (of the whole tensor).
-        role: ``"matched"``, ``"embedding"`` (embeddings and output head),
-            ``"unassigned"`` (a 2-D hidden weight no rule matches: trained with AdamW) or
-            ``"norm/bias"``.
-        module_type: the module type of a matched weight or block, else None.
-        rule_type: the fused rule's type when the row is one block of a split weight.
-        layout: ``"out_in"`` / ``"in_out"`` for matched weights, else None.
-        geometries: the candidate geometries (``("adamw",)`` unless matched).
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    role: str
-    module_type: str | None
-    rule_type: str | None
-    layout: str | None
-    geometries: tuple[str, ...]
-
-    def cells(self) -> tuple[str, str, str, str]:
-        """The four columns of ``geosearch inspect``: name, shape, module type, geometries."""
-        return self.name, "x".join(map(str, self.shape)), self.label, ", ".join(self.geometries)
-
-    @property
-    def label(self) -> str:
-        """The module-type column of ``geosearch inspect``."""
-        if self.role == "matched":
-            return self.module_type + (f" (block of {self.rule_type})" if self.rule_type else "")
-        return {"embedding": "embedding/head", "unassigned": "NO RULE"}.get(self.role, self.role)
-
-
-def describe_parameters(built: BuiltModel | nn.Module, rules: str | Sequence[ModuleRule] | None = None,
-                        space_geometries: Mapping[str, Sequence[str]] | None = None) -> list[ParamRow]:
-    """Every parameter of a model with the module type the rules give it.
-
-    Args:
-        built: a :class:`BuiltModel` (or a bare module, with ``rules`` given).
-        rules: a rule-set name or rules; None = the model's default rule set.
-        space_geometries: module type or family -> candidate geometries (a search space's
-            ``geometries``); None = every geometry.
-
-    Returns:
-        One :class:`ParamRow` per parameter (per block of a split weight), in
-        ``named_parameters()`` order.
-
-    Raises:
-        ConfigError: no rules given for a model without a default rule set (the message
-            lists the rule sets that fit), or rules that do not fit the model.
-    """
-    from geosearch.assignment import geometry_names
-    from geosearch.modules import family_types
-
-    model = built.model if isinstance(built, BuiltModel) else built
-    if rules is None:
-        rules = built.rules if isinstance(built, BuiltModel) else None
-        if rules is None:
-            spec = built.spec if isinstance(built, BuiltModel) else type(model).__name__
-            raise ConfigError(f"model {spec!r} has no default rule set; name one", key="rules",
-                              allowed=fitting_rule_sets(model) or rule_set_names())
-    rule_seq = get_rule_set(rules) if isinstance(rules, str) else tuple(rules)
-    family_of = {t: fam for fam, types in family_types(rule_seq).items() for t in types}
-    match = match_parameters(model, rule_seq)
-    matched = {m.name: m for m in match.matched}
-    embeddings, unassigned = set(match.embeddings), set(match.unmatched_hidden)
-    every = tuple(geometry_names())
-
-    def candidates(t: str) -> tuple[str, ...]:
-        if space_geometries is None:
-            return every
-        return tuple(space_geometries.get(t) or space_geometries.get(family_of.get(t, ""), ()))
-
-    rows = []
-    for name, param in model.named_parameters():
-        shape = tuple(param.shape)
-        if name in matched:
-            m = matched[name]
-            for t in m.types:
-                rows.append(ParamRow(name, shape, "matched", t, m.rule.type if m.rule.split else None,
-                                     m.rule.layout, candidates(t)))
-            continue
-        role = "embedding" if name in embeddings else "unassigned" if name in unassigned else "norm/bias"
-        rows.append(ParamRow(name, shape, role, None, None, None, ("adamw",)))
-    return rows

@@ -1,56 +1,17 @@
 """Search spaces: which geometries each module type may take, and how to score them.
 
-A search space is a YAML file (schema version 1) loaded into :class:`SearchSpace`, a tree
-of typed dataclasses. Every problem in the file is reported at once, each naming the
-file, the key path and the allowed values. The shipped spaces (``default``, ``paper``,
-``full``, ``llama``) load by name::
+A search space is a YAML file (the schema is in :mod:`geosearch.search.space_schema`) loaded
+into :class:`SearchSpace`, a tree of typed frozen dataclasses that makes the study's sampler,
+pruner and proxy config and turns each trial into a :class:`Suggestion` (an assignment plus
+the proxy settings it changes). The shipped spaces (``default``, ``paper``, ``full``,
+``llama``) load by name; command-line flags and ``key=value`` overrides go through
+:func:`apply_overrides`, which moves rules derived from the model along with the model::
 
     >>> space = load_space("default")
     >>> space.categorical_choices()
     {'geometry.attn': ['stiefel', 'dgram'], 'geometry.mlp': ['stiefel', 'dgram']}
     >>> space.grid_size()
     4
-
-The schema, every key optional but ``version`` and ``geometries``::
-
-    version: 1
-    name: default                 # study name (runs/<name>/); default: the file's stem
-    rules: nanogpt                # rule-set name, or a list of {type, pattern, family,
-                                  #   split, layout} as in assignment files; default: the
-                                  #   model's rule set (nanogpt for the presets, gpt2 for
-                                  #   hf:gpt2, llama for hf:llama; py: models must name one)
-    geometries:                   # one Optuna categorical per key: a module type of the
-      attn: [stiefel, dgram]      #   rules, or a family shorthand (attn, mlp) covering its
-      mlp: [stiefel, dgram]       #   types; every module type covered exactly once
-    hyperparams:                  # optional continuous parameters, log-uniform [low, high]
-      spectral_lr: [0.005, 0.05]  #   or per geometry: {stiefel: [..], dgram: [..]}
-      lr: [1.0e-4, 3.0e-3]        #   AdamW lr (embeddings, head, norms, adamw types)
-    proxy:                        # the proxy run: any geosearch.proxy.train.TrainConfig field
-      model: small                #   tiny | small | gpt2 | hf:gpt2 | hf:llama | py:MODULE:FACTORY
-      model_args: {}              #   model fields, e.g. {n_layer: 2} (geosearch.proxy.zoo)
-      data: null                  #   corpus path; null = the built-in text
-      steps: 200
-      ...
-    repeats: 1                    # seeds per assignment (proxy.seed, proxy.seed + 1, ...)
-    budget: {trials: null, timeout: null}   # trials; seconds (null = no limit)
-    pruner:                       # LogitGrowthPruner arguments (null disables a rule)
-      max_logit: 1000.0
-      min_entropy: 0.01
-      n_warmup_steps: 0
-      window: 5
-      trend_min_logit: 100.0
-      horizon_steps: null         # null = the trial's budget (proxy.steps)
-      loss: none                  # none | median | percentile | successive_halving, or
-                                  #   {type: median, n_startup_trials: 2, ...}
-    sampler: {type: auto, seed: 0}  # auto | grid | tpe | random | gp (+ n_startup_trials)
-
-When ``rules`` is not set, the space takes the default rule set of ``proxy.model``
-(:func:`geosearch.proxy.zoo.default_rules`), so ``geosearch search --model hf:llama`` with a
-space written for the proxy searches LLaMA's module types; an override of the model
-(``--model``, ``proxy.model=...``) moves such derived rules along. Rules the space names stay
-as they are. ``to_dict()`` writes the rules in use, whichever way they came.
-
-Command-line flags and ``key=value`` overrides go through :func:`apply_overrides`.
 """
 
 from __future__ import annotations
@@ -58,18 +19,20 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import optuna
 import yaml
 
+from geosearch.assignment import Assignment
 from geosearch.errors import ConfigError
+from geosearch.modules import ModuleRule
+from geosearch.proxy.config import TrainConfig
 from geosearch.search.pruners import (
     DEFAULT_MAX_LOGIT,
     DEFAULT_MIN_ENTROPY,
@@ -77,11 +40,6 @@ from geosearch.search.pruners import (
     DEFAULT_WINDOW,
     LogitGrowthPruner,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from geosearch.assignment import Assignment
-    from geosearch.modules import ModuleRule
-    from geosearch.proxy.train import TrainConfig
 
 __all__ = [
     "Budget",
@@ -98,21 +56,8 @@ __all__ = [
     "space_names",
 ]
 
-SCHEMA_VERSION = 1
-TOP_KEYS = ("version", "name", "rules", "geometries", "hyperparams", "proxy", "repeats",
-            "budget", "pruner", "sampler")
-HYPERPARAMS = ("spectral_lr", "lr")
 SamplerType = Literal["auto", "grid", "tpe", "random", "gp"]
 LossPrunerType = Literal["none", "median", "percentile", "successive_halving"]
-# Loss pruner -> its Optuna constructor arguments a space may set.
-LOSS_PRUNER_ARGS: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "median": ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials"),
-    "percentile": ("percentile", "n_startup_trials", "n_warmup_steps", "interval_steps",
-                   "n_min_trials"),
-    "successive_halving": ("min_resource", "reduction_factor", "min_early_stopping_rate",
-                           "bootstrap_count"),
-}
 # "auto" searches exhaustively when the space is finite and at most this many assignments
 # and no trial budget says otherwise (see SearchSpace.sampler_type).
 AUTO_GRID_LIMIT = 64
@@ -177,7 +122,8 @@ class LossPrunerSpec:
     type: LossPrunerType = "none"
     """``none``, ``median``, ``percentile`` or ``successive_halving``."""
     args: dict[str, Any] = field(default_factory=dict)
-    """Its constructor arguments (:data:`LOSS_PRUNER_ARGS` lists them per type)."""
+    """Its constructor arguments
+    (:data:`~geosearch.search.space_schema.LOSS_PRUNER_ARGS` lists them per type)."""
 
     def make(self) -> optuna.pruners.BasePruner | None:
         """The Optuna pruner, or ``None`` for ``none``."""
@@ -234,7 +180,7 @@ class Suggestion:
     Attributes:
         geometry: categorical parameter (module type or shorthand) -> geometry.
         options: per-key assignment options (a per-geometry ``spectral_lr`` sets ``lr``).
-        train_overrides: :class:`~geosearch.proxy.train.TrainConfig` fields to replace
+        train_overrides: :class:`~geosearch.proxy.config.TrainConfig` fields to replace
             (``spectral_lr``, ``lr`` when searched).
         rules: the rule set, for the assignment.
     """
@@ -246,8 +192,6 @@ class Suggestion:
 
     def assignment(self, provenance: Mapping[str, Any] | None = None) -> Assignment:
         """The :class:`~geosearch.assignment.Assignment` this suggestion trains."""
-        from geosearch.assignment import Assignment
-
         rules = self.rules if isinstance(self.rules, str) else list(self.rules)
         return Assignment(geometry=dict(self.geometry), options=dict(self.options), rules=rules,
                           provenance=dict(provenance or {}))
@@ -294,42 +238,21 @@ class SearchSpace:
     # ------------------------------------------------------------------ building
     @classmethod
     def from_dict(cls, d: Any, source: str | None = None) -> SearchSpace:
-        """Validate a mapping in the YAML schema (see the module docstring).
+        """Validate a mapping in the YAML schema (:mod:`geosearch.search.space_schema`).
 
         Raises:
             SearchSpaceError: every problem found, each naming ``source``, the key path
                 and the allowed values.
         """
-        return _Parser(source).space(d)
+        from geosearch.search.space_schema import parse_space  # it imports this module
+
+        return parse_space(d, source)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain YAML-safe data that :meth:`from_dict` turns back into this space."""
-        rules: Any = self.rules
-        if not isinstance(rules, str):
-            rules = [{"type": r.type, "pattern": r.pattern, "family": r.family,
-                      "split": list(r.split), "layout": r.layout} for r in rules]
-        hp: dict[str, Any] = {}
-        if isinstance(self.hyperparams.spectral_lr, LogRange):
-            hp["spectral_lr"] = _range_list(self.hyperparams.spectral_lr)
-        elif self.hyperparams.spectral_lr:
-            hp["spectral_lr"] = {g: _range_list(r) for g, r in self.hyperparams.spectral_lr.items()}
-        if self.hyperparams.lr is not None:
-            hp["lr"] = _range_list(self.hyperparams.lr)
-        pruner = {f.name: getattr(self.pruner, f.name)
-                  for f in dataclasses.fields(self.pruner) if f.name != "loss"}
-        pruner["loss"] = {"type": self.pruner.loss.type, **self.pruner.loss.args}
-        return {
-            "version": SCHEMA_VERSION,
-            "name": self.name,
-            "rules": rules,
-            "geometries": {k: list(v) for k, v in self.geometries.items()},
-            "hyperparams": hp,
-            "proxy": self.proxy.to_dict(),
-            "repeats": self.repeats,
-            "budget": dataclasses.asdict(self.budget),
-            "pruner": pruner,
-            "sampler": dataclasses.asdict(self.sampler),
-        }
+        from geosearch.search.space_schema import dump_space  # it imports this module
+
+        return dump_space(self)
 
     # ------------------------------------------------------------------ what a study needs
     def categorical_choices(self) -> dict[str, list[str]]:
@@ -568,390 +491,6 @@ def apply_overrides(
             node = child
         node[last] = value
     return SearchSpace.from_dict(d, source=source)
-
-
-# --------------------------------------------------------------------------- validation
-class _Parser:
-    """Reads one space, collecting every problem instead of stopping at the first."""
-
-    def __init__(self, source: str | None) -> None:
-        self.source = source
-        self.problems: list[ConfigError] = []
-
-    def error(self, key: str, problem: str, allowed: Iterable[object] | None = None) -> None:
-        self.problems.append(ConfigError(problem, key=key or None, allowed=allowed))
-
-    def rekey(self, e: ConfigError, prefix: str) -> None:
-        key = f"{prefix}.{e.key}" if e.key else prefix
-        self.error(key, e.problem, e.allowed)
-
-    def mapping(self, value: Any, key: str, allowed: Sequence[str]) -> dict[str, Any]:
-        """``value`` as a dict (None = empty); unknown keys are problems."""
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            self.error(key, f"expected a mapping, got {type(value).__name__}", allowed)
-            return {}
-        out = {}
-        for k, v in value.items():
-            if k in allowed:
-                out[k] = v
-            else:
-                self.error(_join(key, str(k)), f"unknown key {k!r}", allowed)
-        return out
-
-    # ------------------------------------------------------------------ the whole file
-    def space(self, d: Any) -> SearchSpace:
-        if d is None:
-            d = {}
-        top = self.mapping(d, "", TOP_KEYS)
-        if isinstance(d, Mapping) or d is None:
-            if "version" not in top:
-                self.error("version", "missing schema version (add 'version: 1')", [SCHEMA_VERSION])
-            elif top["version"] != SCHEMA_VERSION or isinstance(top["version"], bool):
-                self.error("version", f"unsupported schema version {top['version']!r}",
-                           [SCHEMA_VERSION])
-        name = top.get("name", "search")
-        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-            self.error("name", f"expected a study name (no '/'), got {name!r}")
-        rules_from_model = "rules" not in top
-        rules = self.model_rules(top.get("proxy")) if rules_from_model else self.rules(top["rules"])
-        geometries = self.geometries(top.get("geometries"), rules)
-        hyperparams = self.hyperparams(top.get("hyperparams"), geometries)
-        proxy = self.proxy(top.get("proxy"))
-        repeats = top.get("repeats", 1)
-        if not _is_int(repeats) or repeats < 1:
-            self.error("repeats", f"expected a whole number >= 1, got {repeats!r}")
-        budget = self.budget(top.get("budget"))
-        pruner = self.pruner(top.get("pruner"))
-        sampler = self.sampler(top.get("sampler"), hyperparams)
-
-        if self.problems:
-            raise SearchSpaceError(self.problems, self.source)
-        assert rules is not None  # else a problem was recorded
-        space = SearchSpace(
-            geometries=geometries, proxy=proxy, rules=rules, hyperparams=hyperparams,
-            repeats=repeats, budget=budget, pruner=pruner, sampler=sampler, name=name,
-            source=self.source, rules_from_model=rules_from_model,
-        )
-        if budget.trials is None and budget.timeout is None and space.sampler_type() != "grid":
-            self.error("budget", f"a {space.sampler_type()} search never ends by itself: set "
-                       "budget.trials or budget.timeout")
-            raise SearchSpaceError(self.problems, self.source)
-        return space
-
-    # ------------------------------------------------------------------ sections
-    def model_rules(self, proxy: Any) -> str | None:
-        """The default rule set of ``proxy.model``, for a space that sets no rules; None when
-        it has none (a problem for ``py:`` models; an unknown model is ``proxy``'s problem)."""
-        from geosearch.modules import rule_set_names
-        from geosearch.proxy.train import TrainConfig
-        from geosearch.proxy.zoo import PY_PREFIX, default_rules
-
-        model = proxy.get("model", TrainConfig.model) if isinstance(proxy, Mapping) else TrainConfig.model
-        name = default_rules(model)
-        if name is None and isinstance(model, str) and model.startswith(PY_PREFIX):
-            self.error("rules", f"missing: model {model!r} has no default rule set; name one, or "
-                       "write rules matching its parameter names (geosearch inspect --model "
-                       f"{model} --rules NAME shows how a rule set fits)", rule_set_names())
-        return name
-
-    def rules(self, value: Any) -> str | tuple[ModuleRule, ...] | None:
-        """The rules, or None when they are wrong (the problems are recorded)."""
-        from geosearch.modules import ModuleRule, check_rules, rule_set_names
-
-        if isinstance(value, str):
-            if value not in rule_set_names():
-                self.error("rules", f"unknown rule set {value!r}", rule_set_names())
-                return None
-            return value
-        if isinstance(value, Mapping) or not isinstance(value, Sequence) or not value:
-            self.error("rules", "expected a rule-set name or a non-empty list of rules",
-                       rule_set_names())
-            return None
-        fields = [f.name for f in dataclasses.fields(ModuleRule)]
-        out = []
-        for i, r in enumerate(value):
-            key = f"rules[{i}]"
-            r = self.mapping(r, key, fields)
-            missing = [k for k in ("type", "pattern", "family") if not isinstance(r.get(k), str)]
-            if missing:
-                self.error(key, f"missing or non-string {', '.join(missing)}")
-                continue
-            split = r.get("split") or ()
-            if isinstance(split, str) or not isinstance(split, Sequence):
-                self.error(f"{key}.split", "expected a list of module type names")
-                continue
-            try:
-                out.append(ModuleRule(r["type"], r["pattern"], r["family"], tuple(split),
-                                      r.get("layout", "out_in")))
-            except ConfigError as e:
-                self.rekey(e, key)
-        if len(out) < len(value):
-            return None
-        try:
-            check_rules(out)
-        except ConfigError as e:
-            self.error(e.key or "rules", e.problem, e.allowed)
-            return None
-        return tuple(out)
-
-    def geometries(
-        self, value: Any, rules: str | tuple[ModuleRule, ...] | None
-    ) -> dict[str, tuple[str, ...]]:
-        from geosearch.assignment import geometry_names
-        from geosearch.modules import family_types, get_rule_set, module_types
-
-        known = geometry_names()
-        if value is None:
-            self.error("geometries", "missing: which geometries may each module type take?")
-            return {}
-        if not isinstance(value, Mapping) or not value:
-            self.error("geometries", "expected a mapping of module type (or attn/mlp) -> list "
-                       "of geometries")
-            return {}
-        # Without valid rules the keys cannot be checked; the geometries still are.
-        rule_list = get_rule_set(rules) if isinstance(rules, str) else rules or ()
-        families, types = family_types(rule_list), module_types(rule_list)
-        out: dict[str, tuple[str, ...]] = {}
-        for k, v in value.items():
-            key = f"geometries.{k}"
-            if types and k not in types and k not in families:
-                self.error(key, f"unknown module type {k!r}", [*families, *types])
-            choices = [v] if isinstance(v, str) else v
-            if not isinstance(choices, Sequence) or not choices:
-                self.error(key, "expected a geometry or a non-empty list of geometries", known)
-                continue
-            for c in choices:
-                if c not in known:
-                    self.error(key, f"unknown geometry {c!r}", known)
-            if len(set(map(str, choices))) != len(choices):
-                self.error(key, "a geometry is listed twice")
-            out[str(k)] = tuple(str(c) for c in choices)
-        if types:
-            covered: dict[str, str] = {}
-            for k in out:
-                for t in families.get(k, [k] if k in types else []):
-                    if t in covered:
-                        self.error(f"geometries.{k}", f"module type {t!r} is also covered by "
-                                   f"{covered[t]!r}; give each type one entry")
-                    covered[t] = k
-            missing = [t for t in types if t not in covered]
-            if missing:
-                self.error("geometries", "no geometries for module type(s) "
-                           f"{', '.join(missing)}", [*families, *types])
-            clash = [k for k in out if k in HYPERPARAMS or k.startswith("spectral_lr.")]
-            for k in clash:
-                self.error(f"geometries.{k}", "a module type may not share a name with a "
-                           "hyperparameter", HYPERPARAMS)
-        return out
-
-    def hyperparams(self, value: Any, geometries: dict[str, tuple[str, ...]]) -> Hyperparams:
-        from geosearch.assignment import ADAMW
-
-        h = self.mapping(value, "hyperparams", HYPERPARAMS)
-        spectral: LogRange | dict[str, LogRange] | None = None
-        if h.get("spectral_lr") is not None:
-            v = h["spectral_lr"]
-            if isinstance(v, Mapping):
-                used = sorted({g for gs in geometries.values() for g in gs if g != ADAMW})
-                spectral = {}
-                for g, r in v.items():
-                    if g not in used:
-                        self.error(f"hyperparams.spectral_lr.{g}", f"{g!r} is not a manifold "
-                                   "geometry of this space", used)
-                    rng = self.log_range(r, f"hyperparams.spectral_lr.{g}")
-                    if rng is not None:
-                        spectral[str(g)] = rng
-            else:
-                spectral = self.log_range(v, "hyperparams.spectral_lr")
-        lr = None
-        if h.get("lr") is not None:
-            lr = self.log_range(h["lr"], "hyperparams.lr")
-        return Hyperparams(spectral_lr=spectral, lr=lr)
-
-    def log_range(self, value: Any, key: str) -> LogRange | None:
-        nums = [_number(x) for x in value] if isinstance(value, (list, tuple)) else []
-        if len(nums) != 2 or any(x is None for x in nums):
-            self.error(key, f"expected [low, high] (a log-uniform range), got {value!r}")
-            return None
-        low, high = nums
-        if not 0 < low < high or not math.isfinite(high):
-            self.error(key, f"expected 0 < low < high, got [{low}, {high}]")
-            return None
-        return LogRange(low, high)
-
-    def proxy(self, value: Any) -> TrainConfig:
-        from geosearch.proxy.train import TrainConfig
-        from geosearch.proxy.zoo import check_model_spec
-
-        fields = [f.name for f in dataclasses.fields(TrainConfig)]
-        d = self.mapping(value, "proxy", fields)
-        n_before = len(self.problems)
-        for k, v in d.items():  # one at a time, so that every bad key is reported
-            try:
-                TrainConfig.from_dict({k: v})
-            except ConfigError as e:
-                self.error(f"proxy.{k}", e.problem, e.allowed)
-        model, model_args = d.get("model", TrainConfig.model), d.get("model_args") or {}
-        if isinstance(model, str) and isinstance(model_args, Mapping):
-            try:  # a preset, hf:gpt2, hf:llama or py:module:factory; nothing is built
-                check_model_spec(model, model_args)
-            except ConfigError as e:
-                self.rekey(e, "proxy")  # e.key: model, or model_args.<field>
-        if isinstance(d.get("optimizer_args"), Mapping):
-            self.optimizer_args(d["optimizer_args"], fields)
-        if len(self.problems) > n_before:
-            return TrainConfig()
-        try:
-            return TrainConfig.from_dict(d)
-        except ConfigError as e:
-            self.rekey(e, "proxy")
-            return TrainConfig()
-
-    def optimizer_args(self, args: Mapping[str, Any], train_fields: list[str]) -> None:
-        from geosearch.assignment import OPTION_KINDS, check_option
-        from geosearch.optim.build import DEFAULTS
-
-        allowed = [k for k in DEFAULTS if k not in train_fields]
-        for k, v in args.items():
-            key = f"proxy.optimizer_args.{k}"
-            if k in train_fields:
-                self.error(key, f"set it as proxy.{k}")
-            elif k not in allowed:
-                self.error(key, f"unknown optimizer setting {k!r}", allowed)
-            elif k in OPTION_KINDS:
-                try:
-                    check_option(k, v, source=None, key=key)
-                except ConfigError as e:
-                    self.error(key, e.problem, e.allowed)
-
-    def budget(self, value: Any) -> Budget:
-        d = self.mapping(value, "budget", [f.name for f in dataclasses.fields(Budget)])
-        trials, timeout = d.get("trials"), d.get("timeout")
-        if trials is not None and (not _is_int(trials) or trials < 1):
-            self.error("budget.trials", f"expected a whole number >= 1 or null, got {trials!r}")
-            trials = None
-        if timeout is not None:
-            t = _number(timeout)
-            if t is None or not 0 < t < math.inf:
-                self.error("budget.timeout", f"expected seconds > 0 or null, got {timeout!r}")
-            timeout = t
-        return Budget(trials=trials, timeout=timeout)
-
-    def pruner(self, value: Any) -> PrunerSpec:
-        fields = [f.name for f in dataclasses.fields(PrunerSpec)]
-        d = self.mapping(value, "pruner", fields)
-        loss = self.loss_pruner(d.pop("loss", None))
-        for k in ("max_logit", "min_entropy", "trend_min_logit"):
-            if isinstance(d.get(k), str) and _number(d[k]) is not None:
-                d[k] = _number(d[k])  # YAML 1.1 reads 1e3 as a string
-        n_before = len(self.problems)
-        # One key at a time (the others at their defaults) so that every bad key is
-        # reported; trend_min_logit < max_logit is the one check across keys, made last.
-        for k, v in d.items():
-            if k == "trend_min_logit":
-                continue
-            try:
-                LogitGrowthPruner(**{"trend_min_logit": None, k: v})
-            except (ValueError, TypeError) as e:
-                self.error(f"pruner.{k}", str(e).rstrip("."))
-        if len(self.problems) == n_before:
-            try:
-                LogitGrowthPruner(**d)
-            except (ValueError, TypeError) as e:
-                self.error("pruner.trend_min_logit", str(e).rstrip("."))
-        if len(self.problems) > n_before:
-            return PrunerSpec(loss=loss)
-        return PrunerSpec(loss=loss, **d)
-
-    def loss_pruner(self, value: Any) -> LossPrunerSpec:
-        kinds = list(LOSS_PRUNER_ARGS)
-        if value is None:
-            return LossPrunerSpec()
-        d = {"type": value} if isinstance(value, str) else value
-        if not isinstance(d, Mapping):
-            self.error("pruner.loss", "expected a pruner name or a mapping with 'type'", kinds)
-            return LossPrunerSpec()
-        kind = d.get("type", "none")
-        if kind not in LOSS_PRUNER_ARGS:
-            self.error("pruner.loss.type", f"unknown loss pruner {kind!r}", kinds)
-            return LossPrunerSpec()
-        n_before = len(self.problems)
-        args = self.mapping({k: v for k, v in d.items() if k != "type"}, "pruner.loss",
-                            ["type", *LOSS_PRUNER_ARGS[kind]])
-        for k, v in args.items():
-            if k == "percentile":
-                ok, expected = _number(v) is not None, "a number"
-                args[k] = _number(v)
-            else:
-                ok, expected = _is_int(v) or (k == "min_resource" and v == "auto"), "a whole number"
-            if not ok:
-                self.error(f"pruner.loss.{k}", f"expected {expected}, got {v!r}")
-        if kind == "percentile" and "percentile" not in args:
-            self.error("pruner.loss.percentile", "missing: the percentile pruner needs it "
-                       "(0-100; prune trials worse than this percentile)")
-        if len(self.problems) > n_before:
-            return LossPrunerSpec()
-        spec = LossPrunerSpec(kind, dict(args))
-        try:
-            spec.make()  # Optuna's own range checks
-        except ValueError as e:
-            self.error("pruner.loss", str(e).rstrip("."))
-        return spec
-
-    def sampler(self, value: Any, hyperparams: Hyperparams) -> SamplerSpec:
-        kinds = list(get_args(SamplerType))
-        d = {"type": value} if isinstance(value, str) else value
-        d = self.mapping(d, "sampler", [f.name for f in dataclasses.fields(SamplerSpec)])
-        kind = d.get("type", "auto")
-        if kind not in kinds:
-            self.error("sampler.type", f"unknown sampler {kind!r}", kinds)
-            kind = "auto"
-        if kind == "grid" and hyperparams:
-            names = [n for n in HYPERPARAMS if getattr(hyperparams, n) is not None]
-            self.error("sampler.type", "a grid needs a finite space, but "
-                       f"{', '.join('hyperparams.' + n for n in names)} is continuous",
-                       [k for k in kinds if k != "grid"])
-        seed = d.get("seed", 0)
-        if seed is not None and not _is_int(seed):
-            self.error("sampler.seed", f"expected an integer or null, got {seed!r}")
-            seed = 0
-        startup = d.get("n_startup_trials")
-        if startup is not None:
-            if kind in ("grid", "random"):
-                self.error("sampler.n_startup_trials", f"the {kind} sampler takes no "
-                           "n_startup_trials", ["auto", "tpe", "gp"])
-            elif not _is_int(startup) or startup < 0:
-                self.error("sampler.n_startup_trials", f"expected a whole number >= 0, got "
-                           f"{startup!r}")
-        return SamplerSpec(type=kind, seed=seed, n_startup_trials=startup)
-
-
-# --------------------------------------------------------------------------- helpers
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _number(v: object) -> float | None:
-    """A finite number, also from a numeric string (YAML 1.1 reads ``1e-4`` as a string)."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (numbers.Real, str)):
-        try:
-            x = float(v)  # type: ignore[arg-type]
-        except ValueError:
-            return None
-        return x if math.isfinite(x) else None
-    return None
-
-
-def _range_list(r: LogRange) -> list[float]:
-    return [r.low, r.high]
 
 
 def _range_text(r: LogRange) -> str:

@@ -1,0 +1,94 @@
+"""The process's one ``accelerate.Accelerator``, and how long a distributed rank waits.
+
+Accelerate keeps its state in a process-wide singleton, so every proxy run of a process
+shares one ``Accelerator`` (:func:`get_accelerator`) and therefore one device and one mixed
+precision. Under ``torchrun`` or ``accelerate launch`` it joins the process group with a
+collective timeout of ``GEOSEARCH_DIST_TIMEOUT`` seconds, so that a rank whose peers died
+gives up instead of waiting forever. (``accelerate launch --cpu --num_processes 2`` starts
+one process: its CPU path needs MPI; use ``torchrun --nproc_per_node 2`` on CPUs.)
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+from typing import Any
+
+import torch
+
+from geosearch.errors import ConfigError
+from geosearch.proxy.config import Device, Precision
+
+DIST_TIMEOUT_ENV = "GEOSEARCH_DIST_TIMEOUT"
+"""Environment variable: seconds a process of a distributed run waits for the others in
+one collective before it gives up (default 1800)."""
+
+_ACCELERATOR: tuple[tuple[str, str], Any] | None = None
+
+
+def get_accelerator(device: Device = "auto", mixed_precision: Precision = "no"):
+    """The process's one ``accelerate.Accelerator``, created on first use.
+
+    Accelerate keeps its state in a process-wide singleton that cannot change device or
+    precision once made (``AcceleratorState._reset_state`` is private), so every run of a
+    process must ask for the same ones. Under ``torchrun``/``accelerate launch`` the
+    distributed environment is picked up here, with a collective timeout of
+    ``GEOSEARCH_DIST_TIMEOUT`` seconds (default 1800, for gloo and NCCL alike): a rank
+    whose peers died unnoticed by the launcher gives up after it.
+
+    Raises:
+        ConfigError: CUDA or fp16 asked for without a GPU, or a device/precision other
+            than the one this process already uses.
+    """
+    global _ACCELERATOR
+    from accelerate import Accelerator
+
+    resolved = "cuda" if device == "cuda" or (
+        device == "auto" and torch.cuda.is_available()) else "cpu"
+    if resolved == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("CUDA is not available on this machine", key="device",
+                          allowed=["auto", "cpu"])
+    if mixed_precision == "fp16" and resolved != "cuda":
+        raise ConfigError("fp16 needs a CUDA device", key="mixed_precision",
+                          allowed=["no", "bf16"])
+    key = (resolved, mixed_precision)
+    if _ACCELERATOR is not None:
+        if _ACCELERATOR[0] != key:
+            raise ConfigError(
+                f"this process already trains with device={_ACCELERATOR[0][0]}, "
+                f"mixed_precision={_ACCELERATOR[0][1]}; Accelerate allows one device and "
+                f"precision per process: run device={resolved}, "
+                f"mixed_precision={mixed_precision} in a new process", key="mixed_precision")
+        return _ACCELERATOR[1]
+    from accelerate.utils import InitProcessGroupKwargs
+
+    # Under torchrun a rank waits in a collective for the others; if one died without its
+    # launcher noticing, the wait ends after this timeout instead of never (Accelerate's
+    # own default is 10 min for NCCL, 30 min for gloo).
+    timeout = datetime.timedelta(seconds=_dist_timeout())
+    try:
+        accelerator = Accelerator(cpu=resolved == "cpu", mixed_precision=mixed_precision,
+                                  kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)])
+    except ValueError as e:  # the state was already made by someone else, differently
+        raise ConfigError(f"Accelerate refused device={resolved}, "
+                          f"mixed_precision={mixed_precision}: {e}") from None
+    if accelerator.num_processes > 1:
+        # Leave the process group cleanly at exit: gloo ranks that exit with it alive can
+        # abort (SIGABRT) when their peer has already closed its sockets.
+        atexit.register(accelerator.state.destroy_process_group)
+    _ACCELERATOR = (key, accelerator)
+    return accelerator
+
+
+def _dist_timeout() -> float:
+    """Seconds a rank waits in a collective: ``GEOSEARCH_DIST_TIMEOUT``, default 1800."""
+    text = os.environ.get(DIST_TIMEOUT_ENV, "").strip()
+    try:
+        value = float(text) if text else 1800.0
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"must be a positive number of seconds but got {text!r}",
+                          source=DIST_TIMEOUT_ENV)
+    return value

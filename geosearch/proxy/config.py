@@ -1,0 +1,246 @@
+"""What one proxy run is given and what it gives back: :class:`TrainConfig`, :class:`TrainResult`.
+
+Both are plain dataclasses without torch, so a search space, a report or the command line
+can build, check and print them without loading the trainer; :func:`geosearch.proxy.train.train`
+takes the one and returns the other. Every field of a run's settings, its default and its
+check live in :class:`TrainConfig` (the fields) and :meth:`TrainConfig._check` (the checks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from geosearch.errors import ConfigError
+
+Device = Literal["auto", "cpu", "cuda"]
+Precision = Literal["no", "bf16", "fp16"]
+Solver = Literal["project", "dual"]
+
+
+# --------------------------------------------------------------------------- settings
+@dataclass
+class TrainConfig:
+    """Everything that defines one proxy run, besides the assignment.
+
+    Example:
+        >>> TrainConfig(model="tiny", steps=100, lr=1e-3).resolved().warmup_steps
+        10
+    """
+
+    model: str = "small"
+    """The model to train: a proxy preset name (``tiny``, ``small``, ``gpt2``), ``hf:gpt2``,
+    ``hf:llama`` (Hugging Face, random weights, no download) or ``py:module:factory``
+    (your own ``nn.Module``); see :mod:`geosearch.proxy.zoo`."""
+    model_args: dict[str, Any] = field(default_factory=dict)
+    """Model field overrides: a preset's ``GPTConfig`` fields (``{"n_layer": 2}``), a Hugging
+    Face config's fields or their aliases (``{"num_hidden_layers": 2}``), or the factory's
+    keyword arguments; ``block_size`` works for every kind."""
+    data: str | None = None
+    """Corpus file or directory for ``load_corpus``; None = the built-in text."""
+    steps: int = 300
+    """Optimizer steps of the run."""
+    batch_size: int = 16
+    """Global batch in sequences, split evenly over the processes."""
+    lr: float = 6e-4
+    """Peak AdamW learning rate (embeddings, head, norms, and weights assigned ``adamw``)."""
+    spectral_lr: float = 0.02
+    """Peak spectral step size of the manifold Muon groups."""
+    weight_decay: float = 0.1
+    """AdamW weight decay (matrices only; the manifolds take none)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    momentum: float = 0.95
+    """Nesterov momentum of the manifold Muon groups."""
+    solver: Solver = "project"
+    """Manifold Muon direction: ``project`` (one msign) or ``dual`` (dual ascent)."""
+    optimizer_args: dict[str, Any] = field(default_factory=dict)
+    """Further ``build_optimizer`` overrides, e.g. ``{"dual_steps": 5, "ns_steps": 5}``."""
+    warmup_steps: int | None = None
+    """Linear warmup steps; None = 10% of ``steps``."""
+    min_lr_ratio: float = 0.1
+    """Both learning rates decay along a cosine to this fraction of their peak."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 = no clipping (the norm is still measured)."""
+    eval_every: int = 50
+    """Validation loss every this many steps, and at the last step."""
+    eval_batches: int = 4
+    """Validation batches (of ``batch_size`` sequences) per evaluation; fixed for the run."""
+    probe_every: int = 10
+    """Attention and weight probes every this many steps, and at the last step."""
+    probe_batch_size: int = 4
+    """Sequences in the fixed probe batch."""
+    seed: int = 0
+    """Seeds the initialisation and the training batches."""
+    device: Device = "auto"
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda``."""
+    mixed_precision: Precision = "no"
+    """``no``, ``bf16`` or ``fp16`` (fp16 needs CUDA). One value per process."""
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        src = "TrainConfig"
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "probe_every",
+                     "probe_batch_size"):
+            _positive_int(self, name, src)
+        if self.warmup_steps is not None:
+            _positive_int(self, "warmup_steps", src, allow_zero=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"must be an integer but got {self.seed!r}", source=src, key="seed")
+        for name in ("lr", "spectral_lr", "weight_decay", "momentum", "min_lr_ratio", "grad_clip"):
+            value = _number(self, name, src)
+            if value < 0:
+                raise ConfigError(f"must be >= 0 but got {value!r}", source=src, key=name)
+        if self.min_lr_ratio > 1:
+            raise ConfigError(f"must be in [0, 1] but got {self.min_lr_ratio}", source=src,
+                              key="min_lr_ratio")
+        betas = tuple(_as_float(b, src, "betas") for b in self.betas) if isinstance(
+            self.betas, (list, tuple)) else ()
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ConfigError(f"must be two numbers in [0, 1) but got {self.betas!r}",
+                              source=src, key="betas")
+        self.betas = betas
+        if self.mixed_precision is False:  # YAML 1.1 reads a bare `no` as false
+            self.mixed_precision = "no"
+        for name, kind in (("solver", Solver), ("device", Device),
+                           ("mixed_precision", Precision)):
+            if getattr(self, name) not in get_args(kind):
+                raise ConfigError(f"unknown value {getattr(self, name)!r}", source=src, key=name,
+                                  allowed=get_args(kind))
+        if not isinstance(self.model, str):
+            raise ConfigError(f"must be a model spec (a preset name, hf:NAME or py:MODULE:FACTORY) "
+                              f"but got {self.model!r}", source=src, key="model")
+        for name in ("model_args", "optimizer_args"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise ConfigError(f"must be a mapping but got {getattr(self, name)!r}",
+                                  source=src, key=name)
+            setattr(self, name, dict(getattr(self, name)))
+        if self.data is not None and not isinstance(self.data, (str, os.PathLike)):
+            raise ConfigError(f"must be a path or null but got {self.data!r}", source=src,
+                              key="data")
+
+    def resolved(self) -> TrainConfig:
+        """A copy with every default that depends on other fields filled in."""
+        warmup = self.steps // 10 if self.warmup_steps is None else self.warmup_steps
+        return dataclasses.replace(self, warmup_steps=min(warmup, self.steps))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML/JSON-safe values (``betas`` as a list, ``data`` as a string)."""
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        d["data"] = None if self.data is None else str(self.data)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "train config") -> TrainConfig:
+        """Build from a mapping (a YAML section, CLI overrides); errors name ``source``.
+
+        Raises:
+            ConfigError: an unknown key (listing the known ones) or a bad value.
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"must be a mapping but got {type(d).__name__}", source=source)
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in d:
+            if key not in known:
+                raise ConfigError("unknown key", source=source, key=str(key), allowed=known)
+        try:
+            return cls(**d)
+        except ConfigError as e:
+            raise ConfigError(e.problem, source=source, key=e.key, allowed=e.allowed) from None
+
+
+def _positive_int(cfg: TrainConfig, name: str, src: str, allow_zero: bool = False) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ConfigError(f"must be {kind} integer but got {value!r}", source=src, key=name)
+
+
+def _as_float(value: Any, src: str, name: str) -> float:
+    # YAML 1.1 reads "6e-4" (no dot) as a string: accept numeric strings too.
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"must be a number but got {value!r}", source=src, key=name) from None
+
+
+def _number(cfg: TrainConfig, name: str, src: str) -> float:
+    value = _as_float(getattr(cfg, name), src, name)
+    setattr(cfg, name, value)
+    return value
+
+
+# --------------------------------------------------------------------------- result
+@dataclass
+class TrainResult:
+    """What one run produced.
+
+    Attributes:
+        status: ``completed``; ``unstable`` (non-finite loss, or stopped by the callback);
+            ``failed`` (an exception in the training loop).
+        reason: why an unstable or failed run stopped; None when completed.
+        stop_step: the step at which it stopped; None when completed.
+        final_val_loss: the last validation loss measured (None if none was).
+        best_val_loss: the lowest finite validation loss measured (None if none was).
+        history: the metrics dicts, one per eval/probe step (as in ``metrics.jsonl``).
+        mean_step_ms: mean wall time of a training step (probes and evals excluded, the
+            first steps too: allocation and kernel selection).
+        tokens_per_s: global batch tokens per second of training step.
+        config: the resolved configuration, as written to ``config.yaml``.
+    """
+
+    status: Literal["completed", "unstable", "failed"]
+    reason: str | None
+    stop_step: int | None
+    final_val_loss: float | None
+    best_val_loss: float | None
+    history: list[dict]
+    mean_step_ms: float
+    tokens_per_s: float
+    config: dict
+
+    @property
+    def probe_history(self) -> list[dict]:
+        """The probed steps only, with the keys the logit-growth pruner reads."""
+        return [{k: m.get(k) for k in ("step", "max_logit", "min_entropy", "train_loss")}
+                for m in self.history if m.get("max_logit") is not None]
+
+    def to_dict(self) -> dict:
+        """Everything but the history and config (which have their own files)."""
+        return {k: getattr(self, k) for k in ("status", "reason", "stop_step", "final_val_loss",
+                                              "best_val_loss", "mean_step_ms", "tokens_per_s")}
+
+    def summary(self) -> str:
+        """A few lines for people: status, losses, max logit, σ_max per type, speed."""
+        steps = self.config.get("train", {}).get("steps")
+        lines = [f"status      {self.status}" + (
+            f" at step {self.stop_step}: {self.reason}" if self.status != "completed"
+            else f" ({steps} steps)")]
+        lines.append(f"val loss    final {short_number(self.final_val_loss)}  "
+                     f"best {short_number(self.best_val_loss)}")
+        probed = [m for m in self.history if m.get("max_logit") is not None]
+        if probed:
+            last = probed[-1]
+            peak = max(probed, key=lambda m: m["max_logit"])
+            layer = last["max_logit_per_layer"].index(last["max_logit"])
+            lines.append(f"max logit   {short_number(last['max_logit'])} at step {last['step']} "
+                         f"(layer {layer}); peak {short_number(peak['max_logit'])} at step {peak['step']}")
+            lines.append("sigma_max   " + "  ".join(
+                f"{t} {short_number(v)}" for t, v in last["sigma_max"].items()))
+            if last.get("dual_residual") is not None:
+                lines.append(f"dual resid  {short_number(last['dual_residual'])}")
+        lines.append(f"speed       {self.mean_step_ms:.1f} ms/step, {self.tokens_per_s:,.0f} tokens/s")
+        return "\n".join(lines)
+
+
+def short_number(x: float | None) -> str:
+    """``x`` to 4 significant digits, ``-`` for None (the summary and the progress line)."""
+    return "-" if x is None else f"{x:.4g}"

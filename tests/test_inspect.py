@@ -1,0 +1,86 @@
+"""What ``geosearch inspect`` shows (geosearch/inspect.py): parameter rows, fitting rule sets, the table.
+
+Models are built on the meta device, as ``geosearch inspect`` builds them: names, shapes and
+module classes without memory or initialisation.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from geosearch.errors import ConfigError
+from geosearch.inspect import describe_parameters, fitting_rule_sets, inspect_model
+from geosearch.proxy.zoo import build_meta_model
+
+HF_REASON = "Hugging Face transformers is not installed (pip install 'geosearch[hf]')"
+
+
+# --------------------------------------------------------------------------- describe_parameters
+@pytest.mark.parametrize("spec", ["tiny", "hf:gpt2", "hf:llama"])
+def test_describe_parameters_shows_the_rules_at_work(spec):
+    if spec.startswith("hf:"):
+        pytest.importorskip("transformers", reason=HF_REASON)
+    built = build_meta_model(spec, vocab_size=256)
+    rows = describe_parameters(built, space_geometries={"attn": ["stiefel", "dgram"], "mlp_out": ["adamw"]})
+    by_role = {}
+    for r in rows:
+        by_role.setdefault(r.role, []).append(r)
+    # Rule: one row per parameter, except one row per block of a split weight.
+    assert len({r.name for r in rows}) == len(list(built.model.named_parameters()))
+    # Rule: every hidden 2-D weight is matched; embeddings/head and norms/biases are AdamW.
+    assert "unassigned" not in by_role
+    assert all(r.geometries == ("adamw",) for role in ("embedding", "norm/bias") for r in by_role[role])
+    attn = [r for r in by_role["matched"] if r.module_type.startswith("attn")]
+    assert attn and all(r.geometries == ("stiefel", "dgram") for r in attn)
+    assert all(r.geometries == ("adamw",) for r in by_role["matched"] if r.module_type == "mlp_out")
+    layouts = {r.layout for r in by_role["matched"]}
+    assert layouts == ({"in_out"} if spec == "hf:gpt2" else {"out_in"})
+    if spec != "hf:llama":  # Rule: split rules give one labelled row per block.
+        split = describe_parameters(built, "gpt2_split" if spec == "hf:gpt2" else "nanogpt_split")
+        assert [r.label for r in split if r.name == "transformer.h.0.attn.c_attn.weight"] == [
+            f"attn_{x} (block of attn_qkv)" for x in "qkv"]
+
+
+# --------------------------------------------------------------------------- fitting_rule_sets
+def test_fitting_rule_sets_are_the_families_own():
+    pytest.importorskip("transformers", reason=HF_REASON)
+    # Rule: fitting_rule_sets finds exactly the GPT-2 sets.
+    assert fitting_rule_sets(build_meta_model("hf:gpt2", vocab_size=256).model) == ["gpt2", "gpt2_split"]
+    assert fitting_rule_sets(build_meta_model("hf:llama", vocab_size=256).model) == ["llama"]
+    # Rule: and the proxy's nn.Linear sets for the proxy GPT.
+    assert fitting_rule_sets(build_meta_model("tiny", vocab_size=256).model) == ["nanogpt", "nanogpt_split"]
+
+
+# --------------------------------------------------------------------------- inspect_model
+def test_the_table_takes_the_models_rules_and_the_spaces_candidates(capsys):
+    inspect_model("tiny", space="default")
+    out = capsys.readouterr().out.splitlines()
+    # Rule: a space whose rules come from its model takes the named model's rules instead.
+    assert out[1].startswith("module types by rule set 'nanogpt' (the model's); candidate geometries from ")
+    assert out[1].endswith("default.yaml")
+    rows = {line.split()[0]: line.split(None, 3)[1:] for line in out[3:] if line.startswith("transformer.")}
+    # Rule: a matched weight shows its (out, in) shape, its type and the space's candidates;
+    # everything else is AdamW's.
+    assert rows["transformer.h.0.attn.c_attn.weight"] == ["96x32", "attn_qkv", "stiefel, dgram"]
+    assert rows["transformer.h.1.mlp.c_proj.weight"] == ["32x128", "mlp_out", "stiefel, dgram"]
+    assert rows["transformer.h.0.ln_1.weight"] == ["32", "norm/bias", "adamw"]
+    # Rule: the counts add up: 2 layers, 4 module types, one weight each per layer.
+    assert ("module types: attn_qkv (2 weights), attn_out (2 weights), mlp_in (2 weights), "
+            "mlp_out (2 weights)") in out
+    assert "rule sets that fit this model: nanogpt, nanogpt_split" in out
+
+
+def test_rules_of_another_family_are_an_error_listing_the_fitting_ones(capsys):
+    # Rule: GPT-2's Conv1D rules on the proxy's nn.Linear weights name the rule sets that fit.
+    with pytest.raises(ConfigError, match=r"rule set 'gpt2': rules: .*'in_out'") as e:
+        inspect_model("tiny", rules="gpt2")
+    assert e.value.allowed == ["nanogpt", "nanogpt_split"]
+    # Rule: a rule that matches nothing is an error after the table, with one warning per
+    # weight left to AdamW.
+    with pytest.raises(ConfigError, match=r"rule 'attn_q' .* matches no parameter of the 'tiny' model"):
+        inspect_model("tiny", rules="llama")
+    out, err = capsys.readouterr()
+    assert "module types: none" in out and err.count("matches no rule of rule set 'llama'") == 8
+    # Rule: without a model or a space there is nothing to inspect.
+    with pytest.raises(ConfigError, match="give --model SPEC"):
+        inspect_model()
