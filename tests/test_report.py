@@ -1,7 +1,7 @@
 """Tests for geosearch.report on hand-made studies (no training).
 
-The ranking statistics themselves (Score, the Welch t-test) are tested in test_study.py;
-here the report must render the search's ranking and verdict.
+The ranking and its statistics are tested in test_ranking.py and test_stats.py; here the
+report must render the search's ranking and verdict.
 """
 
 from __future__ import annotations
