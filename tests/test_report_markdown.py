@@ -20,9 +20,10 @@ def test_ranking_names_a_tie_not_a_winner(tmp_path: Path) -> None:
     run = tmp_path / "tie"
     s = new_study(run)
     add(s, run, "stiefel", "dgram", [3.30, 3.34, 3.32])
-    add(s, run, "stiefel", "stiefel", [3.31, 3.35, 3.33])  # Δ = 0.01, se ≈ 0.0115 each
+    add(s, run, "stiefel", "stiefel", [3.33, 3.32, 3.35])  # per seed +0.03, -0.02, +0.03
     add(s, run, "euclidean", "euclidean", [3.60, 3.61, 3.62])  # clearly worse
-    # Welch: Δ = 0.01 < t(4)·√2·0.02/√3 ≈ 0.045 (tie); Δ = 0.30 > t(2)·√(0.02²+0.01²)/√3 ≈ 0.056
+    # paired on the shared seeds 0-2: mean Δ 0.013 < t(2)·sd(Δ)/√3 = 4.30·0.029/√3 ≈ 0.072 (tie);
+    # +0.30, +0.27, +0.30: 0.29 > 4.30·0.017/√3 ≈ 0.043 (separated)
     ranking = rank_study(rp.load_run(run).study)
     assert [r.versus_best for r in ranking.rows] == ["best", "tie", "separated"]
     assert ranking.tied == [0, 1]

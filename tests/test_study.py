@@ -1,9 +1,8 @@
 """Tests of geosearch.search.study: a whole search, resume, and the package's API.
 
-The ranking statistics (geosearch.search.ranking) are tested here too: the search prints
-that ranking, and the report (tests/test_report.py) renders it. The rooms of the study
-have their own files: test_storage, test_records, test_liveness, test_queue,
-test_trial_loop, test_export.
+The rooms of the study have their own files: test_storage, test_records, test_liveness,
+test_queue, test_trial_loop, test_export; the ranking it prints is tested in
+test_ranking.py, its statistics in test_stats.py, and the report in test_report_*.py.
 """
 
 from __future__ import annotations
@@ -20,67 +19,10 @@ from geosearch.errors import ConfigError
 from geosearch.optim import build_optimizer
 from geosearch.proxy.model import GPT, make_config
 from geosearch.search import export, storage
-from geosearch.search.ranking import Score, compare_scores, rank_scores, rank_study
+from geosearch.search.ranking import rank_study
 from geosearch.search.study import export_best, open_run_study, run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-# --------------------------------------------------------------------------- statistics
-def test_score_mean_std_and_se():
-    s = Score((3.0, 3.2, 3.4))
-    assert s.mean == pytest.approx(3.2)
-    assert s.std == pytest.approx(0.2)  # sample std, ddof=1
-    assert s.se == pytest.approx(0.2 / math.sqrt(3))
-    assert Score((3.0,)).std is None and Score((3.0,)).se is None  # one seed: no spread, not zero
-    # non-finite or missing seeds are dropped, not averaged in
-    kept = Score.of([3.0, 3.2, 3.1, float("nan"), None])
-    assert kept.n == 3 and kept.mean == pytest.approx(3.1) and kept.std == pytest.approx(0.1)
-    assert Score.of([]).n == 0 and Score.of([]).text() == "—"
-
-
-def test_compare_scores_is_a_welch_t_test():
-    best = Score((3.00, 3.02, 2.98))
-    # Δ = 0.01, se = 0.01155 each: threshold = t(df=4)=2.776 * sqrt(2)*0.01155 = 0.0453 → tie
-    verdict, threshold = compare_scores(best, Score((3.01, 3.03, 2.99)))
-    assert verdict == "tie" and threshold == pytest.approx(2.776 * math.sqrt(2) * 0.02 / math.sqrt(3), rel=1e-3)
-    # Δ = 0.1 is far beyond the same threshold → separated
-    assert compare_scores(best, Score((3.10, 3.12, 3.08)))[0] == "separated"
-    # Δ = 0.04 would pass a plain 2·SE rule (0.0327) but not the t-test at 2+2 dof (0.0453)
-    assert compare_scores(best, Score((3.04, 3.06, 3.02)))[0] == "tie"
-    # one seed on either side: the spread is unknown, so no verdict
-    assert compare_scores(best, Score((3.4,))) == ("unknown", None)
-    assert compare_scores(Score((3.0,)), Score((3.1,))) == ("unknown", None)
-    # seeds that agree exactly: any gap is separated, and the verdict still reads (no 0/0)
-    exact = rank_scores([(0, "attn=stiefel", Score((3.3,) * 3)), (1, "attn=dgram", Score((3.4,) * 3))])
-    assert [r.versus_best for r in exact.rows] == ["best", "separated"] and exact.tied == [0]
-    assert exact.verdict.startswith("winner: attn=stiefel") and "every seed of both agrees exactly" in exact.verdict
-
-
-def test_ranking_names_ties_and_refuses_to_judge_without_spread():
-    study = optuna.create_study()
-    for losses in ([3.00, 3.02, 2.98], [3.01, 3.03, 2.99], [3.5, 3.52, 3.48]):
-        study.add_trial(optuna.trial.create_trial(
-            value=sum(losses) / 3, params={"geometry.attn": "x"},
-            distributions={"geometry.attn": optuna.distributions.CategoricalDistribution(["x"])},
-            user_attrs={"val_losses": losses}))
-    r = rank_study(study)
-    assert [row.number for row in r.rows] == [0, 1, 2]
-    assert [row.versus_best for row in r.rows] == ["best", "tie", "separated"]
-    assert r.tied == [0, 1] and r.verdict.startswith("no single winner")
-
-    one_seed = optuna.create_study()
-    for v in (3.0, 3.1):
-        one_seed.add_trial(optuna.trial.create_trial(value=v, user_attrs={"val_losses": [v]}))
-    verdict = rank_study(one_seed).verdict
-    assert "cannot be judged" in verdict and "--repeats" in verdict  # no false winner
-
-    # the runner-up is beaten beyond noise, but a one-seed trial further back has no spread:
-    # its gap cannot be judged either, so still no winner is named
-    mixed = rank_scores([(0, "a", Score((3.00, 3.02, 2.98))), (1, "b", Score((3.50, 3.52, 3.48))),
-                         (2, "c", Score((3.6,)))])
-    assert [r.versus_best for r in mixed.rows] == ["best", "separated", "unknown"]
-    assert "cannot be judged" in mixed.verdict and not mixed.verdict.startswith("winner:")
 
 
 # --------------------------------------------------------------------------- a whole search

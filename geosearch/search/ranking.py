@@ -1,15 +1,17 @@
 """Rank the completed trials of a study, and say whether the top one is a winner or a tie.
 
 One rule serves the ranking printed after ``geosearch search``, the exported provenance
-and ``report.md``, so they always give the same verdict on the same study.
-
-The rule: trials are ranked by their mean final validation loss over seeds. Two means are
-*within noise* (a tie) when |Δmean| < t·√(se₁² + se₂²), t being the two-sided 95%
-Student-t quantile at the Welch–Satterthwaite degrees of freedom: a Welch t-test at 5%,
-without scipy (t ≈ 2 with many seeds, as in the usual "two standard errors" rule, but
-2.8-4.3 with 2-3 seeds each, where the spread itself is uncertain). A trial with one seed
-has no spread: its comparison is ``"unknown"``, and the verdict says that the gap cannot
-be judged rather than naming a winner that seed noise could explain.
+and ``report.md``: :func:`rank_scores` builds the :class:`Ranking` and its one-line
+verdict, and every caller shows that verdict. Trials are ranked by their mean final
+validation loss over seeds; each is compared with the best by a paired t-test on the seeds
+both ran (every assignment runs the same seeds), else a Welch t-test, at 5% two-sided with
+exact fractional-df quantiles (:mod:`geosearch.search.stats`). A trial with one seed has no
+spread: its comparison is ``"unknown"`` and the verdict says the gap cannot be judged
+rather than naming a winner that seed noise could explain. The verdict also names the
+module types whose geometry has a main effect beyond noise (e.g. "attention's geometry:
+stiefel better than dgram by 0.0800 ± 0.0200 (95% CI, 2 seeds × 2 pairs)"), and the
+smallest gap the study could have detected (80% power). :func:`seed_plan` says which
+assignments should get another seed.
 
 Example:
     >>> ranking = rank_scores([(0, "attn=stiefel", Score((3.00, 3.02, 2.98))),
@@ -21,7 +23,6 @@ Example:
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,108 +30,53 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from geosearch.search.stats import (
+    Comparison,
+    MainEffect,
+    Noise,
+    Point,
+    Score,
+    compare,
+    detectable_gap,
+    main_effects,
+    seed_noise,
+)
+
 __all__ = [
     "RankedTrial",
     "Ranking",
     "Score",
+    "SeedPlan",
+    "Sensitivity",
     "compare_scores",
     "family_geometry",
     "format_params",
     "rank_scores",
     "rank_study",
+    "seed_plan",
     "trial_label",
+    "trial_point",
     "trial_score",
 ]
 
-# Two-sided 95% Student-t quantiles (df -> t); a df between two entries uses the lower
-# entry (a larger t: conservative). Infinity -> the normal quantile.
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-         9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000,
-         120: 1.980}
 _FAMILIES = ("attn", "mlp")
-
-
-# =========================================================================== statistics
-@dataclass(frozen=True)
-class Score:
-    """Final validation losses of one trial over its seeds.
-
-    Example:
-        >>> s = Score((3.0, 3.2))
-        >>> round(s.mean, 3), round(s.std, 4), s.n
-        (3.1, 0.1414, 2)
-    """
-
-    values: tuple[float, ...]
-
-    @classmethod
-    def of(cls, values: Iterable[Any]) -> Score:
-        """The finite values among ``values`` (``None``, NaN and inf are dropped)."""
-        xs = []
-        for v in values:
-            try:
-                x = float(v)
-            except (TypeError, ValueError):
-                continue
-            if math.isfinite(x):
-                xs.append(x)
-        return cls(tuple(xs))
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float:
-        # statistics computes exactly, then rounds: equal seeds give exactly that value
-        return statistics.mean(self.values) if self.values else math.nan
-
-    @property
-    def std(self) -> float | None:
-        """Sample standard deviation (ddof=1); ``None`` with fewer than two seeds."""
-        return statistics.stdev(self.values) if self.n >= 2 else None
-
-    @property
-    def se(self) -> float | None:
-        """Standard error of the mean; ``None`` with fewer than two seeds."""
-        return None if self.std is None else self.std / math.sqrt(self.n)
-
-    def text(self) -> str:
-        """``"3.3100 ± 0.0100 (n=3)"``; the mean alone with one seed, ``"—"`` with none."""
-        if self.n == 0:
-            return "—"
-        if self.std is None:
-            return f"{self.mean:.4f}"
-        return f"{self.mean:.4f} ± {self.std:.4f} (n={self.n})"
-
-
-def _t_quantile(df: float) -> float:
-    if not math.isfinite(df):
-        return 1.96
-    best = _T975[1]
-    for k, t in _T975.items():
-        if k <= df + 1e-9:  # Welch's df of equal spreads is an integer up to rounding
-            best = t
-    return best if df < 1e6 else 1.96
+_TESTS = {"paired": "paired t-test on the seeds both ran, 5%", "welch": "Welch t-test, 5%",
+          "none": "equal means, no spread to test"}
 
 
 def compare_scores(best: Score, other: Score) -> tuple[str, float | None]:
-    """Can ``other`` be told apart from ``best`` (a Welch t-test at 5%, two-sided)?
+    """Can ``other`` be told apart from ``best`` (a t-test at 5%, two-sided)?
+
+    Paired on the seeds both ran when they share two or more, else Welch (see
+    :func:`geosearch.search.stats.compare`, which gives the test, df and gap too).
 
     Returns:
-        ``(verdict, threshold)``: ``"tie"`` when |Δmean| is below the threshold
-        t₀.₉₇₅(df)·√(se₁² + se₂²) (df by Welch–Satterthwaite), ``"separated"`` above it,
-        ``"unknown"`` when either has fewer than two seeds (threshold ``None``).
+        ``(verdict, threshold)``: ``"tie"`` when the gap is below the threshold
+        t₀.₉₇₅(df)·se, ``"separated"`` above it, ``"unknown"`` when there is no spread to
+        judge by (threshold ``None``).
     """
-    diff = abs(other.mean - best.mean)
-    if best.se is None or other.se is None:
-        return ("tie" if diff == 0 else "unknown"), None
-    v1, v2 = best.se ** 2, other.se ** 2
-    if v1 + v2 == 0:
-        return ("tie" if diff == 0 else "separated"), 0.0
-    df = (v1 + v2) ** 2 / ((v1 ** 2 / (best.n - 1) if v1 else 0) + (v2 ** 2 / (other.n - 1) if v2 else 0))
-    threshold = _t_quantile(df) * math.sqrt(v1 + v2)
-    return ("tie" if diff < threshold else "separated"), threshold
+    c = compare(best, other)
+    return c.verdict, c.threshold
 
 
 # =========================================================================== ranking
@@ -146,6 +92,7 @@ class RankedTrial:
         gap: its mean minus the best mean (0 for the best).
         versus_best: ``"best"``, ``"tie"``, ``"separated"`` or ``"unknown"``.
         threshold: the noise threshold of the comparison with the best (``None``: unknown).
+        comparison: that comparison in full (test, df, seeds); ``None`` for the best.
     """
 
     rank: int
@@ -155,6 +102,29 @@ class RankedTrial:
     gap: float
     versus_best: str
     threshold: float | None
+    comparison: Comparison | None = None
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """The smallest gap the study's test detects with 80% power at 5% two-sided.
+
+    Attributes:
+        gap: that gap, in val loss.
+        seeds: the seeds of the comparison it is stated for (the best vs the runner-up).
+        test: ``"paired"`` or ``"welch"``.
+        noise: the pooled noise of one run it is computed from.
+    """
+
+    gap: float
+    seeds: int
+    test: str
+    noise: Noise
+
+    def text(self) -> str:
+        """``"gaps below 0.0312 could not be reliably detected with 2 seeds (80% power, ...)"``."""
+        return (f"gaps below {self.gap:.4f} could not be reliably detected with {self.seeds} "
+                f"seeds (80% power, {_TESTS[self.test]}; noise sd {self.noise.sd:.4f} per run)")
 
 
 @dataclass(frozen=True)
@@ -164,50 +134,81 @@ class Ranking:
     Attributes:
         rows: the completed trials, ranked.
         tied: trial numbers within noise of the best (the best included).
-        verdict: one sentence: a winner, a tie, or why no winner can be named.
+        verdict: one line: a winner, a tie, or why no winner can be named; then the main
+            effects beyond noise and the smallest detectable gap.
+        effects: every factor's main effect (:func:`geosearch.search.stats.main_effects`),
+            within noise or not; each has ``text()``.
+        sensitivity: the smallest detectable gap (``None``: no spread to state it from).
     """
 
     rows: list[RankedTrial]
     tied: list[int]
     verdict: str
+    effects: tuple[MainEffect, ...] = ()
+    sensitivity: Sensitivity | None = None
 
 
-def rank_scores(entries: Iterable[tuple[int, str, Score]]) -> Ranking:
+def rank_scores(entries: Iterable[tuple[int, str, Score]],
+                points: Mapping[int, Point] | None = None) -> Ranking:
     """Rank ``(trial number, label, score)`` entries by mean (see the module docstring).
 
-    Entries without a finite value (``score.n == 0``) are left out.
+    Args:
+        entries: the completed trials; those without a finite value (``score.n == 0``)
+            are left out.
+        points: trial number -> what it searched, for the factors' main effects (none
+            without it).
     """
     scored = sorted((e for e in entries if e[2].n), key=lambda e: (e[2].mean, e[0]))
     if not scored:
         return Ranking([], [], "no trial completed, so no assignment can be recommended")
     best = scored[0][2]
-    rows = []
-    for i, (number, label, score) in enumerate(scored):
-        verdict, threshold = ("best", None) if i == 0 else compare_scores(best, score)
-        rows.append(RankedTrial(i + 1, number, label, score, score.mean - best.mean, verdict, threshold))
+    rows = [RankedTrial(1, scored[0][0], scored[0][1], best, 0.0, "best", None)]
+    for i, (number, label, score) in enumerate(scored[1:], start=2):
+        c = compare(best, score)
+        rows.append(RankedTrial(i, number, label, score, score.mean - best.mean, c.verdict, c.threshold, c))
     tied = [r.number for r in rows if r.versus_best in ("best", "tie")]
-    return Ranking(rows, tied, _verdict(rows))
+    effects = tuple(main_effects((points[n], s) for n, _, s in scored if n in points)) if points else ()
+    sensitivity = _sensitivity(rows)
+    return Ranking(rows, tied, _verdict(rows, effects, sensitivity), effects, sensitivity)
 
 
 def rank_study(study: optuna.Study) -> Ranking:
     """Rank the completed trials of ``study`` by mean final val loss (see the module docstring)."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return rank_scores((t.number, trial_label(t), trial_score(t)) for t in done)
+    return rank_scores([(t.number, trial_label(t), trial_score(t)) for t in done],
+                       {t.number: trial_point(t) for t in done})
 
 
-def _verdict(rows: list[RankedTrial]) -> str:
+def _sensitivity(rows: list[RankedTrial]) -> Sensitivity | None:
+    """The detectable gap of the best-vs-runner-up test at the pooled noise of all trials."""
+    c = rows[1].comparison if len(rows) > 1 else None
+    if c is None or c.n < 2:
+        return None
+    paired = c.test == "paired"
+    noise = seed_noise([r.score if paired else Score(r.score.values) for r in rows])
+    if noise is None or noise.sd == 0:
+        return None
+    # a difference of two means over n seeds: se = sd·√(2/n), paired (sd of a difference
+    # sd·√2 over √n, df n-1) or not (df 2n-2 with equal spreads)
+    se = noise.sd * math.sqrt(2 / c.n)
+    gap = detectable_gap(se, c.n - 1 if paired else 2 * c.n - 2)
+    return Sensitivity(gap, c.n, "paired" if paired else "welch", noise)
+
+
+def _verdict(rows: list[RankedTrial], effects: tuple[MainEffect, ...], sensitivity: Sensitivity | None) -> str:
     top = rows[0]
     name = f"{top.label} (trial {top.number}, val loss {top.score.text()})"
     if len(rows) == 1:
         return f"only one assignment completed: {name}; there is nothing to compare it with"
     ties = [r for r in rows[1:] if r.versus_best == "tie"]
+    unknown = [r for r in rows[1:] if r.versus_best == "unknown"]
     if ties:
         others = ", ".join(f"{r.label} (trial {r.number})" for r in ties)
-        return (f"no single winner: {name} has the lowest mean, but {others} "
-                f"{'is' if len(ties) == 1 else 'are'} within noise of it (Welch t-test, 5%); "
+        tests = " / ".join(dict.fromkeys(_TESTS[r.comparison.test] for r in ties))
+        base = (f"no single winner: {name} has the lowest mean, but {others} "
+                f"{'is' if len(ties) == 1 else 'are'} within noise of it ({tests}); "
                 "rerun the tied assignments with more seeds (--repeats)")
-    unknown = [r for r in rows[1:] if r.versus_best == "unknown"]
-    if unknown:
+    elif unknown:
         first = unknown[0]
         if all(r.score.n < 2 for r in rows):
             who = "with one seed per assignment there is no spread"
@@ -216,28 +217,109 @@ def _verdict(rows: list[RankedTrial]) -> str:
         else:
             who = (f"{len(unknown)} of the others {'has' if len(unknown) == 1 else 'have'} one "
                    "seed, so no spread")
-        return (f"lowest val loss: {name}, {first.gap:+.4f} ahead of {first.label} (trial "
+        base = (f"lowest val loss: {name}, {first.gap:+.4f} ahead of {first.label} (trial "
                 f"{first.number}); {who}, so whether that gap is more than seed noise cannot be "
                 "judged (rerun with --repeats 3)")
-    second = rows[1]
-    if not second.threshold:
-        how = "and every seed of both agrees exactly, so there is no noise to explain it"
     else:
-        how = f"beyond the noise threshold {second.threshold:.4f} (Welch t-test, 5%)"
-    return (f"winner: {name}; the runner-up {second.label} (trial {second.number}) is "
-            f"{second.gap:.4f} higher, {how}")
+        second = rows[1]
+        if second.threshold:
+            how = f"beyond the noise threshold {second.threshold:.4f} ({_TESTS[second.comparison.test]})"
+        elif second.comparison.test == "paired":
+            how = "by the same amount in every seed, so there is no noise to explain it"
+        else:
+            how = "and every seed of both agrees exactly, so there is no noise to explain it"
+        base = (f"winner: {name}; the runner-up {second.label} (trial {second.number}) is "
+                f"{second.gap:.4f} higher, {how}")
+    extras = [e.text() for e in effects if e.decisive]
+    if sensitivity is not None:
+        extras.append(sensitivity.text())
+    return "; ".join([base, *extras])
+
+
+# =========================================================================== adaptive seeds
+@dataclass(frozen=True)
+class SeedPlan:
+    """Which assignments should run one more seed.
+
+    Attributes:
+        rerun: trial numbers to give one more seed: the best and every assignment still
+            within noise of it (tie or unknown), best first; empty when ``stop``.
+        next_seed: trial number -> the seed it should run next (``None`` when the trial
+            recorded no seeds): the first seed another contender ran and it did not, else
+            one past the largest seed any contender ran, so the new runs stay paired.
+        stop: True when no more seeds are needed or allowed.
+        reason: why, in words.
+    """
+
+    rerun: list[int]
+    next_seed: dict[int, int | None]
+    stop: bool
+    reason: str
+
+
+def seed_plan(ranking: Ranking, max_seeds: int) -> SeedPlan:
+    """Decide the next round of adaptive seeds from a ranking (pure: runs nothing).
+
+    The study loop calls it after each round: it trains ``plan.next_seed[n]`` for every
+    trial ``n`` in ``plan.rerun``, records the new seed and value in the trial's ``seeds``
+    and ``val_losses`` (same order), ranks again and repeats until ``plan.stop``.
+    Separated assignments get no more seeds: only the best and those within noise of it.
+
+    Args:
+        ranking: the current ranking (:func:`rank_study`).
+        max_seeds: the most seeds any assignment may run (the budget).
+
+    Returns:
+        ``stop`` when the best is separated from every other assignment, when every
+        contender has ``max_seeds`` seeds, or when nothing completed.
+    """
+    if not ranking.rows:
+        return SeedPlan([], {}, True, "no trial completed")
+    contenders = [r for r in ranking.rows if r.versus_best in ("best", "tie", "unknown")]
+    if len(contenders) == 1:
+        why = ("separated: every other assignment is worse beyond noise" if len(ranking.rows) > 1
+               else "only one assignment completed")
+        return SeedPlan([], {}, True, why)
+    want = [r for r in contenders if r.score.n < max_seeds]
+    if not want:
+        return SeedPlan([], {}, True, f"budget spent: {len(contenders)} assignments are still within "
+                                      f"noise of each other after {max_seeds} seeds each")
+    ran = sorted({s for r in contenders for s in (r.score.seeds or ())})
+    nxt: dict[int, int | None] = {}
+    for r in want:
+        own = r.score.seeds
+        missing = [s for s in ran if own is not None and s not in own]
+        nxt[r.number] = None if own is None else (missing[0] if missing else max(ran) + 1)
+    return SeedPlan([r.number for r in want], nxt, False,
+                    f"{len(contenders) - 1} assignment(s) within noise of the best: one more seed "
+                    f"for trials {', '.join(str(r.number) for r in want)}")
 
 
 # =========================================================================== trials
 def trial_score(trial: FrozenTrial) -> Score:
-    """The final val losses of a trial: its ``val_losses`` attr, else the value of a
-    completed trial, else none (``n == 0``)."""
+    """The final val losses of a trial with their seeds: its ``val_losses`` and ``seeds``
+    attrs, else the value of a completed trial, else none (``n == 0``)."""
     values = trial.user_attrs.get("val_losses")
+    seeds = trial.user_attrs.get("seeds")
+    seeds = seeds if isinstance(seeds, list) else None
     if isinstance(values, list) and values:
-        return Score.of(values)
+        return Score.of(values, seeds)
     # a pruned trial's value is its last intermediate value, not a final loss
     done = trial.state == TrialState.COMPLETE and trial.value is not None
-    return Score.of([trial.value] if done else [])
+    return Score.of([trial.value] if done else [], seeds if done else None)
+
+
+def trial_point(trial: FrozenTrial) -> Point:
+    """What a trial searched, for main effects: the ``geometry.*`` params as factors (else
+    each family's geometry from the ``assignment`` attr), the other params as the rest."""
+    geometry, others = _searched(trial)
+    if not geometry:
+        assignment = trial.user_attrs.get("assignment")
+        assignment = assignment if isinstance(assignment, dict) else {}
+        geometry = {fam: family_geometry(assignment, fam) for fam in _FAMILIES}
+        geometry = {k: g for k, g in geometry.items() if g != "?"}
+        geometry |= {t: str(g) for t, g in assignment.items() if not any(_in_family(t, f) for f in _FAMILIES)}
+    return Point(geometry, tuple(others.items()))
 
 
 def format_params(params: Mapping[str, Any]) -> str:
@@ -249,12 +331,25 @@ def family_geometry(assignment: Mapping[str, str], family: str) -> str:
     """The geometry of a module family ("attn", "mlp") in an assignment (module type or
     shorthand -> geometry); ``"mixed: q=stiefel,k=dgram"`` when its types differ, ``"?"``
     when it has none."""
-    found = {t: g for t, g in sorted(assignment.items()) if t == family or t.startswith(family + "_")}
+    found = {t: g for t, g in sorted(assignment.items()) if _in_family(t, family)}
     if not found:
         return "?"
     if len(set(found.values())) == 1:
         return next(iter(found.values()))
     return "mixed: " + ",".join(f"{t[len(family) + 1:] or t}={g}" for t, g in found.items())
+
+
+def _in_family(module_type: str, family: str) -> bool:
+    """Whether a module type (or shorthand) belongs to a family ("attn" holds "attn_qkv")."""
+    return module_type == family or module_type.startswith(family + "_")
+
+
+def _searched(trial: FrozenTrial) -> tuple[dict[str, str], dict[str, Any]]:
+    """The ``geometry.*`` params (prefix dropped) and the other params, sorted by name, of a
+    trial (else of its queued params)."""
+    params = trial.params or trial.user_attrs.get("queued_params") or {}
+    geometry = {k[len("geometry."):]: str(v) for k, v in sorted(params.items()) if k.startswith("geometry.")}
+    return geometry, {k: v for k, v in sorted(params.items()) if not k.startswith("geometry.")}
 
 
 def _assignment_label(assignment: Mapping[str, str]) -> list[str]:
@@ -276,9 +371,7 @@ def trial_label(trial: FrozenTrial, *, hyperparams: bool = True) -> str:
     The geometries come from the ``geometry.*`` params (else the queued params, else the
     ``assignment`` attr); ``hyperparams=False`` leaves the other params out.
     """
-    params = trial.params or trial.user_attrs.get("queued_params") or {}
-    geometry = {k[len("geometry."):]: str(v) for k, v in sorted(params.items()) if k.startswith("geometry.")}
-    others = {k: v for k, v in sorted(params.items()) if not k.startswith("geometry.")}
+    geometry, others = _searched(trial)
     if geometry:
         parts = [f"{k}={v}" for k, v in geometry.items()]
     else:
