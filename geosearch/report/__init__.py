@@ -5,7 +5,7 @@
 :mod:`geosearch.search.storage`) and the per-trial ``metrics.jsonl`` files. It writes
 ``report.md`` and, when matplotlib is installed (``pip install 'geosearch[report]'``),
 ``plots/*.png``. The ranking and its verdict are the search's own
-(:mod:`geosearch.search.ranking`: mean ± std over seeds, ties by a Welch t-test at 5%), so
+(:mod:`geosearch.search.ranking`: mean ± std over seeds, ties by a paired t-test on shared seeds at 5%), so
 the report and the ranking printed after ``geosearch search`` always agree. Trials that
 never trained (``duplicate`` and ``skipped`` bookkeeping trials) are left out; a trial whose
 worker died or was stopped shows as ``interrupted``. The work is split into pure steps so

@@ -2,7 +2,7 @@
 
 Sections, in order: the header (run directory, storage, proxy, trial counts), the result
 (the search's verdict), the ranking of completed trials (mean ± std over seeds, ties by the
-search's Welch test), unstable, failed and unfinished trials, which module type's geometry
+search's paired test), unstable, failed and unfinished trials, which module type's geometry
 matters (importance and stability), cost, the loss-versus-time Pareto front, the plots, and
 how to browse the study in optuna-dashboard. Every section is a list of lines built from
 the loaded run and the analysis results; nothing here reads files or computes statistics.
@@ -129,6 +129,12 @@ def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str
 
 def _md_result(ranking: Ranking, unstable: list[TrialRecord]) -> list[str]:
     lines = ["## Result", "", f"**Verdict:** {ranking.verdict}."]
+    if ranking.effects:
+        lines += ["", "Main effects (each factor's geometry, averaged over matched pairs that differ "
+                      "only in it, within seeds):", ""]
+        lines += [f"- {e.text()}" for e in ranking.effects]
+    if ranking.sensitivity is not None:
+        lines += ["", f"Sensitivity: {ranking.sensitivity.text()}."]
     if unstable:
         names = "; ".join(f"{t.label} (trial {t.number}, step {_step(t)})" for t in unstable)
         lines += ["", f"Unstable (pruned): {names}."]
@@ -141,8 +147,9 @@ def _md_ranking(ranking: Ranking, records: dict[int, TrialRecord]) -> list[str]:
         return lines + ["No completed trials."]
     lines += [
         "Final validation loss, mean ± sample std over seeds (n = seeds). *vs best*: `tie` = "
-        "within noise of the best by a Welch t-test at 5% (|Δmean| < *noise* = "
-        "t₀.₉₇₅(df)·√(se₁²+se₂²), df by Welch–Satterthwaite), `separated` = further than that, "
+        "not shown worse than the best at 5% (a paired t-test on the seeds both ran, which "
+        "share initialisation and data order; Welch's test when fewer than two seeds are "
+        "shared; exact t quantiles), `separated` = worse beyond that *noise* threshold, "
         "`unknown` = one seed, so no spread to judge by. The same rule as the ranking printed "
         "by `geosearch search`.",
         "",
