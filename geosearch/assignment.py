@@ -2,9 +2,10 @@
 
 An :class:`Assignment` maps module types (``attn_qkv``, ``mlp_in``... see
 :mod:`geosearch.modules`) to geometries (a manifold name, or ``"adamw"``), with optional
-per-type optimizer options, the name rules that find each type's weights, and free-form
-provenance (the study, proxy and score it came from). It is what a search exports and
-what :func:`geosearch.build_optimizer` reads.
+per-type optimizer options, global optimizer settings, the name rules that find each
+type's weights, and free-form provenance (the study, proxy and score it came from). It is
+what a search exports and what :func:`geosearch.build_optimizer` reads: the file alone
+rebuilds the optimizer.
 
 Two shorthands, ``attn`` and ``mlp``, stand for every module type of that family; a
 per-type entry wins over its family's shorthand (for options: key by key).
@@ -14,8 +15,11 @@ The YAML form (schema version 1), written by :meth:`Assignment.save`::
     version: 1
     rules: nanogpt                       # a rule-set name, or a list of rules (see below)
     geometry: {attn: stiefel, mlp: dgram}
-    options: {attn_qkv: {lr: 0.01}}      # optional
+    options: {attn_qkv: {lr: 0.01}}      # optional, per type
+    settings: {spectral_lr: 0.05}        # optional, global (geosearch.optim.settings)
     provenance: {study: default, score: 3.35}   # optional, free-form
+
+Files without ``settings`` (written before it existed) load unchanged.
 
 A rules list has entries ``{type, pattern, family, split, layout}`` (the fields of
 :class:`geosearch.modules.ModuleRule`; ``split`` and ``layout`` optional).
@@ -29,10 +33,9 @@ Example:
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,8 @@ from typing import Any
 import yaml
 
 from geosearch.errors import ConfigError
+from geosearch.frozen import FrozenMap, freeze, thaw
+from geosearch.manifolds import ADAMW, geometry_names
 from geosearch.modules import (
     FAMILIES,
     LAYOUTS,
@@ -50,145 +55,79 @@ from geosearch.modules import (
     module_types,
     rule_set_names,
 )
+from geosearch.optim import settings as catalog
+from geosearch.optim.settings import option_keys
+from geosearch.yaml_io import load_yaml, parse_yaml
+
+__all__ = ["ADAMW", "Assignment", "SCHEMA_VERSION", "geometry_names", "load_assignment", "option_keys"]
 
 SCHEMA_VERSION = 1
-ADAMW = "adamw"
-TOP_KEYS = ("version", "rules", "geometry", "options", "provenance")
+TOP_KEYS = ("version", "rules", "geometry", "options", "provenance", "settings")
 RULE_KEYS = ("type", "pattern", "family", "split", "layout")
 
-# option -> kind of value. Which options a type takes depends on its geometry:
-# see `option_keys`.
-OPTION_KINDS: dict[str, str] = {
-    "lr": "positive",
-    "momentum": "unit",
-    "nesterov": "bool",
-    "solver": "solver",
-    "dual_steps": "count",
-    "dual_lr": "positive",
-    "dual_tol": "nonnegative",
-    "warm_start": "bool",
-    "weight_decay": "nonnegative",
-    "ns_steps": "count",
-    "betas": "betas",
-    "eps": "positive",
-}
-MUON_OPTIONS = ("lr", "momentum", "nesterov", "solver", "dual_steps", "dual_lr", "dual_tol",
-                "warm_start", "ns_steps")
-ADAMW_OPTIONS = ("lr", "betas", "eps", "weight_decay")
+# Kept for search/space.py until it reads geosearch.optim.settings directly.
+OPTION_KINDS: dict[str, str] = catalog.kinds()
+check_option = catalog.check
 
 
-def geometry_names() -> list[str]:
-    """Every geometry a module type can take: the registered manifolds, then ``"adamw"``."""
-    from geosearch import manifolds
-
-    names = getattr(manifolds, "geometry_names", None)
-    return list(names()) if callable(names) else [*manifolds.manifold_names(), ADAMW]
-
-
-def option_keys(geometry: str) -> tuple[str, ...]:
-    """The per-type options a module type with this geometry accepts.
-
-    ``lr`` is the AdamW step size for ``adamw`` types and the spectral step size for
-    manifold types. Weight decay applies to ``adamw`` and ``euclidean`` types only:
-    constrained weights are not decayed.
-    """
-    if geometry == ADAMW:
-        return ADAMW_OPTIONS
-    return MUON_OPTIONS + (("weight_decay",) if geometry == "euclidean" else ())
-
-
-def check_option(name: str, value: Any, *, source: str | None, key: str) -> Any:
-    """Check one option value and return it normalised (floats as float, betas as a tuple).
-
-    Raises:
-        ConfigError: the value has the wrong type or is out of range.
-    """
-    kind = OPTION_KINDS[name]
-
-    def bad(expected: str, allowed=None) -> ConfigError:
-        return ConfigError(f"expected {expected}, got {value!r}", source=source, key=key, allowed=allowed)
-
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if kind == "solver":
-        from geosearch.optim.muon import SOLVERS  # here: geosearch.optim imports this module
-
-        if value not in SOLVERS:
-            raise bad("a solver name", SOLVERS)
-        return value
-    if kind == "count":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad("a whole number >= 1")
-        return value
-    if kind == "betas":
-        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
-            raise bad("two numbers in [0, 1), e.g. [0.9, 0.95]")
-        return tuple(check_option("momentum", b, source=source, key=key) for b in value)
-    x = _number(value)
-    if x is None:
-        raise bad("a number")
-    ranges = {"positive": (x > 0, "a number > 0"), "nonnegative": (x >= 0, "a number >= 0"),
-              "unit": (0 <= x < 1, "a number in [0, 1)")}
-    ok, expected = ranges[kind]
-    if not ok:
-        raise bad(expected)
-    return x
-
-
-_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-
-
-def _number(value: Any) -> float | None:
-    """A finite float from an int/float, or from a string like ``"6e-4"`` (PyYAML reads
-    exponents without a dot as strings); None otherwise."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str) and _NUMBER.match(value.strip()):
-        value = float(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-@dataclass
+@dataclass(frozen=True)
 class Assignment:
-    """Module type -> geometry, with per-type options, name rules and provenance.
+    """Module type -> geometry, with per-type options, global settings, name rules and provenance.
 
-    Constructing one validates it (and normalises option values); errors are
-    :class:`~geosearch.errors.ConfigError` naming the key path and the allowed values.
+    Constructing one validates it once and normalises it (option and setting values
+    checked against :mod:`geosearch.optim.settings`); it cannot be changed afterwards
+    (its mappings are read-only; use :func:`dataclasses.replace` for a changed copy).
+    Errors are :class:`~geosearch.errors.ConfigError` naming the key path and the
+    allowed values.
 
     Attributes:
         geometry: module type (or family shorthand ``attn``/``mlp``) -> geometry name.
             Every module type of the rule set must be covered.
         options: module type (or shorthand) -> options for that type, e.g. ``{"lr": 0.01}``
-            (see :func:`option_keys`). They override the global ``build_optimizer`` settings.
-        rules: a rule-set name (see :mod:`geosearch.modules`) or an explicit list of rules.
+            (see :func:`option_keys`). They override every global setting.
+        rules: a rule-set name (see :mod:`geosearch.modules`) or a tuple of rules.
         provenance: free-form plain data (strings, numbers, lists, mappings): study, proxy,
-            score, date...
+            score, date... (read-only: mappings and tuples).
+        settings: global optimizer settings (names of
+            ``geosearch.optim.settings.names("global")``: ``lr``, ``spectral_lr``,
+            ``momentum``...), e.g. the ones a search tuned. ``build_optimizer`` applies
+            them over the catalog defaults; its keyword overrides and the per-type
+            ``options`` win over them.
 
     Example:
         >>> a = Assignment({"attn": "stiefel", "mlp_in": "dgram", "mlp_out": "adamw"},
-        ...                options={"attn": {"lr": 0.01}})
+        ...                options={"attn": {"lr": 0.01}}, settings={"spectral_lr": 0.05})
         >>> a.resolve()
         {'attn_qkv': 'stiefel', 'attn_out': 'stiefel', 'mlp_in': 'dgram', 'mlp_out': 'adamw'}
         >>> a.resolve_options()["attn_out"]
         {'lr': 0.01}
     """
 
-    geometry: dict[str, str]
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rules: str | list[ModuleRule] = "nanogpt"
-    provenance: dict[str, Any] = field(default_factory=dict)
+    geometry: Mapping[str, str]
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    rules: str | tuple[ModuleRule, ...] = "nanogpt"
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.validate()
+        rules = _check_rules_field(self.rules, None)
+        object.__setattr__(self, "rules", rules)
+        resolved = self._check_geometry()
+        options = self._check_options(resolved)
+        values = self._check_settings()
+        if not isinstance(self.provenance, Mapping):
+            raise ConfigError("expected a mapping", key="provenance")
+        provenance = _plain(dict(self.provenance), None, "provenance")
+        for name, value in (("geometry", FrozenMap(self.geometry)), ("options", freeze(options)),
+                            ("settings", FrozenMap(values)), ("provenance", freeze(provenance)),
+                            ("_resolved", FrozenMap(resolved))):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_resolved_options", freeze(self._merge_options()))
 
     # ------------------------------------------------------------------ views
     def rule_set(self) -> tuple[ModuleRule, ...]:
         """The rules as a tuple (a named rule set is looked up in the registry)."""
-        return get_rule_set(self.rules) if isinstance(self.rules, str) else tuple(self.rules)
+        return get_rule_set(self.rules) if isinstance(self.rules, str) else self.rules
 
     @property
     def rules_label(self) -> str:
@@ -197,86 +136,87 @@ class Assignment:
 
     def resolve(self) -> dict[str, str]:
         """Every module type of the rule set -> its geometry (shorthands expanded)."""
-        rules = self.rule_set()
-        family = {t: rule.family for rule in rules for t in rule.types}
-        return {t: self.geometry.get(t, self.geometry.get(family[t])) for t in module_types(rules)}
+        return dict(self._resolved)
 
     def resolve_options(self) -> dict[str, dict[str, Any]]:
         """Every module type -> its options: the family shorthand's options that apply to
         the type's geometry, overlaid key by key with the type's own options."""
+        return {t: dict(o) for t, o in self._resolved_options.items()}
+
+    # ------------------------------------------------------------------ validation
+    def _families(self) -> dict[str, str]:
+        return {t: rule.family for rule in self.rule_set() for t in rule.types}
+
+    def _check_geometry(self) -> dict[str, str]:
+        """Check ``geometry``; return every module type -> its geometry."""
         rules = self.rule_set()
-        family = {t: rule.family for rule in rules for t in rule.types}
+        keys = module_types(rules) + list(family_types(rules))
+        known = geometry_names()
+        if not isinstance(self.geometry, Mapping):
+            raise ConfigError("expected a mapping of module type -> geometry", key="geometry")
+        if not self.geometry:
+            raise ConfigError("no module type has a geometry", key="geometry", allowed=keys)
+        for t, geo in self.geometry.items():
+            if t not in keys:
+                raise ConfigError(f"unknown module type {t!r} for {self.rules_label}", key=f"geometry.{t}",
+                                  allowed=keys)
+            if geo not in known:
+                raise ConfigError(f"unknown geometry {geo!r}", key=f"geometry.{t}", allowed=known)
+        family = self._families()
+        resolved = {t: self.geometry.get(t, self.geometry.get(family[t])) for t in module_types(rules)}
+        missing = [t for t, geo in resolved.items() if geo is None]
+        if missing:
+            raise ConfigError(f"no geometry for module type(s) {', '.join(missing)} of {self.rules_label}; "
+                              "give each one (or its family shorthand) a geometry", key="geometry", allowed=keys)
+        return resolved
+
+    def _check_options(self, resolved: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """Check ``options`` against the geometries they apply to; return them normalised."""
+        rules = self.rule_set()
+        families = family_types(rules)
+        keys = module_types(rules) + list(families)
+        if not isinstance(self.options, Mapping):
+            raise ConfigError("expected a mapping of module type -> options", key="options")
+        checked: dict[str, dict[str, Any]] = {}
+        for t, opts in self.options.items():
+            if t not in keys:
+                raise ConfigError(f"unknown module type {t!r} for {self.rules_label}", key=f"options.{t}",
+                                  allowed=keys)
+            # A type takes the options of its geometry; a shorthand, those of any of its types.
+            geos = sorted({resolved[x] for x in families[t]}) if t in families else [resolved[t]]
+            accepted = _in_catalog_order(option_keys(g) for g in geos)
+            if not isinstance(opts, Mapping):
+                raise ConfigError("expected a mapping of option -> value", key=f"options.{t}", allowed=accepted)
+            what = f"family {t!r}" if t in families else f"{t!r} ({resolved[t]})"
+            checked[t] = {}
+            for k, v in opts.items():
+                if k not in accepted:
+                    raise ConfigError(f"unknown option {k!r} for {what}", key=f"options.{t}.{k}", allowed=accepted)
+                geo = next(g for g in geos if k in option_keys(g))
+                checked[t][k] = catalog.check(catalog.option_setting(k, geo).name, v, key=f"options.{t}.{k}")
+        return checked
+
+    def _check_settings(self) -> dict[str, Any]:
+        """Check ``settings`` against the catalog's global settings; return them normalised."""
+        allowed = catalog.names("global")
+        if not isinstance(self.settings, Mapping):
+            raise ConfigError("expected a mapping of setting -> value", key="settings", allowed=allowed)
         out = {}
-        for t, geo in self.resolve().items():
+        for k, v in self.settings.items():
+            if k not in allowed:
+                raise ConfigError(f"unknown setting {k!r}", key=f"settings.{k}", allowed=allowed)
+            out[k] = catalog.check(k, v, key=f"settings.{k}")
+        return out
+
+    def _merge_options(self) -> dict[str, dict[str, Any]]:
+        family = self._families()
+        out = {}
+        for t, geo in self._resolved.items():
             accepted = option_keys(geo)
             merged = {k: v for k, v in self.options.get(family[t], {}).items() if k in accepted}
             merged.update(self.options.get(t, {}))
             out[t] = merged
         return out
-
-    # ------------------------------------------------------------------ validation
-    def validate(self, source: str | None = None) -> None:
-        """Check every field; copy the mappings and normalise option values in place.
-
-        Called on construction; call it again after changing fields by hand.
-
-        Args:
-            source: where the values came from (a file name), for error messages.
-
-        Raises:
-            ConfigError: naming ``source``, the key path and the allowed values.
-        """
-        self.rules = _check_rules_field(self.rules, source)
-        rules = self.rule_set()
-        types = module_types(rules)
-        families = family_types(rules)
-        keys = types + list(families)
-        allowed_geo = geometry_names()
-
-        if not isinstance(self.geometry, Mapping):
-            raise ConfigError("expected a mapping of module type -> geometry", source=source, key="geometry")
-        if not self.geometry:
-            raise ConfigError("no module type has a geometry", source=source, key="geometry", allowed=keys)
-        self.geometry = dict(self.geometry)
-        for t, geo in self.geometry.items():
-            if t not in keys:
-                raise ConfigError(f"unknown module type {t!r} for {self.rules_label}", source=source,
-                                  key=f"geometry.{t}", allowed=keys)
-            if geo not in allowed_geo:
-                raise ConfigError(f"unknown geometry {geo!r}", source=source, key=f"geometry.{t}",
-                                  allowed=allowed_geo)
-        resolved = self.resolve()
-        missing = [t for t, geo in resolved.items() if geo is None]
-        if missing:
-            raise ConfigError(f"no geometry for module type(s) {', '.join(missing)} of {self.rules_label}; "
-                              "give each one (or its family shorthand) a geometry", source=source,
-                              key="geometry", allowed=keys)
-
-        if not isinstance(self.options, Mapping):
-            raise ConfigError("expected a mapping of module type -> options", source=source, key="options")
-        checked: dict[str, dict[str, Any]] = {}
-        for t, opts in self.options.items():
-            if t not in keys:
-                raise ConfigError(f"unknown module type {t!r} for {self.rules_label}", source=source,
-                                  key=f"options.{t}", allowed=keys)
-            if not isinstance(opts, Mapping):
-                raise ConfigError("expected a mapping of option -> value", source=source, key=f"options.{t}",
-                                  allowed=sorted(OPTION_KINDS))
-            # A type takes the options of its geometry; a shorthand, those of any of its types.
-            geos = {resolved[x] for x in families[t]} if t in families else {resolved[t]}
-            accepted = [k for k in OPTION_KINDS if any(k in option_keys(g) for g in geos)]
-            what = f"family {t!r}" if t in families else f"{t!r} ({resolved[t]})"
-            checked[t] = {}
-            for k, v in opts.items():
-                if k not in accepted:
-                    raise ConfigError(f"unknown option {k!r} for {what}", source=source,
-                                      key=f"options.{t}.{k}", allowed=accepted)
-                checked[t][k] = check_option(k, v, source=source, key=f"options.{t}.{k}")
-        self.options = checked
-
-        if not isinstance(self.provenance, Mapping):
-            raise ConfigError("expected a mapping", source=source, key="provenance")
-        self.provenance = _plain(dict(self.provenance), source, "provenance")
 
     # ------------------------------------------------------------------ text forms
     @classmethod
@@ -309,8 +249,8 @@ class Assignment:
                 if opt in options.setdefault(t, {}):
                     raise ConfigError(f"{key!r} is given twice", source=source, key=key)
                 try:
-                    options[t][opt] = yaml.safe_load(value)
-                except yaml.YAMLError:
+                    options[t][opt] = parse_yaml(value, source=source)
+                except ConfigError:
                     options[t][opt] = value
             else:
                 if key in geometry:
@@ -319,24 +259,23 @@ class Assignment:
         if not geometry:
             raise ConfigError(f"no 'type=geometry' item in {text!r}", source=source)
         try:
-            return cls(geometry=geometry, options=options, rules=rules if isinstance(rules, str) else list(rules))
+            return cls(geometry=geometry, options=options, rules=rules if isinstance(rules, str) else tuple(rules))
         except ConfigError as e:
             # Name the item as typed: "mlp.lr", not the YAML key path "options.mlp.lr".
             key = re.sub(r"^(geometry|options)\.?", "", e.key or "") or None
             raise ConfigError(e.problem, source=source, key=key, allowed=e.allowed) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for YAML/JSON (schema version 1); empty options/provenance left out."""
+        """Plain data (dicts, lists) for YAML/JSON (schema version 1); empty options,
+        settings and provenance left out."""
         rules: Any = self.rules
         if not isinstance(rules, str):
             rules = [{"type": r.type, "pattern": r.pattern, "family": r.family, "split": list(r.split),
                       "layout": r.layout} for r in rules]
         out: dict[str, Any] = {"version": SCHEMA_VERSION, "rules": rules, "geometry": dict(self.geometry)}
-        if self.options:
-            out["options"] = {t: {k: list(v) if isinstance(v, tuple) else v for k, v in o.items()}
-                              for t, o in self.options.items()}
-        if self.provenance:
-            out["provenance"] = self.provenance
+        for name in ("options", "settings", "provenance"):
+            if getattr(self, name):
+                out[name] = thaw(getattr(self, name))
         return out
 
     @classmethod
@@ -345,7 +284,7 @@ class Assignment:
 
         Raises:
             ConfigError: an unknown top-level key, a missing or unsupported ``version``, or
-                any field error (see :meth:`validate`); the message names ``source``.
+                any field error (see the class docstring); the message names ``source``.
         """
         if not isinstance(d, Mapping):
             raise ConfigError(f"expected a mapping with keys {', '.join(TOP_KEYS)}, got "
@@ -361,11 +300,9 @@ class Assignment:
                               allowed=[SCHEMA_VERSION])
         if "geometry" not in d:
             raise ConfigError("missing key (module type -> geometry)", source=source, key="geometry")
-        options = d.get("options")
-        provenance = d.get("provenance")
+        optional = {k: d[k] for k in ("options", "provenance", "settings") if d.get(k) is not None}
         try:
-            return cls(geometry=d["geometry"], options={} if options is None else options,
-                       rules=d.get("rules", "nanogpt"), provenance={} if provenance is None else provenance)
+            return cls(geometry=d["geometry"], rules=d.get("rules", "nanogpt"), **optional)
         except ConfigError as e:
             if source is None or e.source is not None:
                 raise
@@ -400,23 +337,8 @@ def load_assignment(path: str | os.PathLike) -> Assignment:
         ConfigError: the file is missing or unreadable, is not valid YAML (with the line and
             column), or fails validation; the message names the file and the key path.
     """
-    source = os.fspath(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("file not found", source=source) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read the file ({getattr(e, 'strerror', None) or e})", source=source) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"malformed YAML{where}: {problem}", source=source) from None
-    if data is None:
-        raise ConfigError(f"empty file; expected a mapping with keys {', '.join(TOP_KEYS)}", source=source)
-    return Assignment.from_dict(data, source=source)
+    data = load_yaml(path, what=f"a mapping with keys {', '.join(TOP_KEYS)}")
+    return Assignment.from_dict(data, source=os.fspath(path))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -431,8 +353,8 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(list, _Dumper.represent_list)
 
 
-def _check_rules_field(rules: Any, source: str | None) -> str | list[ModuleRule]:
-    """A rule-set name, checked against the registry, or a list of rules built from
+def _check_rules_field(rules: Any, source: str | None) -> str | tuple[ModuleRule, ...]:
+    """A rule-set name, checked against the registry, or a tuple of rules built from
     ``ModuleRule``s or mappings; errors carry the key path (``rules[1].layout``)."""
     if isinstance(rules, str):
         if rules not in rule_set_names():
@@ -469,7 +391,13 @@ def _check_rules_field(rules: Any, source: str | None) -> str | list[ModuleRule]
         except ConfigError as e:  # bad regex or a one-block split
             raise ConfigError(e.problem, source=source, key=f"{key}.{e.key}", allowed=e.allowed) from None
     check_rules(out, source=source)
-    return out
+    return tuple(out)
+
+
+def _in_catalog_order(groups: Iterable[Iterable[str]]) -> list[str]:
+    """The union of option-key lists, in the order of the settings catalog."""
+    keys = set().union(*groups)
+    return [k for k in dict.fromkeys(s.group_key for s in catalog.SETTINGS.values()) if k in keys]
 
 
 def _plain(value: Any, source: str | None, key: str) -> Any:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import pickle
 import textwrap
 
 import pytest
@@ -10,8 +13,9 @@ import yaml
 
 import geosearch
 from geosearch.assignment import Assignment, geometry_names, load_assignment
+import geosearch.manifolds as registry
 from geosearch.errors import ConfigError
-from geosearch.manifolds import manifold_names
+from geosearch.manifolds import get_manifold, manifold_names, register_manifold
 from geosearch.modules import ModuleRule
 
 
@@ -78,6 +82,53 @@ def test_constructor_validates_and_copies():
     assert d["options"]["mlp"]["lr"] == "6e-4"  # the caller's data is left alone
 
 
+def test_frozen_once_checked():
+    a = Assignment({"attn": "stiefel", "mlp": "dgram"}, options={"attn": {"lr": 0.01}},
+                   provenance={"trials": [1, 2], "proxy": {"steps": 200}})
+    # Rule: nothing can be changed after the one validation, not even inside a mapping.
+    with pytest.raises(TypeError):
+        a.geometry["mlp"] = "hyperbolic"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.geometry = {"attn": "stiefel", "mlp": "hyperbolic"}
+    with pytest.raises(TypeError):
+        a.provenance["proxy"]["steps"] = 1
+    with pytest.raises(TypeError):
+        a.options["attn"]["lr"] = 1.0
+    # Rule: what the checks catch is caught at construction, with the same messages.
+    with pytest.raises(ConfigError, match="geometry.mlp: unknown geometry 'hyperbolic'.*stiefel.*adamw"):
+        dataclasses.replace(a, geometry={"attn": "stiefel", "mlp": "hyperbolic"})
+    with pytest.raises(ConfigError, match="geometry.attn_q: unknown module type 'attn_q' for rule set 'nanogpt'; "
+                                          "expected one of: attn_qkv, attn_out, mlp_in, mlp_out"):
+        Assignment({"attn": "stiefel", "mlp": "dgram", "attn_q": "stiefel"})
+    # Rule: a frozen assignment still pickles and copies (workers, deep copies), and to_dict is plain.
+    assert pickle.loads(pickle.dumps(a)) == a == copy.deepcopy(a)
+    assert type(a.to_dict()["geometry"]) is dict and a.to_dict()["provenance"] == {"trials": [1, 2],
+                                                                                  "proxy": {"steps": 200}}
+
+
+def test_global_settings_are_checked_and_saved(tmp_path):
+    a = Assignment({"attn": "stiefel", "mlp": "dgram"}, settings={"spectral_lr": "5e-2", "betas": [0.9, 0.99]})
+    # Rule: settings are normalised through the catalog (the YAML "5e-2" string quirk included).
+    assert a.settings == {"spectral_lr": 0.05, "betas": (0.9, 0.99)}
+    assert a.to_dict()["settings"] == {"spectral_lr": 0.05, "betas": [0.9, 0.99]}
+    assert load_assignment(a.save(tmp_path / "a.yaml")) == a
+    # Rule: files without settings (schema version 1, before they existed) load with none.
+    old = tmp_path / "old.yaml"
+    old.write_text(GOOD)
+    assert load_assignment(old).settings == {} and "settings" not in load_assignment(old).to_dict()
+
+
+def test_a_geometry_registered_later_is_accepted(monkeypatch):
+    class Scaled(type(get_manifold("stiefel"))):
+        name = "scaled_stiefel"
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # undone after the test
+    register_manifold(Scaled)
+    # Rule: the names come from the registry at each call, so a new geometry is accepted at once.
+    assert "scaled_stiefel" in geometry_names()
+    assert Assignment({"attn": "scaled_stiefel", "mlp": "dgram"}).resolve()["attn_out"] == "scaled_stiefel"
+
+
 def custom_rules():
     return [
         ModuleRule("attn_qkv", r"(^|\.)attn\.c_attn\.weight$", "attn", split=("attn_q", "attn_k", "attn_v"),
@@ -119,7 +170,7 @@ def test_saved_file_is_readable_and_says_how_to_load_it(tmp_path):
 
 def test_provenance_must_be_plain_data():
     a = Assignment({"attn": "stiefel", "mlp": "dgram"}, provenance={"score": torch.tensor(3.5), "t": (1, 2)})
-    assert a.provenance == {"score": 3.5, "t": [1, 2]}  # scalars and tuples made YAML-safe
+    assert a.to_dict()["provenance"] == {"score": 3.5, "t": [1, 2]}  # scalars and tuples made YAML-safe
     with pytest.raises(ConfigError, match=r"provenance.extra.obj: cannot be saved as YAML: object"):
         Assignment({"attn": "stiefel", "mlp": "dgram"}, provenance={"extra": {"obj": object()}})
 
@@ -149,7 +200,7 @@ BAD_YAML = [
      ["options.attn_qkv.lrr: unknown option 'lrr' for 'attn_qkv' (stiefel)",
       "lr, momentum, nesterov, solver, dual_steps, dual_lr, dual_tol, warm_start, ns_steps"]),
     ("option-of-other-geometry", GOOD.replace("mlp: dgram", "mlp: adamw") + "options: {mlp_in: {solver: dual}}\n",
-     ["options.mlp_in.solver: unknown option 'solver' for 'mlp_in' (adamw)", "lr, weight_decay, betas, eps"]),
+     ["options.mlp_in.solver: unknown option 'solver' for 'mlp_in' (adamw)", "lr, betas, eps, weight_decay"]),
     ("no-decay-on-manifold", GOOD + "options: {attn: {weight_decay: 0.1}}\n",
      ["options.attn.weight_decay: unknown option 'weight_decay' for family 'attn'"]),
     ("option-type", GOOD + "options: {attn_qkv: {lr: fast}}\n", ["options.attn_qkv.lr: expected a number, got 'fast'"]),
@@ -172,6 +223,14 @@ BAD_YAML = [
     ("missing-types", GOOD.replace("mlp: dgram", "mlp_in: dgram"),
      ["geometry: no geometry for module type(s) mlp_out of rule set 'nanogpt'"]),
     ("provenance-not-mapping", GOOD + "provenance: [1, 2]\n", ["provenance: expected a mapping"]),
+    ("unknown-setting", GOOD + "settings: {learning_rate: 0.1}\n",
+     ["settings.learning_rate: unknown setting 'learning_rate'", "lr, spectral_lr, betas, eps, weight_decay"]),
+    ("setting-range", GOOD + "settings: {momentum: 1.5}\n", ["settings.momentum: expected a number in [0, 1)"]),
+    ("layout-is-no-setting", GOOD + "settings: {split: 3}\n", ["settings.split: unknown setting 'split'"]),
+    ("settings-not-mapping", GOOD + "settings: [lr]\n", ["settings: expected a mapping of setting -> value"]),
+    ("alias-bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [" + ", ".join(["*a"] * 10) + "]\nc: ["
+     + ", ".join(["*b"] * 10) + "]\nd: [" + ", ".join(["*b"] * 90) + "]\n",
+     ["malformed YAML at line 4, column", "more than 100 aliases"]),
     ("not-a-mapping", "- attn\n- stiefel\n", ["expected a mapping with keys version, rules, geometry"]),
     ("empty", "", ["empty file"]),
     ("malformed", "version: 1\ngeometry: {attn: stiefel\nrules: nanogpt\n", ["malformed YAML at line 3, column"]),

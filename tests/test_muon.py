@@ -112,6 +112,36 @@ def test_params_are_placed_on_their_manifold_at_construction(geometry):
     assert torch.equal(model.weight.detach(), before)
 
 
+@pytest.mark.parametrize("layout", ["tall", "wide", "split"])
+def test_large_dgram_weights_on_their_manifold_are_not_reprojected(layout):
+    # A float32 DGram point with column norms 30-60: orthonormal columns scaled, rounded once.
+    Q = torch.linalg.qr(torch.randn(256, 64, generator=_gen(5), dtype=torch.float64))[0]
+    norms = 30 + 30 * torch.rand(64, generator=_gen(6), dtype=torch.float64)
+    W = (Q * norms).float()
+    M = get_manifold("dgram")
+    # The absolute error is rounding at the norms' scale (~1e-3): above an absolute 1e-4...
+    assert M.constraint_error(W) > 1e-4
+    # ...while relative to ‖w_j‖² it is float32 rounding, and projecting again would move it.
+    assert M.constraint_error(W) / norms.max() ** 2 < 1e-6 and not torch.equal(M.project(W), W)
+    group = {"geometry": "dgram"}
+    if layout == "wide":
+        W = W.mT.contiguous()
+    elif layout == "split":  # two stacked DGram blocks of one fused weight
+        W, group = torch.cat([W, W.flip(0)]), {"geometry": ("dgram", "dgram"), "split": 2}
+    weight = nn.Parameter(W.clone())
+    ManifoldMuon([{"params": [weight], **group}])
+    # Rule: a weight on its manifold is left bit-for-bit untouched when its group is added,
+    # whatever its scale (resuming large DGram weights must not perturb them).
+    assert torch.equal(weight.detach(), W)
+    # Rule: one off the manifold at that scale is still projected, onto a point then kept as is.
+    off = nn.Parameter(W + 0.5 * torch.randn(W.shape, generator=_gen(7)))
+    ManifoldMuon([{"params": [off], **group}])
+    projected = off.detach().clone()
+    assert not torch.equal(projected, W + 0.5 * torch.randn(W.shape, generator=_gen(7)))
+    ManifoldMuon([{"params": [off], **group}])
+    assert torch.equal(off.detach(), projected)
+
+
 def _model_and_groups(seed: int = 3):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 48), nn.Tanh(), nn.Linear(48, 24))

@@ -8,6 +8,8 @@ import torch
 from geosearch.assignment import Assignment
 from geosearch.errors import ConfigError
 from geosearch.manifolds import get_manifold
+from geosearch.optim import optimizer_from_plan
+from geosearch.plan import bind
 from geosearch.proxy.model import GPT, make_config
 from geosearch.proxy.probes import (
     ProbedWeight,
@@ -263,3 +265,20 @@ def test_weight_probe_bad_arguments():
     with pytest.raises(ValueError, match="two geometries"):
         WeightProbe([ProbedWeight("a", W, ("mlp_in",), ("stiefel",)),
                      ProbedWeight("b", W, ("mlp_in",), ("dgram",))])
+
+
+def test_probe_from_plan_watches_the_blocks_the_optimizer_steps():
+    model = tiny_model(seed=4)
+    a = Assignment({"attn_q": "stiefel", "attn_k": "dgram", "attn_v": "euclidean", "attn_out": "stiefel",
+                    "mlp": "adamw"}, rules="nanogpt_split")
+    plan = bind(model, a)
+    optimizer_from_plan(plan, verbose=False)  # places the weights on their manifolds
+    stats = WeightProbe.from_plan(plan).measure()
+    # Rule: one entry per module type of the plan, split blocks separately.
+    assert set(stats["sigma_max"]) == {"attn_q", "attn_k", "attn_v", "attn_out", "mlp_in", "mlp_out"}
+    # Rule: the blocks measured are the ones the optimizer constrained: on their manifolds.
+    assert stats["constraint_error"]["attn_q"] < 1e-4 and stats["constraint_error"]["attn_k"] < 1e-4
+    assert stats["sigma_max"]["attn_q"] == pytest.approx(1.0, abs=1e-4)
+    assert set(stats["constraint_error"]) == {"attn_q", "attn_k", "attn_v", "attn_out"}
+    # Rule: the (model, assignment) entry point binds the same plan.
+    assert WeightProbe.from_assignment(model, a).measure() == stats

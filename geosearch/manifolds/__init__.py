@@ -27,7 +27,6 @@ from geosearch.manifolds.stiefel import Stiefel
 
 __all__ = [
     "ADAMW",
-    "GEOMETRIES",
     "Manifold",
     "UnknownManifoldError",
     "geometry_names",
@@ -61,13 +60,17 @@ def register_manifold(cls: type[Manifold]) -> type[Manifold]:
     """Add a :class:`Manifold` subclass under ``cls.name`` (usable as a decorator).
 
     Raises:
-        ValueError: the name is empty, is ``"adamw"``, or is already registered.
+        ValueError: the name is empty, is ``"adamw"``, or is already registered; or the
+            class leaves an abstract method undefined.
     """
     name = getattr(cls, "name", "")
     if not name or name == ADAMW:
         raise ValueError(f"a manifold needs a name other than {ADAMW!r}, got {name!r}")
     if name in _REGISTRY:
         raise ValueError(f"geometry {name!r} is already registered (by {_REGISTRY[name].__name__})")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise ValueError(f"geometry {name!r} ({cls.__name__}) does not define {', '.join(missing)}")
     _REGISTRY[name] = cls
     return cls
 
@@ -91,12 +94,12 @@ def manifold_names() -> list[str]:
 
 
 def geometry_names() -> list[str]:
-    """Every name a module type may be assigned: the manifolds plus ``"adamw"``."""
+    """Every name a module type may be assigned: the manifolds plus ``"adamw"``.
+
+    Read from the registry at each call, so geometries registered later are included.
+    """
     return manifold_names() + [ADAMW]
 
 
 for _cls in (Euclidean, Stiefel, DGram, Oblique, Sphere, SpectralBall):
     register_manifold(_cls)
-
-# Snapshot at import; call geometry_names() to see geometries registered later.
-GEOMETRIES: list[str] = geometry_names()

@@ -7,11 +7,13 @@ here are "Gram manifolds" ``{W : P(WᵀW − I) = 0}`` for a self-adjoint projec
 symmetric ``n × n`` matrices; their tangent space at ``W`` is
 ``{A : P(WᵀA + AᵀW) = 0}`` and their normal space is ``{W S : S = P(S) symmetric}``.
 Subclasses implement the tall-orientation hooks (``_project``, ``_normal_coefficients``,
-``_constraint_error``, ...); the public methods handle orientation and batching.
+``_constraint_error``, ...); the public methods handle orientation and batching. The base
+is an ``abc.ABC``: a geometry without ``_project`` cannot be instantiated.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
@@ -29,13 +31,16 @@ def sym(S: Tensor) -> Tensor:
     return 0.5 * (S + S.mT)
 
 
-class Manifold:
+class Manifold(ABC):
     """A set of matrices with a projection, a tangent projection and a check.
 
     Every method accepts ``(m, n)`` or batched ``(..., m, n)`` tensors of either
     orientation. Subclasses set ``name``, ``equation`` (the defining equation on the
     tall orientation, e.g. ``"WᵀW = I"``) and ``error_text`` (what
-    :meth:`constraint_error` measures), and implement the tall hooks.
+    :meth:`constraint_error` measures), and implement the tall hooks: ``_project``
+    always (abstract), and either ``gram_projector`` (a Gram manifold: the tangent
+    projection, the constraint error and the dual solver follow from it) or
+    ``_to_tangent`` and ``_constraint_error``.
     """
 
     name: str = ""
@@ -136,8 +141,9 @@ class Manifold:
         return out
 
     # ---------------------------------------------------- hooks (tall orientation)
+    @abstractmethod
     def _project(self, W: Tensor, exact: bool) -> Tensor:
-        raise NotImplementedError
+        """The nearest point of the set to a tall ``W`` (``exact``: SVD-based reference)."""
 
     def _retract(self, W: Tensor, exact: bool) -> Tensor:
         return self._project(W, exact)
@@ -154,7 +160,8 @@ class Manifold:
         eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
         P = self.gram_projector(gram - eye)
         if P is None:
-            return torch.zeros(W.shape[:-2], dtype=W.dtype, device=W.device)
+            raise NotImplementedError(f"{type(self).__name__} is not a Gram manifold: it must define "
+                                      "_constraint_error")
         return P.abs().amax(dim=(-2, -1))
 
     # ------------------------------------------------------------------- plumbing

@@ -1,4 +1,7 @@
-"""Optimizers: manifold Muon (with AdamW groups) and ``build_optimizer``.
+"""Optimizers: the settings catalog, manifold Muon (with AdamW groups) and ``build_optimizer``.
+
+Names are imported on first use, so ``geosearch.optim.settings`` (the torch-free catalog)
+can be read without loading torch or the optimizer.
 
 Example::
 
@@ -6,7 +9,29 @@ Example::
     opt = geosearch.build_optimizer(model, geosearch.Assignment.parse("attn=stiefel,mlp=dgram"))
 """
 
-from geosearch.optim.build import build_optimizer, optimizer_summary
-from geosearch.optim.muon import ManifoldMuon
+from __future__ import annotations
 
-__all__ = ["ManifoldMuon", "build_optimizer", "optimizer_summary"]
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "ManifoldMuon": "geosearch.optim.muon",
+    "block_view": "geosearch.optim.blocks",
+    "build_optimizer": "geosearch.optim.build",
+    "optimizer_from_plan": "geosearch.optim.build",
+    "optimizer_summary": "geosearch.optim.build",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'geosearch.optim' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.optim.blocks import block_view
+    from geosearch.optim.build import build_optimizer, optimizer_from_plan, optimizer_summary
+    from geosearch.optim.muon import ManifoldMuon

@@ -14,7 +14,10 @@ Jordan's ``MuonWithAuxAdam``: every group says what it is with a ``geometry`` ke
 Parameters of manifold groups are **projected onto their manifold when the group is
 added** (at construction), as the reference study places weights on their manifold at
 initialisation; the optimizer then keeps them there. Parameters already on it (constraint
-error ≤ 1e-4, e.g. weights resumed from a checkpoint) are left bit-for-bit untouched.
+error at most 1e-4 of the scale of ``WᵀW``, e.g. weights resumed from a checkpoint) are
+left bit-for-bit untouched.
+
+Group keys, their defaults and their checks come from :mod:`geosearch.optim.settings`.
 """
 
 from __future__ import annotations
@@ -28,38 +31,30 @@ from torch import Tensor
 
 from geosearch.errors import ConfigError
 from geosearch.manifolds import ADAMW, Manifold, get_manifold, manifold_names
+from geosearch.optim import settings
+from geosearch.optim.blocks import block_view
 from geosearch.optim.solvers import manifold_muon_update
 
 __all__ = ["ManifoldMuon", "MUON_DEFAULTS", "ADAMW_DEFAULTS", "SOLVERS"]
 
-SOLVERS = ("project", "dual")
+SOLVERS: tuple[str, ...] = settings.SETTINGS["solver"].choices
+"""The manifold-Muon direction solvers (see :mod:`geosearch.optim.solvers`)."""
 
-MUON_DEFAULTS: dict[str, Any] = {
-    "lr": 0.02,  # spectral step size η
-    "momentum": 0.95,
-    "nesterov": True,
-    "solver": "project",
-    "dual_steps": 20,
-    "dual_lr": 0.1,  # for G scaled to unit RMS singular value (see solvers.py)
-    "dual_tol": 1e-3,
-    "warm_start": False,
-    "weight_decay": 0.0,  # decoupled; euclidean blocks only
-    "ns_steps": 5,
-    "split": 1,  # equal blocks along split_dim, each constrained on its own
-    "split_dim": 0,  # the output dimension: 0 for nn.Linear (out, in), 1 for HF Conv1D (in, out)
-}
-"""Manifold-Muon group keys and their defaults."""
+MUON_DEFAULTS: dict[str, Any] = settings.group_defaults(settings.MUON)
+"""Manifold-Muon group keys and their defaults (a copy of the settings catalog's, which
+groups are checked against)."""
 
-ADAMW_DEFAULTS: dict[str, Any] = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
-"""AdamW group keys and their defaults."""
+ADAMW_DEFAULTS: dict[str, Any] = settings.group_defaults(settings.ADAMW)
+"""AdamW group keys and their defaults (a copy of the settings catalog's)."""
 
 _COMMON_KEYS = ("params", "geometry", "name")
 # Keys torch itself may put in a group (named parameters, LR schedulers).
 _TORCH_KEYS = ("param_names", "initial_lr")
 _SOURCE = "ManifoldMuon"
-# A parameter whose constraint error is at most this is not projected again when a group
-# is added, so building an optimizer on resumed weights does not perturb them.
-_ON_MANIFOLD_ATOL = 1e-4
+# A parameter whose constraint error is at most this fraction of the scale of its Gram
+# matrix (at least 1) is not projected again when a group is added, so building an
+# optimizer on resumed weights does not perturb them, whatever their size.
+_ON_MANIFOLD_RTOL = 1e-4
 
 
 class ManifoldMuon(torch.optim.Optimizer):
@@ -109,7 +104,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                     _check_param(p, group, index)
                     for manifold, view in _pieces(p, group):
                         # Already on it (e.g. resumed from a checkpoint): leave it untouched.
-                        if bool((manifold.constraint_error(view) > _ON_MANIFOLD_ATOL).any()):
+                        if not _on_manifold(manifold, view):
                             view.copy_(manifold.project(view))
 
     # -------------------------------------------------------------------- step
@@ -147,7 +142,7 @@ class ManifoldMuon(torch.optim.Optimizer):
 
         warm = group["solver"] == "dual" and group["warm_start"]
         lam0 = state.get("dual") if warm else None
-        kwargs = {k: group[k] for k in ("solver", "ns_steps", "dual_steps", "dual_lr", "dual_tol")}
+        kwargs = {k: group[k] for k in settings.solver_keys()}
         lams: list[Tensor] = []
         residuals: list[float] = []
         pieces = zip(_pieces(p, group), _pieces(update, group))
@@ -222,7 +217,7 @@ def _complete_group(group: dict[str, Any], index: int) -> dict[str, Any]:
     if len(names) > 1 and ADAMW in names:
         raise ConfigError(f"{where}: 'adamw' cannot be one block of a split weight", source=_SOURCE,
                           key="geometry", allowed=manifold_names())
-    defaults = ADAMW_DEFAULTS if geometry == ADAMW else MUON_DEFAULTS
+    defaults = settings.group_defaults(settings.ADAMW if geometry == ADAMW else settings.MUON)
     allowed = list(_COMMON_KEYS) + list(defaults)
     unknown = [k for k in group if k not in allowed and k not in _TORCH_KEYS]
     if unknown:
@@ -232,40 +227,21 @@ def _complete_group(group: dict[str, Any], index: int) -> dict[str, Any]:
             f"keys are {', '.join(allowed)}", source=_SOURCE, key=unknown[0], allowed=allowed)
     for k, v in defaults.items():
         group.setdefault(k, v)
-    _check_values(group, where, names)
+    _check_values(group, where, names, defaults)
     return group
 
 
-def _check_values(group: dict[str, Any], where: str, names: tuple[str, ...]) -> None:
-    def bad(key: str, expected: str, allowed: Iterable[object] | None = None) -> ConfigError:
-        return ConfigError(f"{where}: {key} must be {expected}, got {group[key]!r}", source=_SOURCE,
-                           key=key, allowed=allowed)
-
-    if not (isinstance(group["lr"], (int, float)) and group["lr"] >= 0):
-        raise bad("lr", "a number >= 0")
-    if not (isinstance(group["weight_decay"], (int, float)) and group["weight_decay"] >= 0):
-        raise bad("weight_decay", "a number >= 0")
-    if group["geometry"] == ADAMW:
-        betas = group["betas"]
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(0 <= b < 1 for b in betas)):
-            raise bad("betas", "two numbers in [0, 1)")
-        group["betas"] = tuple(betas)
-        if not group["eps"] > 0:
-            raise bad("eps", "a number > 0")
+def _check_values(group: dict[str, Any], where: str, names: tuple[str, ...], keys: Iterable[str]) -> None:
+    kind = settings.ADAMW if group["geometry"] == ADAMW else settings.MUON
+    for key in keys:
+        setting = settings.group_setting(kind, key)
+        value, want = settings.validate(setting.name, group[key], group=True)
+        if want is not None:
+            raise ConfigError(f"{where}: {key} must be {want}, got {group[key]!r}", source=_SOURCE, key=key,
+                              allowed=setting.choices or None)
+        group[key] = value
+    if kind == settings.ADAMW:
         return
-    if not 0 <= group["momentum"] < 1:
-        raise bad("momentum", "a number in [0, 1)")
-    if group["solver"] not in SOLVERS:
-        raise bad("solver", "a solver name", SOLVERS)
-    for key in ("dual_steps", "ns_steps", "split"):
-        if isinstance(group[key], bool) or not isinstance(group[key], int) or group[key] < 1:
-            raise bad(key, "a whole number >= 1")
-    if group["split_dim"] not in (0, 1):
-        raise bad("split_dim", "0 or 1", (0, 1))
-    if not group["dual_lr"] > 0:
-        raise bad("dual_lr", "a number > 0")
-    if not group["dual_tol"] >= 0:
-        raise bad("dual_tol", "a number >= 0")
     if len(names) > 1 and len(names) != group["split"]:
         raise ConfigError(f"{where}: {len(names)} geometries {names} for split={group['split']} blocks; give "
                           "one geometry per block", source=_SOURCE, key="geometry")
@@ -296,28 +272,26 @@ def _uniform(group: dict[str, Any]) -> bool:
     return not isinstance(geo, tuple) or len(set(geo)) == 1
 
 
-def _stacked(t: Tensor, group: dict[str, Any]) -> Tensor:
-    """A view of ``t`` in the ``(out, in)`` orientation of ``nn.Linear``: ``t`` itself (no
-    split) or ``(split, out/split, in)`` for its equal blocks.
-
-    A ``split_dim=1`` weight (Hugging Face ``Conv1D``, stored ``(in, out)``) is seen
-    transposed, so the manifold constrains the same Gram matrix whatever the layout: this
-    matters for square matrices, which are not reoriented to tall (DGram's orthogonal
-    columns are input directions for both)."""
-    split, dim = group["split"], group["split_dim"]
-    if split > 1:
-        t = t.unflatten(dim, (split, -1)).movedim(dim, 0)  # (split, rows, cols)
-    return t.mT if dim == 1 else t
-
-
 def _pieces(t: Tensor, group: dict[str, Any]) -> list[tuple[Manifold, Tensor]]:
     """(geometry, view of ``t``) pairs to step: one batched view when every block has the
     same geometry, else one view per block. Writing into a view writes into ``t``."""
-    views = _stacked(t, group)
+    views = block_view(t, group["split"], group["split_dim"])
     geos = _geometries(group)
     if _uniform(group):
         return [(geos[0], views)]
     return list(zip(geos, views.unbind(0)))
+
+
+def _on_manifold(manifold: Manifold, W: Tensor) -> bool:
+    """Whether every matrix of ``W`` (``(..., m, n)``) satisfies its constraint to
+    ``_ON_MANIFOLD_RTOL`` times the scale of its Gram matrix: the largest squared norm of
+    the columns of its tall orientation, or 1 when smaller (so unit-scale sets such as
+    Stiefel keep an absolute tolerance, and DGram weights with large column norms, whose
+    rounding error grows with the norms squared, are still seen as on the set)."""
+    err = manifold.constraint_error(W)
+    tall = W.mT if W.shape[-2] < W.shape[-1] else W
+    scale = tall.square().sum(dim=-2).amax(dim=-1).clamp_min(1.0)  # max_j ‖w_j‖², at least 1
+    return bool((err <= _ON_MANIFOLD_RTOL * scale.to(err.dtype)).all())
 
 
 def _decay(manifold: Manifold, group: dict[str, Any]) -> float:

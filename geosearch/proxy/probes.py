@@ -20,10 +20,12 @@ Two measurements, both cheap enough to run every few training steps:
 * :class:`WeightProbe` measures the largest singular value of every watched hidden
   weight and its distance from its manifold
   (``geosearch.manifolds.get_manifold(name).constraint_error``), per module type (split
-  blocks of a fused weight separately), reporting the max over layers.
+  blocks of a fused weight separately), reporting the max over layers. It watches the
+  matched rows of a :class:`~geosearch.plan.Plan`, so it sees the blocks the optimizer
+  steps.
 
 Example:
-    >>> probe = WeightProbe.from_assignment(model, assignment)   # once
+    >>> probe = WeightProbe.from_plan(bind(model, assignment))   # once
     >>> stats = attention_stats(model, x_probe)                   # every probe step
     >>> stats["max_logit"], probe.measure()["sigma_max"]["attn_qkv"]
 """
@@ -41,7 +43,8 @@ import torch.nn as nn
 
 from geosearch.errors import ConfigError
 from geosearch.manifolds import ADAMW, geometry_names, get_manifold
-from geosearch.modules import match_parameters
+from geosearch.optim.blocks import block_view
+from geosearch.plan import Plan, bind
 from geosearch.proxy.model import CausalSelfAttention
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -169,7 +172,8 @@ def _nan_first(v: float) -> float:
 # --------------------------------------------------------------------------- weights
 @dataclass(frozen=True)
 class ProbedWeight:
-    """One hidden weight to watch.
+    """One hidden weight to watch (a :class:`~geosearch.plan.ParamPlan` row has the same
+    attributes and serves as well).
 
     Attributes:
         name: parameter name, for messages.
@@ -203,13 +207,13 @@ class WeightProbe:
     ``adamw`` has no constraint and is left out of ``constraint_error``.
 
     Args:
-        weights: the weights to watch.
+        weights: the weights to watch: :class:`ProbedWeight` or plan rows.
         sigma: ``"exact"`` or ``"power"``.
         power_iters: power-iteration steps per call (``sigma="power"``); the first call
             does ``10 * power_iters``.
 
     Example:
-        >>> probe = WeightProbe.from_assignment(model, Assignment.parse("attn=stiefel,mlp=dgram"))
+        >>> probe = WeightProbe.from_plan(bind(model, Assignment.parse("attn=stiefel,mlp=dgram")))
         >>> probe.measure()
         {'sigma_max': {'attn_qkv': 1.0, ...}, 'constraint_error': {'attn_qkv': 3e-07, ...}}
     """
@@ -244,12 +248,15 @@ class WeightProbe:
         self._v: dict[str, torch.Tensor] = {}  # power iteration: type -> (L, n, 1) unit vectors
 
     @classmethod
+    def from_plan(cls, plan: Plan, **kwargs) -> WeightProbe:
+        """Watch every weight the plan's rules matched."""
+        return cls(plan.matched, **kwargs)
+
+    @classmethod
     def from_assignment(cls, model: nn.Module, assignment: Assignment, **kwargs) -> WeightProbe:
-        """Watch every weight the assignment's rules match in ``model``."""
-        geometry = assignment.resolve()
-        matched = match_parameters(model, assignment.rule_set()).matched
-        return cls([ProbedWeight(m.name, m.param, m.types, tuple(geometry[t] for t in m.types),
-                                 m.rule.split_dim) for m in matched], **kwargs)
+        """Watch every weight the assignment's rules match in ``model`` (binds a plan; prefer
+        :meth:`from_plan` with the plan the optimizer was built from)."""
+        return cls.from_plan(bind(model, assignment), **kwargs)
 
     def stacked(self, module_type: str) -> torch.Tensor:
         """All blocks of one type as (L, m, n) tall matrices (m ≥ n), float32 or float64.
@@ -258,11 +265,9 @@ class WeightProbe:
         transposed), so a square block's Gram matrix is the one the optimizer constrains."""
         mats = []
         for param, block, n_blocks, split_dim in self.blocks[module_type]:
-            W = param.detach()
+            W = block_view(param.detach(), n_blocks, split_dim)  # (out, in), or (n_blocks, out/n, in)
             if n_blocks > 1:
-                W = W.chunk(n_blocks, dim=split_dim)[block]
-            if split_dim == 1:  # Conv1D (in, out): measured as (out, in), as the optimizer
-                W = W.mT         # constrains it (matters for square DGram/oblique blocks)
+                W = W[block]
             mats.append(W.mT if W.size(0) < W.size(1) else W)
         W = torch.stack(mats)  # (L, m, n)
         return W if W.dtype == torch.float64 else W.float()

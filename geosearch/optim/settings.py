@@ -1,0 +1,325 @@
+"""The optimizer's vocabulary: every setting once, with its kind, default, allowed values and doc.
+
+One table, :data:`SETTINGS`, that every layer reads: :class:`~geosearch.optim.ManifoldMuon`
+takes its group keys and defaults from it (:func:`group_defaults`), ``build_optimizer``
+its global settings (:func:`defaults`), an assignment its per-type options
+(:func:`option_keys`), and a config, a search-space schema or a CLI flag can take names,
+defaults and help text from it (:func:`names`, :func:`defaults`, :func:`help`). Values are
+checked and normalised in one place, :func:`check`. Adding a solver option means adding a
+row here (``solver_arg=True`` passes it on to the solver) and taking the keyword in
+:func:`~geosearch.optim.solvers.manifold_muon_update`. This module imports no torch.
+
+Scopes say where a setting goes:
+
+* ``"muon"``: a global setting written into every manifold-Muon group, and a per-type
+  option of the types with a manifold geometry;
+* ``"adamw"``: the same for AdamW groups and the types assigned ``"adamw"``;
+* ``"euclidean"``: a key of manifold-Muon groups that only ``euclidean`` blocks may set
+  (weight decay: constrained weights are not decayed);
+* ``"layout"``: a manifold-Muon group key set from the name rules (fused blocks), not by
+  users.
+
+A setting's group key is its name, but for ``spectral_lr``, which is the ``lr`` of the
+manifold-Muon groups (so the per-type option ``lr`` of a manifold type is its spectral
+step size).
+
+Example:
+    >>> defaults()["spectral_lr"], option_keys("adamw")
+    (0.02, ('lr', 'betas', 'eps', 'weight_decay'))
+    >>> check("lr", "6e-4", source="a.yaml", key="settings.lr")
+    0.0006
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from geosearch.errors import ConfigError
+
+__all__ = [
+    "ADAMW", "EUCLIDEAN", "KINDS", "LAYOUT", "MUON", "SCOPES", "SETTINGS", "Setting",
+    "check", "defaults", "group_defaults", "group_setting", "group_values", "help", "kinds", "names",
+    "option_keys", "option_setting", "solver_keys", "validate",
+]
+
+MUON, ADAMW, EUCLIDEAN, LAYOUT = "muon", "adamw", "euclidean", "layout"
+SCOPES = (MUON, ADAMW, EUCLIDEAN, LAYOUT)
+"""The scopes of the module docstring. ``"adamw"`` and ``"euclidean"`` are also the
+geometry names of the same meaning (see :mod:`geosearch.manifolds`)."""
+
+KINDS = {
+    "positive": "a number > 0",
+    "nonnegative": "a number >= 0",
+    "unit": "a number in [0, 1)",
+    "bool": "true or false",
+    "count": "a whole number >= 1",
+    "choice": "one of the allowed values",
+    "betas": "two numbers in [0, 1), e.g. [0.9, 0.95]",
+}
+"""Kind of value -> what a valid value looks like, in words."""
+
+_SAME = object()  # group_default: same as default
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One optimizer setting.
+
+    Attributes:
+        name: the name users write (``build_optimizer`` keyword, YAML key).
+        kind: a key of :data:`KINDS`.
+        default: the default of the global setting.
+        doc: one line saying what it does.
+        scope: where it goes, a tuple of :data:`SCOPES` (module docstring).
+        choices: the allowed values of a ``"choice"`` setting.
+        key: the param-group key it sets when that is not ``name`` (``spectral_lr`` -> ``lr``).
+        group_default: what a param group without the key gets, when not ``default``
+            (weight decay: 0.1 from ``build_optimizer``, 0 in a bare group).
+        group_kind: the kind a bare param group's value is checked as, when looser than
+            ``kind`` (a group may hold ``lr`` 0, as torch's optimizers allow).
+        what: how messages describe a valid value, when not the kind's words.
+        solver_arg: the optimizer passes the group's value on to the direction solver
+            (:func:`geosearch.optim.solvers.manifold_muon_update`) as a keyword argument.
+    """
+
+    name: str
+    kind: str
+    default: Any
+    doc: str
+    scope: tuple[str, ...]
+    choices: tuple[Any, ...] = ()
+    key: str = ""
+    group_default: Any = _SAME
+    group_kind: str = ""
+    what: str = ""
+    solver_arg: bool = False
+
+    @property
+    def group_key(self) -> str:
+        """The param-group key this setting sets."""
+        return self.key or self.name
+
+    @property
+    def is_global(self) -> bool:
+        """Whether it is a global setting (``build_optimizer`` keyword, ``Assignment.settings``)."""
+        return MUON in self.scope or ADAMW in self.scope
+
+    def default_in_group(self) -> Any:
+        """What a param group that lacks the key gets."""
+        return self.default if self.group_default is _SAME else self.group_default
+
+
+_TABLE = (
+    Setting("lr", "positive", 6e-4, "AdamW step size (embeddings, head, norms, biases, 'adamw' types)",
+            (ADAMW,), group_kind="nonnegative"),
+    Setting("spectral_lr", "positive", 0.02, "manifold-Muon spectral step size η (per-type option: 'lr')",
+            (MUON,), key="lr", group_kind="nonnegative"),
+    Setting("betas", "betas", (0.9, 0.95), "AdamW moment decay rates (β1, β2)", (ADAMW,)),
+    Setting("eps", "positive", 1e-8, "AdamW denominator guard", (ADAMW,)),
+    Setting("weight_decay", "nonnegative", 0.1,
+            "decoupled weight decay of AdamW matrices; per-type option of 'euclidean' types too",
+            (ADAMW, EUCLIDEAN), group_default=0.0),
+    Setting("momentum", "unit", 0.95, "manifold-Muon momentum β", (MUON,)),
+    Setting("nesterov", "bool", True, "Nesterov momentum for manifold Muon", (MUON,)),
+    Setting("solver", "choice", "project", "manifold-Muon direction solver: one msign, or dual ascent",
+            (MUON,), choices=("project", "dual"), what="a solver name", solver_arg=True),
+    Setting("dual_steps", "count", 20, "most dual-ascent updates per step (solver 'dual')", (MUON,),
+            solver_arg=True),
+    Setting("dual_lr", "positive", 0.1, "dual-ascent step α, for the gradient scaled to unit RMS singular value",
+            (MUON,), solver_arg=True),
+    Setting("dual_tol", "nonnegative", 1e-3, "dual ascent stops once the tangent residual is below this",
+            (MUON,), solver_arg=True),
+    Setting("warm_start", "bool", False, "start dual ascent from the previous step's dual variable", (MUON,)),
+    Setting("ns_steps", "count", 5, "Newton–Schulz iterations per msign", (MUON,), solver_arg=True),
+    Setting("split", "count", 1, "equal blocks a fused weight is cut into, each constrained on its own",
+            (LAYOUT,)),
+    Setting("split_dim", "choice", 0, "the weight dimension holding the outputs: 0 (out, in), 1 (in, out)",
+            (LAYOUT,), choices=(0, 1), what="0 or 1"),
+)
+
+SETTINGS: MappingProxyType[str, Setting] = MappingProxyType({s.name: s for s in _TABLE})
+"""Setting name -> :class:`Setting`, in the order settings are listed everywhere."""
+
+
+# --------------------------------------------------------------------------- views
+def names(scope: str | None = None) -> tuple[str, ...]:
+    """Setting names, in table order.
+
+    Args:
+        scope: ``None`` for all; ``"global"`` for the global settings (``build_optimizer``
+            keywords, ``Assignment.settings``); or one of :data:`SCOPES`.
+    """
+    if scope is None:
+        return tuple(s.name for s in _TABLE)
+    if scope == "global":
+        return tuple(s.name for s in _TABLE if s.is_global)
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}; expected 'global' or one of {', '.join(SCOPES)}")
+    return tuple(s.name for s in _TABLE if scope in s.scope)
+
+
+def defaults(scope: str | None = "global") -> dict[str, Any]:
+    """Setting name -> default, for :func:`names` ``(scope)`` (a fresh dict)."""
+    return {n: SETTINGS[n].default for n in names(scope)}
+
+
+def solver_keys() -> tuple[str, ...]:
+    """The manifold-Muon group keys the optimizer passes on to the direction solver."""
+    return tuple(s.group_key for s in _TABLE if s.solver_arg)
+
+
+def kinds() -> dict[str, str]:
+    """Setting name -> kind, for every setting."""
+    return {s.name: s.kind for s in _TABLE}
+
+
+def _group_settings(group: str) -> list[Setting]:
+    if group == MUON:
+        return [s for s in _TABLE if {MUON, EUCLIDEAN, LAYOUT} & set(s.scope)]
+    if group == ADAMW:
+        return [s for s in _TABLE if ADAMW in s.scope]
+    raise ValueError(f"unknown group kind {group!r}; expected {MUON!r} or {ADAMW!r}")
+
+
+def group_defaults(group: str) -> dict[str, Any]:
+    """Param-group key -> default of a ``"muon"`` (manifold) or ``"adamw"`` group."""
+    return {s.group_key: s.default_in_group() for s in _group_settings(group)}
+
+
+def group_values(group: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys a ``"muon"`` or ``"adamw"`` param group takes from global setting values
+    (``values``: name -> value for :func:`names` ``("global")``; ``spectral_lr`` becomes a
+    manifold group's ``lr``)."""
+    if group not in (MUON, ADAMW):
+        raise ValueError(f"unknown group kind {group!r}; expected {MUON!r} or {ADAMW!r}")
+    return {s.group_key: values[s.name] for s in _TABLE if group in s.scope}
+
+
+def group_setting(group: str, key: str) -> Setting:
+    """The setting behind param-group key ``key`` of a ``"muon"`` or ``"adamw"`` group."""
+    for s in _group_settings(group):
+        if s.group_key == key:
+            return s
+    raise KeyError(key)
+
+
+def option_keys(geometry: str) -> tuple[str, ...]:
+    """The per-type options a module type with this geometry accepts (param-group keys).
+
+    ``lr`` is the AdamW step size of ``adamw`` types and the spectral step size of
+    manifold types; weight decay applies to ``adamw`` and ``euclidean`` types only.
+    """
+    if geometry == ADAMW:
+        return tuple(s.group_key for s in _TABLE if ADAMW in s.scope)
+    take = {MUON, EUCLIDEAN} if geometry == EUCLIDEAN else {MUON}
+    return tuple(s.group_key for s in _TABLE if take & set(s.scope))
+
+
+def option_setting(key: str, geometry: str) -> Setting:
+    """The setting behind per-type option ``key`` of a type with ``geometry``.
+
+    Raises:
+        KeyError: the geometry takes no such option (see :func:`option_keys`).
+    """
+    if key not in option_keys(geometry):
+        raise KeyError(key)
+    return group_setting(ADAMW if geometry == ADAMW else MUON, key)
+
+
+def help(name: str) -> str:  # shadows the builtin here only: read it as settings.help(name)
+    """One line for a CLI flag or a schema: doc, allowed values and default.
+
+    Example:
+        >>> help("solver")
+        'manifold-Muon direction solver: one msign, or dual ascent (one of: project, dual; default: project)'
+    """
+    s = SETTINGS[name]
+    allowed = f"one of: {', '.join(map(str, s.choices))}" if s.kind == "choice" else KINDS[s.kind]
+    return f"{s.doc} ({allowed}; default: {_show(s.default)})"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+# --------------------------------------------------------------------------- checks
+def validate(name: str, value: Any, *, group: bool = False) -> tuple[Any, str | None]:
+    """``(normalised value, None)`` when ``value`` is valid for setting ``name``, else
+    ``(value, what a valid value looks like)``.
+
+    Numbers come back as floats (``"6e-4"`` too: PyYAML reads exponents without a dot as
+    strings), betas as a tuple. ``group=True`` checks a bare param group's value
+    (``group_kind``). :func:`check` raises instead.
+    """
+    s = SETTINGS[name]
+    kind = (s.group_kind or s.kind) if group else s.kind
+    out = _normalise(kind, value, s.choices)
+    if out is _BAD:
+        return value, s.what or KINDS[kind]
+    if out is _NAN:
+        return value, "a number"
+    return out, None
+
+
+_BAD, _NAN = object(), object()  # _normalise: out of range / not a number at all
+
+
+def _normalise(kind: str, value: Any, choices: tuple[Any, ...]) -> Any:
+    if kind == "bool":
+        return value if isinstance(value, bool) else _BAD
+    if kind == "choice":
+        return value if any(value == c and type(value) is type(c) for c in choices) else _BAD
+    if kind == "count":
+        return value if not isinstance(value, bool) and isinstance(value, int) and value >= 1 else _BAD
+    if kind == "betas":
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+            return _BAD
+        pair = tuple(_number(b) for b in value)
+        return pair if all(b is not None and 0 <= b < 1 for b in pair) else _BAD
+    x = _number(value)
+    if x is None:
+        return _NAN
+    return x if {"positive": x > 0, "nonnegative": x >= 0, "unit": 0 <= x < 1}[kind] else _BAD
+
+
+def check(name: str, value: Any, *, source: str | None = None, key: str | None = None) -> Any:
+    """Check one value of setting ``name`` and return it normalised (see :func:`validate`).
+
+    Args:
+        name: a name of :data:`SETTINGS`.
+        value: the value as given (YAML, CLI, keyword).
+        source: the file or API the value came from, for the message.
+        key: the key path to name in the message (default: ``name``).
+
+    Raises:
+        ConfigError: "expected <what>, got <value>", with the allowed values of a choice.
+    """
+    out, want = validate(name, value)
+    if want is None:
+        return out
+    s = SETTINGS[name]
+    raise ConfigError(f"expected {want}, got {value!r}", source=source, key=key or name,
+                      allowed=s.choices if s.kind == "choice" else None)
+
+
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _number(value: Any) -> float | None:
+    """A finite float from an int/float, or from a string like ``"6e-4"``; None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and _NUMBER.match(value.strip()):
+        value = float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None

@@ -1,0 +1,106 @@
+"""Reading YAML files users write: one loader, one kind of error.
+
+:func:`load_yaml` reads a file with PyYAML's safe loader and turns everything that can
+go wrong into a one-line :class:`~geosearch.errors.ConfigError` naming the file: missing,
+a directory, unreadable, empty, or malformed (``"malformed YAML at line L, column C:
+..."``). Documents with many aliases are refused before they are built: aliases let a
+few lines stand for an exponentially large tree (a "billion laughs" file), which every
+later walk over the data, or a message printing it, would pay for.
+
+Example:
+    >>> data = load_yaml("best_assignment.yaml", what="an assignment")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from geosearch.errors import ConfigError
+
+__all__ = ["MAX_ALIASES", "load_yaml", "parse_yaml"]
+
+MAX_ALIASES = 100
+"""The most aliases (``*name``) a document may use; our files need none."""
+
+_MAX_PROBLEM = 200  # characters of PyYAML's own problem text kept in a message
+_RAISE = object()
+
+
+class _AliasLimit(yaml.MarkedYAMLError):
+    pass
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, counting aliases as the document is composed."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise _AliasLimit(problem=f"more than {MAX_ALIASES} aliases; write the values out",
+                                  problem_mark=mark)
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str, *, source: str | None = None) -> Any:
+    """The data of one YAML document, safely loaded.
+
+    Args:
+        text: the YAML text.
+        source: what to name in the message (a file name, ``"--assign"``...).
+
+    Raises:
+        ConfigError: ``"<source>: malformed YAML at line L, column C: <problem>"``, one line.
+    """
+    try:
+        return yaml.load(text, Loader=_Loader)  # safe: _Loader is a SafeLoader
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        if len(problem) > _MAX_PROBLEM:
+            problem = problem[:_MAX_PROBLEM] + "..."
+        raise ConfigError(f"malformed YAML{where}: {problem}", source=source) from None
+
+
+def load_yaml(path: str | os.PathLike, *, what: str = "a YAML mapping", default: Any = _RAISE) -> Any:
+    """Read and parse the YAML file at ``path``.
+
+    Args:
+        path: the file.
+        what: what the file should hold, for the message about an empty file
+            (``"empty file; expected <what>"``).
+        default: returned for an empty file (no document) instead of raising.
+
+    Returns:
+        The parsed data (dicts, lists, scalars).
+
+    Raises:
+        ConfigError: naming the file: not found, a directory, unreadable (permissions,
+            not UTF-8), malformed (line and column), too many aliases, or empty without a
+            ``default``.
+    """
+    source = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", source=source) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, expected a file", source=source) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read the file ({getattr(e, 'strerror', None) or e})", source=source) from None
+    data = parse_yaml(text, source=source)
+    if data is None:
+        if default is _RAISE:
+            raise ConfigError(f"empty file; expected {what}", source=source)
+        return default
+    return data

@@ -1,0 +1,127 @@
+"""The plan: one binding of (model, assignment, settings) that the optimizer and the probes read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_build import D, TinyGPT
+
+from geosearch.assignment import Assignment
+from geosearch.errors import ConfigError
+from geosearch.optim import build_optimizer, settings
+from geosearch.plan import DECAY, NO_DECAY, RULE, bind
+
+SPLIT = {"attn_q": "stiefel", "attn_k": "dgram", "attn_v": "euclidean", "attn_out": "stiefel", "mlp": "adamw"}
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return TinyGPT()
+
+
+def test_every_parameter_has_one_row_with_its_role(model):
+    plan = bind(model, Assignment.parse("attn=stiefel,mlp=dgram"))
+    rows = {r.name: r for r in plan.params}
+    # Rule: one row per parameter, tied ones once, in named_parameters() order.
+    assert list(rows) == [n for n, _ in model.named_parameters()]
+    for name, r in rows.items():
+        if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            assert r.role == RULE and r.layout == "out_in" and r.split == 1
+        else:  # embeddings (and the tied head) decay; norms and biases do not
+            assert r.role == (DECAY if r.param.dim() == 2 else NO_DECAY) and r.geometry == "adamw", name
+    assert rows["transformer.h.0.attn.c_attn.weight"].geometry == "stiefel"
+    assert rows["transformer.h.1.mlp.c_proj.weight"].types == ("mlp_out",)
+    assert [r.name for r in plan.rows("mlp_in")] == ["transformer.h.0.mlp.c_fc.weight", "transformer.h.1.mlp.c_fc.weight"]
+    assert rows["transformer.wte.weight"].options["weight_decay"] == 0.1
+    assert rows["transformer.ln_f.weight"].options["weight_decay"] == 0.0
+
+
+def test_options_merge_catalog_then_assignment_then_bind_then_per_type(model):
+    a = Assignment.parse("attn=stiefel,mlp=dgram,mlp_out=adamw,attn_qkv.lr=0.01,mlp_out.eps=1e-6")
+    a = Assignment(a.geometry, options=a.options, settings={"spectral_lr": 0.05, "lr": 1e-3, "momentum": 0.9})
+    plan = bind(model, a, {"momentum": 0.8, "lr": 2e-3})
+    qkv, out, mlp_out = (plan.rows(t)[0].options for t in ("attn_qkv", "attn_out", "mlp_out"))
+    decay = next(r for r in plan.params if r.role == DECAY).options
+    # Rule: per-type options win over everything.
+    assert qkv["lr"] == 0.01 and mlp_out["eps"] == 1e-6
+    # Rule: bind's settings win over the assignment's; the assignment's over the catalog's.
+    assert qkv["momentum"] == out["momentum"] == 0.8 and decay["lr"] == mlp_out["lr"] == 2e-3
+    assert out["lr"] == 0.05 and decay["eps"] == settings.defaults()["eps"]
+    assert plan.settings == {**settings.defaults(), "spectral_lr": 0.05, "lr": 2e-3, "momentum": 0.8}
+    # Rule: the options can't be changed through the plan.
+    with pytest.raises(TypeError):
+        qkv["lr"] = 1.0
+
+
+@pytest.mark.parametrize("conv", [False, True], ids=["linear-out_in", "conv1d-in_out"])
+def test_block_view_is_out_in_and_writes_through(conv):
+    torch.manual_seed(0)
+    rules = "nanogpt_split" if not conv else [
+        {"type": "attn_qkv", "pattern": r"attn\.c_attn\.weight$", "family": "attn",
+         "split": ["attn_q", "attn_k", "attn_v"], "layout": "in_out"},
+        {"type": "attn_out", "pattern": r"attn\.c_proj\.weight$", "family": "attn"},
+        {"type": "mlp_in", "pattern": r"mlp\.c_fc\.weight$", "family": "mlp"},
+        {"type": "mlp_out", "pattern": r"mlp\.c_proj\.weight$", "family": "mlp"}]
+    model = TinyGPT(conv=conv)
+    row = bind(model, Assignment(SPLIT, rules=rules)).rows("attn_k")[0]
+    W = row.param.detach()
+    assert row.geometry == ("stiefel", "dgram", "euclidean") and row.split == 3 and row.split_dim == int(conv)
+    blocks = row.blocks()
+    # Rule: block i is the i-th third of the outputs, seen (out, in) whatever the layout.
+    assert blocks.shape == (3, D, D)
+    for i, chunk in enumerate(W.chunk(3, dim=row.split_dim)):
+        assert torch.equal(blocks[i], chunk.mT if conv else chunk)
+    # Rule: it is a view: writing a block writes the weight.
+    with torch.no_grad():
+        row.blocks()[1].fill_(7.0)
+    assert bool((W.chunk(3, dim=row.split_dim)[1] == 7.0).all())
+
+
+def test_build_optimizer_groups_are_the_plans(model):
+    a = Assignment(SPLIT, rules="nanogpt_split", options={"attn_out": {"lr": 0.01}})
+    plan = bind(model, a, {"spectral_lr": 0.03})
+    opt = build_optimizer(model, a, verbose=False, spectral_lr=0.03)
+    assert len(opt.param_groups) == len(plan.param_groups())
+    for mine, built in zip(plan.param_groups(), opt.param_groups):
+        # Rule: the optimizer holds the plan's groups (completed with the catalog's defaults).
+        assert [id(p) for p in mine["params"]] == [id(p) for p in built["params"]]
+        assert all(built[k] == v for k, v in mine.items() if k != "params"), mine["name"]
+
+
+def test_frozen_parameters_are_planned_but_get_no_group(model):
+    model.transformer.wpe.weight.requires_grad_(False)
+    model.transformer.h[0].mlp.c_fc.weight.requires_grad_(False)
+    plan = bind(model, Assignment.parse("attn=stiefel,mlp=dgram"))
+    grouped = {id(p) for g in plan.param_groups() for p in g["params"]}
+    # Rule: frozen tensors are counted and left out of every group; the rest are all in one.
+    assert plan.frozen == 2 and len(plan.params) == len(list(model.parameters()))
+    assert grouped == {id(p) for p in model.parameters() if p.requires_grad}
+
+
+def test_describe_shows_each_type_before_training(model):
+    a = Assignment(SPLIT, rules="nanogpt_split", options={"attn_out": {"lr": 0.01}}, settings={"spectral_lr": 0.05})
+    plan = bind(model, a)
+    text = plan.describe()
+    lines = text.splitlines()
+    n = sum(p.numel() for p in model.parameters())
+    assert lines[0] == f"plan for TinyGPT [rule set 'nanogpt_split']: {len(plan.params)} tensors, {n:,} parameters"
+    assert "spectral_lr=0.05" in lines[1] and "solver=project" in lines[1]
+    rows = {line.split()[0]: line.split() for line in lines[3:]}
+    # Rule: one row per module type, in rule order: geometry, layout, (out, in) block, tensors, params.
+    assert [line.split()[0] for line in lines[3:9]] == ["attn_q", "attn_k", "attn_v", "attn_out", "mlp_in", "mlp_out"]
+    assert rows["attn_k"][1:7] == ["dgram", "out_in", f"{D}x{D}", "2", f"{2 * D * D:,}", "0.05"]
+    assert rows["mlp_in"][1:4] == ["adamw", "out_in", f"{4 * D}x{D}"]
+    # Rule: per-type options are shown where they differ from the global settings.
+    assert rows["attn_out"][6:] == ["0.01", "0", "lr=0.01"]
+    assert "adamw: embeddings, head" in text and "adamw: norms, biases (no decay)" in text
+    # Rule: the per-type entries count every parameter once.
+    assert sum(e["params"] for e in plan.types()) == n
+
+
+def test_bind_errors_name_their_source(model):
+    with pytest.raises(ConfigError, match=r"^--assign: learning_rate: unknown setting 'learning_rate'"):
+        bind(model, Assignment.parse("attn=stiefel,mlp=dgram"), {"learning_rate": 1}, source="--assign")
+    with pytest.raises(ConfigError, match=r"^--assign: rules: 2 2-D hidden weight\(s\) match no rule"):
+        bind(TinyGPT(extra=True), Assignment.parse("attn=stiefel,mlp=dgram"), source="--assign")
+

@@ -1,0 +1,56 @@
+"""The one YAML loader: every failure is one line naming the file."""
+
+from __future__ import annotations
+
+import pytest
+
+from geosearch.errors import ConfigError
+from geosearch.yaml_io import MAX_ALIASES, load_yaml, parse_yaml
+
+
+def test_reads_a_mapping(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("lr: 6e-4\nlist: [1, 2]\nanchor: &x {a: 1}\nalias: *x\n")
+    data = load_yaml(path)
+    # Rule: safe loading of plain data (PyYAML's 6e-4-as-string quirk is left to the checks).
+    assert data == {"lr": "6e-4", "list": [1, 2], "anchor": {"a": 1}, "alias": {"a": 1}}
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p, "file not found"),
+    (lambda p: p.mkdir() or p, "is a directory, expected a file"),
+    (lambda p: p.write_bytes(b"a: \xff\xfe\n") and p, "cannot read the file"),
+    (lambda p: p.write_text("a: [1, 2\nb: 3\n") and p, "malformed YAML at line 2, column 2: expected ',' or ']'"),
+    (lambda p: p.write_text("a:\n\tb: 1\n") and p, "malformed YAML at line 2, column 1"),
+    (lambda p: p.write_text("# only a comment\n") and p, "empty file; expected a search space"),
+], ids=["missing", "directory", "not-utf8", "unclosed", "tab", "empty"])
+def test_failures_are_one_line_naming_the_file(tmp_path, make, words):
+    path = make(tmp_path / "f.yaml")
+    with pytest.raises(ConfigError) as e:
+        load_yaml(path, what="a search space")
+    # Rule: one line, starting with the file name, saying what went wrong.
+    assert str(e.value).startswith(f"{path}: ") and words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_empty_file_with_a_default(tmp_path):
+    path = tmp_path / "e.yaml"
+    path.write_text("")
+    assert load_yaml(path, default={}) == {}
+
+
+def test_alias_bombs_are_refused_before_they_are_built():
+    fine = "a: &a [x]\nb: [" + ", ".join(["*a"] * MAX_ALIASES) + "]\n"
+    assert len(parse_yaml(fine)["b"]) == MAX_ALIASES
+    # Each level multiplies the expanded size by 10: 10^12 leaves from a dozen lines.
+    levels = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 13)]
+    with pytest.raises(ConfigError, match=rf"^bomb.yaml: malformed YAML at line \d+, column \d+: more than "
+                                          rf"{MAX_ALIASES} aliases"):
+        parse_yaml("\n".join(levels) + "\n", source="bomb.yaml")
+
+
+def test_long_problems_are_cut():
+    with pytest.raises(ConfigError) as e:
+        parse_yaml("key: 'unterminated " + "x" * 5000, source="s")
+    # Rule: the message stays one short line whatever the input.
+    assert len(str(e.value)) < 400 and "\n" not in str(e.value)
