@@ -127,27 +127,28 @@ class Searcher:
             Why the loop stopped, in words.
         """
         start = time.monotonic()
-        try:
-            while True:
-                if timeout is not None and time.monotonic() - start >= timeout:
-                    return f"timeout of {timeout:g} s reached"
-                why = self._should_stop()
-                if why:
-                    return why
-                trial = self.study.ask()
-                try:
-                    number = self._run_trial(trial)
-                except _Stop as e:
-                    return str(e)
-                except (TrialLost, optuna.exceptions.UpdateFinishedTrialError):
-                    self.echo(f"trial {trial.number} was taken for dead by another worker (no "
-                              f"heartbeat for {self.stale_after:g} s?), which queued its point "
-                              "again: this worker drops it")
-                    continue
-                if number is not None:
-                    on_trial(self._frozen(number))
-        finally:
-            self.owner.close()
+        with _ctrl_c_latch():
+            try:
+                while True:
+                    if timeout is not None and time.monotonic() - start >= timeout:
+                        return f"timeout of {timeout:g} s reached"
+                    why = self._should_stop()
+                    if why:
+                        return why
+                    trial = self.study.ask()
+                    try:
+                        number = self._run_trial(trial)
+                    except _Stop as e:
+                        return str(e)
+                    except (TrialLost, optuna.exceptions.UpdateFinishedTrialError):
+                        self.echo(f"trial {trial.number} was taken for dead by another worker (no "
+                                  f"heartbeat for {self.stale_after:g} s?), which queued its point "
+                                  "again: this worker drops it")
+                        continue
+                    if number is not None:
+                        on_trial(self._frozen(number))
+            finally:
+                self.owner.close()
 
     def _should_stop(self) -> str | None:
         for n, why in recover_stale(self.study, self.owner, self.stale_after):
@@ -334,6 +335,8 @@ class Searcher:
         def callback(step: int, metrics: dict) -> str | None:
             if heartbeat.lost.is_set():
                 raise TrialLost
+            if _CTRL_C.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see _ctrl_c_latch)
+                raise KeyboardInterrupt
             try:
                 if repeat == 0 and metrics.get("val_loss") is not None:
                     trial.report(float(metrics["val_loss"]), step)
@@ -349,6 +352,37 @@ class Searcher:
             return why or f"pruned by {type(pruner).__name__} at step {step}"
 
         return callback
+
+
+_CTRL_C = threading.Event()
+
+
+class _ctrl_c_latch:
+    """Remember a Ctrl-C (main thread only) while the loop runs, as well as raising it.
+
+    SIGINT raises KeyboardInterrupt wherever the main thread is; when that is inside a
+    callback Python runs for itself (an import lock's or a weakref's), Python prints
+    "Exception ignored" and the run goes on. The latch keeps the signal, and the trainer's
+    callback raises it again at its next call, where the loop records the interruption.
+    """
+
+    def __enter__(self) -> None:
+        _CTRL_C.clear()
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        _CTRL_C.set()
+        if callable(self.previous) and self.previous is not self._handle:
+            self.previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        _CTRL_C.clear()
 
 
 class _sigint_deferred:
