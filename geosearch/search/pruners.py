@@ -129,13 +129,15 @@ class LogitGrowthPruner(BasePruner):
     Why these defaults (the anchors are in docs/design.md, "The instability signal"):
 
     - ``max_logit_factor=10``. Wortsman et al. 2023 (arXiv 2309.14322) see the loss
-      degrade once max logits reach about 1e3 and divergence follow above 1e4, in
-      GPT-style models whose S is of the order of GPT-2 small's 96: harm starts near
-      10 S and divergence near 100 S. The factor is the lower, harm anchor, so the
-      threshold is where harm is documented, not where the run is already lost. Kimi K2's
-      QK-Clip caps logits at τ = 100, about 0.2 S for its S ≈ 7168/√192 ≈ 517: a ceiling
-      a stable recipe *enforces*, well inside the bound, not a sign of failure, so it is
-      not a pruning threshold.
+      degrade once max logits reach about 1e3 and divergence follow above 1e4. These are
+      absolute logits; read at the scale of GPT-2 small (S = 96, the model of the
+      published geometry runs) they are about 10 S and 100 S. That their models' S is of
+      this order is an assumption, not a measurement: the factor carries the anchors to
+      other widths, it was not fitted to any run. The factor is the lower, harm anchor,
+      so the threshold is where harm is documented, not where the run is already lost.
+      Kimi K2's QK-Clip caps logits at τ = 100, about 0.2 S for its d_model 7168 and
+      query/key head dimension 192 (S ≈ 517): a ceiling a stable recipe *enforces*, well
+      inside the bound, not a sign of failure, so it is not a pruning threshold.
     - ``max_logit=1e3``: the same anchor in absolute units, for trials that do not store
       their model's S (studies from before it was stored).
     - ``interval=0.9``: the forecast rule prunes when the 5% one-sided lower end is above
@@ -312,7 +314,8 @@ class LogitGrowthPruner(BasePruner):
         if scale is None:
             return _Threshold(self._max_logit, f"max_logit {self._max_logit:.3g}")
         value = self._factor * scale
-        return _Threshold(value, f"threshold {value:.3g} ({self._factor:g} × d/√d_head {scale:.3g})")
+        text = f"threshold {value:.3g} ({self._factor:g} × d/√d_head {scale:.3g})"
+        return _Threshold(value, text)
 
     def _too_large(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
         limit = self._threshold(_scales(trial)[0])
