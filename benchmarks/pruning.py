@@ -57,7 +57,6 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
