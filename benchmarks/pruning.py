@@ -1,39 +1,50 @@
-"""Does the logit-growth pruner save compute without changing the winner?
+"""Does the stability pruner stop the runs that instability harms, and only those?
 
-The same search (``search_spaces/paper.yaml``: attention and MLP each Stiefel or DGram,
-the study's settings, scaled down to a CPU proxy) is run once per pruning setting, all in
-this run and on the same machine:
+Ground truth is defined by **harm**, never by a logit threshold. paper.yaml's grid
+(attention and MLP each Stiefel or DGram) is trained without pruning, ``--repeats`` seeds
+per assignment, at each spectral step size of ``--lrs``, once at the target's length
+(``--target-steps``, default: the proxy's ``--steps``). An assignment is *harmed* at a
+step size when, in those target runs,
 
-- ``none``: no pruning. Every trial trains to its end (the trainer still stops a run
-  whose loss is non-finite: it cannot go on). This run defines which trials *end
-  unstable*: the run stopped non-finite, or its last probed max attention logit of some
-  seed is above the pruner's ``max_logit`` (the paper.yaml value).
-- ``logit``: paper.yaml's own :class:`~geosearch.search.pruners.LogitGrowthPruner`
-  (max logit, max-logit trend, entropy collapse, non-finite), no loss pruner.
-- ``median``: a loss-only pruner: Optuna's ``MedianPruner`` through the space's
-  ``pruner.loss`` setting, the logit, trend and entropy rules switched off.
-- ``logit+median``: the logit-growth pruner wrapping that median pruner (how the two
-  are meant to be combined).
+- (a) a seed's run stopped non-finite or ended with a non-finite validation loss; or
+- (b) a seed's validation loss rose: its final value is above the lowest it reached by
+  more than 2 s; or
+- (c) its mean final validation loss is worse than that of *every* assignment with
+  bounded attention (Stiefel attention: σ_max(W_Q) = σ_max(W_K) = 1, so its logits cannot
+  grow past d/√d_head; those not harmed by (a) or (b)) by more than 2 s·√(2/r).
 
-Each search runs twice: at a spectral step size where DGram attention misbehaves (the
-smallest of a scan of step sizes at which the DGram-attention assignment ends unstable
-without pruning) and at the study's own 0.02. The runs are seeded, so a pruned trial
-replays its unpruned run up to the step it is stopped at.
+``s`` is the seed noise: the pooled standard deviation of the final validation loss over
+the seeds of each assignment (r seeds), or ``--noise`` with one seed.
 
-Measured per search: trial-steps spent (training steps summed over trials and seeds),
-the trials' wall time, the steps spent on trials that end unstable, and the winner
-(lowest mean final val loss). Targets, for the logit-growth pruner: every trial that
-ends unstable is stopped within 25% of its budget; the whole search spends at most 50%
-of the unpruned search's trial-steps and picks the same winner.
+The search at the proxy's length (``--steps``) is then replayed through each pruning
+setting, exactly as the search asks its pruner: one trial per assignment in a seeded
+order, the seeds one after the other, ``trial.report`` of the first seed's validation
+losses, the probe rows (``probe_row``: the trainer's metrics and Σ η of the proxy's
+schedule) stored before every ``should_prune()``, one pruned seed prunes the trial. The
+trials carry the forecast's inputs: the target's Σ η (``schedule_sum_eta`` of
+``--target-steps`` at the same step size), its length, and the model's d/√d_head. The
+runs are seeded, so a pruned run is its unpruned run's prefix and the replay is exact.
+
+- ``none``: nothing pruned (the trainer still stops a non-finite run: it cannot go on);
+- ``logit``: :class:`~geosearch.search.pruners.LogitGrowthPruner` with its defaults
+  (max logit and forecast against 10 × d/√d_head, entropy collapse, non-finite);
+- ``median``: Optuna's ``MedianPruner`` on the validation loss alone;
+- ``logit+median``: the first wrapping the second.
+
+Reported per setting: trial-steps (training steps summed over trials and seeds) as a
+fraction of the unpruned search's, the pruned trials, **false prunes** (pruned, but not
+harmed), **missed harms** (harmed, not pruned), and the winner (lowest mean final
+validation loss among completed trials) against the best unharmed assignment. Also the
+forecast itself: the max logit forecast at the target from a quarter, a half and all of
+the proxy run, against the target run's final max logit.
 
 Not a test: it prints tables and writes them to ``benchmarks/results/pruning.md``.
 
 Usage::
 
-    python benchmarks/pruning.py                  # tiny proxy, 300 steps, 1 seed (~7-9 min on 2 shared cores)
-    python benchmarks/pruning.py --quick          # a smoke run (~1 min)
-    python benchmarks/pruning.py --spectral-lr 0.5    # skip the scan
-    python benchmarks/pruning.py --model small --steps 500 --repeats 3   # closer to paper.yaml (hours)
+    python benchmarks/pruning.py                     # tiny, 300 steps, 2 seeds, lr 0.02,0.2,0.5
+    python benchmarks/pruning.py --target-steps 1500 # forecast 5x past the proxy's length
+    python benchmarks/pruning.py --steps 100 --lrs 0.05,0.5 --solver project   # a quick check
 """
 
 from __future__ import annotations
@@ -41,389 +52,422 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import io
 import math
+import random
+import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
 import torch
+from optuna.trial import TrialState, create_trial
 
 from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
-from geosearch.proxy.train import train
-from geosearch.search.pruners import BUDGET_STEPS_ATTR, PROBE_HISTORY_ATTR
-from geosearch.report import TrialRecord, load_run
-from geosearch.search.ranking import rank_study
+from geosearch.proxy.train import TrainConfig, train
+from geosearch.search.forecast import schedule_sum_eta, stiefel_logit_bound
+from geosearch.search.pruners import (
+    BUDGET_STEPS_ATTR,
+    LOGIT_SCALE_ATTR,
+    PROBE_HISTORY_ATTR,
+    TARGET_LOGIT_SCALE_ATTR,
+    TARGET_STEPS_ATTR,
+    TARGET_SUM_ETA_ATTR,
+    LogitGrowthPruner,
+    probe_row,
+)
 from geosearch.search.space import SearchSpace, apply_overrides, load_space
-from geosearch.search.study import run_search
 
 RESULTS = Path(__file__).parent / "results" / "pruning.md"
-STUDY_LR = 0.02  # paper.yaml's spectral step size
-SCAN = (0.05, 0.1, 0.2, 0.5, 1.0)  # 1-2-5 steps above it
-SCANNED = {"geometry.attn": "dgram", "geometry.mlp": "stiefel"}  # the DGram-attention point
 MODES = ("none", "logit", "median", "logit+median")
-# "off" for the logit rule: the largest float passes the pruner's own checks (finite,
-# positive); a probed logit never exceeds it, and a non-finite one is caught anyway.
-OFF = sys.float_info.max
-STOP_TARGET, COMPUTE_TARGET = 0.25, 0.50
+BOUNDED_ATTENTION = ("stiefel",)  # attention geometries that hold σ_max at 1
 
 
-# --------------------------------------------------------------------------- settings
-def base_space(args: argparse.Namespace) -> SearchSpace:
-    """paper.yaml at the benchmark's proxy scale."""
-    space = load_space("paper")
-    overrides = {"proxy.device": args.device}
-    if args.solver:
-        overrides["proxy.solver"] = args.solver
-    return apply_overrides(space, overrides, model=args.model, steps=args.steps,
-                           repeats=args.repeats)
-
-
-def mode_space(space: SearchSpace, mode: str, lr: float, median_startup: int) -> SearchSpace:
-    """``space`` at spectral step ``lr`` with the pruner of ``mode``."""
-    median = {"type": "median", "n_startup_trials": median_startup, "n_warmup_steps": 0}
-    off = {"max_logit": OFF, "trend_min_logit": None, "min_entropy": None}
-    pruner = {
-        "none": {**off, "loss": "none"},
-        "logit": {},  # paper.yaml's own
-        "median": {**off, "loss": median},
-        "logit+median": {"loss": median},
-    }[mode]
-    overrides = {"proxy.spectral_lr": lr, **{f"pruner.{k}": v for k, v in pruner.items()}}
-    return apply_overrides(space, overrides, name=f"pruning-lr{lr:g}-{mode.replace('+', '-')}")
-
-
-# --------------------------------------------------------------------------- one search
+# --------------------------------------------------------------------------- runs
 @dataclass
-class TrialRun:
-    """One trial of one search, as the benchmark counts it."""
+class Run:
+    """One seed of one assignment, trained without pruning."""
 
-    key: str  # the assignment, e.g. "attn=dgram, mlp=stiefel"
-    number: int
-    status: str  # completed | unstable | failed
-    steps: int  # training steps spent, over its seeds
-    seconds: float  # wall time of the trial
-    final_logits: list[float]  # last probed max logit of each seed that ran
-    loss: float  # mean final val loss (nan when none)
-    stop_step: int | None = None
-    reason: str | None = None
-
-
-@dataclass
-class SearchRun:
-    mode: str
-    lr: float
-    trials: dict[str, TrialRun]
-    winner: str | None
-    seconds: float
-    order: list[str] = field(default_factory=list)
+    status: str
+    history: list[dict]
+    config: TrainConfig
 
     @property
     def steps(self) -> int:
-        return sum(t.steps for t in self.trials.values())
+        """Steps trained: the last record's step (a record is written where a run stops)."""
+        return self.history[-1]["step"] if self.history else 0
 
     @property
-    def trial_seconds(self) -> float:
-        return sum(t.seconds for t in self.trials.values())
+    def vals(self) -> list[float]:
+        return [m["val_loss"] for m in self.history if m.get("val_loss") is not None]
+
+    @property
+    def final_val(self) -> float:
+        return self.vals[-1] if self.vals else math.nan
+
+    @property
+    def final_logit(self) -> float:
+        logits = [m["max_logit"] for m in self.history if m.get("max_logit") is not None]
+        return logits[-1] if logits else math.nan
+
+    def sum_eta(self, step: int) -> float:
+        c = self.config.resolved()
+        return schedule_sum_eta(step, steps=c.steps, peak=c.spectral_lr,
+                                warmup_steps=c.warmup_steps, min_lr_ratio=c.min_lr_ratio)
 
 
-def _last(records: list[dict], key: str) -> float | None:
-    values = [r[key] for r in records if r.get(key) is not None]
-    return float(values[-1]) if values else None
+def proxy_space(args: argparse.Namespace) -> SearchSpace:
+    """paper.yaml at the benchmark's proxy scale."""
+    overrides = {"proxy.device": args.device}
+    if args.solver:
+        overrides["proxy.solver"] = args.solver
+    return apply_overrides(load_space("paper"), overrides, model=args.model, steps=args.steps,
+                           repeats=args.repeats)
 
 
-def _trial_run(t: TrialRecord) -> TrialRun:
-    # metrics.jsonl holds a record at every probe/eval step and at the step a run stopped,
-    # so the last record's step is the number of steps that seed trained
-    steps = sum(int(_last(seed, "step") or 0) for seed in t.metrics)
-    logits = [x for x in (_last(seed, "max_logit") for seed in t.metrics) if x is not None]
-    return TrialRun(key=t.label, number=t.number, status=t.state, steps=steps,
-                    seconds=t.duration_s or 0.0, final_logits=logits,
-                    loss=t.loss.mean if t.loss.n else math.nan, stop_step=t.stop_step,
-                    reason=t.reason)
+def assignments(space: SearchSpace) -> dict[str, dict[str, str]]:
+    """label ("attn=dgram, mlp=stiefel") -> FixedTrial params, for paper.yaml's grid."""
+    keys = list(space.geometries)
+    out: dict[str, dict[str, str]] = {}
+
+    def walk(i: int, params: dict[str, str]) -> None:
+        if i == len(keys):
+            out[", ".join(f"{k}={v}" for k, v in params.items())] = {
+                f"geometry.{k}": v for k, v in params.items()}
+            return
+        for g in space.geometries[keys[i]]:
+            walk(i + 1, {**params, keys[i]: g})
+
+    walk(0, {})
+    return out
 
 
-class _TrialLines(io.TextIOBase):
-    """Forwards the search's per-trial lines to stdout, indented; drops the rest."""
-
-    def write(self, text: str) -> int:
-        for line in text.splitlines():
-            if line.startswith("trial "):
-                print("    " + line, flush=True)
-        return len(text)
-
-
-def run_one(space: SearchSpace, mode: str, lr: float, runs_dir: Path) -> SearchRun:
-    print(f"  search lr={lr:g}, pruning: {mode}", flush=True)
-    t0 = time.perf_counter()
-    outcome = run_search(space, runs_dir=runs_dir, export=False, out=_TrialLines(), progress=False)
-    seconds = time.perf_counter() - t0
-    run = load_run(outcome.run_dir)
-    trials = {t.label: _trial_run(t) for t in run.trials if t.state in ("completed", "unstable", "failed")}
-    ranking = rank_study(run.study)
-    winner = ranking.rows[0].label if ranking.rows else None
-    order = [t.key for t in sorted(trials.values(), key=lambda t: t.number)]
-    return SearchRun(mode, lr, trials, winner, seconds, order)
+def train_grid(space: SearchSpace, lr: float, steps: int) -> dict[str, list[Run]]:
+    """Every assignment × seed at spectral step ``lr`` for ``steps`` steps, unpruned."""
+    runs: dict[str, list[Run]] = {}
+    for label, params in assignments(space).items():
+        suggestion = space.suggest(optuna.trial.FixedTrial(params))
+        for r in range(space.repeats):
+            config = space.train_config(suggestion, repeat=r)
+            config = dataclasses.replace(config, spectral_lr=lr, steps=steps)
+            t0 = time.perf_counter()
+            result = train(config, suggestion.assignment())
+            run = Run(result.status, result.history, config)
+            runs.setdefault(label, []).append(run)
+            print(f"    {label} seed {config.seed}, lr {lr:g}, {steps} steps: {result.status}, "
+                  f"val {run.final_val:.4f}, max logit {run.final_logit:.3g} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    return runs
 
 
-# --------------------------------------------------------------------------- the scan
-def ends_unstable(status: str, final_logits: list[float], max_logit: float) -> bool:
-    """The benchmark's definition: stopped (non-finite) or a seed's last max logit above
-    the pruner's threshold (or non-finite)."""
-    return status != "completed" or any(not (x <= max_logit) for x in final_logits)
+def logit_scale(space: SearchSpace) -> float:
+    """The proxy model's d/√d_head (presets: n_embd, n_head)."""
+    from geosearch.proxy.data import load_corpus
+    from geosearch.proxy.zoo import build_meta_model
+
+    corpus = load_corpus(space.proxy.data)
+    cfg = build_meta_model(space.proxy.model, vocab_size=corpus.vocab_size,
+                           model_args=space.proxy.model_args).config
+    if not (isinstance(cfg, dict) and {"n_embd", "n_head"} <= cfg.keys()):
+        raise SystemExit(f"--model {space.proxy.model}: this benchmark reads d/√d_head of the "
+                         "proxy presets (tiny, small, gpt2) only")
+    return stiefel_logit_bound(cfg["n_embd"], cfg["n_embd"] // cfg["n_head"])
 
 
-def replay(space: SearchSpace, history: list[dict]) -> tuple[int | None, str | None]:
-    """Where the space's pruner would have stopped a finished run: its metrics fed, step
-    by step, to a trial of an in-memory study, as the search's callback feeds them."""
-    study = optuna.create_study(pruner=space.make_pruner())
-    trial = study.ask()
-    trial.set_user_attr(BUDGET_STEPS_ATTR, space.proxy.steps)
-    probes: list[dict] = []
-    for m in history:
-        if m.get("val_loss") is not None:
+# --------------------------------------------------------------------------- ground truth
+@dataclass
+class Harm:
+    """The ground truth for one assignment at one step size."""
+
+    loss: float  # mean final val loss over seeds (nan if any is not finite)
+    loss_sd: float
+    final_logit: float  # seed 0's last probed max logit
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def harmed(self) -> bool:
+        return bool(self.reasons)
+
+
+def seed_noise(runs: dict[str, list[Run]]) -> float | None:
+    """Pooled standard deviation of the final val loss over each assignment's seeds."""
+    num = den = 0.0
+    for seeds in runs.values():
+        vals = [r.final_val for r in seeds if math.isfinite(r.final_val)]
+        if len(vals) > 1:
+            num += statistics.variance(vals) * (len(vals) - 1)
+            den += len(vals) - 1
+    return math.sqrt(num / den) if den else None
+
+
+def judge_harm(runs: dict[str, list[Run]], noise: float) -> dict[str, Harm]:
+    """Criteria (a)-(c) of the module docstring, per assignment."""
+    out: dict[str, Harm] = {}
+    for label, seeds in runs.items():
+        finals = [r.final_val for r in seeds]
+        finite = all(math.isfinite(v) for v in finals)
+        harm = Harm(loss=statistics.fmean(finals) if finite else math.nan,
+                    loss_sd=statistics.stdev(finals) if finite and len(finals) > 1 else math.nan,
+                    final_logit=seeds[0].final_logit)
+        for r in seeds:
+            if r.status != "completed" or not math.isfinite(r.final_val):
+                harm.reasons.append(f"(a) seed {r.config.seed} {r.status} at step {r.steps}, "
+                                    f"final val {r.final_val:.4g}")
+            elif r.final_val > min(r.vals) + 2 * noise:
+                harm.reasons.append(f"(b) seed {r.config.seed} val rose {min(r.vals):.4f} -> "
+                                    f"{r.final_val:.4f}")
+        out[label] = harm
+    bounded = [h.loss for label, h in out.items()
+               if _attention(label) in BOUNDED_ATTENTION and not h.harmed]
+    if bounded:
+        r = min(len(s) for s in runs.values())
+        margin = 2 * noise * math.sqrt(2 / r)
+        for label, h in out.items():
+            if _attention(label) not in BOUNDED_ATTENTION and not h.harmed \
+                    and h.loss > max(bounded) + margin:
+                h.reasons.append(f"(c) {h.loss:.4f} > bounded attention's worst "
+                                 f"{max(bounded):.4f} + {margin:.3f}")
+    return out
+
+
+def _attention(label: str) -> str:
+    return dict(part.split("=") for part in label.split(", "))["attn"]
+
+
+# --------------------------------------------------------------------------- the replay
+@dataclass
+class Outcome:
+    """One trial of a replayed search."""
+
+    steps: int
+    pruned: bool
+    reason: str | None
+    value: float  # mean final val loss (completed trials)
+
+
+def make_pruner(mode: str, median_startup: int) -> optuna.pruners.BasePruner:
+    median = optuna.pruners.MedianPruner(n_startup_trials=median_startup, n_warmup_steps=0)
+    return {"none": optuna.pruners.NopPruner(), "logit": LogitGrowthPruner(),
+            "median": median, "logit+median": LogitGrowthPruner(median)}[mode]
+
+
+def replay(pruner: optuna.pruners.BasePruner, runs: dict[str, list[Run]], order: list[str],
+           attrs: dict) -> dict[str, Outcome]:
+    """The search over ``runs`` (in ``order``) as ``pruner`` would have stopped it."""
+    study = optuna.create_study(pruner=pruner)
+    out = {}
+    for label in order:
+        trial = study.ask()
+        for key, value in {**attrs, BUDGET_STEPS_ATTR: runs[label][0].config.steps}.items():
+            trial.set_user_attr(key, value)
+        steps, reason = 0, None
+        for r, run in enumerate(runs[label]):
+            stop, reason = _replay_seed(study, trial, run, report=r == 0)
+            steps += stop if stop is not None else run.steps
+            if stop is not None or run.status != "completed":
+                reason = reason or f"trainer: {run.status} at step {run.steps}"
+                break
+        if reason is not None:
+            study.tell(trial, state=TrialState.PRUNED)
+            out[label] = Outcome(steps, True, reason, math.nan)
+        else:
+            value = statistics.fmean(r.final_val for r in runs[label])
+            study.tell(trial, value)
+            out[label] = Outcome(steps, False, None, value)
+    return out
+
+
+def _replay_seed(study: optuna.Study, trial: optuna.Trial, run: Run,
+                 report: bool) -> tuple[int | None, str | None]:
+    rows: list[dict] = []
+    for m in run.history:
+        if report and m.get("val_loss") is not None:
             trial.report(float(m["val_loss"]), m["step"])
         if m.get("max_logit") is not None:
-            probes.append({k: m.get(k) for k in ("step", "max_logit", "min_entropy", "train_loss")})
-            trial.set_user_attr(PROBE_HISTORY_ATTR, list(probes))
-        why = study.pruner.reason(study, trial)
-        if why:
-            return m["step"], why
+            rows.append(probe_row(m, sum_eta=run.sum_eta(m["step"])))
+            trial.set_user_attr(PROBE_HISTORY_ATTR, list(rows))
+        if trial.should_prune():
+            why = getattr(study.pruner, "reason", None)
+            return m["step"], (why(study, trial) if callable(why) else None) or \
+                f"{type(study.pruner).__name__} at step {m['step']}"
     return None, None
 
 
-def scan(space: SearchSpace, lrs: tuple[float, ...]) -> tuple[float, list[dict]]:
-    """Train the DGram-attention assignment without pruning at each step size, smallest
-    first, until one ends unstable. Returns that step size (the largest scanned if none
-    does) and one row per run."""
-    suggestion = space.suggest(optuna.trial.FixedTrial(SCANNED))
-    assignment = suggestion.assignment()
-    label = ", ".join(f"{k.split('.')[1]}={v}" for k, v in SCANNED.items())
-    rows = []
-    for lr in lrs:
-        config = dataclasses.replace(space.train_config(suggestion), spectral_lr=lr)
-        t0 = time.perf_counter()
-        result = train(config, assignment)
-        logits = [m["max_logit"] for m in result.history if m.get("max_logit") is not None]
-        final = logits[-1] if logits else math.nan
-        unstable = ends_unstable(result.status, [final], space.pruner.max_logit)
-        stop, _ = replay(space, result.history)
-        rows.append({"lr": lr, "assignment": label, "status": result.status, "final_logit": final,
-                     "peak_logit": max(logits, default=math.nan), "loss": result.final_val_loss,
-                     "unstable": unstable, "pruner_stop": stop, "seconds": time.perf_counter() - t0})
-        print(f"  scan {label} lr={lr:g}: {result.status}, final max logit {final:.3g}, "
-              f"val loss {result.final_val_loss}, {'ends unstable' if unstable else 'stable'}",
-              flush=True)
-        if unstable:
-            return lr, rows
-    return lrs[-1], rows
-
-
 # --------------------------------------------------------------------------- tables
-def _fmt_loss(x: float) -> str:
+def _loss(x: float) -> str:
     return f"{x:.4f}" if math.isfinite(x) else "—"
 
 
-def compare(runs: dict[str, SearchRun], max_logit: float, budget: int) -> tuple[list[dict], set[str]]:
-    """Summary rows per mode against the unpruned run, and the trials that end unstable."""
-    base = runs["none"]
-    unstable = {k for k, t in base.trials.items() if ends_unstable(t.status, t.final_logits, max_logit)}
-    stable_losses = {k: t.loss for k, t in base.trials.items() if k not in unstable and math.isfinite(t.loss)}
-    stable_winner = min(stable_losses, key=stable_losses.get) if stable_losses else None
+def truth_table(harm: dict[str, Harm], noise: float) -> str:
+    lines = [f"Seed noise s = {noise:.4f}.\n",
+             "| assignment | final val loss (mean ± sd) | final max logit (seed 0) | harmed |",
+             "|---|---:|---:|---|"]
+    for label, h in harm.items():
+        lines.append(f"| {label} | {_loss(h.loss)} ± {_loss(h.loss_sd)} | {h.final_logit:.3g} | "
+                     f"{'; '.join(h.reasons) if h.harmed else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_rows(outcomes: dict[str, dict[str, Outcome]], harm: dict[str, Harm]) -> list[dict]:
+    base = sum(o.steps for o in outcomes["none"].values())
+    unharmed = {k: h.loss for k, h in harm.items() if not h.harmed}
+    best = min(unharmed, key=unharmed.get) if unharmed else None
     rows = []
-    for mode, run in runs.items():
-        on_unstable = [run.trials[k].steps for k in unstable if k in run.trials]
-        pruned = [k for k, t in run.trials.items() if t.status == "unstable"]
+    for mode, trials in outcomes.items():
+        completed = {k: o.value for k, o in trials.items() if not o.pruned}
+        winner = min(completed, key=completed.get) if completed else None
+        pruned = [k for k, o in trials.items() if o.pruned]
         rows.append({
-            "mode": mode,
-            "steps": run.steps,
-            "steps_ratio": run.steps / base.steps,
-            "seconds": run.trial_seconds,
-            "seconds_ratio": run.trial_seconds / base.trial_seconds if base.trial_seconds else math.nan,
-            "unstable_steps": sum(on_unstable),
-            "worst_stop": max(on_unstable) / budget if on_unstable else None,
-            "pruned": len(pruned),
-            "pruned_stable": sum(k not in unstable for k in pruned),
-            "winner": run.winner,
-            "same_winner": run.winner == base.winner,
-            "same_stable_winner": run.winner == stable_winner,
-        })
-    return rows, unstable
+            "mode": mode, "steps": sum(o.steps for o in trials.values()),
+            "fraction": sum(o.steps for o in trials.values()) / base if base else math.nan,
+            "pruned": len(pruned), "false": [k for k in pruned if not harm[k].harmed],
+            "missed": [k for k, h in harm.items() if h.harmed and not trials[k].pruned],
+            "winner": winner, "right_winner": winner == best, "best": best})
+    return rows
 
 
 def summary_table(rows: list[dict]) -> str:
-    lines = ["| pruning | trial-steps | ÷ unpruned | trial wall s | ÷ unpruned | steps on trials that end "
-             "unstable | latest stop of those (÷ budget) | pruned (of them stable) | winner | "
-             "same winner as unpruned |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    lines = ["| pruning | trial-steps | ÷ unpruned | pruned | false prunes | missed harms | "
+             "winner | = best unharmed |", "|---|---:|---:|---:|---|---|---|---|"]
     for r in rows:
-        worst = "—" if r["worst_stop"] is None else f"{r['worst_stop']:.0%}"
-        lines.append(
-            f"| {r['mode']} | {r['steps']} | {r['steps_ratio']:.2f} | {r['seconds']:.0f} | "
-            f"{r['seconds_ratio']:.2f} | {r['unstable_steps']} | {worst} | "
-            f"{r['pruned']} ({r['pruned_stable']}) | {r['winner'] or '—'} | "
-            f"{'yes' if r['same_winner'] else 'NO'} |")
+        lines.append(f"| {r['mode']} | {r['steps']} | {r['fraction']:.2f} | {r['pruned']} | "
+                     f"{len(r['false'])}{_names(r['false'])} | {len(r['missed'])}"
+                     f"{_names(r['missed'])} | {r['winner'] or '—'} | "
+                     f"{'yes' if r['right_winner'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
-def trial_table(runs: dict[str, SearchRun], unstable: set[str]) -> str:
-    base = runs["none"]
-    modes = [m for m in runs if m != "none"]
-    lines = ["| trial | assignment | unpruned: val loss | final max logit | ends unstable | "
-             + " | ".join(f"{m}: steps" for m in modes) + " |",
-             "|---:|---|---:|---:|---|" + "---|" * len(modes)]
-    for key in base.order:
-        t = base.trials[key]
-        logit = ", ".join(f"{x:.3g}" for x in t.final_logits) or "—"
-        if t.status != "completed":
-            logit += f" ({t.status} at step {t.stop_step})"
+def _names(labels: list[str]) -> str:
+    return f" ({'; '.join(labels)})" if labels else ""
+
+
+def trial_table(outcomes: dict[str, dict[str, Outcome]], order: list[str]) -> str:
+    modes = [m for m in outcomes if m != "none"]
+    lines = ["| trial | assignment | " + " | ".join(f"{m}: steps" for m in modes) + " |",
+             "|---:|---|" + "---|" * len(modes)]
+    for i, label in enumerate(order):
+        cells = [f"{o.steps} (pruned: {o.reason})" if o.pruned else f"{o.steps}"
+                 for o in (outcomes[m][label] for m in modes)]
+        lines.append(f"| {i} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def forecast_table(proxy: dict[str, list[Run]], target: dict[str, list[Run]], attrs: dict) -> str:
+    """Seed 0's forecast at the target from 1/4, 1/2 and all of the proxy run."""
+    pruner = LogitGrowthPruner()
+    study = optuna.create_study()
+    lines = ["| assignment | target's final max logit | forecast from ¼ of the proxy | from ½ | "
+             "from all | ratio (all) |", "|---|---:|---:|---:|---:|---:|"]
+    for label, seeds in proxy.items():
+        run, truth = seeds[0], target[label][0].final_logit
         cells = []
-        for m in modes:
-            r = runs[m].trials.get(key)
-            if r is None:
-                cells.append("—")
-            elif r.status == "unstable":
-                cells.append(f"{r.steps} (pruned: {r.reason})")
-            else:
-                cells.append(f"{r.steps} ({r.status})")
-        lines.append(f"| {t.number} | {key} | {_fmt_loss(t.loss)} | {logit} | "
-                     f"{'yes' if key in unstable else 'no'} | " + " | ".join(cells) + " |")
+        for part in (4, 2, 1):
+            rows = [probe_row(m, sum_eta=run.sum_eta(m["step"])) for m in run.history
+                    if m.get("max_logit") is not None and m["step"] <= run.config.steps // part]
+            frozen = create_trial(state=TrialState.RUNNING,
+                                  user_attrs={**attrs, PROBE_HISTORY_ATTR: rows})
+            f = pruner.forecast(study, frozen)
+            cells.append("—" if f is None else f"{f.value:.3g} ({f.low:.3g}–{f.high:.3g})")
+            ratio = "—" if f is None else f"{f.value / truth:.2f}"
+        lines.append(f"| {label} | {truth:.3g} | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines) + "\n"
-
-
-def scan_table(rows: list[dict], chosen: float) -> str:
-    lines = ["| spectral lr | assignment | status | peak max logit | final max logit | val loss | "
-             "ends unstable | logit pruner would stop it at | s |",
-             "|---:|---|---|---:|---:|---:|---|---|---:|"]
-    for r in rows:
-        loss = r["loss"] if r["loss"] is not None else math.nan
-        stop = "—" if r["pruner_stop"] is None else f"step {r['pruner_stop']}"
-        lines.append(f"| {r['lr']:g}{' (used)' if r['lr'] == chosen else ''} | {r['assignment']} | "
-                     f"{r['status']} | {r['peak_logit']:.3g} | {r['final_logit']:.3g} | "
-                     f"{_fmt_loss(loss)} | {'yes' if r['unstable'] else 'no'} | {stop} | "
-                     f"{r['seconds']:.0f} |")
-    return "\n".join(lines) + "\n"
-
-
-def verdicts(rows: list[dict], unstable: set[str], base: SearchRun, lr: float) -> str:
-    out = []
-    stable = [k for k in base.trials if k not in unstable]
-    for r in rows:
-        if r["mode"] not in ("logit", "logit+median"):
-            continue
-        if not unstable:
-            t1 = "no trial ends unstable, so there is nothing to stop early (target not applicable)"
-        else:
-            ok = r["worst_stop"] <= STOP_TARGET
-            t1 = (f"trials that end unstable stopped by {r['worst_stop']:.0%} of their budget at the "
-                  f"latest: target (≤ {STOP_TARGET:.0%}) {'met' if ok else 'NOT met'}")
-        ok2 = r["steps_ratio"] <= COMPUTE_TARGET and r["same_winner"]
-        t2 = (f"{r['steps_ratio']:.0%} of the unpruned trial-steps, winner "
-              f"{'the same' if r['same_winner'] else 'different'}: target (≤ {COMPUTE_TARGET:.0%} with "
-              f"the same winner) {'met' if ok2 else 'NOT met'}")
-        floor = ""
-        share = len(stable) / len(base.trials)
-        if r["mode"] == "logit" and r["steps_ratio"] > COMPUTE_TARGET and share >= COMPUTE_TARGET:
-            floor = (" (every trial ends stable: a pruner that stops only unstable trials has nothing "
-                     "to save here)" if not unstable else
-                     f" ({len(stable)} of {len(base.trials)} trials end stable and train to the end "
-                     f"under a pruner that only stops unstable ones: its floor is {share:.0%} plus "
-                     "the steps the unstable ones take before they are stopped)")
-        out.append(f"- lr {lr:g}, {r['mode']}: {t1}; {t2}{floor}")
-        if not r["same_winner"] and r["same_stable_winner"]:
-            out.append(f"  - the unpruned winner ({base.winner}) ends unstable; the pruned search "
-                       "picks the best of the trials that end stable, as it is meant to")
-    return "\n".join(out) + "\n"
 
 
 # --------------------------------------------------------------------------- main
+def one_step_size(space: SearchSpace, lr: float, args: argparse.Namespace, scale: float,
+                  order: list[str]) -> str:
+    print(f"  spectral lr {lr:g}: proxy runs ({args.steps} steps)", flush=True)
+    proxy = train_grid(space, lr, args.steps)
+    if args.target_steps == args.steps:
+        target = proxy
+    else:
+        print(f"  spectral lr {lr:g}: target runs ({args.target_steps} steps)", flush=True)
+        target = train_grid(space, lr, args.target_steps)
+    noise = seed_noise(target) if args.noise is None else args.noise
+    if noise is None:
+        raise SystemExit("one seed per assignment: give the seed noise with --noise")
+    harm = judge_harm(target, noise)
+    t = target[order[0]][0].config.resolved()
+    attrs = {TARGET_SUM_ETA_ATTR: schedule_sum_eta(t.steps, steps=t.steps, peak=lr,
+                                                   warmup_steps=t.warmup_steps,
+                                                   min_lr_ratio=t.min_lr_ratio),
+             TARGET_STEPS_ATTR: t.steps, LOGIT_SCALE_ATTR: scale, TARGET_LOGIT_SCALE_ATTR: scale}
+    outcomes = {m: replay(make_pruner(m, args.median_startup), proxy, order, attrs)
+                for m in ["none", *[m for m in args.modes if m != "none"]]}
+    rows = summary_rows(outcomes, harm)
+    logit = next(r for r in rows if r["mode"] == "logit")
+    verdict = (f"Logit pruner at lr {lr:g}: {len(logit['false'])} false prune(s) (target 0), "
+               f"{len(logit['missed'])} missed harm(s), {logit['fraction']:.0%} of the unpruned "
+               f"trial-steps; its winner {'is' if logit['right_winner'] else 'is NOT'} the best "
+               f"unharmed assignment ({logit['best']}).")
+    print("  " + verdict, flush=True)
+    return "\n".join([
+        f"## Spectral lr {lr:g} (target Σ η {attrs[TARGET_SUM_ETA_ATTR]:.3g}, "
+        f"proxy Σ η {proxy[order[0]][0].sum_eta(args.steps):.3g})\n",
+        "Ground truth (unpruned target runs):\n", truth_table(harm, noise),
+        "Replayed search, trial order: " + "; ".join(order) + ".\n", summary_table(rows),
+        "\n" + trial_table(outcomes, order),
+        "\nForecast at the target (seed 0; value and 90% interval, in the model's logits):\n",
+        forecast_table(proxy, target, attrs), f"\n{verdict}\n"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="proxy preset: tiny (default), small, gpt2")
     parser.add_argument("--steps", type=int, default=300, help="steps per proxy run (default 300)")
-    parser.add_argument("--repeats", type=int, default=1, help="seeds per assignment (default 1)")
+    parser.add_argument("--target-steps", type=int,
+                        help="length of the target runs that define harm (default: --steps)")
+    parser.add_argument("--repeats", type=int, default=2, help="seeds per assignment (default 2)")
+    parser.add_argument("--lrs", default="0.02,0.2,0.5",
+                        help="spectral step sizes, comma-separated (default %(default)s)")
+    parser.add_argument("--noise", type=float,
+                        help="seed noise s of the final val loss (needed with --repeats 1)")
     parser.add_argument("--solver", choices=("project", "dual"),
                         help="manifold-Muon solver (default: paper.yaml's, dual)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
-    parser.add_argument("--spectral-lr", type=float,
-                        help="the misbehaving step size; skips the scan")
-    parser.add_argument("--scan", default=",".join(f"{x:g}" for x in SCAN),
-                        help="step sizes to scan, smallest first (default %(default)s)")
     parser.add_argument("--median-startup", type=int, default=1,
-                        help="MedianPruner n_startup_trials (default 1: the 4-point grid has too few "
-                             "trials for Optuna's default 5, which would never prune)")
+                        help="MedianPruner n_startup_trials (default 1: Optuna's 5 never prunes "
+                             "a grid of 4)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
-                        help="pruning settings to compare (none is always run)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 100 steps, scan 0.5,1 (other flags still apply)")
+                        help="pruning settings to replay (none is always replayed)")
+    parser.add_argument("--order-seed", type=int, default=0, help="seed of the trial order")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--keep", type=Path, help="keep the run directories here")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.scan = 100, "0.5,1"
-    modes = ["none", *[m for m in args.modes if m != "none"]]
+    args.target_steps = args.target_steps or args.steps
+    if args.target_steps < args.steps:
+        parser.error("--target-steps must be at least --steps")
     torch.set_num_threads(args.threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    started = time.perf_counter()
-    header_machine = machine()
+    started, header_machine = time.perf_counter(), machine()
 
-    space = base_space(args)
-    max_logit = space.pruner.max_logit
-    budget = space.proxy.steps * space.repeats
+    space = proxy_space(args)
+    scale = logit_scale(space)
+    order = list(assignments(space))
+    random.Random(args.order_seed).shuffle(order)
     print(space.summary(), flush=True)
-
-    scan_rows: list[dict] = []
-    if args.spectral_lr is not None:
-        bad_lr = args.spectral_lr
-    else:
-        bad_lr, scan_rows = scan(space, tuple(float(x) for x in args.scan.split(",")))
-    lrs = [bad_lr] + ([STUDY_LR] if bad_lr != STUDY_LR else [])
-
-    sections = []
-    with tempfile.TemporaryDirectory() as tmp:
-        runs_dir = args.keep or Path(tmp)
-        for lr in lrs:
-            runs = {m: run_one(mode_space(space, m, lr, args.median_startup), m, lr, runs_dir)
-                    for m in modes}
-            rows, unstable = compare(runs, max_logit, budget)
-            sections.append((lr, runs, rows, unstable))
+    sections = [one_step_size(space, float(lr), args, scale, order) for lr in args.lrs.split(",")]
 
     p = space.proxy
-    command = "python benchmarks/pruning.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = [
-        f"# Pruning: logit growth vs loss-only vs none ({p.model} proxy)\n",
-        f"{datetime.datetime.now().isoformat(timespec='seconds')}; `{command.strip()}`; "
-        f"{header_machine}; {time.perf_counter() - started:.0f} s in all.\n",
-        f"Search: `search_spaces/paper.yaml` (attn, mlp ∈ {{stiefel, dgram}}, grid of 4, seeded order) "
-        f"at proxy scale: model `{p.model}`, {p.steps} steps × batch {p.batch_size}, solver `{p.solver}`"
-        f"{' (K=' + str(p.optimizer_args.get('dual_steps')) + ')' if p.solver == 'dual' else ''}, "
-        f"eval every {p.eval_every}, probe every {p.probe_every}, {space.repeats} seed(s) per "
-        f"assignment. Logit-growth pruner: paper.yaml's (max_logit {max_logit:g}, trend from "
-        f"{space.pruner.trend_min_logit:g} over {space.pruner.window} probes to the trial's budget, "
-        f"min entropy {space.pruner.min_entropy:g}). Median: Optuna `MedianPruner(n_startup_trials="
-        f"{args.median_startup}, n_warmup_steps=0)` on the val loss (reported every {p.eval_every} "
-        "steps), logit rules off. *Ends unstable*: in the unpruned search, the run stopped non-finite "
-        f"or a seed's last max logit is above {max_logit:g}. Trial-steps are exact (seeded runs); "
-        "wall times are from a shared machine and only indicative.\n",
+        f"# Pruning by harm: logit forecast vs loss-only vs none ({p.model} proxy)\n",
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; {header_machine}; "
+        f"{time.perf_counter() - started:.0f} s in all.\n",
+        f"Search: `search_spaces/paper.yaml` (attn, mlp ∈ {{stiefel, dgram}}) at proxy scale: "
+        f"model `{p.model}` (d/√d_head {scale:.3g}), {args.steps} steps × batch {p.batch_size}, "
+        f"solver `{p.solver}`, eval every {p.eval_every}, probe every {p.probe_every}, "
+        f"{space.repeats} seed(s) per assignment; target runs of {args.target_steps} steps at the "
+        f"same step size define harm. Logit pruner: `LogitGrowthPruner()` defaults (threshold "
+        f"10 × d/√d_head = {10 * scale:.3g}, forecast's 90% interval, min entropy 0.01). Median: "
+        f"`MedianPruner(n_startup_trials={args.median_startup}, n_warmup_steps=0)`. Harm "
+        "criteria (a)-(c) and the replay are described in the script's docstring. Trial-steps "
+        "are exact (seeded runs).\n",
+        *sections,
     ]
-    if scan_rows:
-        text += ["## Scan: where does DGram attention misbehave?\n",
-                 f"`attn=dgram, mlp=stiefel` without pruning, smallest step size first, until it ends "
-                 f"unstable; that step size is used below (the study's own is {STUDY_LR}).\n",
-                 scan_table(scan_rows, bad_lr)]
-    elif args.spectral_lr is not None:
-        text.append(f"Misbehaving step size given on the command line: {bad_lr:g} (no scan).\n")
-    for lr, runs, rows, unstable in sections:
-        text += [f"## Spectral lr {lr:g}\n",
-                 "Order of the trials: " + "; ".join(runs["none"].order) + ".\n",
-                 summary_table(rows), "\n" + trial_table(runs, unstable), "\n" + verdicts(rows, unstable, runs["none"], lr)]
     publish("\n".join(text), args.out)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

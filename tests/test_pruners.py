@@ -9,11 +9,14 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from geosearch.search.pruners import LogitGrowthPruner
+from geosearch.search.forecast import schedule_sum_eta
+from geosearch.search.pruners import LogitGrowthPruner, probe_row
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 BUDGET = 300
+PEAK = 0.02  # spectral step of the synthetic proxy runs
+TINY, GPT2 = 8.0, 96.0  # d/√d_head of the tiny proxy and of GPT-2 small
 
 
 def probes(logits, *, every=10, start=0, entropy=1.0, loss=4.0):
@@ -24,9 +27,10 @@ def probes(logits, *, every=10, start=0, entropy=1.0, loss=4.0):
     ]
 
 
-def running(history, *, budget=BUDGET, values=None):
-    """A frozen RUNNING trial as the objective leaves it after storing its probes."""
-    attrs = {"probe_history": history}
+def running(history, *, budget=BUDGET, values=None, **attrs):
+    """A frozen RUNNING trial as the objective leaves it after storing its probes (and the
+    forecast's inputs given as keyword arguments: target_sum_eta, logit_scale, ...)."""
+    attrs["probe_history"] = history
     if budget is not None:
         attrs["budget_steps"] = budget
     return create_trial(
@@ -48,6 +52,33 @@ def exponential(first, per_step, n, every=10):
     return [first * per_step ** (i * every) for i in range(n)]
 
 
+def with_sum_eta(history, steps=BUDGET, peak=PEAK, sigma=None):
+    """``history`` with each row's Σ η of a ``steps``-step proxy run (and σ_max of attn_qkv
+    from ``sigma(sum_eta)``), as the objective stores them."""
+    out = []
+    for row in history:
+        eta = schedule_sum_eta(row["step"], steps=steps, peak=peak)
+        extra = {"sigma_max": {"attn_qkv": sigma(eta), "mlp_in": 1.0}} if sigma else {}
+        out.append({**row, "sum_eta": eta, **extra})
+    return out
+
+
+def law(c, power=2.0, steps=BUDGET, every=10, **kwargs):
+    """A probe history following logit = c·(1 + Σ η)^power over a ``steps``-step proxy run."""
+    rows = probes([0.0] * (steps // every), every=every, start=every, **kwargs)
+    for row in rows:
+        row["sum_eta"] = schedule_sum_eta(row["step"], steps=steps, peak=PEAK)
+        row["max_logit"] = c * (1.0 + row["sum_eta"]) ** power
+    return rows
+
+
+def target(steps, scale=GPT2, proxy_scale=TINY):
+    """The trial attributes of a target run of ``steps`` steps at PEAK on a model of
+    d/√d_head ``scale``, searched on a proxy of d/√d_head ``proxy_scale``."""
+    return {"target_sum_eta": schedule_sum_eta(steps, steps=steps, peak=PEAK),
+            "target_steps": steps, "logit_scale": proxy_scale, "target_logit_scale": scale}
+
+
 # ---------------------------------------------------------------------- arguments
 @pytest.mark.parametrize(
     "kwargs, message",
@@ -62,6 +93,11 @@ def exponential(first, per_step, n, every=10):
         ({"trend_min_logit": 0}, "trend_min_logit must be between 0 and max_logit"),
         ({"trend_min_logit": 2e3}, "trend_min_logit must be between 0 and max_logit"),
         ({"horizon_steps": 0}, "horizon_steps must be at least 1 or None but got 0"),
+        ({"max_logit_factor": 0}, "max_logit_factor must be positive and finite but got 0"),
+        ({"max_logit_factor": math.nan},
+         "max_logit_factor must be positive and finite but got nan"),
+        ({"interval": 1.0}, "interval must be between 0 and 1 or None but got 1.0"),
+        ({"interval": 0}, "interval must be between 0 and 1 or None but got 0"),
     ],
 )
 def test_bad_arguments_are_rejected_with_the_value(kwargs, message):
@@ -90,81 +126,139 @@ def test_max_logit_below_threshold_and_flat_is_kept():
     assert not decision and why is None
 
 
-# ---------------------------------------------------------------------- trend
-def test_exponential_growth_is_pruned_early_by_the_trend():
-    # Doubling every 20 steps from 10: 113 at step 70, would reach 1e3 near step 133.
-    logits = exponential(10.0, 2 ** (1 / 20), 8)
-    decision, why = judge(LogitGrowthPruner(), running(probes(logits)))
-    # Rule: the log-linear trend over the last 5 points, extrapolated to the budget
-    # (step 300), crosses max_logit, while the logit itself (113) is far below it.
-    assert max(logits) < 1e3
+def test_the_trend_rules_old_arguments_warn_and_do_nothing():
+    logits = exponential(10.0, 2 ** (1 / 20), 8)  # the old trend rule pruned this
+    # Rule: trend_min_logit and horizon_steps other than the old defaults warn ...
+    with pytest.warns(DeprecationWarning) as warned:
+        pruner = LogitGrowthPruner(trend_min_logit=50, horizon_steps=5000)
+    assert [str(w.message).split(" has")[0] for w in warned] == [
+        "LogitGrowthPruner's trend_min_logit", "LogitGrowthPruner's horizon_steps"]
+    # ... and change nothing: without a target the history is not pruned.
+    assert not judge(pruner, running(probes(logits)))[0]
+
+
+# ---------------------------------------------------------------------- scaled threshold
+def test_max_logit_threshold_is_scaled_by_the_models_bound():
+    history = probes([20.0, 40.0, 95.0])
+    # Rule: with the proxy's d/√d_head stored, the threshold is 10 × it (80 on tiny) ...
+    decision, why = judge(LogitGrowthPruner(), running(history, logit_scale=TINY))
+    assert decision and why == "max logit 95 at step 20 > threshold 80 (10 × d/√d_head 8)"
+    # ... 960 on GPT-2 small, where 95 is healthy ...
+    assert not judge(LogitGrowthPruner(), running(history, logit_scale=GPT2))[0]
+    # ... and max_logit_factor moves it.
+    assert not judge(LogitGrowthPruner(max_logit_factor=20), running(history, logit_scale=TINY))[0]
+
+
+# ---------------------------------------------------------------------- forecast
+def test_a_growth_law_crossing_the_target_threshold_is_pruned_by_the_forecast():
+    # logit = 0.1·(1 + Σ η)² on a tiny proxy of 300 steps: 1.8 at its end (Σ η 3.3),
+    # far below its own threshold 80. The target: GPT-2 small, 50,000 steps at the same
+    # step size (Σ η 545): 0.1·546² = 3.0e4 in tiny logits, x12 in GPT-2's.
+    history = law(0.1)
+    decision, why = judge(LogitGrowthPruner(), running(history, **target(50_000)))
+    truth = 0.1 * (1 + schedule_sum_eta(50_000, steps=50_000, peak=PEAK)) ** 2 * GPT2 / TINY
+    # Rule: the lower end of the forecast at the target is above 10 × 96; the reason
+    # names the forecast, the target and the threshold.
     assert decision
-    assert why.startswith("max-logit trend: 113 at step 70 extrapolates to")
-    assert why.endswith("> 1e+03 by step 300 (x32 per 100 steps over steps 30-70)")
+    assert why.startswith("forecast max logit 3.6e5 (3.6e5–3.6e5) by step 50,000 (Σ η 545; "
+                          "the proxy's logits × 12) > threshold 960 (10 × d/√d_head 96)"), why
+    assert f"{truth:.2g}" == "3.6e+05"
+    # Rule: the same run with a target of its own length is not pruned (1.8 < 80).
+    assert not judge(LogitGrowthPruner(), running(history, **target(BUDGET, scale=TINY)))[0]
 
 
-def test_trend_waits_for_trend_min_logit():
-    logits = exponential(10.0, 2 ** (1 / 20), 7)  # ends at 80 at step 60
-    # Rule: below trend_min_logit (100, Kimi's tau) the trend is not extrapolated.
-    assert not judge(LogitGrowthPruner(), running(probes(logits)))[0]
-    # Rule: with a lower trend_min_logit the same history is pruned by the trend.
-    decision, why = judge(LogitGrowthPruner(trend_min_logit=50), running(probes(logits)))
-    assert decision and why.startswith("max-logit trend")
+@pytest.mark.parametrize("scale", [TINY, GPT2])
+def test_the_forecast_is_judged_in_units_of_the_bound(scale):
+    # 0.0025·(1 + 545)² = 745 tiny logits = 93 × tiny's d/√d_head at the target.
+    history = law(0.0025)
+    trial = running(history, **target(50_000, scale=scale))
+    # Rule: the decision compares the forecast with max_logit_factor × d/√d_head, the same
+    # in any model's unit: pruned at a factor of 90, kept at 100.
+    assert judge(LogitGrowthPruner(max_logit_factor=90), trial)[0]
+    assert not judge(LogitGrowthPruner(max_logit_factor=100), trial)[0]
+    # Rule: forecast() gives the number in the target's logits (x12 for GPT-2 small).
+    f = LogitGrowthPruner().forecast(optuna.create_study(), trial)
+    assert f.value == pytest.approx(0.0025 * 546.019 ** 2 * scale / TINY, rel=1e-6)
 
 
-def test_trend_needs_window_points():
-    fast = exponential(100.0, 1.05, 5)  # x1.6 per 10 steps, all above trend_min_logit
-    # Rule: fewer probe points than `window` (4 < 5): no trend.
-    assert not judge(LogitGrowthPruner(), running(probes(fast[:4])))[0]
-    # Rule: with `window` points the trend fires.
-    assert judge(LogitGrowthPruner(), running(probes(fast)))[0]
-    # Rule: a larger window needs more points.
-    assert not judge(LogitGrowthPruner(window=6), running(probes(fast)))[0]
+def test_a_plateau_is_not_pruned_however_long_the_target():
+    # Attention learns (fast rise to ~50, 60% of tiny's threshold), then holds with 10%
+    # noise: the forecast's lower end must stay below the threshold even 165x further on.
+    for seed in range(20):
+        rng = random.Random(seed)
+        history = with_sum_eta(probes([50.0 * min(1.0, i / 8) * math.exp(rng.gauss(0, 0.1)) + 1
+                                       for i in range(30)], start=10))
+        trial = running(history, **target(50_000, scale=TINY))
+        decision, why = judge(LogitGrowthPruner(), trial)
+        # Rule: a plateau below the threshold is never pruned by the forecast.
+        assert not decision, f"seed {seed}: {why}"
 
 
-def test_trend_needs_positive_slope():
-    falling = [900.0, 800.0, 700.0, 600.0, 500.0]
-    # Rule: a falling max logit is never extrapolated into a divergence.
-    assert not judge(LogitGrowthPruner(), running(probes(falling)))[0]
+def test_the_sigma_route_keeps_a_stiefel_run_whose_logits_creep():
+    # Logits creeping linearly in Σ η from 20 to 86 (alignment, LayerNorm gains) while
+    # σ_max(attn_qkv) stays 1: σ_Q·σ_K cannot grow, so the forecast holds the level.
+    history = with_sum_eta(probes([20.0 + 2.0 * i for i in range(30)], start=10))
+    for row in history:
+        row["max_logit"] = 20.0 * (1.0 + row["sum_eta"])
+    stiefel = with_sum_eta(history, sigma=lambda eta: 1.0)
+    dgram = with_sum_eta(history, sigma=lambda eta: 1.0 + eta)
+    attrs = target(50_000, scale=GPT2, proxy_scale=GPT2)
+    # Rule: the same logits are pruned when σ_max grows with Σ η (DGram) and kept when
+    # it is fixed (Stiefel).
+    assert judge(LogitGrowthPruner(), running(dgram, **attrs))[0]
+    assert not judge(LogitGrowthPruner(), running(stiefel, **attrs))[0]
+    # Rule: without σ_max the logit fit alone decides: pruned.
+    assert judge(LogitGrowthPruner(), running(history, **attrs))[0]
 
 
-def test_trend_ignores_noise_around_a_plateau():
-    # Flat around 300 with +-40% noise: the fitted line rises (x1.24 per 100 steps), which
-    # would cross 1e3 by step 1000, but the slope is within 2 standard errors of zero.
-    noisy = [300.0, 420.0, 250.0, 430.0, 330.0]
-    decision, why = judge(LogitGrowthPruner(), running(probes(noisy), budget=1000))
-    # Rule: the growth rate must exceed twice its standard error.
-    assert not decision, why
-    # Rule: the same rise without the noise is pruned.
-    steady = exponential(300.0, 1.24 ** (1 / 100), 5)
-    assert judge(LogitGrowthPruner(), running(probes(steady), budget=1000))[0]
+def test_forecast_is_skipped_without_its_inputs():
+    history = law(0.1)
+    full = target(50_000)
+    assert judge(LogitGrowthPruner(), running(history, **full))[0]
+    # Rule: no target_sum_eta on the trial (an older study): the forecast rule is skipped.
+    no_target = {k: v for k, v in full.items() if k != "target_sum_eta"}
+    assert not judge(LogitGrowthPruner(), running(history, **no_target))[0]
+    # Rule: no sum_eta in the probe rows: skipped.
+    bare = [{k: v for k, v in row.items() if k != "sum_eta"} for row in history]
+    assert not judge(LogitGrowthPruner(), running(bare, **full))[0]
+    # Rule: fewer than `window` rows with Σ η: skipped.
+    assert not judge(LogitGrowthPruner(window=31), running(history, **full))[0]
+    # Rule: interval=None turns the rule off.
+    assert not judge(LogitGrowthPruner(interval=None), running(history, **full))[0]
 
 
-def test_trend_is_fitted_on_the_last_window_points_only():
-    # Early fast growth, then a plateau: the last 5 points are flat.
-    logits = [10.0, 30.0, 90.0, 200.0, 400.0, 410.0, 400.0, 405.0, 410.0]
-    # Rule: only the last `window` points count, so the early growth is not extrapolated.
-    assert not judge(LogitGrowthPruner(), running(probes(logits)))[0]
+def test_forecast_without_logit_scale_uses_the_absolute_threshold():
+    history = law(0.1)
+    attrs = {"target_sum_eta": target(50_000)["target_sum_eta"]}
+    decision, why = judge(LogitGrowthPruner(), running(history, **attrs))
+    # Rule: without logit_scale the forecast (3.0e4 in the proxy's own logits) is compared
+    # with max_logit (1e3); without target_steps the reason gives the target's Σ η.
+    assert decision
+    assert why == "forecast max logit 3.0e4 (3.0e4–3.0e4) at Σ η 545 > max_logit 1e+03"
 
 
-def test_trend_horizon_defaults_to_budget_and_can_be_longer():
-    slow = exponential(150.0, 1.2 ** (1 / 100), 6)  # x1.2 per 100 steps: 164 at step 50
-    # Rule: the default horizon is the trial's budget (300 steps): 164 -> ~234, kept.
-    assert not judge(LogitGrowthPruner(), running(probes(slow)))[0]
-    # Rule: horizon_steps (the real run's length) extends the extrapolation: pruned.
-    decision, why = judge(LogitGrowthPruner(horizon_steps=5000), running(probes(slow)))
-    assert decision and "by step 5000" in why
-    # Rule: without budget_steps and horizon_steps there is nothing to extrapolate to.
-    fast = exponential(100.0, 1.05, 5)
-    assert not judge(LogitGrowthPruner(), running(probes(fast), budget=None))[0]
-    # Rule: at or past the horizon the trend is not used.
-    assert not judge(LogitGrowthPruner(), running(probes(fast), budget=40))[0]
+def test_forecast_only_fits_points_after_warmup():
+    history = law(0.1)
+    attrs = target(50_000)
+    # Rule: probe points before n_warmup_steps are not fitted: with all but 4 hidden, the
+    # forecast has too few points (window 5).
+    assert judge(LogitGrowthPruner(n_warmup_steps=260), running(history, **attrs))[0]
+    assert not judge(LogitGrowthPruner(n_warmup_steps=270), running(history, **attrs))[0]
 
 
-def test_trend_can_be_turned_off():
-    logits = exponential(10.0, 2 ** (1 / 20), 8)
-    # Rule: trend_min_logit=None disables the trend rule.
-    assert not judge(LogitGrowthPruner(trend_min_logit=None), running(probes(logits)))[0]
+def test_probe_row_carries_the_forecasts_inputs():
+    metrics = {"step": 40, "max_logit": 3.0, "min_entropy": 0.5, "train_loss": 4.2,
+               "val_loss": None, "sigma_max": {"attn_qkv": 1.2}, "lr": 1e-3}
+    # Rule: a row holds the probe keys, σ_max per type, and the Σ η given.
+    assert probe_row(metrics, sum_eta=0.4) == {
+        "step": 40, "max_logit": 3.0, "min_entropy": 0.5, "train_loss": 4.2,
+        "sigma_max": {"attn_qkv": 1.2}, "sum_eta": 0.4}
+
+
+def test_malformed_sigma_max_is_a_clear_error():
+    # Rule: sigma_max must be a dict of module type -> value, said in words.
+    with pytest.raises(ValueError, match=r"\['sigma_max'\] must be a dict"):
+        judge(LogitGrowthPruner(), running([{"step": 1, "max_logit": 3.0, "sigma_max": 2.0}]))
 
 
 # ---------------------------------------------------------------------- entropy
@@ -230,13 +324,6 @@ def test_warmup_hides_the_instability_rules():
     assert not judge(pruner, running(collapsed))[0]
 
 
-def test_trend_only_fits_points_after_warmup():
-    logits = exponential(100.0, 1.05, 5)  # steps 0-40, pruned without warmup
-    assert judge(LogitGrowthPruner(), running(probes(logits)))[0]
-    # Rule: probe points before n_warmup_steps are not part of the trend's window.
-    assert not judge(LogitGrowthPruner(n_warmup_steps=20), running(probes(logits)))[0]
-
-
 # ---------------------------------------------------------------------- false positives
 def healthy_history(seed):
     """A stable run: logits rise fast from 3 to ~40 in the first 60 steps (attention learns),
@@ -250,32 +337,39 @@ def healthy_history(seed):
     return out
 
 
+OWN_END = {"target_sum_eta": schedule_sum_eta(BUDGET, steps=BUDGET, peak=PEAK),
+           "target_steps": BUDGET}  # a target of the proxy run's own length
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_healthy_slowly_growing_run_is_never_pruned(seed):
-    history = healthy_history(seed)
+    history = with_sum_eta(healthy_history(seed))
     pruner = LogitGrowthPruner()
     for n in range(1, len(history) + 1):  # as the objective asks at every probe step
-        decision, why = judge(pruner, running(history[:n]))
+        decision, why = judge(pruner, running(history[:n], **OWN_END))
         # Rule: a stable, slowly growing max logit (fast early rise, 10% noise) is never
-        # pruned, at any probe step of the budget.
+        # pruned, at any probe step of the budget, forecast to the budget's end.
         assert not decision, f"false positive at step {history[n - 1]['step']}: {why}"
 
 
 def test_unstable_run_is_pruned_before_its_logit_crosses_the_threshold():
-    # DGram-like: x1.6 per 10 steps from step 60 on, reaching 1e3 at step ~110.
+    # Growing much faster than any Σ η law: x1.6 per 10 steps from step 60 on, reaching
+    # 1e3 at step ~110.
     history = healthy_history(0)[:7]
     for step in range(70, BUDGET + 1, 10):
         last = history[-1]["max_logit"]
         history.append({"step": step, "max_logit": last * 1.6, "min_entropy": 0.5,
                         "train_loss": 4.0})
+    history = with_sum_eta(history)
     pruner = LogitGrowthPruner()
     first = next(n for n in range(1, len(history) + 1)
-                 if judge(pruner, running(history[:n]))[0])
+                 if judge(pruner, running(history[:n], **OWN_END))[0])
     pruned_at = history[first - 1]
-    # Rule: the trend prunes it while its max logit is still below max_logit.
+    # Rule: the forecast to the run's own end prunes it while its max logit is still
+    # below max_logit.
     assert pruned_at["max_logit"] < 1e3
-    assert pruner.reason(optuna.create_study(), running(history[:first])).startswith(
-        "max-logit trend")
+    assert pruner.reason(optuna.create_study(), running(history[:first], **OWN_END)).startswith(
+        "forecast max logit")
 
 
 # ---------------------------------------------------------------------- wrapped pruner

@@ -1,26 +1,43 @@
-"""Prune trials whose attention logits are on their way to a divergence.
+"""Prune trials whose attention logits are on their way to a divergence at the user's target.
 
 :class:`LogitGrowthPruner` is an Optuna pruner that reads the attention probes the
-objective stores on each trial and stops an assignment as soon as its attention is
-visibly going unstable, usually long before the loss shows it. When no instability rule
-fires it can hand the decision to an ordinary loss-based Optuna pruner, the way
-:class:`optuna.pruners.PatientPruner` wraps one.
+objective stores on each trial and stops an assignment when its max attention logit is
+already too large, or is forecast to be too large by the end of the training run the user
+will actually do (the target), usually long before the loss shows it. The forecast is in
+the cumulative spectral step Σ η, not in steps (:mod:`geosearch.search.forecast`). When no
+instability rule fires it hands the decision to an ordinary loss-based Optuna pruner, the
+way :class:`optuna.pruners.PatientPruner` wraps one.
 
-What the objective stores on the trial (the pruner only reads):
+What the objective stores on the trial (the pruner only reads; :func:`probe_row` builds a
+row from the trainer's metrics):
 
 - ``trial.user_attrs["probe_history"]``: a list of dicts, one per probe step, with keys
   ``step`` (int), ``max_logit`` (float, the largest attention logit q·k/√d_head over
   layers and heads), ``min_entropy`` (float, nats, the lowest attention entropy the probes
-  report) and ``train_loss`` (float). A value may be missing or ``None`` (not measured);
-  a NaN must stay a float NaN (Optuna's storages round-trip it).
-- ``trial.user_attrs["budget_steps"]``: the number of training steps of the trial.
+  report), ``train_loss`` (float), ``sum_eta`` (float, Σ η: the manifold groups' spectral
+  step sizes summed over the optimizer steps taken so far, Σ_{s<step} η_s) and
+  ``sigma_max`` (dict, module type -> σ_max, the largest over that type's layers, as the
+  trainer's probes report it). A value may be missing or ``None`` (not measured); a NaN
+  must stay a float NaN (Optuna's storages round-trip it).
+- ``trial.user_attrs["target_sum_eta"]`` (float): Σ η at the end of the user's target run,
+  ``schedule_sum_eta(N, steps=N, ...)`` for a target of N steps; ``"target_steps"`` (int):
+  N, for the message.
+- ``trial.user_attrs["logit_scale"]`` (float): the proxy model's Stiefel logit bound
+  d_model/√d_head (:func:`~geosearch.search.forecast.stiefel_logit_bound`);
+  ``"target_logit_scale"`` (float): the target model's (the proxy's when absent; ignored
+  without ``logit_scale``, since the proxy's logits could not be converted).
 - ``trial.report(val_loss, step)``: the validation losses (``trial.intermediate_values``).
+
+Studies written before these keys existed still prune: without ``logit_scale`` the logit
+threshold is the absolute ``max_logit``; without ``target_sum_eta`` (or ``sum_eta`` in the
+rows) the forecast rule is skipped.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,20 +45,42 @@ import optuna
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["LogitGrowthPruner"]
+from geosearch.search.forecast import LogitForecast, forecast_max_logit
+
+__all__ = ["LogitGrowthPruner", "probe_row"]
 
 # Defaults, shared with the search-space schema; LogitGrowthPruner's docstring says why.
 DEFAULT_MAX_LOGIT = 1e3
+DEFAULT_MAX_LOGIT_FACTOR = 10.0
 DEFAULT_MIN_ENTROPY = 0.01
 DEFAULT_WINDOW = 5
-DEFAULT_TREND_MIN_LOGIT = 100.0
+DEFAULT_INTERVAL = 0.9
+DEFAULT_TREND_MIN_LOGIT = 100.0  # the step-wise trend rule's, kept for older spaces
 
 PROBE_HISTORY_ATTR = "probe_history"
 BUDGET_STEPS_ATTR = "budget_steps"
+TARGET_SUM_ETA_ATTR = "target_sum_eta"
+TARGET_STEPS_ATTR = "target_steps"
+LOGIT_SCALE_ATTR = "logit_scale"
+TARGET_LOGIT_SCALE_ATTR = "target_logit_scale"
 
-# The trend rule needs the fitted log-growth rate to be at least this many standard errors
-# above zero: a flat but noisy max logit must not be extrapolated into a divergence.
-_SLOPE_Z = 2.0
+# Module types whose σ_max bounds the attention logits (the fused and the split query/key
+# weights of geosearch.modules' rule sets); the forecast's σ route reads the largest.
+QK_TYPES = ("attn_qkv", "attn_q", "attn_k")
+PROBE_KEYS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max")
+
+
+def probe_row(metrics: Mapping, *, sum_eta: float | None) -> dict:
+    """One ``probe_history`` row from a probe step's trainer metrics and its Σ η.
+
+    Args:
+        metrics: The trainer's metrics at a probe step (``geosearch.proxy.train``).
+        sum_eta: Σ η after ``metrics["step"]`` optimizer steps (e.g. from
+            :func:`~geosearch.search.forecast.schedule_sum_eta`), or ``None``.
+    """
+    row = {k: metrics.get(k) for k in PROBE_KEYS}
+    row["sum_eta"] = sum_eta
+    return row
 
 
 @dataclass(frozen=True)
@@ -50,86 +89,104 @@ class _Probe:
     max_logit: float | None
     min_entropy: float | None
     train_loss: float | None
+    sum_eta: float | None
+    qk_sigma: float | None  # largest σ_max over QK_TYPES
+
+
+@dataclass(frozen=True)
+class _Threshold:
+    """A logit threshold in a model's units, and how to say it."""
+
+    value: float
+    text: str
 
 
 class LogitGrowthPruner(BasePruner):
-    """Prune a trial whose attention logits grow towards divergence.
+    """Prune a trial whose attention logits are, or will be by the target, too large.
 
     After ``n_warmup_steps`` the trial is pruned when any of these holds (probe points at
     earlier steps are ignored by these rules):
 
-    1. **max logit**: a probed max attention logit is above ``max_logit``;
-    2. **max-logit trend**: a least-squares line through log(max_logit) vs step over the
-       last ``window`` probe points, extrapolated to the horizon (``horizon_steps``, else
-       the trial's own ``budget_steps``), ends above ``max_logit``. The rule only looks at
-       trials whose latest max logit is at least ``trend_min_logit`` and whose growth rate
-       is positive and at least twice its standard error;
+    1. **max logit**: a probed max attention logit is above the threshold;
+    2. **forecast**: the max logit forecast at the target's Σ η
+       (:func:`~geosearch.search.forecast.forecast_max_logit` on the probes' Σ η, max
+       logit and query/key σ_max, at least ``window`` points) is above the target's
+       threshold *at the lower end of its ``interval`` prediction interval*, so a plateau
+       or a noisy curve is not pruned on its point forecast alone;
     3. **entropy collapse**: a probed min attention entropy is below ``min_entropy``.
 
     At any step, warmup included, it is pruned when a probed ``max_logit``,
     ``min_entropy`` or ``train_loss``, or a reported validation loss, is NaN or infinite.
 
-    When no rule fires, ``wrapped`` (a loss-based Optuna pruner, with its own warmup)
-    decides; without it the trial continues. :meth:`reason` returns the rule that fired
-    as text, so the objective can store it on the trial (a pruner cannot write attributes
-    on a ``FrozenTrial``).
+    **Thresholds in the model's own unit.** With LayerNorm'd inputs and Stiefel Q and K
+    the logit is at most S = d_model/√d_head (8 tiny, 23 small, 96 GPT-2 small); under
+    other geometries σ_max is free and the logit can pass S by the factor σ_Q·σ_K. The
+    threshold is ``max_logit_factor × S`` of the model the logit belongs to: the proxy's
+    for rule 1, the target's for rule 2, whose forecast is converted to the target model
+    by the ratio of the two S (same σ growth and alignment, larger bound). Without a
+    ``logit_scale`` on the trial the threshold is the absolute ``max_logit``.
 
-    Why these defaults (the anchors are in DESIGN.md, "The instability signal"):
+    Why these defaults (the anchors are in docs/design.md, "The instability signal"):
 
-    - ``max_logit=1e3``. Wortsman et al. 2023 (arXiv 2309.14322) see the loss degrade
-      once max logits reach about 1e3 and divergence follow above 1e4. Kimi K2's QK-Clip
-      caps logits at τ = 100, but that is a ceiling a stable recipe *enforces*, not a sign
-      of failure: an unclipped healthy run may pass 100, so pruning there would throw away
-      good assignments. 1e3 is the lowest value at which harm is documented. It is also an
-      order of magnitude above what norm-constrained attention can reach: with
-      LayerNorm'd inputs (‖x‖² ≈ d, unit gains) and Stiefel Q and K (σ_max = 1) the logit
-      is at most d/√d_head, 96 for GPT-2 small and 23 for d = 128, d_head = 32.
-    - ``trend_min_logit=100`` (Kimi's τ). Below it logits are in the range healthy runs
-      live in, and early training grows them quickly before they plateau: extrapolating
-      that early exponential growth would prune healthy trials. Above τ, sustained
-      exponential growth is the failure mode the paper describes (DGram attention's free
-      singular values), and the trend rule prunes it before the logit itself crosses
-      ``max_logit``: that is what makes the pruner early.
-    - ``window=5`` probe points: the fewest that give a growth rate with a usable standard
-      error (3 degrees of freedom); the slope must exceed twice it.
+    - ``max_logit_factor=10``. Wortsman et al. 2023 (arXiv 2309.14322) see the loss
+      degrade once max logits reach about 1e3 and divergence follow above 1e4. These are
+      absolute logits; read at the scale of GPT-2 small (S = 96, the model of the
+      published geometry runs) they are about 10 S and 100 S. That their models' S is of
+      this order is an assumption, not a measurement: the factor carries the anchors to
+      other widths, it was not fitted to any run. The factor is the lower, harm anchor,
+      so the threshold is where harm is documented, not where the run is already lost.
+      Kimi K2's QK-Clip caps logits at τ = 100, about 0.2 S for its d_model 7168 and
+      query/key head dimension 192 (S ≈ 517): a ceiling a stable recipe *enforces*, well
+      inside the bound, not a sign of failure, so it is not a pruning threshold.
+    - ``max_logit=1e3``: the same anchor in absolute units, for trials that do not store
+      their model's S (studies from before it was stored).
+    - ``interval=0.9``: the forecast rule prunes when the 5% one-sided lower end is above
+      the threshold, i.e. when growth is clear, not merely possible.
+    - ``window=5`` probe points: the fewest that give the fit (two parameters) a usable
+      residual spread (3 degrees of freedom).
     - ``min_entropy=0.01`` nats. Zhai et al. 2023 (arXiv 2303.06296) find attention
       entropy collapsing towards zero in diverging runs. 0.01 nats means the average query
       puts about 99.9% of its weight on one key (T = 128): a saturated softmax, not merely
       a sharp head (previous-token and attention-sink heads are sharp and healthy).
       ``min_entropy`` is the probes' lowest per-head entropy, averaged over rows. It
       usually fires after the logit rules; it catches collapse that the max logit misses.
-    - ``n_warmup_steps=0``, as in Optuna's pruners: the thresholds above are absolute,
-      so they need no warmup to be meaningful.
+    - ``n_warmup_steps=0``, as in Optuna's pruners: the max-logit and entropy thresholds
+      need no warmup, and the forecast's interval is wide while it has few points.
 
     Args:
         wrapped: A loss-based pruner (e.g. ``optuna.pruners.MedianPruner()``) that decides
             when none of the rules fire, or ``None``. Its decision for a given trial and
             set of reported values is remembered, so :meth:`prune` and :meth:`reason`
             agree even for pruners that record state while pruning (successive halving).
-        max_logit: Largest acceptable attention logit; positive.
+        max_logit: Largest acceptable attention logit when the trial stores no
+            ``logit_scale``; positive.
+        max_logit_factor: Largest acceptable attention logit as a multiple of the model's
+            d_model/√d_head; positive.
         min_entropy: Smallest acceptable attention entropy in nats, or ``None`` to turn
             the entropy rule off; non-negative.
-        n_warmup_steps: Steps before the logit and entropy rules apply; non-negative.
-        window: Probe points the trend is fitted on; at least 3.
-        trend_min_logit: Latest max logit from which the trend rule applies, below
-            ``max_logit``; ``None`` turns the trend rule off.
-        horizon_steps: Step the trend is extrapolated to, e.g. the length of the real
-            training run the assignment is meant for; ``None`` uses the trial's
-            ``budget_steps``. A long horizon prunes any sustained exponential growth above
-            ``trend_min_logit``.
+        n_warmup_steps: Steps before the logit, forecast and entropy rules apply;
+            non-negative.
+        window: Fewest probe points (with Σ η) the forecast is fitted on; at least 3.
+        interval: Coverage of the forecast's prediction interval, between 0 and 1;
+            ``None`` turns the forecast rule off.
+        trend_min_logit: Deprecated, no effect: it belonged to the step-wise trend rule the
+            forecast replaced. Still checked (positive, below ``max_logit``) so that older
+            search spaces load; a value other than the old default warns.
+        horizon_steps: Deprecated, no effect: the target is read from the trial
+            (``target_sum_eta``). Still checked (at least 1); a value warns.
 
     Example:
         >>> import optuna
         >>> pruner = LogitGrowthPruner(wrapped=optuna.pruners.MedianPruner())
         >>> study = optuna.create_study(pruner=pruner)
         >>> trial = study.ask()
-        >>> trial.set_user_attr("budget_steps", 300)
+        >>> trial.set_user_attr("logit_scale", 96.0)
         >>> trial.set_user_attr("probe_history", [
         ...     {"step": 10, "max_logit": 2.5e3, "min_entropy": 0.8, "train_loss": 4.1}])
         >>> trial.should_prune()
         True
         >>> pruner.reason(study, trial)
-        'max logit 2.5e+03 at step 10 > max_logit 1e+03'
+        'max logit 2.5e+03 at step 10 > threshold 960 (10 × d/√d_head 96)'
     """
 
     def __init__(
@@ -137,18 +194,24 @@ class LogitGrowthPruner(BasePruner):
         wrapped: BasePruner | None = None,
         *,
         max_logit: float = DEFAULT_MAX_LOGIT,
+        max_logit_factor: float = DEFAULT_MAX_LOGIT_FACTOR,
         min_entropy: float | None = DEFAULT_MIN_ENTROPY,
         n_warmup_steps: int = 0,
         window: int = DEFAULT_WINDOW,
-        trend_min_logit: float | None = DEFAULT_TREND_MIN_LOGIT,
+        interval: float | None = DEFAULT_INTERVAL,
+        trend_min_logit: float | None = None,
         horizon_steps: int | None = None,
     ) -> None:
         if wrapped is not None and not isinstance(wrapped, BasePruner):
             raise TypeError(
                 f"wrapped must be an optuna.pruners.BasePruner or None but got {wrapped!r}."
             )
-        if not (_is_number(max_logit) and math.isfinite(max_logit) and max_logit > 0):
+        if not _positive(max_logit):
             raise ValueError(f"max_logit must be positive and finite but got {max_logit}.")
+        if not _positive(max_logit_factor):
+            raise ValueError(
+                f"max_logit_factor must be positive and finite but got {max_logit_factor}."
+            )
         if min_entropy is not None and not (
             _is_number(min_entropy) and math.isfinite(min_entropy) and min_entropy >= 0
         ):
@@ -157,6 +220,8 @@ class LogitGrowthPruner(BasePruner):
             raise ValueError(f"n_warmup_steps cannot be negative but got {n_warmup_steps}.")
         if not (_is_int(window) and window >= 3):
             raise ValueError(f"window must be an integer of at least 3 but got {window}.")
+        if interval is not None and not (_is_number(interval) and 0 < interval < 1):
+            raise ValueError(f"interval must be between 0 and 1 or None but got {interval}.")
         if trend_min_logit is not None and not (
             _is_number(trend_min_logit) and 0 < trend_min_logit < max_logit
         ):
@@ -166,14 +231,22 @@ class LogitGrowthPruner(BasePruner):
             )
         if horizon_steps is not None and not (_is_int(horizon_steps) and horizon_steps >= 1):
             raise ValueError(f"horizon_steps must be at least 1 or None but got {horizon_steps}.")
+        for name, value, old in (("trend_min_logit", trend_min_logit, DEFAULT_TREND_MIN_LOGIT),
+                                 ("horizon_steps", horizon_steps, None)):
+            if value is not None and value != old:
+                warnings.warn(
+                    f"LogitGrowthPruner's {name} has no effect any more: the step-wise trend "
+                    "rule was replaced by a forecast in Σ η to the target the trial stores "
+                    f"({TARGET_SUM_ETA_ATTR}); remove {name} from the pruner settings.",
+                    DeprecationWarning, stacklevel=2)
 
         self._wrapped = wrapped
         self._max_logit = float(max_logit)
+        self._factor = float(max_logit_factor)
         self._min_entropy = None if min_entropy is None else float(min_entropy)
         self._n_warmup_steps = n_warmup_steps
         self._window = window
-        self._trend_min_logit = None if trend_min_logit is None else float(trend_min_logit)
-        self._horizon_steps = horizon_steps
+        self._interval = None if interval is None else float(interval)
         # (study name, trial number) -> (reported values, wrapped pruner's decision)
         self._wrapped_decisions: dict[tuple[str, int], tuple[tuple, bool]] = {}
 
@@ -202,10 +275,10 @@ class LogitGrowthPruner(BasePruner):
                 in ``study``).
 
         Returns:
-            One line naming the rule, the measured value, its step and the threshold, e.g.
-            ``"max-logit trend: 145 at step 60 extrapolates to 2.3e+03 > 1e+03 by step
-            300 (x1.9 per 100 steps over steps 20-60)"``; ``None`` when no rule fires and
-            the wrapped pruner (if any) does not prune.
+            One line naming the rule, the measured or forecast value and the threshold,
+            e.g. ``"forecast max logit 2.1e3 (1.4e3–3.0e3) by step 50,000 (Σ η 545) >
+            threshold 960 (10 × d/√d_head 96)"``; ``None`` when no rule fires and the
+            wrapped pruner (if any) does not prune.
         """
         if isinstance(trial, optuna.trial.Trial):
             trial = _frozen(study, trial)
@@ -216,53 +289,75 @@ class LogitGrowthPruner(BasePruner):
 
         # Warmup: the instability rules only see probe points at steps >= n_warmup_steps.
         judged = [p for p in probes if p.step >= self._n_warmup_steps]
-        why = self._too_large(judged) or self._trend(judged, trial) or self._collapsed(judged)
+        why = (self._too_large(judged, trial) or self._forecast_rule(judged, trial)
+               or self._collapsed(judged))
         if why is not None:
             return why
         return self._wrapped_reason(study, trial)
 
+    def forecast(self, study: optuna.study.Study,
+                 trial: FrozenTrial | optuna.trial.Trial) -> LogitForecast | None:
+        """The trial's max logit forecast at its target, in the target model's logits.
+
+        ``None`` when the trial stores no target, or has fewer than ``window`` probe
+        points (after warmup) with Σ η and a max logit. Used by the forecast rule; callable
+        on its own, e.g. to report the forecast of trials that were not pruned.
+        """
+        if isinstance(trial, optuna.trial.Trial):
+            trial = _frozen(study, trial)
+        judged = [p for p in _read_probes(trial) if p.step >= self._n_warmup_steps]
+        return self._forecast(judged, trial)
+
     # ------------------------------------------------------------------ the rules
-    def _too_large(self, probes: list[_Probe]) -> str | None:
+    def _threshold(self, scale: float | None) -> _Threshold:
+        """``max_logit_factor × scale``, or the absolute ``max_logit`` without a scale."""
+        if scale is None:
+            return _Threshold(self._max_logit, f"max_logit {self._max_logit:.3g}")
+        value = self._factor * scale
+        text = f"threshold {value:.3g} ({self._factor:g} × d/√d_head {scale:.3g})"
+        return _Threshold(value, text)
+
+    def _too_large(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
+        limit = self._threshold(_scales(trial)[0])
         for p in probes:
-            if p.max_logit is not None and p.max_logit > self._max_logit:
-                return (
-                    f"max logit {p.max_logit:.3g} at step {p.step} "
-                    f"> max_logit {self._max_logit:.3g}"
-                )
+            if p.max_logit is not None and p.max_logit > limit.value:
+                return f"max logit {p.max_logit:.3g} at step {p.step} > {limit.text}"
         return None
 
-    def _trend(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
-        if self._trend_min_logit is None:
+    def _forecast(self, probes: list[_Probe], trial: FrozenTrial) -> LogitForecast | None:
+        target = trial.user_attrs.get(TARGET_SUM_ETA_ATTR)
+        if self._interval is None or not (_is_number(target) and math.isfinite(target)):
             return None
-        points = [(p.step, p.max_logit) for p in probes if p.max_logit is not None]
-        points = [(s, v) for s, v in points if v > 0][-self._window :]
+        points = [p for p in probes if p.sum_eta is not None and p.max_logit is not None]
         if len(points) < self._window:
             return None
-        last_step, last_logit = points[-1]
-        if last_logit < self._trend_min_logit:
-            return None
-        horizon = self._horizon_steps
-        if horizon is None:
-            horizon = trial.user_attrs.get(BUDGET_STEPS_ATTR)
-            if not _is_int(horizon):
-                return None
-        if horizon <= last_step:
-            return None
+        sigma = [p.qk_sigma for p in points]
+        forecast = forecast_max_logit(
+            [p.sum_eta for p in points], [p.max_logit for p in points], float(target),
+            sigma=None if None in sigma else sigma, min_points=self._window,
+            level=self._interval)
+        proxy, target_scale = _scales(trial)
+        if forecast is not None and proxy is not None:
+            forecast = forecast.scaled(target_scale / proxy)
+        return forecast
 
-        steps = [float(s) for s, _ in points]
-        logs = [math.log(v) for _, v in points]
-        slope, intercept, stderr = _fit_line(steps, logs)
-        if not slope > 0 or slope <= _SLOPE_Z * stderr:
+    def _forecast_rule(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
+        forecast = self._forecast(probes, trial)
+        if forecast is None:
             return None
-        predicted_log = intercept + slope * horizon
-        if predicted_log <= math.log(self._max_logit):
+        proxy, target_scale = _scales(trial)
+        limit = self._threshold(target_scale)
+        if not forecast.low > limit.value:
             return None
-        predicted = math.exp(min(predicted_log, 700.0))  # exp(710) overflows a float
-        return (
-            f"max-logit trend: {last_logit:.3g} at step {last_step} extrapolates to "
-            f"{predicted:.2g} > {self._max_logit:.3g} by step {horizon} "
-            f"(x{math.exp(100 * slope):.3g} per 100 steps over steps {points[0][0]}-{last_step})"
-        )
+        steps = trial.user_attrs.get(TARGET_STEPS_ATTR)
+        eta = f"Σ η {forecast.target_sum_eta:.3g}"
+        when, notes = (f"by step {steps:,}", [eta]) if _is_int(steps) else (f"at {eta}", [])
+        if proxy != target_scale:
+            notes.append(f"the proxy's logits × {target_scale / proxy:.3g}")
+        if notes:
+            when += f" ({'; '.join(notes)})"
+        return (f"forecast max logit {_short(forecast.value)} ({_short(forecast.low)}–"
+                f"{_short(forecast.high)}) {when} > {limit.text}")
 
     def _collapsed(self, probes: list[_Probe]) -> str | None:
         if self._min_entropy is None:
@@ -322,30 +417,46 @@ def _read_probes(trial: FrozenTrial) -> list[_Probe]:
                 f"trial.user_attrs[{PROBE_HISTORY_ATTR!r}][{i}] must be a dict with an "
                 f"integer 'step' but got {row!r}."
             )
+        sigma = row.get("sigma_max")
+        if sigma is not None and not isinstance(sigma, Mapping):
+            raise ValueError(
+                f"trial.user_attrs[{PROBE_HISTORY_ATTR!r}][{i}]['sigma_max'] must be a dict "
+                f"of module type -> sigma_max but got {sigma!r}."
+            )
+        qk = [float(sigma[t]) for t in QK_TYPES if sigma and sigma.get(t) is not None]
+        qk = [v for v in qk if math.isfinite(v)]
         probes.append(
             _Probe(
                 step=int(row["step"]),
                 max_logit=_optional_float(row.get("max_logit")),
                 min_entropy=_optional_float(row.get("min_entropy")),
                 train_loss=_optional_float(row.get("train_loss")),
+                sum_eta=_finite_or_none(row.get("sum_eta")),
+                qk_sigma=max(qk) if qk else None,
             )
         )
     probes.sort(key=lambda p: p.step)
     return probes
 
 
-def _fit_line(x: list[float], y: list[float]) -> tuple[float, float, float]:
-    """Least-squares ``y ≈ intercept + slope·x``; returns (slope, intercept, stderr of slope)."""
-    n = len(x)
-    mx, my = sum(x) / n, sum(y) / n
-    sxx = sum((a - mx) ** 2 for a in x)
-    if sxx == 0:
-        return 0.0, my, math.inf
-    slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
-    intercept = my - slope * mx
-    rss = sum((b - intercept - slope * a) ** 2 for a, b in zip(x, y))
-    stderr = math.sqrt(rss / (n - 2) / sxx) if n > 2 else math.inf
-    return slope, intercept, stderr
+def _scales(trial: FrozenTrial) -> tuple[float | None, float | None]:
+    """(the proxy's, the target's) d/√d_head stored on the trial: the target's defaults to
+    the proxy's, and without the proxy's neither is used (the logits cannot be converted)."""
+    proxy, target = (trial.user_attrs.get(a) for a in (LOGIT_SCALE_ATTR, TARGET_LOGIT_SCALE_ATTR))
+    if not _positive(proxy):
+        return None, None
+    return float(proxy), float(target) if _positive(target) else float(proxy)
+
+
+def _short(x: float) -> str:
+    """A logit in a message: 3 significant digits below 1e3, else 2.1e3 style."""
+    if not math.isfinite(x) or abs(x) < 1e3:
+        return f"{x:.3g}"
+    exponent = math.floor(math.log10(abs(x)))
+    mantissa = x / 10**exponent
+    if round(mantissa, 1) >= 10:  # 9.96e3 rounds to 10.0e3
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{mantissa:.1f}e{exponent}"
 
 
 def _frozen(study: optuna.study.Study, trial: optuna.trial.Trial) -> FrozenTrial:
@@ -357,6 +468,14 @@ def _frozen(study: optuna.study.Study, trial: optuna.trial.Trial) -> FrozenTrial
 
 def _optional_float(v: object) -> float | None:
     return None if v is None else float(v)  # type: ignore[arg-type]
+
+
+def _finite_or_none(v: object) -> float | None:
+    return float(v) if _is_number(v) and math.isfinite(v) else None  # type: ignore[arg-type]
+
+
+def _positive(v: object) -> bool:
+    return _is_number(v) and math.isfinite(v) and v > 0  # type: ignore[operator]
 
 
 def _is_number(v: object) -> bool:
