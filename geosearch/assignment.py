@@ -44,7 +44,6 @@ import yaml
 
 from geosearch.errors import ConfigError
 from geosearch.frozen import FrozenMap, freeze, thaw
-from geosearch.manifolds import ADAMW, geometry_names
 from geosearch.modules import (
     FAMILIES,
     LAYOUTS,
@@ -56,18 +55,26 @@ from geosearch.modules import (
     rule_set_names,
 )
 from geosearch.optim import settings as catalog
-from geosearch.optim.settings import option_keys
+from geosearch.optim.settings import ADAMW, option_keys
 from geosearch.yaml_io import load_yaml, parse_yaml
 
 __all__ = ["ADAMW", "Assignment", "SCHEMA_VERSION", "geometry_names", "load_assignment", "option_keys"]
 
+
+def geometry_names() -> list[str]:
+    """Every geometry a module type can take: the registered manifolds, then ``"adamw"``.
+
+    Read from the manifold registry at each call (so later registrations count); the
+    registry holds torch classes, so it is imported here, when a name is first checked,
+    and importing this module stays torch-free.
+    """
+    from geosearch import manifolds
+
+    return manifolds.geometry_names()
+
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "geometry", "options", "provenance", "settings")
 RULE_KEYS = ("type", "pattern", "family", "split", "layout")
-
-# Kept for search/space.py until it reads geosearch.optim.settings directly.
-OPTION_KINDS: dict[str, str] = catalog.kinds()
-check_option = catalog.check
 
 
 @dataclass(frozen=True)

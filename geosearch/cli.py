@@ -237,23 +237,12 @@ def _add_export(p: argparse.ArgumentParser) -> None:
 def _run_export(args: argparse.Namespace) -> int:
     import optuna
 
-    from geosearch.assignment import load_assignment
-    from geosearch.search.study import export_best
+    from geosearch.search.export import export_best, export_summary
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     paths = export_best(args.run_dir, args.out, top=args.top, study_name=args.study,
                         storage=args.storage)
-    for path in paths:
-        a = load_assignment(path)
-        score = a.provenance.get("score", {})
-        spread = f" ± {score['std']:.4f}" if score.get("std") is not None else " (one seed)"
-        print(f"{path}: trial {a.provenance.get('trial')}, val loss {score.get('mean'):.4f}{spread}, "
-              + ", ".join(f"{t}={g}" for t, g in a.geometry.items()))
-    first = load_assignment(paths[0]).provenance
-    print(f"verdict: {first.get('verdict')}")
-    if first.get("build_optimizer_overrides"):
-        kw = ", ".join(f"{k}={v:.3g}" for k, v in first["build_optimizer_overrides"].items())
-        print(f"the search also tuned global settings: build_optimizer(model, assignment, {kw})")
+    print(export_summary(paths))
     return 0
 
 

@@ -23,3 +23,44 @@ def test_export_top_k_writes_one_loadable_file_per_rank(fake, tmp_path):
     assert loaded[0].provenance["score"]["mean"] <= loaded[1].provenance["score"]["mean"]
     single = export_best(tmp_path / "runs" / "t", tmp_path / "best.yaml")
     assert single == [tmp_path / "best.yaml"] and load_assignment(single[0]).provenance["rank"] == 1
+
+
+def _groups(opt):
+    """Every key of every param group, the parameters as their names."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+
+
+def test_exported_file_alone_rebuilds_the_winning_trials_optimizer(fake, tmp_path):
+    import torch
+
+    from geosearch.optim import build_optimizer
+    from geosearch.proxy.model import GPT, make_config
+    from geosearch.search.study import open_run_study
+
+    # searched global settings (spectral_lr, lr) and proxy settings off the defaults
+    space = make_space({"attn": ["stiefel", "dgram"], "mlp": ["stiefel"]},
+                       hyperparams={"spectral_lr": [0.01, 0.05], "lr": [1e-4, 1e-3]},
+                       budget={"trials": 2}, sampler={"type": "random", "seed": 3})
+    space = type(space).from_dict({**space.to_dict(), "proxy": {**space.to_dict()["proxy"],
+                                   "momentum": 0.9, "optimizer_args": {"ns_steps": 6}}}, source="t")
+    search(space, tmp_path)
+    best_path = tmp_path / "runs" / "t" / "best_assignment.yaml"
+    exported = load_assignment(best_path)
+    trial = next(t for t in open_run_study(tmp_path / "runs" / "t").get_trials()
+                 if t.number == exported.provenance["trial"])
+    suggestion = space.suggest(optuna.trial.FixedTrial(dict(trial.params)))
+    config = space.train_config(suggestion)
+
+    torch.manual_seed(0)
+    model = GPT(make_config("tiny", vocab_size=256))
+    # what the trial trained with: the suggestion's assignment and the run's settings
+    trained = build_optimizer(model, suggestion.assignment(), verbose=False, **config.optimizer_settings())
+    # what the user gets from the file alone
+    rebuilt = build_optimizer(model, load_assignment(best_path), verbose=False)
+    assert _groups(rebuilt) == _groups(trained)
+    assert [[id(p) for p in g["params"]] for g in rebuilt.param_groups] == \
+        [[id(p) for p in g["params"]] for g in trained.param_groups]
+    # and the searched values are really in it, not the defaults
+    assert exported.settings["spectral_lr"] == trial.params["spectral_lr"] != 0.02
+    assert exported.settings["momentum"] == 0.9 and exported.settings["ns_steps"] == 6
+    assert "build_optimizer_overrides" not in exported.provenance

@@ -221,7 +221,7 @@ def test_an_exception_of_the_callback_propagates():
 def test_one_schedule_scales_adamw_and_spectral_groups_alike(monkeypatch):
     """Every group's lr is its peak × (warmup, then cosine to min_lr_ratio)."""
     optimizers = []
-    real_build = train_mod.build_optimizer
+    real_build = train_mod.optimizer_from_plan
 
     def keep(*args, **kwargs):
         optimizers.append(real_build(*args, **kwargs))
@@ -234,7 +234,7 @@ def test_one_schedule_scales_adamw_and_spectral_groups_alike(monkeypatch):
         ratios.append({g["geometry"] if isinstance(g["geometry"], str) else "split":
                        g["lr"] / g["initial_lr"] for g in groups})
 
-    monkeypatch.setattr(train_mod, "build_optimizer", keep)
+    monkeypatch.setattr(train_mod, "optimizer_from_plan", keep)
     config = tiny(steps=20, probe_every=5, eval_every=20, warmup_steps=5, min_lr_ratio=0.1)
     result = train(config, Assignment.parse(MIXED), callback=look)
     peaks = {g["geometry"]: g["initial_lr"] for g in optimizers[0].param_groups}

@@ -15,10 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from geosearch.errors import ConfigError
+from geosearch.optim import settings as optim_settings
 
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["no", "bf16", "fp16"]
-Solver = Literal["project", "dual"]
+
+OPTIMIZER_FIELDS = ("lr", "spectral_lr", "weight_decay", "betas", "momentum", "solver")
+"""The optimizer settings that are fields of their own (the common ones); the others go in
+``optimizer_args``. Defaults, checks and docs come from :mod:`geosearch.optim.settings`."""
+_OPT = optim_settings.defaults()
 
 
 # --------------------------------------------------------------------------- settings
@@ -45,20 +50,21 @@ class TrainConfig:
     """Optimizer steps of the run."""
     batch_size: int = 16
     """Global batch in sequences, split evenly over the processes."""
-    lr: float = 6e-4
+    lr: float = _OPT["lr"]
     """Peak AdamW learning rate (embeddings, head, norms, and weights assigned ``adamw``)."""
-    spectral_lr: float = 0.02
+    spectral_lr: float = _OPT["spectral_lr"]
     """Peak spectral step size of the manifold Muon groups."""
-    weight_decay: float = 0.1
+    weight_decay: float = _OPT["weight_decay"]
     """AdamW weight decay (matrices only; the manifolds take none)."""
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[float, float] = _OPT["betas"]
     """AdamW betas."""
-    momentum: float = 0.95
+    momentum: float = _OPT["momentum"]
     """Nesterov momentum of the manifold Muon groups."""
-    solver: Solver = "project"
+    solver: str = _OPT["solver"]
     """Manifold Muon direction: ``project`` (one msign) or ``dual`` (dual ascent)."""
     optimizer_args: dict[str, Any] = field(default_factory=dict)
-    """Further ``build_optimizer`` overrides, e.g. ``{"dual_steps": 5, "ns_steps": 5}``."""
+    """Further global optimizer settings (:mod:`geosearch.optim.settings`), e.g.
+    ``{"dual_steps": 5, "ns_steps": 5}``."""
     warmup_steps: int | None = None
     """Linear warmup steps; None = 10% of ``steps``."""
     min_lr_ratio: float = 0.1
@@ -92,23 +98,23 @@ class TrainConfig:
             _positive_int(self, "warmup_steps", src, allow_zero=True)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"must be an integer but got {self.seed!r}", source=src, key="seed")
-        for name in ("lr", "spectral_lr", "weight_decay", "momentum", "min_lr_ratio", "grad_clip"):
+        for name in ("min_lr_ratio", "grad_clip"):
             value = _number(self, name, src)
             if value < 0:
                 raise ConfigError(f"must be >= 0 but got {value!r}", source=src, key=name)
         if self.min_lr_ratio > 1:
             raise ConfigError(f"must be in [0, 1] but got {self.min_lr_ratio}", source=src,
                               key="min_lr_ratio")
-        betas = tuple(_as_float(b, src, "betas") for b in self.betas) if isinstance(
-            self.betas, (list, tuple)) else ()
-        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-            raise ConfigError(f"must be two numbers in [0, 1) but got {self.betas!r}",
-                              source=src, key="betas")
-        self.betas = betas
+        for name in OPTIMIZER_FIELDS:  # a peak lr of 0 is allowed, as in a bare param group
+            value, want = optim_settings.validate(name, getattr(self, name), group=True)
+            if want is not None:
+                setting = optim_settings.SETTINGS[name]
+                raise ConfigError(f"expected {want}, got {value!r}", source=src, key=name,
+                                  allowed=setting.choices or None)
+            setattr(self, name, value)
         if self.mixed_precision is False:  # YAML 1.1 reads a bare `no` as false
             self.mixed_precision = "no"
-        for name, kind in (("solver", Solver), ("device", Device),
-                           ("mixed_precision", Precision)):
+        for name, kind in (("device", Device), ("mixed_precision", Precision)):
             if getattr(self, name) not in get_args(kind):
                 raise ConfigError(f"unknown value {getattr(self, name)!r}", source=src, key=name,
                                   allowed=get_args(kind))
@@ -120,6 +126,13 @@ class TrainConfig:
                 raise ConfigError(f"must be a mapping but got {getattr(self, name)!r}",
                                   source=src, key=name)
             setattr(self, name, dict(getattr(self, name)))
+        others = [n for n in optim_settings.names("global") if n not in OPTIMIZER_FIELDS]
+        for k, v in self.optimizer_args.items():
+            if k not in others:
+                raise ConfigError("unknown optimizer setting" + (
+                    f" (it is a field of its own: set {k} directly)" if k in OPTIMIZER_FIELDS else ""),
+                    source=src, key=f"optimizer_args.{k}", allowed=others)
+            self.optimizer_args[k] = optim_settings.check(k, v, source=src, key=f"optimizer_args.{k}")
         if self.data is not None and not isinstance(self.data, (str, os.PathLike)):
             raise ConfigError(f"must be a path or null but got {self.data!r}", source=src,
                               key="data")
@@ -128,6 +141,11 @@ class TrainConfig:
         """A copy with every default that depends on other fields filled in."""
         warmup = self.steps // 10 if self.warmup_steps is None else self.warmup_steps
         return dataclasses.replace(self, warmup_steps=min(warmup, self.steps))
+
+    def optimizer_settings(self) -> dict[str, Any]:
+        """The global optimizer settings of the run (``build_optimizer`` keywords, an
+        assignment's ``settings``): the optimizer fields and ``optimizer_args``."""
+        return {**{n: getattr(self, n) for n in OPTIMIZER_FIELDS}, **self.optimizer_args}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain YAML/JSON-safe values (``betas`` as a list, ``data`` as a string)."""

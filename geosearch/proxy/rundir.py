@@ -26,19 +26,19 @@ import yaml
 from geosearch.proxy.config import TrainConfig, TrainResult, short_number
 
 if TYPE_CHECKING:  # pragma: no cover
-    from geosearch.assignment import Assignment
+    from geosearch.plan import Plan
     from geosearch.proxy.data import Corpus
     from geosearch.proxy.zoo import BuiltModel
 
 
 # --------------------------------------------------------------------------- record
-def describe_run(config: TrainConfig, assignment: Assignment, built: BuiltModel, corpus: Corpus,
+def describe_run(config: TrainConfig, plan: Plan, built: BuiltModel, corpus: Corpus,
                  accelerator: Any) -> dict:
     """The resolved configuration and environment of a run, as written to config.yaml.
 
     Args:
         config: the run's resolved settings.
-        assignment: the geometries it trains with.
+        plan: what every parameter is trained with (:func:`geosearch.plan.bind`).
         built: the model it trains.
         corpus: its data.
         accelerator: the process's ``accelerate.Accelerator`` (device, process count).
@@ -50,8 +50,9 @@ def describe_run(config: TrainConfig, assignment: Assignment, built: BuiltModel,
         "train": config.to_dict(),
         "model_config": built.config,  # the resolved architecture (GPTConfig for presets)
         "model": built.describe(),
-        "assignment": assignment.to_dict(),
-        "geometry": dict(assignment.resolve()),
+        "assignment": plan.assignment.to_dict(),
+        "geometry": dict(plan.assignment.resolve()),
+        "optimizer": {"settings": _plain(dict(plan.settings)), "types": _plain(plan.types())},
         "data": {"source": corpus.source, "train_tokens": int(corpus.train.numel()),
                  "val_tokens": int(corpus.val.numel())},
         "seed": config.seed,

@@ -36,7 +36,8 @@ import torch
 
 from geosearch.assignment import Assignment, load_assignment
 from geosearch.errors import ConfigError, GeosearchError
-from geosearch.optim import build_optimizer
+from geosearch.optim import optimizer_from_plan
+from geosearch.plan import bind
 from geosearch.proxy.accelerator import DIST_TIMEOUT_ENV, get_accelerator
 from geosearch.proxy.config import TrainConfig, TrainResult
 from geosearch.proxy.data import get_batch, load_corpus
@@ -127,18 +128,17 @@ class _Run:
         self.corpus.check_block_size(self.built.block_size)
         device = accelerator.device
         model = self.built.model.to(device)  # on the device before the optimizer
-        # places the weights on their manifolds
-        optimizer = build_optimizer(
-            model, assignment, verbose=False, lr=config.lr, spectral_lr=config.spectral_lr,
-            betas=config.betas, weight_decay=config.weight_decay, momentum=config.momentum,
-            solver=config.solver, **config.optimizer_args)
+        # What every parameter gets, bound once: the optimizer, the probes and config.yaml
+        # read this plan. Building the optimizer places the weights on their manifolds.
+        self.plan = bind(model, assignment, config.optimizer_settings(), source="TrainConfig")
+        optimizer = optimizer_from_plan(self.plan, verbose=False)
         self.raw_model, self.raw_optimizer = model, optimizer
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         # One LambdaLR over every group scales each group's own peak lr, so the spectral
         # step follows the same warmup + cosine as AdamW. Not passed through prepare():
         # Accelerate would step it once per process per step.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_factor)
-        self.weight_probe = WeightProbe.from_assignment(model, assignment)
+        self.weight_probe = WeightProbe.from_plan(self.plan)
 
         # Batches: the training stream from the run's seed; validation and probe batches
         # fixed (VAL_SEED) and made once. Every rank draws the global batch and keeps its rows.
@@ -150,7 +150,7 @@ class _Run:
                             for _ in range(config.eval_batches)]  # each x, y: (B/N, T)
         probe_x, _ = get_batch(self.corpus.val, config.probe_batch_size, self.block_size, val_gen)
         self.probe_x = probe_x.to(device)  # (P, T), the same on every rank
-        self.run_config = describe_run(config, assignment, self.built, self.corpus, accelerator)
+        self.run_config = describe_run(config, self.plan, self.built, self.corpus, accelerator)
         self.writer = RunWriter(out_dir) if out_dir is not None and accelerator.is_main_process \
             else None
         if self.writer:

@@ -37,7 +37,7 @@ from geosearch.search.storage import BEST_FILE, TOP_DIR, open_run_study
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment
 
-__all__ = ["export_best", "format_ranking"]
+__all__ = ["export_best", "export_summary", "format_ranking"]
 
 
 def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
@@ -52,6 +52,8 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
                 vs = "best"
             elif r.versus_best == "unknown":
                 vs = f"{r.gap:+.4f} (no spread: can't judge)"
+            elif r.threshold is None:  # identical losses: a tie without a noise estimate
+                vs = f"{r.gap:+.4f}: tie"
             else:
                 vs = (f"{r.gap:+.4f} {'<' if r.versus_best == 'tie' else '>'} noise "
                       f"{r.threshold:.4f}: {'tie' if r.versus_best == 'tie' else 'worse'}")
@@ -73,11 +75,15 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
     trial = next(t for t in study.get_trials(deepcopy=False) if t.number == row.number)
     attrs = study.user_attrs
     suggestion: Suggestion | None = None
+    settings: dict[str, Any] = {}
     space_dict = attrs.get(SPACE)
     if isinstance(space_dict, dict):
         try:
             space = SearchSpace.from_dict(space_dict, source=f"{run_dir} (study attrs)")
             suggestion = space.suggest(optuna.trial.FixedTrial(dict(trial.params)))
+            # every global optimizer setting the trial trained with, searched ones included:
+            # build_optimizer(model, load_assignment(file)) then builds the trial's optimizer
+            settings = space.train_config(suggestion).optimizer_settings()
         except (ConfigError, ValueError):
             suggestion = None
     score = row.score
@@ -97,10 +103,7 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
         "trials": {"completed": len(ranking.rows), "total": done_count(study)},
     }
     if suggestion is not None:
-        if suggestion.train_overrides:
-            # global settings an Assignment cannot hold: pass them to build_optimizer
-            provenance["build_optimizer_overrides"] = dict(suggestion.train_overrides)
-        return suggestion.assignment(provenance)
+        return suggestion.assignment(provenance, settings=settings)
     geometry = trial.user_attrs.get(ASSIGNMENT) or {}
     return Assignment(geometry=dict(geometry), rules=attrs.get(RULES, "nanogpt"),
                       provenance=provenance)
@@ -142,3 +145,22 @@ def export_best(
     folder = Path(out) if out is not None else run_dir / TOP_DIR
     return [_export_assignment(study, r, ranking, run_dir).save(folder / f"rank{r.rank}-trial{r.number}.yaml")
             for r in rows]
+
+
+def export_summary(paths: list[Path]) -> str:
+    """What ``geosearch export`` prints: a line per file (trial, score, geometry) and the verdict."""
+    from geosearch.assignment import load_assignment
+
+    lines = []
+    for path in paths:
+        a = load_assignment(path)
+        score = a.provenance.get("score", {})
+        spread = f" ± {score['std']:.4f}" if score.get("std") is not None else " (one seed)"
+        lines.append(f"{path}: trial {a.provenance.get('trial')}, val loss {score.get('mean'):.4f}{spread}, "
+                     + ", ".join(f"{t}={g}" for t, g in a.geometry.items()))
+    first = load_assignment(paths[0])
+    lines.append(f"verdict: {first.provenance.get('verdict')}")
+    if first.settings:
+        lines.append("the file holds the trial's optimizer settings too: build_optimizer(model, "
+                     "load_assignment(file)) builds the optimizer the trial trained with")
+    return "\n".join(lines)

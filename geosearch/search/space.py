@@ -190,11 +190,15 @@ class Suggestion:
     train_overrides: dict[str, float]
     rules: str | tuple[ModuleRule, ...]
 
-    def assignment(self, provenance: Mapping[str, Any] | None = None) -> Assignment:
-        """The :class:`~geosearch.assignment.Assignment` this suggestion trains."""
+    def assignment(self, provenance: Mapping[str, Any] | None = None,
+                   settings: Mapping[str, Any] | None = None) -> Assignment:
+        """The :class:`~geosearch.assignment.Assignment` this suggestion trains; with
+        ``settings`` (the run's global optimizer settings, see
+        :meth:`~geosearch.proxy.config.TrainConfig.optimizer_settings`) it reproduces the
+        run's optimizer on its own."""
         rules = self.rules if isinstance(self.rules, str) else list(self.rules)
         return Assignment(geometry=dict(self.geometry), options=dict(self.options), rules=rules,
-                          provenance=dict(provenance or {}))
+                          settings=dict(settings or {}), provenance=dict(provenance or {}))
 
 
 @dataclass(frozen=True)

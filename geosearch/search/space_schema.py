@@ -50,7 +50,8 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, get_args
 
-from geosearch.assignment import ADAMW, OPTION_KINDS, check_option, geometry_names
+from geosearch.assignment import ADAMW, geometry_names
+from geosearch.optim import settings as optim_settings
 from geosearch.errors import ConfigError
 from geosearch.modules import (
     ModuleRule,
@@ -338,6 +339,8 @@ class _Parser:
         d = self.mapping(value, "proxy", fields)
         n_before = len(self.problems)
         for k, v in d.items():  # one at a time, so that every bad key is reported
+            if k == "optimizer_args":
+                continue  # checked key by key below
             try:
                 TrainConfig.from_dict({k: v})
             except ConfigError as e:
@@ -363,20 +366,16 @@ class _Parser:
             return TrainConfig()
 
     def optimizer_args(self, args: Mapping[str, Any], train_fields: list[str]) -> None:
-        # build_optimizer's settings live with the optimizer (torch): read only when a space
-        # sets optimizer_args, until a torch-free settings catalog names them.
-        from geosearch.optim.build import DEFAULTS
-
-        allowed = [k for k in DEFAULTS if k not in train_fields]
+        allowed = [k for k in optim_settings.names("global") if k not in train_fields]
         for k, v in args.items():
             key = f"proxy.optimizer_args.{k}"
             if k in train_fields:
                 self.error(key, f"set it as proxy.{k}")
             elif k not in allowed:
                 self.error(key, f"unknown optimizer setting {k!r}", allowed)
-            elif k in OPTION_KINDS:
+            else:
                 try:
-                    check_option(k, v, source=None, key=key)
+                    optim_settings.check(k, v, key=key)
                 except ConfigError as e:
                     self.error(key, e.problem, e.allowed)
 

@@ -202,9 +202,10 @@ class Searcher:
         seeds = trial_seeds(self.space)
         trial_dir = self.run_dir / TRIALS_DIR / str(n)
         for key, value in {
-            STATUS: RUNNING,
+            # the reason first: a worker killed between the two writes leaves a reason
             FAIL_REASON: "interrupted before it finished (its worker was killed or crashed); "
                          "rerun the same command to run this point again",
+            STATUS: RUNNING,
             ASSIGNMENT: resolved,
             ASSIGNMENT_KEY: ",".join(f"{t}={g}" for t, g in sorted(resolved.items())),
             BUDGET_STEPS: self.space.proxy.steps,
