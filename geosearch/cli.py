@@ -255,13 +255,16 @@ def _add_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("--space", metavar="FILE|NAME", help="show each type's candidate geometries from this space")
     p.add_argument("--rules", metavar="NAME",
                    help=f"rule set (default: the space's, else the model's: {_RULES_DEFAULT})")
+    p.add_argument("--assign", metavar="ASSIGNMENT|FILE",
+                   help="also show the plan of this assignment (e.g. attn=stiefel,mlp=dgram, or a "
+                        "YAML file): each module type's geometry, blocks, step size and options")
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
     from geosearch.inspect import inspect_model
 
     inspect_model(args.model, model_args=_key_values(args.model_arg, "--model-arg"),
-                  space=args.space, rules=args.rules)
+                  space=args.space, rules=args.rules, assign=args.assign)
     return 0
 
 

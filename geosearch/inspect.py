@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from torch import nn
 
-from geosearch.assignment import geometry_names
+from geosearch.assignment import Assignment, geometry_names, load_assignment
 from geosearch.errors import ConfigError
 from geosearch.modules import (
     ModuleRule,
@@ -29,6 +29,7 @@ from geosearch.modules import (
     module_types,
     rule_set_names,
 )
+from geosearch.plan import Plan, bind
 from geosearch.proxy.zoo import BuiltModel, build_meta_model
 from geosearch.search.space import SearchSpace, load_space
 
@@ -137,7 +138,8 @@ def describe_parameters(built: BuiltModel | nn.Module, rules: str | Sequence[Mod
 
 # --------------------------------------------------------------------------- the command
 def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | None = None,
-                  space: str | os.PathLike | None = None, rules: str | None = None) -> None:
+                  space: str | os.PathLike | None = None, rules: str | None = None,
+                  assign: str | None = None) -> None:
     """Print every parameter of a model with its module type and candidate geometries.
 
     The rules are the ones ``geosearch search`` would take: ``rules``, else the space's
@@ -150,6 +152,9 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
         model_args: model fields, over the space's (which count only for the space's model).
         space: a search-space file or shipped name: the candidates of each module type.
         rules: a registered rule-set name.
+        assign: an assignment (inline ``"attn=stiefel,mlp=dgram"`` in the rules' module
+            types, or a YAML file): also print its plan, what every module type would be
+            trained with (:meth:`geosearch.plan.Plan.describe`), before any training.
 
     Raises:
         ConfigError: neither a model nor a space; an unknown model, rule set or space; a
@@ -212,6 +217,18 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
         r = match.empty_rules[0]
         raise ConfigError(f"rule {r.type!r} (pattern {r.pattern!r}) matches no parameter of the "
                           f"{spec!r} model", source=rules_name, key="rules")
+    if assign is not None:
+        print()
+        named = rules or (searched.rules if searched is not None and isinstance(searched.rules, str)
+                          else None if searched is not None else built.rules)
+        print(_plan_of(built.model, assign, named or tuple(rule_seq)).describe())
+
+
+def _plan_of(model: nn.Module, assign: str, rules: str | Sequence[ModuleRule]) -> Plan:
+    """The plan of ``--assign``: a file, or inline in the module types of ``rules``."""
+    if os.path.isfile(assign):
+        return bind(model, load_assignment(assign), source="--assign")
+    return bind(model, Assignment.parse(assign, rules=rules), source="--assign")
 
 
 def _print_table(rows: Sequence[ParamRow], space: SearchSpace | None) -> None:

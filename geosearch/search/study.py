@@ -119,10 +119,13 @@ def _check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> N
 def _preflight(space: SearchSpace) -> None:
     """Errors that would fail every trial, found before the study is touched: the data,
     the model (a zoo spec, built on the meta device), a context the data cannot fill, and
-    rules that do not fit the model or match nothing. ``space.rules`` are the rules every
-    trial's assignment carries: the space's, or the model's default rule set when the space
-    names none (see :mod:`geosearch.search.space`)."""
+    rules that do not fit the model, match nothing or leave a hidden weight without a
+    geometry: the plan (:func:`geosearch.plan.bind`) of the space's first assignment, with
+    the proxy's optimizer settings. ``space.rules`` are the rules every trial's assignment
+    carries: the space's, or the model's default rule set when the space names none."""
+    from geosearch.assignment import Assignment
     from geosearch.modules import get_rule_set, match_parameters
+    from geosearch.plan import bind
     from geosearch.proxy.data import load_corpus
     from geosearch.proxy.zoo import build_meta_model
 
@@ -140,7 +143,12 @@ def _preflight(space: SearchSpace) -> None:
         r = match.empty_rules[0]
         raise ConfigError(f"rule {r.type!r} (pattern {r.pattern!r}) matches no parameter of the "
                           f"{proxy.model!r} model", source=where, key="rules")
-
+    first = Assignment(geometry={k: v[0] for k, v in space.geometries.items()},
+                       rules=space.rules if isinstance(space.rules, str) else list(space.rules))
+    try:  # what the trials' optimizers will be built from: unassigned hidden weights, ...
+        bind(built.model, first, proxy.optimizer_settings(), source=where)
+    except ConfigError as e:
+        raise ConfigError(e.problem, source=where, key=e.key, allowed=e.allowed) from None
 
 
 def _start_study(space: SearchSpace, run_dir: Path, storage: str | None, workers: int,
