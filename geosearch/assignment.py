@@ -45,13 +45,12 @@ import yaml
 from geosearch.errors import ConfigError
 from geosearch.frozen import FrozenMap, freeze, thaw
 from geosearch.modules import (
-    FAMILIES,
-    LAYOUTS,
     ModuleRule,
     check_rules,
     family_types,
     get_rule_set,
     module_types,
+    rule_from_mapping,
     rule_set_names,
 )
 from geosearch.optim import settings as catalog
@@ -74,7 +73,6 @@ def geometry_names() -> list[str]:
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "geometry", "options", "provenance", "settings")
-RULE_KEYS = ("type", "pattern", "family", "split", "layout")
 
 
 @dataclass(frozen=True)
@@ -370,33 +368,7 @@ def _check_rules_field(rules: Any, source: str | None) -> str | tuple[ModuleRule
     if isinstance(rules, Mapping) or not isinstance(rules, Sequence):
         raise ConfigError("expected a rule-set name or a list of rules", source=source, key="rules",
                           allowed=rule_set_names())
-    out = []
-    for i, r in enumerate(rules):
-        if isinstance(r, ModuleRule):
-            out.append(r)
-            continue
-        key = f"rules[{i}]"
-        if not isinstance(r, Mapping):
-            raise ConfigError(f"expected a mapping with keys {', '.join(RULE_KEYS)}", source=source, key=key)
-        for k in r:
-            if k not in RULE_KEYS:
-                raise ConfigError(f"unknown key {k!r}", source=source, key=f"{key}.{k}", allowed=RULE_KEYS)
-        for k in ("type", "pattern", "family"):
-            if not isinstance(r.get(k), str) or not r[k]:
-                raise ConfigError("missing, or not a string", source=source, key=f"{key}.{k}")
-        if r.get("family") not in FAMILIES:
-            raise ConfigError(f"unknown family {r['family']!r}", source=source, key=f"{key}.family",
-                              allowed=FAMILIES)
-        if r.get("layout", "out_in") not in LAYOUTS:
-            raise ConfigError(f"unknown layout {r['layout']!r}", source=source, key=f"{key}.layout",
-                              allowed=LAYOUTS)
-        split = r.get("split") or []
-        if isinstance(split, str) or not isinstance(split, Sequence) or not all(isinstance(s, str) for s in split):
-            raise ConfigError("expected a list of module type names", source=source, key=f"{key}.split")
-        try:
-            out.append(ModuleRule(r["type"], r["pattern"], r["family"], tuple(split), r.get("layout", "out_in")))
-        except ConfigError as e:  # bad regex or a one-block split
-            raise ConfigError(e.problem, source=source, key=f"{key}.{e.key}", allowed=e.allowed) from None
+    out = [rule_from_mapping(r, source=source, key=f"rules[{i}]") for i, r in enumerate(rules)]
     check_rules(out, source=source)
     return tuple(out)
 

@@ -22,6 +22,7 @@ from torch import nn
 from geosearch.assignment import Assignment, geometry_names, load_assignment
 from geosearch.errors import ConfigError
 from geosearch.modules import (
+    empty_rule_error,
     ModuleRule,
     family_types,
     get_rule_set,
@@ -213,10 +214,9 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
         if r.role == "unassigned" and rules_name is not None:
             print(f"warning: 2-D weight {r.name!r} matches no rule of {rules_name}; it will be trained "
                   "with AdamW", file=sys.stderr)
-    if match.empty_rules:
-        r = match.empty_rules[0]
-        raise ConfigError(f"rule {r.type!r} (pattern {r.pattern!r}) matches no parameter of the "
-                          f"{spec!r} model", source=rules_name, key="rules")
+    empty = empty_rule_error(match, spec, source=rules_name)
+    if empty is not None:
+        raise empty
     if assign is not None:
         print()
         named = rules or (searched.rules if searched is not None and isinstance(searched.rules, str)

@@ -20,9 +20,9 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from geosearch.errors import ConfigError, unknown_name
 
@@ -175,6 +175,52 @@ def register_rule_set(name: str, rules: Iterable[ModuleRule]) -> tuple[ModuleRul
     check_rules(rules)
     RULE_SETS[name] = rules
     return rules
+
+
+RULE_KEYS = ("type", "pattern", "family", "split", "layout")
+"""The keys of a rule written as a mapping (YAML): the fields of :class:`ModuleRule`."""
+
+
+def rule_from_mapping(r: Any, *, source: str | None = None, key: str = "rules[0]") -> ModuleRule:
+    """One rule from its mapping form (or a :class:`ModuleRule`, returned as is): the one
+    parser of rules that assignments and search spaces share.
+
+    Raises:
+        ConfigError: not a mapping, an unknown key, a missing or non-string
+            type/pattern/family, a bad split, family, layout or pattern; ``key`` is the
+            rule's key path (``rules[1]``) and the message names the field.
+    """
+    if isinstance(r, ModuleRule):
+        return r
+    if not isinstance(r, Mapping):
+        raise ConfigError(f"expected a mapping with keys {', '.join(RULE_KEYS)}", source=source, key=key)
+    for k in r:
+        if k not in RULE_KEYS:
+            raise ConfigError(f"unknown key {k!r}", source=source, key=f"{key}.{k}", allowed=RULE_KEYS)
+    for k in ("type", "pattern", "family"):
+        if not isinstance(r.get(k), str) or not r[k]:
+            raise ConfigError("missing, or not a string", source=source, key=f"{key}.{k}")
+    if r["family"] not in FAMILIES:
+        raise ConfigError(f"unknown family {r['family']!r}", source=source, key=f"{key}.family", allowed=FAMILIES)
+    if r.get("layout", "out_in") not in LAYOUTS:
+        raise ConfigError(f"unknown layout {r['layout']!r}", source=source, key=f"{key}.layout", allowed=LAYOUTS)
+    split = r.get("split") or ()
+    if isinstance(split, str) or not isinstance(split, Sequence) or not all(isinstance(x, str) for x in split):
+        raise ConfigError("expected a list of module type names", source=source, key=f"{key}.split")
+    try:
+        return ModuleRule(r["type"], r["pattern"], r["family"], tuple(split), r.get("layout", "out_in"))
+    except ConfigError as e:  # unknown family or layout, a bad regex, a one-block split
+        raise ConfigError(e.problem, source=source, key=f"{key}.{e.key}", allowed=e.allowed) from None
+
+
+def empty_rule_error(match: MatchResult, model: str, *, source: str | None) -> ConfigError | None:
+    """The error for the first rule of ``match`` that matched no parameter of ``model`` (a
+    spec, for the message), or None when every rule matched something."""
+    if not match.empty_rules:
+        return None
+    r = match.empty_rules[0]
+    return ConfigError(f"rule {r.type!r} (pattern {r.pattern!r}) matches no parameter of the {model!r} model",
+                       source=source, key="rules")
 
 
 def check_rules(rules: Sequence[ModuleRule], *, source: str | None = None, key: str = "rules") -> None:

@@ -51,14 +51,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, get_args
 
 from geosearch.assignment import ADAMW, geometry_names
-from geosearch.optim import settings as optim_settings
 from geosearch.errors import ConfigError
+from geosearch.optim import settings as optim_settings
 from geosearch.modules import (
     ModuleRule,
     check_rules,
     family_types,
     get_rule_set,
     module_types,
+    rule_from_mapping,
     rule_set_names,
 )
 from geosearch.proxy.config import TrainConfig
@@ -227,24 +228,12 @@ class _Parser:
             self.error("rules", "expected a rule-set name or a non-empty list of rules",
                        rule_set_names())
             return None
-        fields = [f.name for f in dataclasses.fields(ModuleRule)]
         out = []
-        for i, r in enumerate(value):
-            key = f"rules[{i}]"
-            r = self.mapping(r, key, fields)
-            missing = [k for k in ("type", "pattern", "family") if not isinstance(r.get(k), str)]
-            if missing:
-                self.error(key, f"missing or non-string {', '.join(missing)}")
-                continue
-            split = r.get("split") or ()
-            if isinstance(split, str) or not isinstance(split, Sequence):
-                self.error(f"{key}.split", "expected a list of module type names")
-                continue
+        for i, r in enumerate(value):  # each rule on its own, so that every bad one is reported
             try:
-                out.append(ModuleRule(r["type"], r["pattern"], r["family"], tuple(split),
-                                      r.get("layout", "out_in")))
+                out.append(rule_from_mapping(r, key=f"rules[{i}]"))
             except ConfigError as e:
-                self.rekey(e, key)
+                self.error(e.key, e.problem, e.allowed)
         if len(out) < len(value):
             return None
         try:

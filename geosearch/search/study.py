@@ -124,7 +124,7 @@ def _preflight(space: SearchSpace) -> None:
     the proxy's optimizer settings. ``space.rules`` are the rules every trial's assignment
     carries: the space's, or the model's default rule set when the space names none."""
     from geosearch.assignment import Assignment
-    from geosearch.modules import get_rule_set, match_parameters
+    from geosearch.modules import empty_rule_error, get_rule_set, match_parameters
     from geosearch.plan import bind
     from geosearch.proxy.data import load_corpus
     from geosearch.proxy.zoo import build_meta_model
@@ -139,10 +139,9 @@ def _preflight(space: SearchSpace) -> None:
         match = match_parameters(built.model, rules)
     except ConfigError as e:  # e.g. nanogpt's nn.Linear rules on hf:gpt2's Conv1D weights
         raise ConfigError(e.problem, source=where, key=e.key, allowed=e.allowed) from None
-    if match.empty_rules:
-        r = match.empty_rules[0]
-        raise ConfigError(f"rule {r.type!r} (pattern {r.pattern!r}) matches no parameter of the "
-                          f"{proxy.model!r} model", source=where, key="rules")
+    empty = empty_rule_error(match, proxy.model, source=where)
+    if empty is not None:
+        raise empty
     first = Assignment(geometry={k: v[0] for k, v in space.geometries.items()},
                        rules=space.rules if isinstance(space.rules, str) else list(space.rules))
     try:  # what the trials' optimizers will be built from: unassigned hidden weights, ...
