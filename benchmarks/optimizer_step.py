@@ -58,13 +58,8 @@ def reference_dgram_retract(W: torch.Tensor) -> torch.Tensor:
     return (U @ Vh) * S
 
 
-def reference_update(
-    geometry: str, W: torch.Tensor, G: torch.Tensor, lr: float
-) -> tuple[torch.Tensor, float]:
-    """REFERENCE ONLY: one published manifold-Muon update; returns (new W, last residual)."""
-    wide = W.shape[0] < W.shape[1]
-    if wide:
-        W, G = W.T, G.T
+def reference_direction(geometry: str, W: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """REFERENCE ONLY: the published dual-ascent direction for tall ``W``; (A, last residual)."""
     project = get_manifold(geometry).gram_projector
     lam = -0.25 * project(W.T @ G + G.T @ W)
     for k in range(REF_STEPS):
@@ -74,6 +69,17 @@ def reference_update(
         if residual < REF_TOL:
             break
         lam = lam - REF_ALPHA * (1 - k / REF_STEPS) * H
+    return A, residual
+
+
+def reference_update(
+    geometry: str, W: torch.Tensor, G: torch.Tensor, lr: float
+) -> tuple[torch.Tensor, float]:
+    """REFERENCE ONLY: one published manifold-Muon update; returns (new W, last residual)."""
+    wide = W.shape[0] < W.shape[1]
+    if wide:
+        W, G = W.T, G.T
+    A, residual = reference_direction(geometry, W, G)
     new = W - lr * A
     new = msign(new, steps=REF_NS) if geometry == "stiefel" else reference_dgram_retract(new)
     return (new.T if wide else new), residual

@@ -1,4 +1,4 @@
-"""Do the cheap and the exact manifold-Muon solvers rank the assignments the same way?
+"""Do the one-msign and the dual-ascent manifold-Muon solvers rank assignments alike?
 
 Every assignment of a search space (default ``search_spaces/paper.yaml``: attention and
 MLP each Stiefel or DGram) is trained on the proxy twice per seed, once with
@@ -12,7 +12,8 @@ in the same run, the two solvers alternating. Compared:
   group), dual ÷ project, per assignment and over all of them.
 
 If the ranks agree, a search can score assignments with the cheap solver and keep the
-exact one for the final training. Not a test: it prints a table and writes it to
+dual one for the final training (neither is the exact optimum: see
+``benchmarks/direction_quality.py``). Not a test: it prints a table and writes it to
 ``benchmarks/results/solver_agreement.md``.
 
 Usage::

@@ -114,3 +114,24 @@ def test_polar_completes_rank_deficient_input():
     # Rule: unlike msign, polar always returns orthonormal columns.
     assert gram_error(polar(X)).item() < 1e-10
     assert gram_error(polar(torch.zeros(3, 5))).item() < 1e-6
+
+
+def test_five_steps_resolve_singular_values_relative_to_the_frobenius_norm():
+    # 63 singular values 1 and one small one, on known singular vectors.
+    U = torch.linalg.qr(torch.randn(64, 64, dtype=torch.float64, generator=_gen(8)))[0]
+    V = torch.linalg.qr(torch.randn(64, 64, dtype=torch.float64, generator=_gen(9)))[0]
+
+    def small_output(small: float) -> float:
+        s = torch.ones(64, dtype=torch.float64)
+        s[-1] = small
+        G = (U * s) @ V.mT
+        out = U.mT @ msign(G, steps=5).double() @ V  # diagonal: msign keeps singular vectors
+        return float(out[-1, -1]), float(torch.linalg.matrix_norm(G))
+
+    frob = small_output(1.0)[1]  # ‖G‖_F ≈ √63 ≈ 7.9 σ_max
+    # Rule: a singular value of 2e-3·‖G‖_F (above the documented 1e-3·‖G‖_F) ends in
+    # [0.84, 1.13] after five iterations, like every larger one.
+    assert 0.84 <= small_output(2e-3 * frob)[0] <= 1.13
+    # Rule: the guarantee is not relative to σ_max: 2e-3·σ_max (= 2.5e-4·‖G‖_F here) is
+    # far from 1 after five iterations.
+    assert small_output(2e-3)[0] < 0.5

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -23,16 +25,30 @@ class DGram(Manifold):
     in any order; the singular values are the column norms, so they are not bounded.
     Gram projector ``P(S) = S − diag(S)`` (zero the diagonal).
 
-    * project / retract: ``Q·diag(colsum(Q ∘ W))`` with ``Q`` the polar factor of ``W``
-      with its columns normalised, ``Q = msign(W·diag(1/‖w_j‖))``. Every point of the
-      set is fixed, whatever the order of its column norms (for ``W = U·diag(d)``:
-      ``Q = U`` and ``colsum(U ∘ W) = d``); the reference ``U Vᵀ·diag(σ)`` from an SVD
-      is not (it re-sorts the norms). Normalising the columns before the polar factor
-      (rather than ``Q = msign(W)``, which has the same fixed points and also lands on
-      the set) keeps ``Q``'s input near-orthonormal after a small step, so Newton–Schulz
-      converges in one or two iterations however spread the norms are (``msign(W)``
-      needs 8 or more, and fails to converge for columns below ~1e-3 of ‖W‖_F);
-      ``colsum(Q ∘ W)`` puts the norms back.
+    * project / retract: ``Q·diag(colsum(Q ∘ W))`` with ``Q = polar(W)``, the polar
+      factor of ``W`` itself (:func:`~geosearch.manifolds.msign.polar`). Every point of
+      the set is fixed, whatever the order or spread of its column norms (for
+      ``W = U·diag(d)``: ``Q = U`` and ``colsum(U ∘ W) = d``); the reference
+      ``U Vᵀ·diag(σ)`` from an SVD is not (it re-sorts the norms).
+    * why ``polar(W)`` and not the polar factor of ``W`` with normalised columns (a
+      retraction with the same fixed points): the polar factor weighs each column by its
+      norm, so when the norms are spread the small columns follow the large ones. With
+      normalised columns all weigh the same, and a small column, which one step of size η
+      turns by up to η/‖w_j‖, drags the large ones along. With the small proxy's DGram
+      weights re-spread to column norms 0.02–1.1 (DGram attention's ``c_proj`` after 2,000
+      steps), one ``project`` step of spectral size η moved ``W`` by up to 8.6η that way
+      and by 1.75η with ``polar(W)`` (``benchmarks/direction_quality.py``). Bound: with
+      ``W' = W − ηA = Q'P'`` the result is ``W' − Q'·Off(P')``, and ``Off(P') =
+      Off(P' − |W|)`` as ``|W| = diag(d)``; since ``‖|W'| − |W|‖_F ≤ √2·‖W' − W‖_F``
+      (Araki–Yamagami), a step moves ``W`` by at most ``(1 + √2)·‖ηA‖_F`` in Frobenius
+      norm whatever the norms. In spectral norm, measured: at most about ``2·‖ηA‖_2``
+      (``tests/test_dgram.py`` checks ≤ 2.2 with norms spread 50×).
+    * cost and fallback: ``W`` is first scaled to unit RMS column norm (the polar factor
+      does not change), so a point with (nearly) equal norms takes ``polar``'s
+      near-orthonormal path (one or two Newton–Schulz iterations); spread norms take
+      its Polar Express path. When Newton–Schulz stalls (rank-deficient ``W``, a zero
+      column, or norms spread over more than about 3e4) ``polar`` falls back to a float64
+      SVD, and ``exact=True`` always uses it.
     * tangent space ``{A : Off(WᵀA + AᵀW) = 0}``; projection ``G − W·S`` with
       ``S_ij = (WᵀG + GᵀW)_ij / (d_i² + d_j²)`` off the diagonal and ``S_ii = 0``.
     * constraint error ``max|Off(WᵀW)|``.
@@ -48,10 +64,10 @@ class DGram(Manifold):
         return off_diagonal(S)
 
     def _project(self, W: Tensor, exact: bool) -> Tensor:
-        norms = torch.linalg.vector_norm(W, dim=-2, keepdim=True)  # (..., 1, n)
-        tiny = torch.finfo(W.dtype).tiny
-        Q = polar(W / norms.clamp_min(tiny), exact=exact)
-        return Q * (Q * W).sum(dim=-2, keepdim=True)
+        # polar(c·W) = polar(W); unit RMS column norm lets equal norms take the near path
+        rms = torch.linalg.vector_norm(W, dim=(-2, -1), keepdim=True) / math.sqrt(W.shape[-1])
+        Q = polar(W / rms.clamp_min(torch.finfo(W.dtype).tiny), exact=exact)
+        return Q * (Q * W).sum(dim=-2, keepdim=True)  # Q·diag(colsum(Q ∘ W))
 
     def _normal_coefficients(self, W: Tensor, G: Tensor) -> Tensor:
         WG = W.mT @ G

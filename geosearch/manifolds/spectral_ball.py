@@ -22,7 +22,10 @@ class SpectralBall(Manifold):
     direction is feasible, so ``to_tangent`` is the identity (also on the boundary,
     where the tangent *cone* is not a subspace; feasibility is restored by the
     projection after the step). It is not a Gram manifold: ``gram_projector`` is None,
-    and the dual-ascent solver reduces to plain ``msign(G)``.
+    and the dual-ascent solver reduces to plain ``msign(G)``. So a manifold-Muon step on
+    the ball is plain Muon followed by clipping: ``W ← clip(W − η·msign(G))``, both
+    solvers alike; nothing in the direction knows about the constraint, which acts only
+    through the clip (on the boundary, the step's outward part is cut off afterwards).
 
     * project / retract: clip the singular values at 1 (the nearest point of the ball,
       in Frobenius and spectral norm). Only directions with ``σ > 1`` change, so points
