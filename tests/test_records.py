@@ -13,7 +13,8 @@ from _search_helpers import FakeTrain, make_space, search, trials_of, use_train
 from optuna.trial import TrialState, create_trial
 
 from geosearch.search import records
-from geosearch.search.records import NOT_RUN, STATUSES, STUDY_ATTRS, TRIAL_ATTRS, trial_line, trial_status
+from geosearch.search.ranking import trial_line
+from geosearch.search.records import NOT_RUN, STATUSES, STUDY_ATTRS, TRIAL_ATTRS, trial_status
 from geosearch.search.study import open_run_study
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from geosearch import __version__
 from geosearch.errors import ConfigError, GeosearchError
 from geosearch.search.queue import done_count
-from geosearch.search.ranking import RankedTrial, Ranking, rank_study
+from geosearch.search.ranking import RankedTrial, Ranking, rank_study, trial_line
 from geosearch.search.records import (
     ASSIGNMENT,
     NOT_RUN,
@@ -28,7 +28,6 @@ from geosearch.search.records import (
     RULES,
     SEEDS,
     SPACE,
-    trial_line,
     trial_status,
 )
 from geosearch.search.space import SearchSpace, Suggestion

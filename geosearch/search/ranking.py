@@ -30,6 +30,23 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from geosearch.search.records import (
+    ASSIGNMENT,
+    COMPLETED,
+    FAIL_REASON,
+    INTERRUPTED,
+    MAX_LOGIT,
+    MEAN_STEP_MS,
+    NOT_RUN,
+    PRUNE_REASON,
+    QUEUED_PARAMS,
+    SEEDS,
+    STOP_STEP,
+    UNSTABLE,
+    VAL_LOSSES,
+    trial_status,
+)
+
 from geosearch.search.stats import (
     Comparison,
     MainEffect,
@@ -43,6 +60,7 @@ from geosearch.search.stats import (
 )
 
 __all__ = [
+    "trial_line",
     "RankedTrial",
     "Ranking",
     "Score",
@@ -299,8 +317,8 @@ def seed_plan(ranking: Ranking, max_seeds: int) -> SeedPlan:
 def trial_score(trial: FrozenTrial) -> Score:
     """The final val losses of a trial with their seeds: its ``val_losses`` and ``seeds``
     attrs, else the value of a completed trial, else none (``n == 0``)."""
-    values = trial.user_attrs.get("val_losses")
-    seeds = trial.user_attrs.get("seeds")
+    values = trial.user_attrs.get(VAL_LOSSES)
+    seeds = trial.user_attrs.get(SEEDS)
     seeds = seeds if isinstance(seeds, list) else None
     if isinstance(values, list) and values:
         return Score.of(values, seeds)
@@ -314,7 +332,7 @@ def trial_point(trial: FrozenTrial) -> Point:
     each family's geometry from the ``assignment`` attr), the other params as the rest."""
     geometry, others = _searched(trial)
     if not geometry:
-        assignment = trial.user_attrs.get("assignment")
+        assignment = trial.user_attrs.get(ASSIGNMENT)
         assignment = assignment if isinstance(assignment, dict) else {}
         geometry = {fam: family_geometry(assignment, fam) for fam in _FAMILIES}
         geometry = {k: g for k, g in geometry.items() if g != "?"}
@@ -347,7 +365,7 @@ def _in_family(module_type: str, family: str) -> bool:
 def _searched(trial: FrozenTrial) -> tuple[dict[str, str], dict[str, Any]]:
     """The ``geometry.*`` params (prefix dropped) and the other params, sorted by name, of a
     trial (else of its queued params)."""
-    params = trial.params or trial.user_attrs.get("queued_params") or {}
+    params = trial.params or trial.user_attrs.get(QUEUED_PARAMS) or {}
     geometry = {k[len("geometry."):]: str(v) for k, v in sorted(params.items()) if k.startswith("geometry.")}
     return geometry, {k: v for k, v in sorted(params.items()) if not k.startswith("geometry.")}
 
@@ -375,8 +393,32 @@ def trial_label(trial: FrozenTrial, *, hyperparams: bool = True) -> str:
     if geometry:
         parts = [f"{k}={v}" for k, v in geometry.items()]
     else:
-        assignment = trial.user_attrs.get("assignment")
+        assignment = trial.user_attrs.get(ASSIGNMENT)
         parts = _assignment_label(assignment) if isinstance(assignment, dict) else []
     if hyperparams and others:
         parts.append(format_params(others))
     return ", ".join(parts) or "(no point)"
+
+
+def trial_line(trial: FrozenTrial) -> str:
+    """One line per finished trial: point, outcome (and why), val loss, max logit, speed."""
+    ua = trial.user_attrs
+    status = trial_status(trial)
+    head = f"trial {trial.number:>3}  {trial_label(trial)}"
+    if status == COMPLETED:
+        what = f"completed  val {trial_score(trial).text()}"
+    elif status == UNSTABLE:
+        step = ua.get(STOP_STEP)
+        what = f"PRUNED{f' at step {step}' if step is not None else ''}: {ua.get(PRUNE_REASON)}"
+    elif status in NOT_RUN:
+        return f"{head}  not run: {ua.get(FAIL_REASON)}"
+    elif status == INTERRUPTED:
+        what = ua.get(FAIL_REASON) or INTERRUPTED  # the stored reasons start with the word
+    else:
+        what = f"FAILED: {ua.get(FAIL_REASON) or 'no message'}"
+    extra = []
+    if isinstance(ua.get(MAX_LOGIT), (int, float)):
+        extra.append(f"max logit {ua[MAX_LOGIT]:.3g}")
+    if isinstance(ua.get(MEAN_STEP_MS), (int, float)) and math.isfinite(ua[MEAN_STEP_MS]):
+        extra.append(f"{ua[MEAN_STEP_MS]:.1f} ms/step")
+    return "  ".join([head, what, *extra])

@@ -3,19 +3,17 @@
 Every user attr the search writes and every reader of a run directory uses the constants
 below instead of string literals; each is defined once, named as its attr upper-cased
 (``VAL_LOSS_MEAN = "val_loss_mean"``). :func:`trial_status` turns a trial into one word of
-its outcome and :func:`trial_line` into the line the search prints. Torch-free: reading a
+its outcome (:func:`geosearch.search.ranking.trial_line` is the line the search prints). Torch-free: reading a
 study needs no trainer. The meaning of each attr, and the outcomes, are in
 ``docs/design.md`` ("The study").
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from geosearch.search.ranking import trial_label, trial_score
 
 __all__ = [
     "ASSIGNMENT", "ASSIGNMENT_KEY", "BUDGET_STEPS", "DUPLICATE_OF", "FAIL_REASON",
@@ -26,7 +24,7 @@ __all__ = [
     "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
     "COMPLETED", "UNSTABLE", "FAILED", "INTERRUPTED", "RUNNING", "WAITING", "DUPLICATE",
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
-    "json_safe", "trial_line", "trial_status",
+    "json_safe", "trial_status",
 ]
 
 # --------------------------------------------------------------------------- study attrs
@@ -108,30 +106,6 @@ def trial_status(trial: FrozenTrial) -> str:
             return INTERRUPTED
         return FAILED
     return STATE_WORDS.get(trial.state, trial.state.name.lower())
-
-
-def trial_line(trial: FrozenTrial) -> str:
-    """One line per finished trial: point, outcome (and why), val loss, max logit, speed."""
-    ua = trial.user_attrs
-    status = trial_status(trial)
-    head = f"trial {trial.number:>3}  {trial_label(trial)}"
-    if status == COMPLETED:
-        what = f"completed  val {trial_score(trial).text()}"
-    elif status == UNSTABLE:
-        step = ua.get(STOP_STEP)
-        what = f"PRUNED{f' at step {step}' if step is not None else ''}: {ua.get(PRUNE_REASON)}"
-    elif status in NOT_RUN:
-        return f"{head}  not run: {ua.get(FAIL_REASON)}"
-    elif status == INTERRUPTED:
-        what = ua.get(FAIL_REASON) or INTERRUPTED  # the stored reasons start with the word
-    else:
-        what = f"FAILED: {ua.get(FAIL_REASON) or 'no message'}"
-    extra = []
-    if isinstance(ua.get(MAX_LOGIT), (int, float)):
-        extra.append(f"max logit {ua[MAX_LOGIT]:.3g}")
-    if isinstance(ua.get(MEAN_STEP_MS), (int, float)) and math.isfinite(ua[MEAN_STEP_MS]):
-        extra.append(f"{ua[MEAN_STEP_MS]:.1f} ms/step")
-    return "  ".join([head, what, *extra])
 
 
 def json_safe(v: Any) -> Any:

@@ -32,14 +32,13 @@ from geosearch.search.distributed import RankGroup, follow, launch_world
 from geosearch.search.export import export_best, format_ranking
 from geosearch.search.liveness import STALE_AFTER, Owner, recover_stale, recovered_line
 from geosearch.search.queue import done_count, done_reason, resolve_budget, top_up_queue
-from geosearch.search.ranking import Ranking, rank_study
+from geosearch.search.ranking import Ranking, rank_study, trial_line
 from geosearch.search.records import (
     GEOSEARCH_VERSION,
     NOT_RUN,
     PROXY,
     RULES,
     SPACE,
-    trial_line,
     trial_status,
 )
 from geosearch.search.space import SearchSpace, load_space
