@@ -40,39 +40,11 @@ import torch
 
 from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.proxy.train import train
+from geosearch.search.horizon import ranks, spearman
 from geosearch.search.space import SearchSpace, apply_overrides, load_space
 
 RESULTS = Path(__file__).parent / "results" / "solver_agreement.md"
 SOLVERS = ("project", "dual")
-
-
-# --------------------------------------------------------------------------- statistics
-def ranks(xs: list[float]) -> list[float]:
-    """1-based ranks, ties getting the mean of the ranks they span."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    out = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's ρ: the Pearson correlation of the ranks (nan when a side is constant).
-
-    >>> spearman([1, 2, 3, 4], [10, 20, 40, 30])
-    0.8
-    """
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return round(cov / var, 12) if var else math.nan
 
 
 # --------------------------------------------------------------------------- runs

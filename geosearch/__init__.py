@@ -9,8 +9,9 @@ Public API::
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from geosearch.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -30,10 +31,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'geosearch' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,18 @@ def load_yaml(path: str | os.PathLike, *, what: str = "a YAML mapping", default:
             raise ConfigError(f"empty file; expected {what}", source=source)
         return default
     return data
+
+
+def plain(x: Any) -> Any:
+    """A copy ``yaml.safe_dump`` can write: mappings (keys as strings), lists, numbers,
+    booleans, None and strings; tuples become lists, paths and anything else strings."""
+    if isinstance(x, Mapping):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    if x is None or isinstance(x, (bool, int, float)):
+        return x
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    return str(x)  # str subclasses too (torch.__version__ is a TorchVersion)
+

@@ -11,8 +11,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from geosearch.lazy import lazy_getattr
 
 _EXPORTS = {
     "ManifoldMuon": "geosearch.optim.muon",
@@ -25,10 +26,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'geosearch.optim' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -10,8 +10,9 @@ load without torch.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from geosearch.lazy import lazy_getattr
 
 # name -> module that defines it. `train` itself stays in geosearch.proxy.train:
 # re-exporting it here would shadow the module.
@@ -33,10 +34,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'geosearch.proxy' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # pragma: no cover

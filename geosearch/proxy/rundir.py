@@ -15,7 +15,6 @@ import os
 import platform
 import socket
 import sys
-from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ import torch
 import yaml
 
 from geosearch.proxy.config import TrainConfig, TrainResult, short_number
+from geosearch.yaml_io import plain
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.plan import Plan
@@ -52,7 +52,7 @@ def describe_run(config: TrainConfig, plan: Plan, built: BuiltModel, corpus: Cor
         "model": built.describe(),
         "assignment": plan.assignment.to_dict(),
         "geometry": dict(plan.assignment.resolve()),
-        "optimizer": {"settings": _plain(dict(plan.settings)), "types": _plain(plan.types())},
+        "optimizer": {"settings": plain(dict(plan.settings)), "types": plain(plan.types())},
         "data": {"source": corpus.source, "train_tokens": int(corpus.train.numel()),
                  "val_tokens": int(corpus.val.numel())},
         "seed": config.seed,
@@ -92,7 +92,7 @@ class RunWriter:
 
     def write_config(self, config: dict) -> None:
         with open(self.dir / "config.yaml", "w", encoding="utf-8") as f:
-            yaml.safe_dump(_plain(config), f, sort_keys=False)
+            yaml.safe_dump(plain(config), f, sort_keys=False)
 
     def write_metrics(self, metrics: dict) -> None:
         self.metrics.write(json.dumps(metrics) + "\n")
@@ -107,19 +107,6 @@ class RunWriter:
     def write_result(self, result: TrainResult) -> None:
         (self.dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n",
                                               encoding="utf-8")
-
-
-def _plain(x: Any) -> Any:
-    """Tuples to lists, paths to strings: what ``yaml.safe_dump`` can write."""
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, os.PathLike):
-        return os.fspath(x)
-    if isinstance(x, str):  # str subclasses too (torch.__version__ is a TorchVersion)
-        return str(x)
-    return x
 
 
 class Progress:

@@ -53,6 +53,7 @@ from geosearch.proxy.specs import (  # re-exported: the spec names live without 
     default_rules,
     model_spec_names,
 )
+from geosearch.yaml_io import plain
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "HF_MODELS", "HF_PREFIX", "PRESETS", "PY_PREFIX", "PY_SPEC_HELP",
@@ -282,7 +283,7 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
             raise ConfigError(f"model {spec!r}: {family.model_class} rejected its config: {e}",
                               source=_SOURCE, key="model_args") from None
         return BuiltModel(model, spec, name, family.rules, int(getattr(config, family.block_field)),
-                          int(config.vocab_size), family.qk_source, _plain(config.to_diff_dict()))
+                          int(config.vocab_size), family.qk_source, plain(config.to_diff_dict()))
     return build
 
 
@@ -297,17 +298,6 @@ def _check_heads(spec: str, config: Any, explicit_head_dim: bool) -> None:
         raise ConfigError(f"model {spec!r}: {heads} attention heads do not split into groups for "
                           f"num_key_value_heads={kv}; it must divide the heads", source=_SOURCE,
                           key="model_args.num_key_value_heads")
-
-
-def _plain(x: Any) -> Any:
-    """YAML-safe copy: dicts, lists, numbers, strings, None; other values as strings."""
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if x is None or isinstance(x, (bool, int, float)):
-        return x
-    return str(x)
 
 
 # your own --------------------------------------------------------------------------
@@ -344,7 +334,7 @@ def _plan_py(spec: str, vocab_size: int, block_size: int | None, model_args: dic
                               "torch.nn.Module", source=_SOURCE, key="model")
         vocab = kwargs["vocab_size"]
         return BuiltModel(model, spec, "py", None, int(kwargs["block_size"]), vocab, detect_qk_source(model),
-                          {"factory": f"{target}:{name}", "kwargs": _plain(kwargs)})
+                          {"factory": f"{target}:{name}", "kwargs": plain(kwargs)})
     return build
 
 

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Rung", "HorizonReading", "plan_ladder", "read_ladder", "spearman"]
+__all__ = ["Rung", "HorizonReading", "plan_ladder", "ranks", "read_ladder", "spearman"]
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     NaN when either is constant or shorter than 2."""
     if len(a) != len(b) or len(a) < 2:
         return math.nan
-    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = ranks(a), ranks(b)
     ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
     cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
     va = sum((x - ma) ** 2 for x in ra)
@@ -116,7 +116,8 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return cov / math.sqrt(va * vb) if va and vb else math.nan
 
 
-def _ranks(xs: Sequence[float]) -> list[float]:
+def ranks(xs: Sequence[float]) -> list[float]:
+    """1-based ranks, ties getting the mean of the ranks they span."""
     order = sorted(range(len(xs)), key=lambda i: xs[i])
     ranks = [0.0] * len(xs)
     i = 0
