@@ -5,6 +5,7 @@ Public API::
     import geosearch
     assignment = geosearch.load_assignment("runs/default/best_assignment.yaml")
     optimizer = geosearch.build_optimizer(model, assignment)
+    study.optimize(geosearch.objective("default"), n_trials=4)   # an Optuna study
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _EXPORTS = {
     "manifold_names": "geosearch.manifolds",
     "GeosearchError": "geosearch.errors",
     "ConfigError": "geosearch.errors",
+    "objective": "geosearch.search.optimize",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -39,3 +41,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.errors import ConfigError, GeosearchError
     from geosearch.manifolds import get_manifold, manifold_names
     from geosearch.optim import ManifoldMuon, build_optimizer
+    from geosearch.search.optimize import objective

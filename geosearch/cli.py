@@ -149,10 +149,10 @@ def _add_search(p: argparse.ArgumentParser) -> None:
                    help=_MODEL_HELP + " (default: the space's; a space that names no rules takes the "
                         f"model's: {_RULES_DEFAULT})")
     p.add_argument("--data", metavar="PATH", help="corpus file or directory (default: the space's)")
-    p.add_argument("--study", metavar="NAME", help="study name (default: the space's name)")
+    p.add_argument("--study", "--study-name", metavar="NAME", help="study name (default: the space's name)")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
                    help="the study runs in DIR/<study>/ (default: runs)")
-    p.add_argument("--trials", type=int, metavar="N",
+    p.add_argument("--trials", "--n-trials", type=int, metavar="N",
                    help="total trials of the study, earlier runs included")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="stop starting trials after this long")
     p.add_argument("--steps", type=int, metavar="N", help="training steps of each proxy run")

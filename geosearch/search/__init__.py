@@ -6,8 +6,9 @@ Example:
     >>> space = load_space("default")
     >>> study = optuna.create_study(sampler=space.make_sampler(), pruner=space.make_pruner())
 
-``run_search`` lives in :mod:`geosearch.search.study`, which imports the proxy trainer
-(and so torch): it is imported on first use, so that reading a space, ranking or exporting
+``run_search`` lives in :mod:`geosearch.search.study` and ``objective`` (for
+``study.optimize``) in :mod:`geosearch.search.optimize`; both import the proxy trainer
+(and so torch): they are imported on first use, so that reading a space, ranking or exporting
 a study stays light. The study's rooms (storage, records, liveness, queue, trial loop,
 workers, export) are listed in ``docs/design.md`` ("The study").
 """
@@ -36,7 +37,7 @@ from geosearch.search.space import (
 )
 from geosearch.search.storage import open_run_study
 
-_LAZY = {"run_search": "geosearch.search.study"}
+_LAZY = {"run_search": "geosearch.search.study", "objective": "geosearch.search.optimize"}
 
 __all__ = [
     "Budget",
@@ -54,6 +55,7 @@ __all__ = [
     "apply_overrides",
     "export_best",
     "load_space",
+    "objective",
     "open_run_study",
     "rank_study",
     "run_search",
@@ -68,4 +70,5 @@ def __getattr__(name: str):
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.search.optimize import objective
     from geosearch.search.study import run_search

@@ -8,8 +8,11 @@ thing), queues the points of an exhaustive space, runs the trials here
 (:mod:`~geosearch.search.trial_loop`), in ``--workers N`` processes
 (:mod:`~geosearch.search.workers`) or data parallel on every rank of a distributed launch
 (:mod:`~geosearch.search.distributed`), prints the ranking and exports the winner
-(:mod:`~geosearch.search.export`). The run directory, the trial records, outcomes, budget
-and liveness rules are described in ``docs/design.md`` ("The study").
+(:mod:`~geosearch.search.export`). Optuna's own objects plug in: an ``optuna.Study``, a
+storage, a sampler, a pruner, an artifact store for each trial's files
+(:mod:`~geosearch.search.artifacts`); :mod:`~geosearch.search.optimize` offers the same
+trial to ``study.optimize``. The run directory, the trial records, outcomes, budget and
+liveness rules are described in ``docs/design.md`` ("The study").
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from optuna.trial import FrozenTrial
 from geosearch import __version__
 from geosearch.errors import ConfigError
 from geosearch.proxy.train import get_accelerator, train
+from geosearch.search.artifacts import ArtifactStore, TrialFiles, default_store
 from geosearch.search.distributed import RankGroup, follow, launch_world
 from geosearch.search.export import export_best, format_ranking
 from geosearch.search.liveness import STALE_AFTER, Owner, recover_stale, recovered_line
@@ -41,13 +45,14 @@ from geosearch.search.records import (
     SPACE,
     trial_status,
 )
-from geosearch.search.space import SearchSpace, load_space
+from geosearch.search.space import SearchSpace, apply_overrides, load_space
 from geosearch.search.storage import SPACE_FILE, open_run_study, open_storage
 from geosearch.search.trial_loop import Searcher, trial_seeds
 from geosearch.search.workers import run_workers, share_cpu
 
 # export_best and open_run_study are imported from here by the CLI and the report
-__all__ = ["SearchOutcome", "export_best", "open_run_study", "run_search"]
+__all__ = ["SearchOutcome", "bind_study", "export_best", "open_run_study", "preflight", "run_search",
+           "write_space_file"]
 
 # Study attrs that define what is measured: a resumed study must keep them.
 _IDENTITY_KEYS = ("rules", "geometries", "hyperparams", "proxy", "repeats")
@@ -79,6 +84,16 @@ class SearchOutcome:
     exported: Path | None = None
     rank: int = 0
 
+
+
+@dataclass
+class _OptunaObjects:
+    """The Optuna objects handed to :func:`run_search` (``None``: the space's / the default)."""
+
+    study: optuna.Study | None = None
+    sampler: optuna.samplers.BaseSampler | None = None
+    pruner: optuna.pruners.BasePruner | None = None
+    artifact_store: ArtifactStore | None = None
 
 
 def _study_attrs(space: SearchSpace) -> dict[str, Any]:
@@ -115,7 +130,7 @@ def _check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> N
 
 
 
-def _preflight(space: SearchSpace) -> None:
+def preflight(space: SearchSpace) -> None:
     """Errors that would fail every trial, found before the study is touched: the data,
     the model (a zoo spec, built on the meta device), a context the data cannot fill, and
     rules that do not fit the model, match nothing or leave a hidden weight without a
@@ -149,22 +164,53 @@ def _preflight(space: SearchSpace) -> None:
         raise ConfigError(e.problem, source=where, key=e.key, allowed=e.allowed) from None
 
 
-def _start_study(space: SearchSpace, run_dir: Path, storage: str | None, workers: int,
-                 sampler: optuna.samplers.BaseSampler) -> tuple[optuna.Study, str, bool]:
-    """Create or load the study of ``space``: ``(study, storage in words, whether it existed)``."""
-    backend, desc = open_storage(run_dir, storage, workers=workers)
-    existed = space.name in [s.study_name for s in
-                             optuna.get_all_study_summaries(backend, include_best_trial=False)]
-    study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
-                                pruner=space.make_pruner(), direction="minimize",
-                                load_if_exists=True)
+def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: str) -> None:
+    """Make ``study`` the study of ``space``: it must minimise and, when it already holds
+    a space, measure the same thing; a new one gets the space's study attrs.
+
+    Raises:
+        ConfigError: the study maximises, or was created with other settings.
+    """
     if study.direction != optuna.study.StudyDirection.MINIMIZE:
-        raise ConfigError(f"study {space.name!r} maximises; geosearch studies minimise the val "
-                          "loss", source=desc)
+        raise ConfigError(f"study {study.study_name!r} maximises; geosearch studies minimise the val "
+                          "loss", source=source)
     _check_identity(study, space, run_dir)
     if SPACE not in study.user_attrs:
         for k, v in _study_attrs(space).items():
             study.set_user_attr(k, v)
+
+
+def write_space_file(space: SearchSpace, run_dir: Path) -> None:
+    """Write the resolved space the study runs to ``<run_dir>/space.yaml``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / SPACE_FILE).write_text(yaml.safe_dump(space.to_dict(), sort_keys=False),
+                                      encoding="utf-8")
+
+
+def _start_study(space: SearchSpace, run_dir: Path, storage: str | optuna.storages.BaseStorage | None,
+                 workers: int, sampler: optuna.samplers.BaseSampler,
+                 objects: _OptunaObjects) -> tuple[optuna.Study, str, bool]:
+    """Create or load the study of ``space`` (or take the given one, with the given sampler
+    and pruner if any): ``(study, storage in words, whether it existed)``."""
+    pruner = objects.pruner
+    if objects.study is not None:
+        study, desc = objects.study, "the given study's storage"
+        existed = SPACE in study.user_attrs or bool(study.get_trials(deepcopy=False))
+        if objects.sampler is not None:
+            study.sampler = objects.sampler
+        if pruner is not None:
+            study.pruner = pruner
+    else:
+        if isinstance(storage, optuna.storages.BaseStorage):
+            backend, desc = storage, f"the given {type(storage).__name__}"
+        else:
+            backend, desc = open_storage(run_dir, storage, workers=workers)
+        existed = space.name in [s.study_name for s in
+                                 optuna.get_all_study_summaries(backend, include_best_trial=False)]
+        study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
+                                    pruner=pruner or space.make_pruner(), direction="minimize",
+                                    load_if_exists=True)
+    bind_study(study, space, run_dir, desc)
     return study, desc, existed
 
 
@@ -172,26 +218,30 @@ def run_search(
     space: SearchSpace | str | os.PathLike,
     *,
     runs_dir: str | os.PathLike = "runs",
-    storage: str | None = None,
+    storage: str | optuna.storages.BaseStorage | None = None,
     workers: int = 1,
     worker_index: int | None = None,
     stale_after: float = STALE_AFTER,
     export: bool = True,
     out: TextIO | None = None,
     progress: bool | None = None,
+    study: optuna.Study | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    artifact_store: ArtifactStore | None = None,
 ) -> SearchOutcome:
     """Run (or resume) the study of ``space`` and export its best assignment.
 
     Every setting (study name = ``space.name``, proxy, repeats, budget, pruner, sampler)
-    comes from the space: apply command-line flags with
+    comes from the space, unless given as an Optuna object below: apply command-line flags with
     :func:`~geosearch.search.space.apply_overrides` first. Rerunning with the same space
     resumes the study (``docs/design.md`` says what counts towards the budget).
 
     Args:
         space: the search space, or its file / shipped name.
         runs_dir: parent of the run directory ``<runs_dir>/<space.name>``.
-        storage: an Optuna storage URL or journal file path instead of the run
-            directory's own.
+        storage: an Optuna storage URL, a journal file path or an
+            ``optuna.storages.BaseStorage`` instead of the run directory's own.
         workers: processes on this machine; more than one starts that many worker
             processes (``python -m geosearch search ... --worker-index i``), each on its
             own GPU when there are GPUs, else on a share of the CPU threads; this process
@@ -203,6 +253,18 @@ def run_search(
         export: write ``best_assignment.yaml`` at the end (not in worker processes).
         out: where progress lines go (default stdout).
         progress: a progress bar on stderr (default: when stderr is a terminal).
+        study: run this ``optuna.Study`` (its storage, name, sampler and pruner) instead
+            of the space's; the run directory is ``<runs_dir>/<study.study_name>``. It
+            must minimise; a study holding another space's trials is refused.
+        sampler: an Optuna sampler instead of the space's; it proposes every point (a
+            grid space's points are then not queued).
+        pruner: an Optuna pruner instead of the space's ``LogitGrowthPruner`` (wrap a
+            loss pruner in ``LogitGrowthPruner(loss_pruner=...)`` to keep the logit checks).
+        artifact_store: where each trial's files go as Optuna artifacts (default: an
+            ``optuna.artifacts.FileSystemArtifactStore`` in ``<run_dir>/artifacts``).
+
+    Objects (a study, a storage object, a sampler, a pruner, an artifact store) live in
+    this process: with ``workers`` > 1 pass a storage URL and the space's settings instead.
 
     Under ``torchrun`` / ``accelerate launch`` (``WORLD_SIZE`` > 1) every process trains
     each trial on its share of the batch and rank 0 alone runs the study
@@ -213,7 +275,8 @@ def run_search(
 
     Raises:
         ConfigError: bad space, data, storage URL, or a resumed study created with other
-            settings; ``workers`` > 1 in a distributed launch.
+            settings; ``workers`` > 1 in a distributed launch or with Optuna objects; both
+            ``study`` and ``storage``; a ``study`` that maximises.
         GeosearchError: several trials in a row failed (likely a problem every trial has);
             on ranks other than 0: rank 0 stopped with an error.
         KeyboardInterrupt: Ctrl-C; the interrupted trial is failed and queued again.
@@ -225,11 +288,14 @@ def run_search(
     if not stale_after > 0:
         raise ConfigError(f"expected a positive number of seconds, got {stale_after}",
                           source="--stale-after")
+    optuna_objects = _check_objects(workers, storage, study, sampler, pruner, artifact_store)
+    if study is not None:
+        space = apply_overrides(space, name=study.study_name)
     world = launch_world()[1]
     if world == 1:
         return _search(space, runs_dir=runs_dir, storage=storage, workers=workers,
                        worker_index=worker_index, stale_after=stale_after, export=export,
-                       out=out, progress=progress)
+                       out=out, progress=progress, objects=optuna_objects)
 
     # Data parallel: checked on every rank before any message, so all stop alike.
     if workers > 1 or worker_index is not None:
@@ -250,7 +316,7 @@ def run_search(
     try:
         outcome = _search(space, runs_dir=runs_dir, storage=storage, workers=workers,
                           worker_index=None, stale_after=stale_after, export=export, out=out,
-                          progress=progress, group=group)
+                          progress=progress, group=group, objects=optuna_objects)
     except Exception as e:
         group.fail(e)  # the other ranks end with the same message
         raise
@@ -258,18 +324,38 @@ def run_search(
     return outcome
 
 
-def _search(space: SearchSpace, *, runs_dir: str | os.PathLike, storage: str | None,
+def _check_objects(workers: int, storage: Any, study: optuna.Study | None,
+                   sampler: optuna.samplers.BaseSampler | None,
+                   pruner: optuna.pruners.BasePruner | None,
+                   artifact_store: ArtifactStore | None) -> _OptunaObjects:
+    """Check the Optuna objects given to :func:`run_search` go together."""
+    if study is not None and storage is not None:
+        raise ConfigError("pass either a study (which has its storage) or a storage, not both",
+                          source="run_search", key="storage")
+    given = {"study": study, "sampler": sampler, "pruner": pruner, "artifact_store": artifact_store,
+             "storage": None if isinstance(storage, str) else storage}
+    named = [k for k, v in given.items() if v is not None]
+    if workers > 1 and named:
+        raise ConfigError(f"{named[0]}= is an object of this process, which the {workers} worker "
+                          "processes cannot share; with workers > 1 pass a storage URL and put the "
+                          "sampler and pruner in the search space", source="run_search", key=named[0])
+    return _OptunaObjects(study, sampler, pruner, artifact_store)
+
+
+def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
+            storage: str | optuna.storages.BaseStorage | None,
             workers: int, worker_index: int | None, stale_after: float, export: bool,
             out: TextIO | None, progress: bool | None,
-            group: RankGroup | None = None) -> SearchOutcome:
+            group: RankGroup | None = None, objects: _OptunaObjects | None = None) -> SearchOutcome:
     """:func:`run_search` in one process, or on rank 0 of a distributed launch."""
     out = out or sys.stdout
 
     def echo(line: str) -> None:
         print(line, file=out, flush=True)
 
+    objects = objects or _OptunaObjects()
     run_dir = Path(runs_dir) / space.name
-    exhaustive = space.sampler_type() == "grid"
+    exhaustive = objects.sampler is None and space.sampler_type() == "grid"
     budget = resolve_budget(space, exhaustive)
     seed = space.sampler.seed
     if worker_index is not None:
@@ -277,15 +363,16 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike, storage: str | N
         share_cpu(workers)
     # exhaustive: points come from the queue; the sampler only fills a trial asked for in
     # a race on the last point (and that trial is not run). See docs/design.md.
-    sampler = optuna.samplers.RandomSampler(seed=seed) if exhaustive else space.make_sampler(seed)
+    if objects.sampler is not None:
+        sampler = objects.sampler
+    else:
+        sampler = optuna.samplers.RandomSampler(seed=seed) if exhaustive else space.make_sampler(seed)
 
     if worker_index is None:
-        _preflight(space)
-    study, desc, existed = _start_study(space, run_dir, storage, workers, sampler)
+        preflight(space)
+    study, desc, existed = _start_study(space, run_dir, storage, workers, sampler, objects)
     if worker_index is None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / SPACE_FILE).write_text(yaml.safe_dump(space.to_dict(), sort_keys=False),
-                                          encoding="utf-8")
+        write_space_file(space, run_dir)
         echo(space.summary())
         owner = Owner(run_dir)
         try:
@@ -315,8 +402,10 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike, storage: str | N
             stopped = run_workers(space, run_dir, storage, workers, study, on_trial, echo, stale_after)
             stopped = done_reason(study, budget, exhaustive, space.grid_size()) or stopped
         else:
+            store = objects.artifact_store or default_store(run_dir)
             searcher = Searcher(space, study, run_dir, exhaustive=exhaustive, budget=budget,
-                                stale_after=stale_after, echo=echo, group=group)
+                                stale_after=stale_after, echo=echo, group=group,
+                                store_files=TrialFiles(store, echo))
             stopped = searcher.run(space.budget.timeout, on_trial)
     finally:
         bar.close()

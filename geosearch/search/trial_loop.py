@@ -101,15 +101,19 @@ class Searcher:
         stale_after: seconds without a heartbeat after which another host's trial is dead.
         echo: prints one line.
         group: in a data-parallel launch, the ranks that train each run with this one.
+        store_files: called with each trained trial and its folder before its outcome is
+            told (:class:`~geosearch.search.artifacts.TrialFiles` stores them as artifacts).
     """
 
     def __init__(self, space: SearchSpace, study: optuna.Study, run_dir: Path, *, exhaustive: bool,
                  budget: int | None, stale_after: float, echo: Callable[[str], None],
-                 group: RankGroup | None = None) -> None:
+                 group: RankGroup | None = None,
+                 store_files: Callable[[optuna.Trial, Path], None] | None = None) -> None:
         self.space, self.study, self.run_dir = space, study, run_dir
         self.exhaustive, self.budget, self.stale_after = exhaustive, budget, stale_after
         self.echo = echo
         self.group = group  # data parallel: the other ranks train each run with this one
+        self.store_files = store_files
         self.grid_size = space.grid_size()
         self.failures_in_a_row = 0
         self.duplicates_in_a_row = 0
@@ -190,7 +194,7 @@ class Searcher:
         trial.set_user_attr(FAIL_REASON, why)
         if duplicate_of is not None:
             trial.set_user_attr(DUPLICATE_OF, duplicate_of)
-        self.study.tell(trial, state=TrialState.FAIL)
+        self._tell(trial, TrialState.FAIL)
         params = trial_point(trial)
         if requeue and params:
             enqueue(self.study, params)
@@ -240,7 +244,7 @@ class Searcher:
                     trial.set_user_attr(STATUS, INTERRUPTED)
                     trial.set_user_attr(FAIL_REASON, "interrupted (Ctrl-C); queued again: rerun "
                                                      "the same command to resume")
-                    self.study.tell(trial, state=TrialState.FAIL)
+                    self._tell(trial, TrialState.FAIL)
                 except (ValueError, RuntimeError):  # already failed by a worker that took it for dead
                     raise KeyboardInterrupt from None
                 enqueue(self.study, dict(trial.params), retry_of=n)
@@ -313,13 +317,28 @@ class Searcher:
         if state != TrialState.FAIL:
             attrs.setdefault(FAIL_REASON, None)
         try:
+            if self.store_files is not None:
+                self.store_files(trial, self.run_dir / TRIALS_DIR / str(trial.number))
             for key, v in attrs.items():
                 trial.set_user_attr(key, json_safe(v))
-            self.study.tell(trial, value, state=state)
+            self._tell(trial, state, value)
         except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
             if self._frozen(trial.number).state != TrialState.RUNNING:
                 raise TrialLost from None  # failed meanwhile by a worker that took it for dead
             raise
+
+    def _tell(self, trial: optuna.Trial, state: TrialState, value: float | None = None) -> None:
+        """Tell the study how ``trial`` ended (``study.optimize``'s objective records it instead).
+
+        A sampler that has run out of points (Optuna's grid and brute-force samplers) calls
+        ``study.stop()``, which raises outside ``study.optimize`` once the trial is stored:
+        the loop's own stopping rules end the search then.
+        """
+        try:
+            self.study.tell(trial, value, state=state)
+        except RuntimeError as e:
+            if "Study.stop" not in str(e):
+                raise
 
     def _train(self, config: Any, assignment: Any, **kwargs: Any) -> TrainResult:
         """One proxy run: here, or on every rank of a distributed launch."""
