@@ -157,6 +157,8 @@ class HorizonReading:
             forecast crossings are extrapolations.
         forecast_order: the order at the target by each loss's line in log Σ η (the top
             rung's order when nothing is extrapolated).
+        at_target: each assignment's loss at the target by that line (its top rung's loss
+            when nothing is extrapolated).
         lines: a few sentences for a person.
     """
 
@@ -169,6 +171,7 @@ class HorizonReading:
     crossings: list[Crossing] = field(default_factory=list)
     extrapolated: bool = False
     forecast_order: list[str] = field(default_factory=list)
+    at_target: dict[str, float] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
 
     @property
@@ -212,6 +215,7 @@ def read_ladder(rungs: Sequence[Rung], losses: Mapping[str, Sequence[float]],
     xs = [math.log(r.sum_eta) for r in rungs]
     at_target = {k: _line_at(xs, table[k], math.log(target_sum_eta)) if reading.extrapolated
                  else table[k][-1] for k in labels}
+    reading.at_target = at_target
     reading.forecast_order = sorted(labels, key=lambda k: (at_target[k], k))
     reading.crossings = _crossings(labels, table, rungs, xs, target_sum_eta, reading.extrapolated)
     reading.lines = _lines(reading)
