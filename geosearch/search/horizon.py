@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Rung", "HorizonReading", "plan_ladder", "read_ladder", "spearman"]
+__all__ = ["Rung", "HorizonReading", "forecast_at", "plan_ladder", "read_ladder", "spearman"]
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,6 @@ class HorizonReading:
             forecast crossings are extrapolations.
         forecast_order: the order at the target by each loss's line in log Σ η (the top
             rung's order when nothing is extrapolated).
-        at_target: each assignment's loss at the target by that line (its top rung's loss
-            when nothing is extrapolated).
         lines: a few sentences for a person.
     """
 
@@ -171,7 +169,6 @@ class HorizonReading:
     crossings: list[Crossing] = field(default_factory=list)
     extrapolated: bool = False
     forecast_order: list[str] = field(default_factory=list)
-    at_target: dict[str, float] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
 
     @property
@@ -215,11 +212,16 @@ def read_ladder(rungs: Sequence[Rung], losses: Mapping[str, Sequence[float]],
     xs = [math.log(r.sum_eta) for r in rungs]
     at_target = {k: _line_at(xs, table[k], math.log(target_sum_eta)) if reading.extrapolated
                  else table[k][-1] for k in labels}
-    reading.at_target = at_target
     reading.forecast_order = sorted(labels, key=lambda k: (at_target[k], k))
     reading.crossings = _crossings(labels, table, rungs, xs, target_sum_eta, reading.extrapolated)
     reading.lines = _lines(reading)
     return reading
+
+
+def forecast_at(rungs: Sequence[Rung], losses: Sequence[float], sum_eta: float) -> float:
+    """One assignment's loss at ``sum_eta`` by the least-squares line through its rungs'
+    losses in log Σ η (as :func:`read_ladder` forecasts; the last loss with one rung)."""
+    return _line_at([math.log(r.sum_eta) for r in rungs], list(losses), math.log(sum_eta))
 
 
 def _line_at(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
