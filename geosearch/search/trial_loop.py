@@ -238,29 +238,10 @@ class Searcher:
         }.items():
             trial.set_user_attr(key, value)
 
-        # per rung (lowest first), per seed: each run's result and the probe rows it recorded
-        results: list[list[TrainResult]] = []
-        probes: list[list[list[dict]]] = []
         heartbeat = Heartbeat(trial, min(HEARTBEAT_EVERY, self.stale_after / 4))
         try:
             with heartbeat:
-                for rung in rungs:
-                    results.append([])
-                    probes.append([])
-                    for r, seed in enumerate(seeds):
-                        config, assignment = rung_run(self.space, suggestion, r, rung)
-                        rows: list[dict] = []
-                        callback = self._callback(trial, rows, probe_sum_eta(config, assignment),
-                                                  heartbeat, report=rung.index == 0 and r == 0)
-                        result = self._train(config, assignment, callback=callback,
-                                             out_dir=rung_dir(trial_dir, rung.index, len(rungs),
-                                                              seed, len(seeds)))
-                        results[-1].append(result)
-                        probes[-1].append(rows)
-                        if result.status != "completed":  # TrainResult.status
-                            break
-                    if results[-1][-1].status != "completed":
-                        break
+                results, probes = self._train_rungs(trial, suggestion, trial_dir, heartbeat)
             if heartbeat.lost.is_set():
                 raise TrialLost
         except KeyboardInterrupt:
@@ -316,6 +297,31 @@ class Searcher:
             VAL_LOSS_STD: score.std, **common}, value=score.mean)
         self.failures_in_a_row = 0
         return n
+
+    def _train_rungs(self, trial: optuna.Trial, suggestion: Suggestion, trial_dir: Path,
+                     heartbeat: Heartbeat) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
+        """Train each seed at each rung, lowest first, until a run does not complete.
+
+        Returns:
+            Per rung reached, per seed run: its result, and the probe rows it recorded.
+        """
+        results: list[list[TrainResult]] = []
+        probes: list[list[list[dict]]] = []
+        seeds, rungs = trial_seeds(self.space), self.rungs
+        for rung in rungs:
+            results.append([])
+            probes.append([])
+            for r, seed in enumerate(seeds):
+                config, assignment = rung_run(self.space, suggestion, r, rung)
+                rows: list[dict] = []
+                callback = self._callback(trial, rows, probe_sum_eta(config, assignment), heartbeat,
+                                          report=rung.index == 0 and r == 0)
+                out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
+                results[-1].append(self._train(config, assignment, callback=callback, out_dir=out_dir))
+                probes[-1].append(rows)
+                if results[-1][-1].status != "completed":  # TrainResult.status
+                    return results, probes
+        return results, probes
 
     def _after_failure(self, number: int, message: str) -> int:
         self.failures_in_a_row += 1
