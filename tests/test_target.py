@@ -238,10 +238,12 @@ def test_tiny_ladder_trains_each_rung_in_its_own_directory(tmp_path):
     (t,) = trials_of(tmp_path)
     run = tmp_path / "runs" / "t" / "trials" / str(t.number)
     top = plan_rungs(s)[-1]
+    assert top.index == 1 and top.spectral_lr > 0.02  # rung 1: a larger step, same 10 steps
     # Rule: one directory per rung; each run's config is the rung's.
     for k in (0, 1):
         config = yaml.safe_load((run / f"rung{k}" / "config.yaml").read_text())["train"]
-        assert (config["steps"], config["spectral_lr"]) == ((10, 0.02) if k == 0 else (top.steps, pytest.approx(top.spectral_lr)))
+        rung = plan_rungs(s)[k]
+        assert (config["steps"], config["spectral_lr"]) == (rung.steps, pytest.approx(rung.spectral_lr))
         assert len((run / f"rung{k}" / "metrics.jsonl").read_text().splitlines()) == 2
     # Rule: the value is the top rung's loss; its probes carry the top run's Σ η.
     assert t.value == pytest.approx(t.user_attrs["rung_losses"][1][0])

@@ -6,9 +6,9 @@
 searched geometries, the score over seeds, the step it stopped at and why, its speed, the
 ``metrics.jsonl`` records of each seed (at the last rung it reached), and its losses and
 probes at each rung of the Σ η ladder, whose reading towards the target
-(:func:`geosearch.search.target.study_reading`) the run keeps too. The user attrs are read through the constants
-of :mod:`geosearch.search.records`; missing or truncated files give what can be read, never
-an error. Duplicate and skipped bookkeeping trials are counted, not loaded.
+(:func:`geosearch.search.target.study_reading`) the run keeps too. The user attrs are read
+through the constants of :mod:`geosearch.search.records`; missing or truncated files give
+what can be read, never an error. Duplicate and skipped bookkeeping trials are counted, not loaded.
 """
 
 from __future__ import annotations
