@@ -158,6 +158,14 @@ def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, metavar="N", help="training steps of each proxy run")
     p.add_argument("--batch-size", type=int, metavar="N", help="proxy batch in sequences")
     p.add_argument("--repeats", type=int, metavar="N", help="seeds per assignment (mean and spread)")
+    p.add_argument("--target-steps", type=int, metavar="N",
+                   help="steps of the training run you will do: the ranking is given for its "
+                        "cumulative spectral step Σ η (default: the space's target)")
+    p.add_argument("--target-spectral-lr", type=float, metavar="X",
+                   help="its peak spectral step size (default: the proxy's)")
+    p.add_argument("--target-model", metavar="SPEC",
+                   help="its model, for the logit scale d/√d_head the pruner's forecast uses "
+                        "(default: the proxy's)")
     p.add_argument("--seed", type=int, metavar="S", help="sampler seed")
     p.add_argument("--sampler", help="auto, grid, tpe, random or gp")
     p.add_argument("--device", help="auto, cpu or cuda")
@@ -187,7 +195,8 @@ def _run_search(args: argparse.Namespace) -> int:
         load_space(args.space), args.set, trials=args.trials, timeout=args.timeout,
         steps=args.steps, model=args.model, data=args.data, batch_size=args.batch_size,
         device=args.device, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
-        name=args.study)
+        name=args.study, target_steps=args.target_steps,
+        target_spectral_lr=args.target_spectral_lr, target_model=args.target_model)
     outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
                          workers=args.workers, worker_index=args.worker_index,
                          **({} if args.stale_after is None else {"stale_after": args.stale_after}))

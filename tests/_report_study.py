@@ -1,8 +1,10 @@
 """Hand-made finished studies in the search's run-directory layout, for the report tests.
 
 ``add`` writes one finished trial as the search stores it (user attrs, intermediate values,
-``trials/<n>/metrics.jsonl``); ``new_study`` creates the study with its study attrs; the
-``finished`` fixture is a small study with every outcome. No training happens.
+``trials/<n>/metrics.jsonl``, its losses and probes at each rung of the ladder);
+``new_study`` creates the study with its study attrs (with ``ladder=True``, a target and a
+two-rung ladder); the ``finished`` fixture is a small study with every outcome and a ladder.
+No training happens.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ GEOS = ["stiefel", "dgram", "adamw", "euclidean"]
 DISTS = {"geometry.attn": CategoricalDistribution(GEOS), "geometry.mlp": CategoricalDistribution(GEOS)}
 TYPES = {"attn": ("attn_qkv", "attn_out"), "mlp": ("mlp_in", "mlp_out")}
 PNG = b"\x89PNG\r\n\x1a\n"
+# the study's ladder: rung 0 the 40-step proxy run, rung 1 at 4x its spectral step; the target
+TARGET = {"steps": 160, "spectral_lr": 0.02, "model": "tiny", "sum_eta": 1.8}
+LADDER = [{"index": 0, "steps": 40, "spectral_lr": 0.02, "sum_eta": 0.45},
+          {"index": 1, "steps": 40, "spectral_lr": 0.08, "sum_eta": 1.8}]
 
 
 def _assignment(attn: str, mlp: str) -> dict[str, str]:
@@ -72,6 +78,12 @@ def add(
         mean = sum(losses) / len(losses)
         std = (sum((v - mean) ** 2 for v in losses) / (len(losses) - 1)) ** 0.5 if len(losses) > 1 else None
         ua.update(val_losses=losses, val_loss_mean=mean, val_loss_std=std, seeds=list(range(len(losses))))
+    if losses is not None and "ladder" in study.user_attrs:
+        # rung 0 is 0.5 higher, more so for stiefel attention: the rungs' order differs
+        rung0 = [v + 0.5 + (0.3 if attn == "stiefel" else 0.0) for v in losses]
+        ua.update(rung_losses=[rung0, losses], rung_probes=[
+            [{"step": s_, "max_logit": 5.0 * (1 + k) * (1 + s_ / 10), "sum_eta": r["sum_eta"] * s_ / steps}
+             for s_ in range(10, steps + 1, 10)] for k, r in enumerate(LADDER)])
     ua.update(attrs or {})
     p = {"geometry.attn": attn, "geometry.mlp": mlp, **(params or {})}
     d = {**DISTS, **{k: FloatDistribution(1e-3, 1e-1, log=True) for k in (params or {})}}
@@ -90,12 +102,16 @@ def add(
     return number
 
 
-def new_study(run_dir: Path, name: str = "demo", space: dict | None = None) -> optuna.Study:
+def new_study(run_dir: Path, name: str = "demo", space: dict | None = None,
+              ladder: bool = False) -> optuna.Study:
     run_dir.mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(storage=f"sqlite:///{run_dir}/study.db", study_name=name)
     study.set_user_attr("space", {"pruner": {"max_logit": 500.0}} if space is None else space)
     study.set_user_attr("geosearch_version", "0.1.0")
     study.set_user_attr("proxy", {"model": "tiny", "steps": 40, "batch": 8})
+    if ladder:
+        study.set_user_attr("target", TARGET)
+        study.set_user_attr("ladder", LADDER)
     return study
 
 
@@ -103,7 +119,7 @@ def new_study(run_dir: Path, name: str = "demo", space: dict | None = None) -> o
 def finished(tmp_path: Path) -> Path:
     """A small finished study: 4 completed (3 seeds), 1 unstable, 1 failed."""
     run = tmp_path / "runs" / "demo"
-    s = new_study(run)
+    s = new_study(run, ladder=True)
     add(s, run, "stiefel", "dgram", [3.30, 3.32, 3.31], step_ms=16.0)
     add(s, run, "stiefel", "stiefel", [3.40, 3.42, 3.41], step_ms=16.0)
     add(s, run, "euclidean", "euclidean", [3.50, 3.52, 3.51], step_ms=13.0, seeds_dirs=True)

@@ -46,26 +46,32 @@ class FakeTrain:
     """Stands in for geosearch.proxy.train.train: two probe/eval steps (5, 10).
 
     ``losses(key, seed)`` gives the val loss, ``logits(key, seed)`` the max logit, where
-    ``key`` is "attn=...,mlp=..." (the resolved family geometries).
+    ``key`` is "attn=...,mlp=..." (the resolved family geometries); with
+    ``with_config=True`` both are called as ``(key, seed, config)`` (a ladder's rungs differ
+    in ``config.steps`` and ``config.spectral_lr``). ``configs`` lists every run's config.
     """
 
-    def __init__(self, losses=None, logits=None, raises=None):
-        self.losses = losses or (lambda key, seed: 3.0 + 0.1 * len(key))
-        self.logits = logits or (lambda key, seed: 10.0)
+    def __init__(self, losses=None, logits=None, raises=None, with_config=False):
+        self.losses = losses or (lambda key, seed, *config: 3.0 + 0.1 * len(key))
+        self.logits = logits or (lambda key, seed, *config: 10.0)
         self.raises = raises or (lambda key, seed: None)
+        self.with_config = with_config
         self.calls: list[tuple[str, int]] = []
+        self.configs: list = []
 
     def __call__(self, config, assignment, callback=None, out_dir=None, **kw):
         g = assignment.resolve()
         key = f"attn={g['attn_qkv']},mlp={g['mlp_in']}"
         self.calls.append((key, config.seed))
+        self.configs.append(config)
         exc = self.raises(key, config.seed)
         if exc is not None:
             raise exc
+        args = (key, config.seed, config) if self.with_config else (key, config.seed)
         history = []
         for step in (5, 10):
-            loss = self.losses(key, config.seed)
-            m = {"step": step, "train_loss": loss, "val_loss": loss, "max_logit": self.logits(key, config.seed),
+            loss = self.losses(*args)
+            m = {"step": step, "train_loss": loss, "val_loss": loss, "max_logit": self.logits(*args),
                  "min_entropy": 1.0, "sigma_max": {"attn_qkv": 1.0}, "step_ms": 1.0}
             history.append(m)
             stop = callback(step, m) if callback else None

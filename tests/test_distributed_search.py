@@ -39,7 +39,7 @@ SPACE = {
               "eval_batches": 1, "probe_batch_size": 2, "device": "cpu", "lr": 3e-3},
     "sampler": {"type": "random", "seed": 3},
     "budget": {"trials": 4},
-    "pruner": {"max_logit": 0.5, "trend_min_logit": None, "loss": "none"},
+    "pruner": {"max_logit_factor": 0.0625, "loss": "none"},  # 0.5 for tiny (d/√d_head = 8)
 }
 
 

@@ -53,3 +53,29 @@ def test_cli_report_prints_where_files_are(finished: Path, capsys) -> None:
     assert main(["report", str(finished), "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert f"report: {finished / 'report.md'}" in out
+
+
+def test_horizon_section_reads_the_ladder(finished: Path) -> None:
+    text = rp.write_report(finished, plots=False).report.read_text()
+    section = text.split("## Horizon")[1].split("\n## ")[0]
+    # Rule: the section states the target and its Σ η.
+    assert "your target: 160 steps at spectral step 0.02 on `tiny`, a cumulative spectral step Σ η of 1.8" in section
+    # Rule: one row per ranked assignment, its mean loss at each rung (rung 0: +0.5, +0.3 more
+    # with stiefel attention, in the fixture).
+    assert row(section, "attn=stiefel, mlp=dgram", "completed", "4.1100", "3.3100")
+    assert row(section, "attn=euclidean, mlp=euclidean", "completed", "4.0100", "3.5100")
+    # Rule: the reading names the lead change and the verdict is marked, here and in the result.
+    assert ("the lead changed between Σ η 0.45 and 1.8 (attn=euclidean, mlp=euclidean -> "
+            "attn=stiefel, mlp=dgram); your target is 1.8") in section
+    assert "**Not yet stable: the lead changed between Σ η 0.45 and 1.8; your target is Σ η 1.8.**" in section
+    verdict = next(line for line in text.splitlines() if line.startswith("**Verdict:**"))
+    assert verdict.endswith("(not yet stable: the lead changed between Σ η 0.45 and 1.8; your target is Σ η 1.8).")
+
+
+def test_a_study_without_target_says_so(tmp_path: Path) -> None:
+    run = tmp_path / "old"
+    s = new_study(run)
+    add(s, run, "stiefel", "dgram", [3.3])
+    text = rp.write_report(run, plots=False).report.read_text()
+    # Rule: a study from before targets has no reading, and the report says why.
+    assert "This study records no target (it was made before targets)." in text

@@ -64,3 +64,23 @@ def test_report_without_matplotlib_still_writes_tables(finished: Path, monkeypat
     assert not (finished / "plots").exists()
     assert "pip install 'geosearch[report]'" in text
     assert "## Ranking" in text and "## Cost" in text  # the tables are all there
+
+
+def test_horizon_plot_needs_a_target(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "old"
+    s = new_study(run)  # made before targets: no target, no ladder
+    add(s, run, "stiefel", "dgram", [3.3])
+    written, skipped = rp.make_plots(rp.load_run(run), run / "plots")
+    # Rule: without a target the horizon plot is skipped, with the reason.
+    assert "horizon" not in written and any(s_.startswith("horizon: the study records no target") for s_ in skipped)
+    # Rule: a ladder short of its target is drawn too (extrapolated to the target).
+    run = tmp_path / "short"
+    s = new_study(run, ladder=True)
+    s.set_user_attr("target", {"steps": 1000, "spectral_lr": 0.02, "model": "tiny", "sum_eta": 11.0})
+    add(s, run, "stiefel", "dgram", [3.3])
+    add(s, run, "dgram", "dgram", [3.2])
+    loaded = rp.load_run(run)
+    assert loaded.reading is not None and loaded.reading.extrapolated
+    written, _ = rp.make_plots(loaded, run / "plots")
+    assert written["horizon"].read_bytes()[:8] == PNG

@@ -165,11 +165,14 @@ def test_grid_needs_a_finite_space():
 # ---------------------------------------------------------------------- pruner
 def test_pruner_errors():
     with pytest.raises(SearchSpaceError) as e:
-        space(pruner={"max_logit": 50, "trend_min_logit": 80, "loss": {"type": "percentile"}})
+        space(pruner={"max_logit": 50, "trend_min_logit": 80, "interval": 1.5,
+                      "loss": {"type": "percentile"}})
     found = problems(e)
-    # Rule: the cross-key check trend_min_logit < max_logit is reported on trend_min_logit.
-    assert "trend_min_logit must be between 0 and max_logit (50)" in found[
+    # Rule: a key of the removed step-wise trend rule is one error saying what replaced it.
+    assert "removed: the step-wise logit trend was replaced by a forecast in Σ η to the target" in found[
         "pruner.trend_min_logit"].problem
+    # Rule: the forecast's interval is checked by the pruner.
+    assert "interval must be between 0 and 1" in found["pruner.interval"].problem
     # Rule: the percentile pruner needs its percentile.
     assert "pruner.loss.percentile" in found
     with pytest.raises(SearchSpaceError) as e:

@@ -46,7 +46,8 @@ def test_pruner_verdict_stops_the_run_and_prunes_with_its_reason(monkeypatch, tm
     by_attn = {t.params["geometry.attn"]: t for t in trials_of(tmp_path)}
     pruned = by_attn["euclidean"]
     assert pruned.state == TrialState.PRUNED and pruned.user_attrs["status"] == "unstable"
-    assert pruned.user_attrs["prune_reason"] == "max logit 5e+03 at step 5 > max_logit 1e+03"
+    # the threshold is in the proxy model's unit: 10 × d/√d_head, 8 for tiny (32 wide, 2 heads)
+    assert pruned.user_attrs["prune_reason"] == "max logit 5e+03 at step 5 > threshold 80 (10 × d/√d_head 8)"
     assert pruned.user_attrs["stop_step"] == 5  # stopped early, not at step 10
     assert by_attn["adamw"].state == TrialState.COMPLETE  # the study went on
 

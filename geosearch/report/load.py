@@ -3,10 +3,12 @@
 :func:`load_run` opens the run's Optuna storage the way ``geosearch export`` does
 (:func:`geosearch.search.storage.open_run_study`) and turns every trial that trained into a
 :class:`TrialRecord`: its outcome word (:func:`geosearch.search.records.trial_status`), the
-searched geometries, the score over seeds, the step it stopped at and why, its speed, and
-the ``metrics.jsonl`` records of each seed. The user attrs are read through the constants
-of :mod:`geosearch.search.records`; missing or truncated files give what can be read, never
-an error. Duplicate and skipped bookkeeping trials are counted, not loaded.
+searched geometries, the score over seeds, the step it stopped at and why, its speed, the
+``metrics.jsonl`` records of each seed (at the last rung it reached), and its losses and
+probes at each rung of the Σ η ladder, whose reading towards the target
+(:func:`geosearch.search.target.study_reading`) the run keeps too. The user attrs are read
+through the constants of :mod:`geosearch.search.records`; missing or truncated files give
+what can be read, never an error. Duplicate and skipped bookkeeping trials are counted, not loaded.
 """
 
 from __future__ import annotations
@@ -22,23 +24,29 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from geosearch.search.horizon import HorizonReading, Rung
 from geosearch.search.pruners import LogitGrowthPruner
 from geosearch.search.ranking import Score, family_geometry, trial_label, trial_score
 from geosearch.search.records import (
     ASSIGNMENT,
     BUDGET_STEPS,
     FAIL_REASON,
+    LADDER,
     MEAN_STEP_MS,
     NOT_RUN,
     PROBE_HISTORY,
     PRUNE_REASON,
+    RUNG_LOSSES,
+    RUNG_PROBES,
     SPACE,
     STOP_STEP,
+    TARGET,
     TOKENS_PER_S,
     TRIAL_DIR,
     trial_status,
 )
 from geosearch.search.storage import mask_url, open_run_study, resolve_storage
+from geosearch.search.target import rung_means, study_reading
 
 __all__ = ["RunData", "TrialRecord", "as_finite", "load_run", "mean_finite", "read_metrics"]
 
@@ -59,12 +67,17 @@ class TrialRecord:
         loss: final validation loss over seeds (``n == 0``: none recorded).
         stop_step: the step a pruned trial stopped at.
         reason: why it was pruned, the failure message, or how it was interrupted.
-        steps_run: steps the trial trained (stop step, else budget, else last metrics step).
+        steps_run: steps each seed trained (stop step, else budget, else last metrics step),
+            the lower rungs' steps included when it trained a ladder.
         mean_step_ms: mean wall time of one training step.
         tokens_per_s: training throughput.
         duration_s: wall time of the whole trial from the storage timestamps.
-        metrics: one list of metrics.jsonl records per seed (first seed first).
+        metrics: one list of metrics.jsonl records per seed (first seed first), at the
+            last rung the trial reached.
         probe_history: the ``probe_history`` user attr (fallback for the logit curve).
+        rung_losses: per rung reached, the mean final val loss over its seeds (NaN where a
+            seed has none).
+        rung_probes: per rung reached, the first seed's probe rows (each with ``sum_eta``).
     """
 
     number: int
@@ -82,6 +95,8 @@ class TrialRecord:
     duration_s: float | None = None
     metrics: list[list[dict]] = field(default_factory=list)
     probe_history: list[dict] = field(default_factory=list)
+    rung_losses: list[float] = field(default_factory=list)
+    rung_probes: list[list[dict]] = field(default_factory=list)
 
     def family_geometry(self, family: str) -> str:
         """The geometry of a module family ("attn", "mlp"), ``"mixed: ..."`` when its types differ."""
@@ -108,6 +123,11 @@ class RunData:
         threshold_source: where the threshold came from, in words.
         attrs: the study's user attrs (``space``, ``proxy``, ``geosearch_version``...).
         not_run: how many duplicate and skipped trials were left out.
+        target: the study's target (``{steps, spectral_lr, model, sum_eta}``), ``None``
+            for a study from before targets.
+        rungs: the ladder's rungs (one, the proxy run, unless the space asked for more).
+        reading: the ladder's reading towards the target; ``None`` when there is nothing
+            to read (the target is the proxy run).
     """
 
     run_dir: Path
@@ -118,6 +138,9 @@ class RunData:
     threshold_source: str
     attrs: dict[str, Any]
     not_run: int = 0
+    target: dict[str, Any] | None = None
+    rungs: list[Rung] = field(default_factory=list)
+    reading: HorizonReading | None = None
 
     @property
     def study_name(self) -> str:
@@ -147,7 +170,11 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def _trial_metrics(trial_dir: Path) -> list[list[dict]]:
-    """metrics.jsonl records per seed: ``trials/<n>/metrics.jsonl`` or ``trials/<n>/seed<s>/``."""
+    """metrics.jsonl records per seed: ``trials/<n>/metrics.jsonl`` or ``trials/<n>/seed<s>/``,
+    under the last ``rung<k>/`` the trial reached when it trained a ladder."""
+    rung_dirs = [p for p in trial_dir.glob("rung*") if p.is_dir() and p.name[4:].isdigit()]
+    if rung_dirs:
+        trial_dir = max(rung_dirs, key=lambda p: int(p.name[4:]))
     seed_dirs = [p for p in trial_dir.glob("seed*") if p.is_dir() and p.name[4:].isdigit()]
     if seed_dirs:
         seed_dirs.sort(key=lambda p: int(p.name[4:]))
@@ -176,7 +203,7 @@ def _geometry_params(params: dict[str, Any]) -> dict[str, str]:
     return {k[len("geometry.") :]: str(v) for k, v in sorted(params.items()) if k.startswith("geometry.")}
 
 
-def _record(trial: FrozenTrial, run_dir: Path) -> TrialRecord:
+def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung]) -> TrialRecord:
     ua = trial.user_attrs
     geo = _geometry_params(trial.params)
     other = {k: v for k, v in sorted(trial.params.items()) if not k.startswith("geometry.")}
@@ -210,6 +237,10 @@ def _record(trial: FrozenTrial, run_dir: Path) -> TrialRecord:
         steps_run = int(budget)
     else:
         steps_run = int(last_step) if last_step is not None else None
+    reached = rung_means(ua.get(RUNG_LOSSES)) or []
+    if len(rungs) > 1 and reached and steps_run is not None:  # the rungs below the last reached
+        lower = sum(r.steps for r in rungs[:len(reached) - 1])
+        steps_run = lower + (rungs[len(reached) - 1].steps if state == "completed" else steps_run)
 
     mean_step_ms = as_finite(ua.get(MEAN_STEP_MS))
     if mean_step_ms is None:
@@ -220,6 +251,7 @@ def _record(trial: FrozenTrial, run_dir: Path) -> TrialRecord:
     duration = trial.duration.total_seconds() if trial.duration is not None else None
 
     probe = ua.get(PROBE_HISTORY)
+    rung_probes = ua.get(RUNG_PROBES)
     return TrialRecord(
         number=trial.number,
         state=state,
@@ -236,6 +268,8 @@ def _record(trial: FrozenTrial, run_dir: Path) -> TrialRecord:
         duration_s=duration,
         metrics=metrics,
         probe_history=probe if isinstance(probe, list) else [],
+        rung_losses=reached,
+        rung_probes=[r for r in rung_probes if isinstance(r, list)] if isinstance(rung_probes, list) else [],
     )
 
 
@@ -292,6 +326,9 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
     every = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
     ran = [t for t in every if trial_status(t) not in NOT_RUN]
     threshold, source = _threshold(attrs)
-    return RunData(run_dir, where, study, [_record(t, run_dir) for t in ran], threshold, source, attrs,
-                   not_run=len(every) - len(ran))
+    ladder, target = attrs.get(LADDER), attrs.get(TARGET)
+    rungs = [Rung(**r) for r in ladder] if isinstance(ladder, list) else []
+    return RunData(run_dir, where, study, [_record(t, run_dir, rungs) for t in ran], threshold, source, attrs,
+                   not_run=len(every) - len(ran), target=target if isinstance(target, dict) else None,
+                   rungs=rungs, reading=study_reading(study))
 

@@ -1,8 +1,10 @@
 """The report as markdown: :func:`render_markdown` and one function per section.
 
 Sections, in order: the header (run directory, storage, proxy, trial counts), the result
-(the search's verdict), the ranking of completed trials (mean ± std over seeds, ties by the
-search's paired test), unstable, failed and unfinished trials, which module type's geometry
+(the search's verdict), the horizon (the target, the Σ η ladder's rungs, each assignment's
+loss at each rung and the reading towards the target), the ranking of completed trials
+(mean ± std over seeds, ties by the search's paired test), unstable, failed and unfinished
+trials, which module type's geometry
 matters (importance and stability), cost, the loss-versus-time Pareto front, the plots, and
 how to browse the study in optuna-dashboard. Every section is a list of lines built from
 the loaded run and the analysis results; nothing here reads files or computes statistics.
@@ -21,6 +23,7 @@ from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
 from geosearch.search.ranking import Ranking, Score, format_params
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY
+from geosearch.search.target import horizon_note, horizon_verdict
 
 __all__ = ["dashboard_paragraph", "render_markdown"]
 
@@ -94,7 +97,8 @@ def render_markdown(
         by_state.setdefault(t.state, []).append(t)
     sections = [
         _md_header(run, by_state),
-        _md_result(ranking, by_state.get("unstable", [])),
+        _md_result(ranking, by_state.get("unstable", []), run),
+        _md_horizon(run, plots),
         _md_ranking(ranking, {t.number: t for t in run.trials}),
         _md_unfinished(by_state),
         _md_importance(importance, stability_table(run.trials)),
@@ -127,8 +131,8 @@ def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str
     return lines
 
 
-def _md_result(ranking: Ranking, unstable: list[TrialRecord]) -> list[str]:
-    lines = ["## Result", "", f"**Verdict:** {ranking.verdict}."]
+def _md_result(ranking: Ranking, unstable: list[TrialRecord], run: RunData) -> list[str]:
+    lines = ["## Result", "", f"**Verdict:** {horizon_verdict(ranking.verdict, run.reading)}."]
     if ranking.effects:
         lines += ["", "Main effects (each factor's geometry, averaged over matched pairs that differ "
                       "only in it, within seeds):", ""]
@@ -138,6 +142,34 @@ def _md_result(ranking: Ranking, unstable: list[TrialRecord]) -> list[str]:
     if unstable:
         names = "; ".join(f"{t.label} (trial {t.number}, step {_step(t)})" for t in unstable)
         lines += ["", f"Unstable (pruned): {names}."]
+    return lines
+
+
+def _md_horizon(run: RunData, plots: dict[str, str]) -> list[str]:
+    lines = ["## Horizon", ""]
+    t = run.target
+    if t is None:
+        return lines + ["This study records no target (it was made before targets)."]
+    lines.append(f"The answer is for your target: {t.get('steps')} steps at spectral step "
+                 f"{t.get('spectral_lr')} on `{t.get('model')}`, a cumulative spectral step Σ η of "
+                 f"{_fmt(t.get('sum_eta'), '.3g')} (docs/design.md, \"Horizon\"). Each assignment "
+                 "was trained at every rung of the ladder below and ranked at the top one.")
+    ranked = [r for r in run.trials if r.rung_losses]
+    if run.rungs:
+        lines += [""] + _table(
+            ["assignment", "state", *(f"Σ η {r.sum_eta:.3g} ({r.steps} steps, η {r.spectral_lr:.3g})"
+                                      for r in run.rungs)],
+            [[r.label, r.state, *(_fmt(r.rung_losses[i]) if i < len(r.rung_losses) else "—"
+                                  for i in range(len(run.rungs)))] for r in ranked])
+    if run.reading is None:
+        lines += ["", "The target is the proxy run itself: there is nothing to compare."]
+    else:
+        lines += [""] + [f"- {line}" for line in run.reading.lines]
+        note = horizon_note(run.reading)
+        lines += ["", f"**{note[0].upper() + note[1:]}.**" if note else
+                  "**Stable:** the leader held at every rung towards the target."]
+    if "horizon" in plots:
+        lines += ["", f"![{PLOT_NAMES['horizon']}]({plots['horizon']})"]
     return lines
 
 
@@ -258,7 +290,8 @@ def _md_plots(run: RunData, plots: dict[str, str], note: str | None) -> list[str
     else:
         lines.append(f"Pruning threshold on the max attention logit: {run.threshold_source}.")
     for name, rel in plots.items():
-        lines += ["", f"![{PLOT_NAMES.get(name, name)}]({rel})"]
+        if name != "horizon":  # shown in its own section
+            lines += ["", f"![{PLOT_NAMES.get(name, name)}]({rel})"]
     if note:
         lines += ["", note]
     return lines

@@ -3,7 +3,9 @@
 :func:`make_plots` writes ``plots/<name>.png`` for each entry of :data:`PLOT_NAMES` that the
 run has data for: the max attention logit over steps coloured by attention geometry with
 the pruning threshold drawn, σ_max per module type, validation loss curves, loss versus
-time with the Pareto front, and the importance of each module type's geometry. Pruned
+time with the Pareto front, the importance of each module type's geometry, and the
+horizon: each assignment's final val loss at each rung of the Σ η ladder and its max
+logit against Σ η, with the target's Σ η marked and the rungs' crossings. Pruned
 trials are dashed. matplotlib is imported only when plots are drawn, through its
 object-oriented API (no pyplot, no GUI backend); without it :func:`make_plots` raises
 ImportError and the report says how to install it (:data:`PLOTS_HINT`).
@@ -18,6 +20,7 @@ from typing import Any
 
 from geosearch.report.analysis import Importance, geometry_importances, pareto_trials
 from geosearch.report.load import RunData, TrialRecord, as_finite
+from geosearch.search.horizon import forecast_at
 
 __all__ = ["PLOTS_HINT", "PLOT_NAMES", "make_plots"]
 
@@ -28,6 +31,7 @@ PLOT_NAMES = {
     "val_loss": "validation loss over steps",
     "pareto": "final validation loss versus time, with the Pareto front",
     "importance": "importance of each module type's geometry",
+    "horizon": "final val loss and max logit against Σ η across the ladder's rungs, target marked",
 }
 
 PLOTS_HINT = "plots need matplotlib: pip install 'geosearch[report]'"
@@ -52,10 +56,10 @@ def _palette(labels: Iterable[str]) -> dict[str, Any]:
     return {lab: cmap(i % cmap.N) for i, lab in enumerate(labels)}
 
 
-def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+def _series(records: list[dict], key: str, by: str = "step") -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for r in records:
-        x, y = as_finite(r.get("step")), as_finite(r.get(key))
+        x, y = as_finite(r.get(by)), as_finite(r.get(key))
         if x is not None and y is not None:
             xs.append(x)
             ys.append(y)
@@ -222,7 +226,55 @@ def make_plots(
         save(fig, "importance")
     else:
         skipped.append(f"importance: {importance.note}")
+    fig = _horizon_figure(Figure, run)
+    if fig is not None:
+        save(fig, "horizon")
+    else:
+        skipped.append("horizon: the study records no target, or no trial a loss or probe with Σ η")
     for name in PLOT_NAMES.keys() - written.keys():  # a stale plot from an earlier report would mislead
         (plots_dir / f"{name}.png").unlink(missing_ok=True)
     return written, skipped
 
+
+
+def _horizon_figure(Figure, run: RunData):
+    """Loss at each rung and max logit against Σ η (log-log), per assignment, the target's
+    Σ η as a vertical line; ``None`` when there is nothing to draw."""
+    target = as_finite((run.target or {}).get("sum_eta"))
+    losses = {t.number: [(r.sum_eta, y) for r, y in zip(run.rungs, t.rung_losses) if as_finite(y)]
+              for t in run.trials}
+    logits = {t.number: [_series(rows, "max_logit", by="sum_eta")
+                         for rows in (t.rung_probes or [t.probe_history])] for t in run.trials}
+    if target is None or not any(losses.values()) and not any(xs for v in logits.values() for xs, _ in v):
+        return None
+    colours = _palette(t.label for t in run.trials)
+    fig = Figure(figsize=(12, 4.5))
+    ax_loss, ax_logit = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    extrapolate = run.reading is not None and run.reading.extrapolated
+    for t in run.trials:
+        style = {"color": colours[t.label], "ls": "--" if t.state == "unstable" else "-", "label": t.label}
+        points = losses[t.number]
+        if points:
+            ax_loss.plot(*zip(*points), marker="o", lw=1.4, **style)
+            if extrapolate and t.state == "completed" and len(points) == len(run.rungs) > 1:
+                end = forecast_at(run.rungs, [y for _, y in points], target)
+                ax_loss.plot([points[-1][0], target], [points[-1][1], end], color=style["color"],
+                             ls=":", lw=1.2)  # the reading's line in log Σ η, not a measurement
+        for k, (xs, ys) in enumerate(logits[t.number]):
+            keep = [(x, y) for x, y in zip(xs, ys) if x > 0 and y > 0]  # log-log
+            if keep:
+                ax_logit.plot(*zip(*keep), lw=1.1, alpha=0.5 + 0.5 * (k + 1) / len(logits[t.number]), **style)
+    for c in run.reading.crossings if run.reading is not None else []:
+        ax_loss.axvline(c.sum_eta, color="tab:gray", ls=":" if c.measured else "-.", lw=0.9,
+                        label="crossing" + ("" if c.measured else " (forecast)"))
+    for ax in (ax_loss, ax_logit):
+        ax.axvline(target, color="black", lw=1.3, label=f"your target: Σ η {target:.3g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("cumulative spectral step Σ η")
+        _legend(ax)
+    ax_logit.set_yscale("log")
+    ax_loss.set_ylabel("final validation loss (mean over seeds)")
+    ax_logit.set_ylabel("max attention logit")
+    ax_loss.set_title("Loss at each rung (dotted: extrapolated to the target)")
+    ax_logit.set_title("Max logit against Σ η, each rung's run (dashed: pruned)")
+    return fig

@@ -2,8 +2,9 @@
 
 :func:`export_best` writes the winner (or the ``top`` best) of a study as assignment files
 that :func:`geosearch.load_assignment` and :func:`geosearch.build_optimizer` read, each with
-its provenance (study, proxy, score and spread, tie verdict, date, version);
-:func:`format_ranking` is the table the search prints at its end. Torch-free until an
+its provenance (study, proxy, target, score and spread, tie verdict, the ladder's reading
+towards the target, date, version); :func:`format_ranking` is the table the search prints
+at its end. Torch-free until an
 assignment is built. The ranking rules are in ``docs/design.md`` ("The study").
 """
 
@@ -28,10 +29,12 @@ from geosearch.search.records import (
     RULES,
     SEEDS,
     SPACE,
+    TARGET,
     trial_status,
 )
 from geosearch.search.space import SearchSpace, Suggestion
 from geosearch.search.storage import BEST_FILE, TOP_DIR, open_run_study
+from geosearch.search.target import horizon_lines, horizon_verdict, reading_record, study_reading
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment
@@ -40,8 +43,10 @@ __all__ = ["export_best", "export_summary", "format_ranking"]
 
 
 def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
-    """The ranked table of completed trials, the verdict, and the pruned/failed ones."""
+    """The ranked table of completed trials, the pruned/failed ones, the verdict (marked
+    when the ladder says it may not hold at the target) and the ladder's reading."""
     ranking = ranking or rank_study(study)
+    reading = study_reading(study)
     lines = []
     if ranking.rows:
         width = max(len(r.label) for r in ranking.rows)
@@ -62,8 +67,8 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
     if others:
         lines.append("not ranked:")
         lines += ["  " + trial_line(t) for t in others]
-    lines.append(f"verdict: {ranking.verdict}")
-    return "\n".join(lines)
+    lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
+    return "\n".join(lines + horizon_lines(reading))
 
 
 def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
@@ -86,6 +91,7 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
         except (ConfigError, ValueError):
             suggestion = None
     score = row.score
+    reading = study_reading(study)
     provenance: dict[str, Any] = {
         "study": study.study_name,
         "run_dir": str(run_dir),
@@ -95,8 +101,10 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
                   "std": score.std, "n_seeds": score.n, "values": list(score.values),
                   "seeds": trial.user_attrs.get(SEEDS)},
         "tied_with": [n for n in ranking.tied if n != row.number] if row.number in ranking.tied else [],
-        "verdict": ranking.verdict,
+        "verdict": horizon_verdict(ranking.verdict, reading),
         "proxy": attrs.get(PROXY),
+        "target": attrs.get(TARGET),
+        "horizon": reading_record(reading) if reading is not None else None,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "geosearch_version": __version__,
         "trials": {"completed": len(ranking.rows), "total": done_count(study)},

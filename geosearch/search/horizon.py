@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Rung", "HorizonReading", "plan_ladder", "ranks", "read_ladder", "spearman"]
+__all__ = ["Rung", "HorizonReading", "forecast_at", "plan_ladder", "ranks", "read_ladder", "spearman"]
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,12 @@ def read_ladder(rungs: Sequence[Rung], losses: Mapping[str, Sequence[float]],
     reading.crossings = _crossings(labels, table, rungs, xs, target_sum_eta, reading.extrapolated)
     reading.lines = _lines(reading)
     return reading
+
+
+def forecast_at(rungs: Sequence[Rung], losses: Sequence[float], sum_eta: float) -> float:
+    """One assignment's loss at ``sum_eta`` by the least-squares line through its rungs'
+    losses in log Σ η (as :func:`read_ladder` forecasts; the last loss with one rung)."""
+    return _line_at([math.log(r.sum_eta) for r in rungs], list(losses), math.log(sum_eta))
 
 
 def _line_at(xs: Sequence[float], ys: Sequence[float], x: float) -> float:

@@ -46,6 +46,15 @@ from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
 from geosearch.search.forecast import LogitForecast, forecast_max_logit
+from geosearch.search.records import (
+    BUDGET_STEPS,
+    LOGIT_SCALE,
+    PROBE_FIELDS,
+    PROBE_HISTORY,
+    TARGET_LOGIT_SCALE,
+    TARGET_STEPS,
+    TARGET_SUM_ETA,
+)
 
 __all__ = ["LogitGrowthPruner", "probe_row"]
 
@@ -57,17 +66,18 @@ DEFAULT_WINDOW = 5
 DEFAULT_INTERVAL = 0.9
 DEFAULT_TREND_MIN_LOGIT = 100.0  # the step-wise trend rule's, kept for older spaces
 
-PROBE_HISTORY_ATTR = "probe_history"
-BUDGET_STEPS_ATTR = "budget_steps"
-TARGET_SUM_ETA_ATTR = "target_sum_eta"
-TARGET_STEPS_ATTR = "target_steps"
-LOGIT_SCALE_ATTR = "logit_scale"
-TARGET_LOGIT_SCALE_ATTR = "target_logit_scale"
+# The attr names, defined once in geosearch.search.records.
+PROBE_HISTORY_ATTR = PROBE_HISTORY
+BUDGET_STEPS_ATTR = BUDGET_STEPS
+TARGET_SUM_ETA_ATTR = TARGET_SUM_ETA
+TARGET_STEPS_ATTR = TARGET_STEPS
+LOGIT_SCALE_ATTR = LOGIT_SCALE
+TARGET_LOGIT_SCALE_ATTR = TARGET_LOGIT_SCALE
 
 # Module types whose σ_max bounds the attention logits (the fused and the split query/key
 # weights of geosearch.modules' rule sets); the forecast's σ route reads the largest.
 QK_TYPES = ("attn_qkv", "attn_q", "attn_k")
-PROBE_KEYS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max")
+PROBE_KEYS = tuple(k for k in PROBE_FIELDS if k != "sum_eta")  # a row's keys from the metrics
 
 
 def probe_row(metrics: Mapping, *, sum_eta: float | None) -> dict:

@@ -17,10 +17,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 __all__ = [
     "ASSIGNMENT", "ASSIGNMENT_KEY", "BUDGET_STEPS", "DUPLICATE_OF", "FAIL_REASON",
-    "GEOSEARCH_VERSION", "HEARTBEAT", "MAX_LOGIT", "MEAN_STEP_MS", "NUM_PROCESSES",
-    "PROBE_HISTORY", "PROXY", "PRUNED_SEED", "PRUNE_REASON", "QUEUED", "QUEUED_PARAMS",
-    "RETRY_OF", "RULES", "SEEDS", "SIGMA_MAX", "SPACE", "STATUS", "STOP_STEP", "TOKENS_PER_S",
-    "TRIAL_DIR", "VAL_LOSSES", "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER",
+    "GEOSEARCH_VERSION", "HEARTBEAT", "LADDER", "LOGIT_SCALE", "MAX_LOGIT", "MEAN_STEP_MS",
+    "NUM_PROCESSES", "PROBE_HISTORY", "PROXY", "PRUNED_RUNG", "PRUNED_SEED", "PRUNE_REASON",
+    "QUEUED", "QUEUED_PARAMS", "RETRY_OF", "RULES", "RUNG_LOSSES", "RUNG_PROBES", "SEEDS",
+    "SIGMA_MAX", "SPACE", "STATUS", "STOP_STEP", "TARGET", "TARGET_LOGIT_SCALE",
+    "TARGET_STEPS", "TARGET_SUM_ETA", "TOKENS_PER_S", "TRIAL_DIR", "VAL_LOSSES",
+    "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER",
     "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
     "COMPLETED", "UNSTABLE", "FAILED", "INTERRUPTED", "RUNNING", "WAITING", "DUPLICATE",
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
@@ -32,7 +34,9 @@ SPACE = "space"
 GEOSEARCH_VERSION = "geosearch_version"
 RULES = "rules"
 PROXY = "proxy"
-STUDY_ATTRS = (SPACE, GEOSEARCH_VERSION, RULES, PROXY)
+TARGET = "target"
+LADDER = "ladder"
+STUDY_ATTRS = (SPACE, GEOSEARCH_VERSION, RULES, PROXY, TARGET, LADDER)
 
 # --------------------------------------------------------------------------- trial attrs
 ASSIGNMENT = "assignment"
@@ -54,6 +58,14 @@ MEAN_STEP_MS = "mean_step_ms"
 TOKENS_PER_S = "tokens_per_s"
 MAX_LOGIT = "max_logit"
 SIGMA_MAX = "sigma_max"
+# the target and the ladder (docs/design.md, "Horizon")
+TARGET_SUM_ETA = "target_sum_eta"
+TARGET_STEPS = "target_steps"
+LOGIT_SCALE = "logit_scale"
+TARGET_LOGIT_SCALE = "target_logit_scale"
+RUNG_LOSSES = "rung_losses"
+RUNG_PROBES = "rung_probes"
+PRUNED_RUNG = "pruned_rung"
 # bookkeeping
 WORKER = "worker"
 HEARTBEAT = "heartbeat"
@@ -64,10 +76,13 @@ DUPLICATE_OF = "duplicate_of"
 TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE_HISTORY,
                NUM_PROCESSES, STATUS, PRUNE_REASON, FAIL_REASON, STOP_STEP, PRUNED_SEED,
                VAL_LOSSES, VAL_LOSS_MEAN, VAL_LOSS_STD, MEAN_STEP_MS, TOKENS_PER_S, MAX_LOGIT,
-               SIGMA_MAX, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS, RETRY_OF, DUPLICATE_OF)
+               SIGMA_MAX, TARGET_SUM_ETA, TARGET_STEPS, LOGIT_SCALE, TARGET_LOGIT_SCALE,
+               RUNG_LOSSES, RUNG_PROBES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
+               RETRY_OF, DUPLICATE_OF)
 
-PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss")
-"""The keys of one ``probe_history`` row (metrics of the proxy run at a probe step)."""
+PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")
+"""The keys of one ``probe_history`` row: metrics of the proxy run at a probe step, and Σ η
+after that step (``geosearch.search.pruners.probe_row`` builds one)."""
 
 # --------------------------------------------------------------------------- outcomes
 COMPLETED = "completed"

@@ -34,12 +34,14 @@ from geosearch.errors import ConfigError
 from geosearch.modules import ModuleRule
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.pruners import (
+    DEFAULT_INTERVAL,
     DEFAULT_MAX_LOGIT,
+    DEFAULT_MAX_LOGIT_FACTOR,
     DEFAULT_MIN_ENTROPY,
-    DEFAULT_TREND_MIN_LOGIT,
     DEFAULT_WINDOW,
     LogitGrowthPruner,
 )
+from geosearch.search.target import LadderSpec, TargetSpec, target_line
 
 __all__ = [
     "Budget",
@@ -74,6 +76,9 @@ CLI_FLAGS: dict[str, str] = {
     "seed": "sampler.seed",
     "sampler": "sampler.type",
     "name": "name",
+    "target_steps": "target.steps",
+    "target_spectral_lr": "target.spectral_lr",
+    "target_model": "target.model",
 }
 _SHIPPED = resources.files("geosearch.search") / "spaces"
 
@@ -141,17 +146,17 @@ class PrunerSpec:
     their justification are in its docstring)."""
 
     max_logit: float = DEFAULT_MAX_LOGIT
-    """Largest acceptable attention logit."""
+    """Largest acceptable attention logit, for trials that store no logit scale."""
+    max_logit_factor: float = DEFAULT_MAX_LOGIT_FACTOR
+    """Largest acceptable attention logit as a multiple of the model's d/√d_head."""
     min_entropy: float | None = DEFAULT_MIN_ENTROPY
     """Smallest acceptable attention entropy (nats); ``None``: rule off."""
     n_warmup_steps: int = 0
-    """Steps before the logit and entropy rules apply."""
+    """Steps before the logit, forecast and entropy rules apply."""
     window: int = DEFAULT_WINDOW
-    """Probe points the max-logit trend is fitted on."""
-    trend_min_logit: float | None = DEFAULT_TREND_MIN_LOGIT
-    """Max logit from which the trend is extrapolated; ``None``: trend rule off."""
-    horizon_steps: int | None = None
-    """Step the trend is extrapolated to; ``None`` = the trial's budget (``proxy.steps``)."""
+    """Fewest probe points the max-logit forecast in Σ η is fitted on."""
+    interval: float | None = DEFAULT_INTERVAL
+    """Coverage of the forecast's prediction interval; ``None``: forecast rule off."""
     loss: LossPrunerSpec = field(default_factory=LossPrunerSpec)
     """The wrapped loss pruner."""
 
@@ -230,6 +235,10 @@ class SearchSpace:
     """Seeds each assignment is trained with; the trial's score is their mean."""
     budget: Budget = field(default_factory=Budget)
     """Trials and timeout."""
+    target: TargetSpec = field(default_factory=TargetSpec)
+    """The run the user will do; the answer is for its Σ η."""
+    ladder: LadderSpec = field(default_factory=LadderSpec)
+    """The rungs of growing Σ η each trial trains; the value is read at the top one."""
     pruner: PrunerSpec = field(default_factory=PrunerSpec)
     """The pruner."""
     sampler: SamplerSpec = field(default_factory=SamplerSpec)
@@ -368,6 +377,7 @@ class SearchSpace:
             *([f"  hyperparams: {', '.join(hp)}"] if hp else []),
             f"  proxy: {p.model}{p.model_args or ''}, {p.steps} steps x {p.batch_size} seqs, "
             f"data {p.data or 'built-in'}, solver {p.solver}; {self.repeats} seed(s) each",
+            target_line(self),
             f"  sampler: {self.sampler_type()}; budget: trials {self.budget.trials}, "
             f"timeout {self.budget.timeout}",
         ])
@@ -447,7 +457,8 @@ def apply_overrides(
             ``hyperparams.lr=[1e-4,1e-3]``), or a mapping of dotted keys to values.
         **flags: command-line flags (:data:`CLI_FLAGS`: ``trials``, ``timeout``, ``steps``,
             ``model``, ``data``, ``batch_size``, ``device``, ``repeats``, ``seed``,
-            ``sampler``, ``name``); a ``None`` value means "not given". Applied after
+            ``sampler``, ``name``, ``target_steps``, ``target_spectral_lr``,
+            ``target_model``); a ``None`` value means "not given". Applied after
             ``overrides``.
 
     Raises:

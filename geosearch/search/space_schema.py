@@ -29,14 +29,17 @@ optional but ``version`` and ``geometries``::
       steps: 200
       ...
     repeats: 1                    # seeds per assignment (proxy.seed, proxy.seed + 1, ...)
+    target: {steps: 2000, spectral_lr: null, model: null}   # the user's run (null: the proxy's)
+    ladder: {rungs: 1, max_spectral_lr: null, max_steps: null}  # rungs of growing Σ η towards
+                                  #   the target's (null: 10 × proxy.spectral_lr, proxy.steps)
     budget: {trials: null, timeout: null}   # trials; seconds (null = no limit)
     pruner:                       # LogitGrowthPruner arguments (null disables a rule)
-      max_logit: 1000.0
+      max_logit: 1000.0           #   absolute, for trials without a logit scale
+      max_logit_factor: 10.0      #   × the model's d/√d_head
       min_entropy: 0.01
       n_warmup_steps: 0
       window: 5
-      trend_min_logit: 100.0
-      horizon_steps: null         # null = the trial's budget (proxy.steps)
+      interval: 0.9               #   of the max-logit forecast in Σ η to the target
       loss: none                  # none | median | percentile | successive_halving, or
                                   #   {type: median, n_startup_trials: 2, ...}
     sampler: {type: auto, seed: 0}  # auto | grid | tpe | random | gp (+ n_startup_trials)
@@ -76,10 +79,13 @@ from geosearch.search.space import (
     SearchSpace,
     SearchSpaceError,
 )
+from geosearch.search.target import parse_horizon
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "name", "rules", "geometries", "hyperparams", "proxy", "repeats",
-            "budget", "pruner", "sampler")
+            "target", "ladder", "budget", "pruner", "sampler")
+# Pruner keys of older spaces: an error says what replaced them.
+REMOVED_PRUNER_KEYS = ("trend_min_logit", "horizon_steps")
 HYPERPARAMS = ("spectral_lr", "lr")
 # Loss pruner -> its Optuna constructor arguments a space may set.
 LOSS_PRUNER_ARGS: dict[str, tuple[str, ...]] = {
@@ -126,6 +132,8 @@ def dump_space(space: SearchSpace) -> dict[str, Any]:
         "hyperparams": hp,
         "proxy": space.proxy.to_dict(),
         "repeats": space.repeats,
+        "target": dataclasses.asdict(space.target),
+        "ladder": dataclasses.asdict(space.ladder),
         "budget": dataclasses.asdict(space.budget),
         "pruner": pruner,
         "sampler": dataclasses.asdict(space.sampler),
@@ -187,6 +195,7 @@ class _Parser:
         repeats = top.get("repeats", 1)
         if not _is_int(repeats) or repeats < 1:
             self.error("repeats", f"expected a whole number >= 1, got {repeats!r}")
+        target, ladder = parse_horizon(self, top.get("target"), top.get("ladder"), proxy)
         budget = self.budget(top.get("budget"))
         pruner = self.pruner(top.get("pruner"))
         sampler = self.sampler(top.get("sampler"), hyperparams)
@@ -197,7 +206,7 @@ class _Parser:
         space = SearchSpace(
             geometries=geometries, proxy=proxy, rules=rules, hyperparams=hyperparams,
             repeats=repeats, budget=budget, pruner=pruner, sampler=sampler, name=name,
-            source=self.source, rules_from_model=rules_from_model,
+            source=self.source, rules_from_model=rules_from_model, target=target, ladder=ladder,
         )
         if budget.trials is None and budget.timeout is None and space.sampler_type() != "grid":
             self.error("budget", f"a {space.sampler_type()} search never ends by itself: set "
@@ -383,26 +392,22 @@ class _Parser:
 
     def pruner(self, value: Any) -> PrunerSpec:
         fields = [f.name for f in dataclasses.fields(PrunerSpec)]
+        for k in [k for k in REMOVED_PRUNER_KEYS if isinstance(value, Mapping) and k in value]:
+            self.error(f"pruner.{k}", "removed: the step-wise logit trend was replaced by a forecast "
+                       "in Σ η to the target (target.steps or --target-steps; pruner.interval and "
+                       "pruner.max_logit_factor tune it)", fields)
+            value = {kk: v for kk, v in value.items() if kk != k}
         d = self.mapping(value, "pruner", fields)
         loss = self.loss_pruner(d.pop("loss", None))
-        for k in ("max_logit", "min_entropy", "trend_min_logit"):
+        for k in ("max_logit", "max_logit_factor", "min_entropy", "interval"):
             if isinstance(d.get(k), str) and _number(d[k]) is not None:
                 d[k] = _number(d[k])  # YAML 1.1 reads 1e3 as a string
         n_before = len(self.problems)
-        # One key at a time (the others at their defaults) so that every bad key is
-        # reported; trend_min_logit < max_logit is the one check across keys, made last.
-        for k, v in d.items():
-            if k == "trend_min_logit":
-                continue
+        for k, v in d.items():  # one key at a time, so that every bad key is reported
             try:
-                LogitGrowthPruner(**{"trend_min_logit": None, k: v})
+                LogitGrowthPruner(**{k: v})
             except (ValueError, TypeError) as e:
                 self.error(f"pruner.{k}", str(e).rstrip("."))
-        if len(self.problems) == n_before:
-            try:
-                LogitGrowthPruner(**d)
-            except (ValueError, TypeError) as e:
-                self.error("pruner.trend_min_logit", str(e).rstrip("."))
         if len(self.problems) > n_before:
             return PrunerSpec(loss=loss)
         return PrunerSpec(loss=loss, **d)

@@ -39,14 +39,17 @@ from geosearch.search.queue import done_count, done_reason, resolve_budget, top_
 from geosearch.search.ranking import Ranking, rank_study, trial_line
 from geosearch.search.records import (
     GEOSEARCH_VERSION,
+    LADDER,
     NOT_RUN,
     PROXY,
     RULES,
     SPACE,
+    TARGET,
     trial_status,
 )
 from geosearch.search.space import SearchSpace, apply_overrides, load_space
 from geosearch.search.storage import SPACE_FILE, open_run_study, open_storage
+from geosearch.search.target import ladder_record, plan_rungs, resolve_target
 from geosearch.search.trial_loop import Searcher, trial_seeds
 from geosearch.search.workers import run_workers, share_cpu
 
@@ -97,11 +100,12 @@ class _OptunaObjects:
 
 
 def _study_attrs(space: SearchSpace) -> dict[str, Any]:
-    """The study attrs of a new study: its space, version, rules and proxy run."""
+    """The study attrs of a new study: its space, version, rules, proxy run, target, rungs."""
     d = space.to_dict()
     proxy = dict(d["proxy"])
     proxy.update(repeats=space.repeats, seeds=trial_seeds(space))
-    return {SPACE: d, GEOSEARCH_VERSION: __version__, RULES: d["rules"], PROXY: proxy}
+    return {SPACE: d, GEOSEARCH_VERSION: __version__, RULES: d["rules"], PROXY: proxy,
+            TARGET: resolve_target(space).record(), LADDER: ladder_record(plan_rungs(space))}
 
 
 def _check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> None:
@@ -110,6 +114,7 @@ def _check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> N
     if not isinstance(old, dict):
         return
     new = space.to_dict()
+    _check_horizon(study, old, new, run_dir)
     for key in _IDENTITY_KEYS:
         a, b = old.get(key), new.get(key)
         if key == "proxy" and isinstance(a, dict) and isinstance(b, dict):
@@ -128,6 +133,25 @@ def _check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> N
                 source=str(run_dir), key=key)
 
 
+
+
+def _check_horizon(study: optuna.Study, old: dict[str, Any], new: dict[str, Any],
+                   run_dir: Path) -> None:
+    """The target and the ladder are part of what a study measures: the target sets the
+    pruner's forecast and the rungs, the top rung the values. A study from before them had
+    one rung and no target; with one rung the ladder's limits are unused."""
+    name = study.study_name
+    if "target" in old and old["target"] != new["target"]:
+        raise ConfigError(
+            f"study {name!r} was created for the target {old['target']!r}, not {new['target']!r}: "
+            "another target is another question; start a new study with --study NAME, or rerun "
+            "with the study's target (--target-steps ...) to resume it", source=str(run_dir),
+            key="target")
+    a, b = old.get("ladder", {"rungs": 1}), new["ladder"]
+    if a != b and not a.get("rungs") == b["rungs"] == 1:
+        raise ConfigError(f"study {name!r} was created with the ladder {a!r}, not {b!r}; rerun "
+                          "with the same ladder to resume it, or start a new study with --study "
+                          "NAME", source=str(run_dir), key="ladder")
 
 
 def preflight(space: SearchSpace) -> None:

@@ -1,11 +1,12 @@
-"""The trial loop of one process: ask for a trial, guard it, train each seed, tell.
+"""The trial loop of one process: ask for a trial, guard it, train each rung and seed, tell.
 
 :class:`Searcher` asks the study for a trial, skips it when the budget is taken or it
-repeats a scored point, trains the proxy run once per seed (reporting validation losses,
-recording probes and asking the pruner at each record), and tells the study the outcome
-with its user attrs; a trial's exception fails that trial, not the search. A Ctrl-C fails
-the trial and queues its point again. Trial outcomes and repeats are described in
-``docs/design.md`` ("The study").
+repeats a scored point, trains the proxy run once per seed at each rung of the Σ η ladder
+(:mod:`geosearch.search.target`; one rung unless the space asks for more), reporting
+validation losses, recording probes with their Σ η and asking the pruner at each record,
+and tells the study the outcome with its user attrs; a trial's exception fails that
+trial, not the search. A Ctrl-C fails the trial and queues its point again. Trial
+outcomes, repeats and the ladder are described in ``docs/design.md`` ("The study").
 """
 
 from __future__ import annotations
@@ -46,20 +47,26 @@ from geosearch.search.records import (
     FAILED,
     HEARTBEAT,
     INTERRUPTED,
+    LOGIT_SCALE,
     MAX_LOGIT,
     MEAN_STEP_MS,
     NUM_PROCESSES,
-    PROBE_FIELDS,
     PROBE_HISTORY,
     PRUNE_REASON,
+    PRUNED_RUNG,
     PRUNED_SEED,
     QUEUED,
+    RUNG_LOSSES,
+    RUNG_PROBES,
     RUNNING,
     SEEDS,
     SIGMA_MAX,
     SKIPPED,
     STATUS,
     STOP_STEP,
+    TARGET_LOGIT_SCALE,
+    TARGET_STEPS,
+    TARGET_SUM_ETA,
     TOKENS_PER_S,
     TRIAL_DIR,
     UNSTABLE,
@@ -69,8 +76,17 @@ from geosearch.search.records import (
     WORKER,
     json_safe,
 )
+from geosearch.search.pruners import probe_row
 from geosearch.search.space import SearchSpace, Suggestion
 from geosearch.search.storage import TRACEBACK_FILE, TRIALS_DIR
+from geosearch.search.target import (
+    model_logit_scale,
+    plan_rungs,
+    probe_sum_eta,
+    resolve_target,
+    rung_dir,
+    rung_run,
+)
 
 __all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_FAILURES_IN_A_ROW", "Searcher", "trial_seeds"]
 
@@ -118,6 +134,13 @@ class Searcher:
         self.failures_in_a_row = 0
         self.duplicates_in_a_row = 0
         self.owner = Owner(run_dir)
+        self.rungs = plan_rungs(space)
+        target = resolve_target(space)
+        # what the pruner's forecast reads on each trial (geosearch.search.pruners)
+        self.target_attrs = {
+            TARGET_SUM_ETA: target.sum_eta, TARGET_STEPS: target.steps,
+            LOGIT_SCALE: model_logit_scale(space.proxy.model, space.proxy.model_args),
+            TARGET_LOGIT_SCALE: model_logit_scale(target.model, target.model_args)}
 
     # ------------------------------------------------------------------ loop
     def run(self, timeout: float | None, on_trial: Callable[[FrozenTrial], None]) -> str:
@@ -201,9 +224,8 @@ class Searcher:
 
     def _train_trial(self, trial: optuna.Trial, suggestion: Suggestion) -> int:
         n = trial.number
-        assignment = suggestion.assignment()
-        resolved = assignment.resolve()
-        seeds = trial_seeds(self.space)
+        resolved = suggestion.assignment().resolve()
+        seeds, rungs = trial_seeds(self.space), self.rungs
         trial_dir = self.run_dir / TRIALS_DIR / str(n)
         for key, value in {
             # the reason first: a worker killed between the two writes leaves a reason
@@ -217,24 +239,14 @@ class Searcher:
             TRIAL_DIR: f"{TRIALS_DIR}/{n}",
             PROBE_HISTORY: [],
             NUM_PROCESSES: self.group.world if self.group else 1,
+            **self.target_attrs,
         }.items():
             trial.set_user_attr(key, value)
 
-        results: list[TrainResult] = []
-        first_history: list[dict] = []
         heartbeat = Heartbeat(trial, min(HEARTBEAT_EVERY, self.stale_after / 4))
         try:
             with heartbeat:
-                for r, seed in enumerate(seeds):
-                    out_dir = trial_dir if len(seeds) == 1 else trial_dir / f"seed{seed}"
-                    config = self.space.train_config(suggestion, repeat=r)
-                    result = self._train(config, assignment, callback=self._callback(trial, r, heartbeat),
-                                         out_dir=out_dir)
-                    results.append(result)
-                    if r == 0:
-                        first_history = result.probe_history
-                    if result.status != "completed":  # TrainResult.status
-                        break
+                results, probes = self._train_rungs(trial, suggestion, trial_dir, heartbeat)
             if heartbeat.lost.is_set():
                 raise TrialLost
         except KeyboardInterrupt:
@@ -258,13 +270,17 @@ class Searcher:
             self._finish(trial, TrialState.FAIL, {STATUS: FAILED, FAIL_REASON: message})
             return self._after_failure(n, message)
 
-        last = results[-1]
-        prefix = f"seed {seeds[len(results) - 1]}: " if len(seeds) > 1 else ""
-        common = self._run_attrs(results, first_history)
+        last, rung, seed = results[-1][-1], rungs[len(results) - 1], seeds[len(results[-1]) - 1]
+        where = ([f"rung {rung.index} (Σ η {rung.sum_eta:.3g})"] if len(rungs) > 1 else []) + (
+            [f"seed {seed}"] if len(seeds) > 1 else [])
+        prefix = ", ".join(where) + ": " if where else ""
+        common = self._run_attrs(results, probes)
         if last.status == "unstable":
-            if len(results) > 1:
-                common[PRUNED_SEED] = seeds[len(results) - 1]
-                common[PROBE_HISTORY] = last.probe_history
+            if len(seeds) > 1:
+                common[PRUNED_SEED] = seed
+            if len(rungs) > 1:
+                common[PRUNED_RUNG] = rung.index
+            common[PROBE_HISTORY] = probes[-1][-1]  # the pruned run's
             self._finish(trial, TrialState.PRUNED, {
                 STATUS: UNSTABLE, PRUNE_REASON: prefix + (last.reason or "unstable"),
                 STOP_STEP: last.stop_step, **common})
@@ -275,7 +291,7 @@ class Searcher:
             self._finish(trial, TrialState.FAIL, {STATUS: FAILED, FAIL_REASON: message,
                                                   STOP_STEP: last.stop_step, **common})
             return self._after_failure(n, message)
-        losses = [r.final_val_loss for r in results]
+        losses = [r.final_val_loss for r in results[-1]]  # the top rung's
         if any(v is None or not math.isfinite(v) for v in losses):
             self._finish(trial, TrialState.PRUNED, {
                 STATUS: UNSTABLE, PRUNE_REASON: "no finite final validation loss", **common})
@@ -287,6 +303,31 @@ class Searcher:
         self.failures_in_a_row = 0
         return n
 
+    def _train_rungs(self, trial: optuna.Trial, suggestion: Suggestion, trial_dir: Path,
+                     heartbeat: Heartbeat) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
+        """Train each seed at each rung, lowest first, until a run does not complete.
+
+        Returns:
+            Per rung reached, per seed run: its result, and the probe rows it recorded.
+        """
+        results: list[list[TrainResult]] = []
+        probes: list[list[list[dict]]] = []
+        seeds, rungs = trial_seeds(self.space), self.rungs
+        for rung in rungs:
+            results.append([])
+            probes.append([])
+            for r, seed in enumerate(seeds):
+                config, assignment = rung_run(self.space, suggestion, r, rung)
+                rows: list[dict] = []
+                callback = self._callback(trial, rows, probe_sum_eta(config, assignment), heartbeat,
+                                          report=rung.index == 0 and r == 0)
+                out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
+                results[-1].append(self._train(config, assignment, callback=callback, out_dir=out_dir))
+                probes[-1].append(rows)
+                if results[-1][-1].status != "completed":  # TrainResult.status
+                    return results, probes
+        return results, probes
+
     def _after_failure(self, number: int, message: str) -> int:
         self.failures_in_a_row += 1
         if self.failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
@@ -295,18 +336,23 @@ class Searcher:
                 f"{message}; see {self.run_dir / TRIALS_DIR / str(number)}")
         return number
 
-    def _run_attrs(self, results: list[TrainResult], first_history: list[dict]) -> dict[str, Any]:
-        """The attrs of a trained trial whatever its outcome: probes, speed, last max logit."""
-        first = results[0]
+    def _run_attrs(self, results: list[list[TrainResult]],
+                   probes: list[list[list[dict]]]) -> dict[str, Any]:
+        """The attrs of a trained trial whatever its outcome: the first seed's probes at the
+        last rung it reached (and at every rung), speed, last max logit, losses per rung."""
+        first = results[-1][0]
         probed = [m for m in first.history if m.get("max_logit") is not None]
-        speeds = [r.mean_step_ms for r in results if math.isfinite(r.mean_step_ms)]
-        tokens = [r.tokens_per_s for r in results if math.isfinite(r.tokens_per_s)]
+        runs = [r for rung in results for r in rung]
+        speeds = [r.mean_step_ms for r in runs if math.isfinite(r.mean_step_ms)]
+        tokens = [r.tokens_per_s for r in runs if math.isfinite(r.tokens_per_s)]
         return {
-            PROBE_HISTORY: first_history,
+            PROBE_HISTORY: probes[-1][0],
             MEAN_STEP_MS: sum(speeds) / len(speeds) if speeds else None,
             TOKENS_PER_S: sum(tokens) / len(tokens) if tokens else None,
             MAX_LOGIT: probed[-1]["max_logit"] if probed else None,
             SIGMA_MAX: probed[-1].get("sigma_max") if probed else None,
+            RUNG_LOSSES: [[r.final_val_loss for r in rung] for rung in results],
+            RUNG_PROBES: [rung[0] for rung in probes],
         }
 
     def _finish(self, trial: optuna.Trial, state: TrialState, attrs: dict[str, Any], *,
@@ -346,10 +392,11 @@ class Searcher:
             return self.group.train(train, config, assignment, **kwargs)
         return train(config, assignment, **kwargs)
 
-    def _callback(self, trial: optuna.Trial, repeat: int,
-                  heartbeat: Heartbeat) -> Callable[[int, dict], str | None]:
-        """Reports, probes and the pruner's verdict for one seed's run."""
-        history: list[dict] = []
+    def _callback(self, trial: optuna.Trial, history: list[dict], sum_eta: Callable[[int], float],
+                  heartbeat: Heartbeat, *, report: bool) -> Callable[[int, dict], str | None]:
+        """Reports (``report``: the first seed at rung 0 only, as Optuna keeps one value per
+        step), probes (appended to ``history``, with their Σ η) and the pruner's verdict for
+        one run."""
         pruner = self.study.pruner
 
         def callback(step: int, metrics: dict) -> str | None:
@@ -358,10 +405,10 @@ class Searcher:
             if _CTRL_C.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see _ctrl_c_latch)
                 raise KeyboardInterrupt
             try:
-                if repeat == 0 and metrics.get("val_loss") is not None:
+                if report and metrics.get("val_loss") is not None:
                     trial.report(float(metrics["val_loss"]), step)
                 if metrics.get("max_logit") is not None:
-                    history.append({k: json_safe(metrics.get(k)) for k in PROBE_FIELDS})
+                    history.append(json_safe(probe_row(metrics, sum_eta=sum_eta(step))))
                     trial.set_user_attr(PROBE_HISTORY, list(history))
             except optuna.exceptions.UpdateFinishedTrialError:
                 raise TrialLost from None
