@@ -199,3 +199,15 @@ def small_kwargs(source: HFSource, args: Mapping[str, Any]) -> dict[str, Any]:
     if "use_cache" in defaults:
         out["use_cache"] = False
     return out
+
+
+def directory_kwargs(source: HFSource, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Config fields for ``hf:PATH``: its ``config.json`` as written, no KV cache. When
+    ``args`` change the depth, the file's per-layer lists (``layer_types``, ...: lists as
+    long as its ``num_hidden_layers``) are left out, so the config derives them again."""
+    base = dict(source.base)
+    depth = source.real_name("num_hidden_layers")
+    if depth in args and isinstance(base.get(depth), int):
+        base = {k: v for k, v in base.items() if not (isinstance(v, list) and len(v) == base[depth])}
+    return {**base, "use_cache": False}
+

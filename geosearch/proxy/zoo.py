@@ -49,7 +49,14 @@ from torch import nn
 
 from geosearch.errors import ConfigError
 from geosearch.modules import ModuleRule
-from geosearch.proxy.hf_configs import SIZE_FIELDS, HFSource, default_config, hf_source, small_kwargs
+from geosearch.proxy.hf_configs import (
+    SIZE_FIELDS,
+    HFSource,
+    default_config,
+    directory_kwargs,
+    hf_source,
+    small_kwargs,
+)
 from geosearch.proxy.model import GPT, make_config
 from geosearch.proxy.qk import QK_SOURCES, detect_qk_source
 from geosearch.rule_inference import model_rules
@@ -328,7 +335,7 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
         own = {block_field: block_size or DEFAULT_BLOCK_SIZE} if block_field else {}
         if source.base:  # a directory's config.json, as written; T the proxy's unless given
             own = {block_field: block_size} if block_field and block_size else {}
-            kwargs = {**source.base, "use_cache": False, **own, **args}
+            kwargs = {**directory_kwargs(source, args), **own, **args}
         else:
             kwargs = {**small_kwargs(source, args), "vocab_size": vocab_size, **own, **args}
         size_fields = [f for f in (*map(source.real_name, SIZE_FIELDS), block_field) if f in kwargs]
