@@ -24,11 +24,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.report import ReportFiles
 
 
-_MODEL_HELP = ("the model: a proxy preset (tiny, small, gpt2), hf:gpt2 or hf:llama (Hugging Face, "
+_MODEL_HELP = ("the model: a proxy preset (tiny, small, gpt2), hf:gpt2, hf:llama, hf:MODEL_TYPE (e.g. "
+               "hf:mistral, hf:qwen2, hf:gemma, hf:phi3) or hf:PATH (a directory with config.json) (Hugging Face, "
                "random weights, no download), or py:MODULE:FACTORY (your own nn.Module)")
 _MODEL_ARG_HELP = ("override a model field, e.g. n_layer=2 (presets, hf:gpt2), num_hidden_layers=2 "
                    "(hf:llama), block_size=64 (any); repeatable")
-_RULES_DEFAULT = "nanogpt for the presets, gpt2 for hf:gpt2, llama for hf:llama"
+_RULES_DEFAULT = ("nanogpt for the presets, gpt2 for hf:gpt2, llama for hf:llama; for other hf: models the "
+                  "registered rule set that fits, else rules read off their module names")
 _TOKENIZER_HELP = ("a Hugging Face tokenizer.json (or a directory holding one) to encode the text with; "
                    "the vocabulary size is then the tokenizer's")
 

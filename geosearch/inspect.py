@@ -154,7 +154,8 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
     """
     searched = load_space(space) if space is not None else None
     if model is None and searched is None:
-        raise ConfigError("give --model SPEC (tiny, small, gpt2, hf:gpt2, hf:llama, py:MODULE:FACTORY) "
+        raise ConfigError("give --model SPEC (tiny, small, gpt2, hf:gpt2, hf:llama, hf:MODEL_TYPE, hf:PATH, "
+                          "py:MODULE:FACTORY) "
                           "or --space FILE", source="inspect")
     args = dict(searched.proxy.model_args) if searched is not None and model is None else {}
     args.update(model_args or {})

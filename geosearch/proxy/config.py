@@ -33,8 +33,8 @@ class TrainConfig:
 
     model: str = "small"
     """The model to train: a proxy preset name (``tiny``, ``small``, ``gpt2``), ``hf:gpt2``,
-    ``hf:llama`` (Hugging Face, random weights, no download) or ``py:module:factory``
-    (your own ``nn.Module``); see :mod:`geosearch.proxy.zoo`."""
+    ``hf:llama``, ``hf:MODEL_TYPE``, ``hf:PATH`` (Hugging Face, random weights, no download)
+    or ``py:module:factory`` (your own ``nn.Module``); see :mod:`geosearch.proxy.zoo`."""
     model_args: dict[str, Any] = field(default_factory=dict)
     """Model field overrides: a preset's ``GPTConfig`` fields (``{"n_layer": 2}``), a Hugging
     Face config's fields or their aliases (``{"num_hidden_layers": 2}``), or the factory's

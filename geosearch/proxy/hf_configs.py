@@ -8,7 +8,8 @@ out), made from its config class at the ``small`` proxy's size while keeping the
 own proportions (:func:`small_kwargs`); ``hf:PATH`` takes a local directory holding a
 ``config.json`` (a checkpoint's, say) and builds that architecture as written. Either way
 the weights are random and nothing is downloaded. :class:`HFSource` is what
-:mod:`geosearch.proxy.zoo` needs from either to make the config and the model.
+:mod:`geosearch.proxy.zoo` needs from either to make the config and the model, and
+:func:`check_heads` checks the head counts of any of them.
 """
 
 from __future__ import annotations
@@ -211,3 +212,17 @@ def directory_kwargs(source: HFSource, args: Mapping[str, Any]) -> dict[str, Any
         base = {k: v for k, v in base.items() if not (isinstance(v, list) and len(v) == base[depth])}
     return {**base, "use_cache": False}
 
+
+def check_heads(spec: str, config: Any, explicit_head_dim: bool) -> None:
+    """Width and head counts that fit together (the configs do not check this themselves)."""
+    width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if not isinstance(width, int) or not isinstance(heads, int) or heads < 1:
+        return  # no attention heads (a state-space model, say): nothing to check
+    if not explicit_head_dim and width % heads:
+        raise ConfigError(f"model {spec!r}: width {width} is not a multiple of {heads} heads",
+                          source=_SOURCE, key="model_args")
+    kv = getattr(config, "num_key_value_heads", None)
+    if kv is not None and (kv < 1 or heads % kv):
+        raise ConfigError(f"model {spec!r}: {heads} attention heads do not split into groups for "
+                          f"num_key_value_heads={kv}; it must divide the heads", source=_SOURCE,
+                          key="model_args.num_key_value_heads")

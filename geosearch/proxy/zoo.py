@@ -52,6 +52,7 @@ from geosearch.modules import ModuleRule
 from geosearch.proxy.hf_configs import (
     SIZE_FIELDS,
     HFSource,
+    check_heads,
     default_config,
     directory_kwargs,
     hf_source,
@@ -148,8 +149,8 @@ def build_model(spec: str, *, vocab_size: int, block_size: int | None = None,
     Seed torch before calling for a reproducible initialisation.
 
     Args:
-        spec: ``tiny``/``small``/``gpt2``, ``hf:gpt2``, ``hf:llama``, or
-            ``py:package.module:factory`` (:func:`model_spec_names`).
+        spec: ``tiny``/``small``/``gpt2``, ``hf:gpt2``, ``hf:llama``, ``hf:<model_type>``,
+            ``hf:PATH`` or ``py:package.module:factory`` (:func:`model_spec_names`).
         vocab_size: the data's vocabulary size; ``model_args["vocab_size"]`` may raise it.
         block_size: context length when ``model_args`` does not set one; None = the
             preset's, else :data:`DEFAULT_BLOCK_SIZE`.
@@ -354,7 +355,7 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
         raise ConfigError(f"model {spec!r} is an encoder-decoder; geosearch trains decoder-only causal LMs",
                           source=_SOURCE, key="model")
     _check_vocab(spec, vocab_size, getattr(config, "vocab_size", None))
-    _check_heads(spec, config, "head_dim" in args or "head_dim" in (source.base if source else {}))
+    check_heads(spec, config, "head_dim" in args or "head_dim" in (source.base if source else {}))
     if context is None and block_field is not None:
         context = int(getattr(config, block_field))
         if source is not None and source.base and block_field not in args and not block_size:
@@ -375,21 +376,6 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
         return BuiltModel(model, spec, kind, rules, int(context), int(config.vocab_size), qk_source,
                           _plain(config.to_diff_dict()))
     return build
-
-
-def _check_heads(spec: str, config: Any, explicit_head_dim: bool) -> None:
-    """Width and head counts that fit together (the configs do not check this themselves)."""
-    width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
-    if not isinstance(width, int) or not isinstance(heads, int) or heads < 1:
-        return  # no attention heads (a state-space model, say): nothing to check
-    if not explicit_head_dim and width % heads:
-        raise ConfigError(f"model {spec!r}: width {width} is not a multiple of {heads} heads",
-                          source=_SOURCE, key="model_args")
-    kv = getattr(config, "num_key_value_heads", None)
-    if kv is not None and (kv < 1 or heads % kv):
-        raise ConfigError(f"model {spec!r}: {heads} attention heads do not split into groups for "
-                          f"num_key_value_heads={kv}; it must divide the heads", source=_SOURCE,
-                          key="model_args.num_key_value_heads")
 
 
 def _plain(x: Any) -> Any:
