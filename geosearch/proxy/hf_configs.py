@@ -51,6 +51,7 @@ class HFSource:
         model_class: name of its causal-LM class in ``transformers``.
         model_type: the config's ``model_type`` (the :class:`BuiltModel` family).
         base: the config a directory holds (empty for a model type: :func:`small_kwargs`).
+        directory: the directory of ``hf:PATH``, None for a model type.
         fields: the config's fields (its defaults, and what ``config.json`` sets).
         block_field: the field holding the context length, None when there is none.
     """
@@ -60,6 +61,7 @@ class HFSource:
     model_class: str
     model_type: str
     base: dict[str, Any] = field(default_factory=dict)
+    directory: str | None = None
     fields: frozenset[str] = frozenset()
     block_field: str | None = None
 
@@ -76,7 +78,7 @@ def is_path(target: str) -> bool:
     return "/" in target or os.sep in target or target.startswith((".", "~"))
 
 
-def causal_lm_types(transformers: Any) -> list[str]:
+def causal_lm_types() -> list[str]:
     """The model types ``hf:<model_type>`` takes: causal LMs that are neither masked-LM
     encoders (BERT, ...) nor sequence-to-sequence models (BART, ...)."""
     from transformers.models.auto import modeling_auto as auto
@@ -96,7 +98,7 @@ def hf_source(spec: str, target: str, transformers: Any, allowed: list[str]) -> 
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    types = causal_lm_types(transformers)
+    types = causal_lm_types()
     base: dict[str, Any] = {}
     label = None
     if is_path(target):
@@ -115,12 +117,12 @@ def hf_source(spec: str, target: str, transformers: Any, allowed: list[str]) -> 
             hint = f" (did you mean {', '.join('hf:' + t for t in near)}?)" if near else ""
             raise ConfigError(f"unknown Hugging Face model {spec!r}{hint}: hf:MODEL_TYPE takes a decoder-only "
                               f"causal LM type of transformers {transformers.__version__} (e.g. mistral, "
-                              "qwen2, gemma, phi3), hf:PATH a directory holding config.json",
+                              "qwen2, gemma, phi3), hf:PATH a directory holding config.json (hf:./DIR for one here)",
                               source=_SOURCE, key="model", allowed=allowed)
     config_class = CONFIG_MAPPING[model_type]
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
     fields = frozenset(default_config(config_class).to_dict()) | frozenset(base)
-    source = HFSource(label or config_class.__name__, config_class, model_class, model_type, base, fields)
+    source = HFSource(label or config_class.__name__, config_class, model_class, model_type, base, label, fields)
     source.block_field = next((f for f in map(source.real_name, BLOCK_FIELDS) if f is not None), None)
     return source
 

@@ -334,7 +334,7 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
         size_fields = family.size_fields
     else:
         own = {block_field: block_size or DEFAULT_BLOCK_SIZE} if block_field else {}
-        if source.base:  # a directory's config.json, as written; T the proxy's unless given
+        if source.directory:  # a directory's config.json, as written; T the proxy's unless given
             own = {block_field: block_size} if block_field and block_size else {}
             kwargs = {**directory_kwargs(source, args), **own, **args}
         else:
@@ -358,7 +358,7 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
     check_heads(spec, config, "head_dim" in args or "head_dim" in (source.base if source else {}))
     if context is None and block_field is not None:
         context = int(getattr(config, block_field))
-        if source is not None and source.base and block_field not in args and not block_size:
+        if source is not None and source.directory and block_field not in args and not block_size:
             context = min(context, DEFAULT_BLOCK_SIZE)  # config.json's positions: the model's reach
     context = context or block_size or DEFAULT_BLOCK_SIZE
 
