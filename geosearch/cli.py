@@ -24,11 +24,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.report import ReportFiles
 
 
-_MODEL_HELP = ("the model: a proxy preset (tiny, small, gpt2), hf:gpt2 or hf:llama (Hugging Face, "
+_MODEL_HELP = ("the model: a proxy preset (tiny, small, gpt2), hf:gpt2, hf:llama, hf:MODEL_TYPE (e.g. "
+               "hf:mistral, hf:qwen2, hf:gemma, hf:phi3) or hf:PATH (a directory with config.json) (Hugging Face, "
                "random weights, no download), or py:MODULE:FACTORY (your own nn.Module)")
 _MODEL_ARG_HELP = ("override a model field, e.g. n_layer=2 (presets, hf:gpt2), num_hidden_layers=2 "
                    "(hf:llama), block_size=64 (any); repeatable")
-_RULES_DEFAULT = "nanogpt for the presets, gpt2 for hf:gpt2, llama for hf:llama"
+_RULES_DEFAULT = ("nanogpt for the presets, gpt2 for hf:gpt2, llama for hf:llama; for other hf: models the "
+                  "registered rule set that fits, else rules read off their module names")
+_TOKENIZER_HELP = ("a Hugging Face tokenizer.json (or a directory holding one) to encode the text with; "
+                   "the vocabulary size is then the tokenizer's")
 
 
 def _key_values(items: Sequence[str], flag: str) -> dict:
@@ -78,6 +82,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    help=f"the rule set --assign's module types refer to (default: the model's: {_RULES_DEFAULT}; "
                         "nanogpt for py: models)")
     p.add_argument("--data", metavar="PATH", help="corpus file or directory (default: built-in text)")
+    p.add_argument("--tokenizer", metavar="PATH", help=_TOKENIZER_HELP + " (default: bytes, vocab 256)")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="global batch in sequences")
     p.add_argument("--lr", type=float, help="AdamW learning rate (default 6e-4)")
@@ -92,7 +97,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
-_TRAIN_FIELDS = ("model", "data", "steps", "batch_size", "lr", "spectral_lr", "solver",
+_TRAIN_FIELDS = ("model", "data", "tokenizer", "steps", "batch_size", "lr", "spectral_lr", "solver",
                  "eval_every", "probe_every", "seed", "device", "mixed_precision")
 """Flags of ``geosearch train`` that set the TrainConfig field of the same name."""
 
@@ -149,6 +154,9 @@ def _add_search(p: argparse.ArgumentParser) -> None:
                    help=_MODEL_HELP + " (default: the space's; a space that names no rules takes the "
                         f"model's: {_RULES_DEFAULT})")
     p.add_argument("--data", metavar="PATH", help="corpus file or directory (default: the space's)")
+    p.add_argument("--tokenizer", metavar="PATH", help=_TOKENIZER_HELP + " (default: the space's)")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help=_MODEL_ARG_HELP + "; sets proxy.model_args.KEY")
     p.add_argument("--study", "--study-name", metavar="NAME", help="study name (default: the space's name)")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
                    help="the study runs in DIR/<study>/ (default: runs)")
@@ -191,9 +199,11 @@ def _run_search(args: argparse.Namespace) -> int:
     from geosearch.search.study import run_search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _key_values(args.model_arg, "--model-arg")  # checked here: the message names the flag
+    model_args = [f"proxy.model_args.{item.strip()}" for item in args.model_arg]
     space = apply_overrides(
-        load_space(args.space), args.set, trials=args.trials, timeout=args.timeout,
-        steps=args.steps, model=args.model, data=args.data, batch_size=args.batch_size,
+        load_space(args.space), [*args.set, *model_args], trials=args.trials, timeout=args.timeout,
+        tokenizer=args.tokenizer, steps=args.steps, model=args.model, data=args.data, batch_size=args.batch_size,
         device=args.device, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
         name=args.study, target_steps=args.target_steps,
         target_spectral_lr=args.target_spectral_lr, target_model=args.target_model)

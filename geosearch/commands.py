@@ -49,7 +49,7 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     config = _config(config_file, fields, model_args)
     if assign is not None:
         # the module types of --assign are the model's (hf:llama: attn_q, ..., mlp_gate)
-        assignment = Assignment.parse(assign, rules=rules or default_rules(config.model) or "nanogpt")
+        assignment = Assignment.parse(assign, rules=rules or default_rules(config.model, config.model_args) or "nanogpt")
         source = "--assign"
     else:
         if rules is not None:

@@ -2,8 +2,9 @@
 
 Before a search, it helps to see what the rules make of a model: which parameter each rule
 matches and with which layout, which hidden weight no rule matches (it would be trained
-with AdamW), which registered rule sets fit the model at all, and which geometries a search
-space lets each module type take. :func:`describe_parameters` gives that as rows,
+with AdamW), which registered rule sets fit the model at all, the rules read off its module
+names when none does (:mod:`geosearch.rule_inference`), and which geometries a search space
+lets each module type take. :func:`describe_parameters` gives that as rows,
 :func:`fitting_rule_sets` lists the rule sets, and :func:`inspect_model` prints the table of
 ``geosearch inspect`` for a model spec or a search space, building the model on the meta
 device (no memory, no initialisation).
@@ -11,12 +12,14 @@ device (no memory, no initialisation).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import yaml
 from torch import nn
 
 from geosearch.assignment import Assignment, geometry_names, load_assignment
@@ -32,6 +35,7 @@ from geosearch.modules import (
 )
 from geosearch.plan import Plan, bind
 from geosearch.proxy.zoo import BuiltModel, build_meta_model
+from geosearch.rule_inference import infer_rules, rules_fit
 from geosearch.search.space import SearchSpace, load_space
 
 __all__ = ["ParamRow", "describe_parameters", "fitting_rule_sets", "inspect_model"]
@@ -40,15 +44,7 @@ __all__ = ["ParamRow", "describe_parameters", "fitting_rule_sets", "inspect_mode
 def fitting_rule_sets(model: nn.Module) -> list[str]:
     """Registered rule sets that fit ``model``: each rule matches, no hidden weight is left
     out, and layouts agree with the modules (``nn.Linear`` / ``Conv1D``)."""
-    names = []
-    for name in rule_set_names():
-        try:
-            match = match_parameters(model, name)
-        except ConfigError:
-            continue
-        if match.matched and not match.empty_rules and not match.unmatched_hidden:
-            names.append(name)
-    return names
+    return [name for name in rule_set_names() if rules_fit(model, name)]
 
 
 class ParamRow(NamedTuple):
@@ -164,7 +160,8 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
     """
     searched = load_space(space) if space is not None else None
     if model is None and searched is None:
-        raise ConfigError("give --model SPEC (tiny, small, gpt2, hf:gpt2, hf:llama, py:MODULE:FACTORY) "
+        raise ConfigError("give --model SPEC (tiny, small, gpt2, hf:gpt2, hf:llama, hf:MODEL_TYPE, hf:PATH, "
+                          "py:MODULE:FACTORY) "
                           "or --space FILE", source="inspect")
     args = dict(searched.proxy.model_args) if searched is not None and model is None else {}
     args.update(model_args or {})
@@ -179,8 +176,10 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
         rule_seq, rules_name = None, None
     built = build_meta_model(spec, vocab_size=256, model_args=args)
     fitting = fitting_rule_sets(built.model)
-    if rule_seq is None and built.rules is not None:
+    if rule_seq is None and isinstance(built.rules, str):
         rule_seq, rules_name = get_rule_set(built.rules), f"rule set {built.rules!r} (the model's)"
+    elif rule_seq is None and built.rules:  # an hf: model no registered rule set fits
+        rule_seq, rules_name = built.rules, "the rules read off its module names (the model's)"
     elif rule_seq is None:  # a py: model: show its parameters, so that rules can be written for it
         rule_seq = ()
 
@@ -210,6 +209,9 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
     print("module types: " + (", ".join(f"{t} ({n} weight{'s' if n > 1 else ''})" for t, n in counts.items())
                               or "none"))
     print("rule sets that fit this model: " + (", ".join(fitting) or "none registered; write rules"))
+    inferred = built.rules if isinstance(built.rules, tuple) else () if fitting else infer_rules(built.model)
+    if inferred:
+        print(_rules_yaml(inferred), end="")
     for r in rows:
         if r.role == "unassigned" and rules_name is not None:
             print(f"warning: 2-D weight {r.name!r} matches no rule of {rules_name}; it will be trained "
@@ -229,6 +231,15 @@ def _plan_of(model: nn.Module, assign: str, rules: str | Sequence[ModuleRule]) -
     if os.path.isfile(assign):
         return bind(model, load_assignment(assign), source="--assign")
     return bind(model, Assignment.parse(assign, rules=rules), source="--assign")
+
+
+def _rules_yaml(rules: Sequence[ModuleRule]) -> str:
+    """Rules read off module names as the ``rules:`` list of a search space, with a comment."""
+    defaults = {"split": (), "layout": "out_in"}  # left out, as a space may leave them
+    plain = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(r).items()
+              if k not in defaults or v != defaults[k]} for r in rules]
+    text = yaml.safe_dump({"rules": plain}, sort_keys=False, default_flow_style=None, width=120)
+    return "rules read off the module names (as a search space writes them):\n" + text
 
 
 def _print_table(rows: Sequence[ParamRow], space: SearchSpace | None) -> None:

@@ -170,16 +170,16 @@ def test_cache_reloads_an_edited_file(tmp_path):
 
 
 # --------------------------------------------------------------------------- token files
-def write_tokens(directory, train, val, meta=None, meta_name="meta.json"):
+def write_tokens(directory, train, val, meta=None, meta_name="meta.json", dtype=np.uint16):
     directory.mkdir(exist_ok=True)
-    np.asarray(train, dtype=np.uint16).tofile(directory / "train.bin")
-    np.asarray(val, dtype=np.uint16).tofile(directory / "val.bin")
+    np.asarray(train, dtype=dtype).tofile(directory / "train.bin")
+    np.asarray(val, dtype=dtype).tofile(directory / "val.bin")
     if meta is not None:
         (directory / meta_name).write_text(meta)
 
 
 def test_token_files_with_meta_json(tmp_path):
-    train = np.arange(0, 60000, 7)
+    train = np.arange(0, 50257, 7)  # ids below the vocabulary size (checked at load)
     write_tokens(tmp_path, train, [50000, 3, 2, 1], json.dumps({"vocab_size": 50257}))
     corpus = load_corpus(tmp_path)
     # Rule: uint16 ids round-trip; the vocab comes from meta.json; the splits are the two files.
@@ -207,6 +207,126 @@ def test_token_files_without_vocab_are_refused(tmp_path):
     with pytest.raises(ConfigError,
                        match=rf"{tmp_path}: no vocabulary size: write meta.json.*meta.pkl is not read"):
         load_corpus(tmp_path)
+
+
+def test_uint32_token_files_for_large_vocabularies(tmp_path):
+    train = [0, 70_000, 99_999, 65_536] * 8
+    write_tokens(tmp_path, train, [1, 99_999, 2], json.dumps({"vocab_size": 100_000, "dtype": "uint32"}),
+                 dtype=np.uint32)
+    corpus = load_corpus(tmp_path)
+    # Rule: dtype uint32 in meta.json reads 4-byte ids, above 65,535, exactly.
+    assert corpus.vocab_size == 100_000 and corpus.train.dtype == torch.uint32
+    assert corpus.train.long().tolist() == train and corpus.val.long().tolist() == [1, 99_999, 2]
+    x, y = get_batch(corpus.train, 3, 4, torch.Generator().manual_seed(0))
+    # Rule: batches are int64 ids that occur in the file, shifted by one.
+    assert x.dtype == torch.int64 and set(x.flatten().tolist()) <= set(train)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_token_dtype_and_vocab_limits_name_the_file(tmp_path):
+    write_tokens(tmp_path, range(10), range(10), json.dumps({"vocab_size": 10, "dtype": "int64"}))
+    # Rule: an unknown dtype names meta.json, the key and the allowed values.
+    with pytest.raises(ConfigError) as e:
+        load_corpus(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'meta.json'}: dtype: unknown token dtype 'int64' for train.bin "
+                            "and val.bin; expected one of: uint16, uint32")
+    write_tokens(tmp_path, range(10), range(10), json.dumps({"vocab_size": 70_000}))
+    # Rule: a vocabulary above 65,536 in uint16 files says which dtype it needs.
+    with pytest.raises(ConfigError, match=r'in \[1, 65536\] for uint16 tokens but got 70000 .*"dtype": "uint32"'):
+        load_corpus(tmp_path)
+    write_tokens(tmp_path, range(10), range(9), json.dumps({"vocab_size": 10, "dtype": "uint32"}), dtype=np.uint32)
+    (tmp_path / "val.bin").write_bytes(b"123456")
+    # Rule: a file that is not whole uint32 values is named.
+    with pytest.raises(ConfigError, match=r"val.bin: has 6 bytes; expected a non-empty array of uint32 "
+                                          r"token ids \(a multiple of 4 bytes\)"):
+        load_corpus(tmp_path)
+
+
+def test_token_ids_are_checked_against_the_vocabulary(tmp_path):
+    write_tokens(tmp_path, [1, 2, 3, 4], [5, 9, 7], json.dumps({"vocab_size": 8}))
+    # Rule: an id >= vocab_size is one error naming the file, the largest id and the vocab size.
+    with pytest.raises(ConfigError) as e:
+        load_corpus(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'val.bin'}: vocab_size: holds token id 9 but the "
+                                   "vocabulary has 8 ids (0..7)")
+    # Rule: a vocabulary that covers the largest id loads (the bound is strict: 9 < 10).
+    assert load_corpus(tmp_path, vocab_size=10).vocab_size == 10
+    # Rule: the scan reads in chunks and still finds the largest id in the last chunk.
+    ids = torch.zeros(100, dtype=torch.int64)
+    ids[-1] = 12
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(data_mod, "_ID_SCAN_CHUNK", 7)
+    try:
+        with pytest.raises(ConfigError, match="holds token id 12 but the vocabulary has 12 ids"):
+            data_mod._check_ids(ids.to(torch.uint16), 12, "x")
+    finally:
+        monkey.undo()
+
+
+# --------------------------------------------------------------------------- tokenizer
+def make_tokenizer(path, texts, vocab_size=300):
+    """A small byte-level BPE trained on ``texts``, saved as ``path`` (nothing downloaded)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+    return tok
+
+
+def test_text_encoded_with_a_tokenizer(tmp_path):
+    texts = [f"def f{i}(x):\n    return x * {i}  # café\n" * 5 for i in range(10)]
+    for i, t in enumerate(texts):
+        (tmp_path / "corpus").mkdir(exist_ok=True)
+        (tmp_path / "corpus" / f"m{i}.py").write_text(t)
+    tok = make_tokenizer(tmp_path / "tokenizer.json", texts)
+    corpus = load_corpus(tmp_path / "corpus", val_fraction=0.2, tokenizer=tmp_path / "tokenizer.json")
+    # Rule: the vocabulary is the tokenizer's, not 256; ids are the tokenizer's, file by file.
+    assert corpus.vocab_size == tok.get_vocab_size() > 256
+    ordered = sorted((tmp_path / "corpus").iterdir())
+    held = {4, 9}  # every 5th file for 0.2
+    expect_train = [i for n, p in enumerate(ordered) if n not in held for i in tok.encode(p.read_text()).ids]
+    expect_val = [i for n, p in enumerate(ordered) if n in held for i in tok.encode(p.read_text()).ids]
+    assert corpus.train.long().tolist() == expect_train and corpus.val.long().tolist() == expect_val
+    # Rule: decoding the ids gives the text back (UTF-8 included).
+    assert tok.decode(corpus.val.long().tolist()) == "".join(ordered[n].read_text() for n in sorted(held))
+    assert "tokens of" in corpus.source and str(tmp_path / "tokenizer.json") in corpus.source
+    # Rule: a directory holding tokenizer.json works as well.
+    assert load_corpus(tmp_path / "corpus", val_fraction=0.2, tokenizer=tmp_path).vocab_size == corpus.vocab_size
+    # Rule: one file splits by tokens: the last val_fraction of them.
+    one = load_corpus(ordered[0], val_fraction=0.25, tokenizer=tmp_path / "tokenizer.json")
+    ids = tok.encode(ordered[0].read_text()).ids
+    assert one.train.long().tolist() + one.val.long().tolist() == ids
+    assert len(one.val) == round(0.25 * len(ids))
+
+
+def test_tokenizer_sets_the_vocabulary_of_token_files(tmp_path):
+    make_tokenizer(tmp_path / "tokenizer.json", ["abc abd abe"] * 20)
+    write_tokens(tmp_path / "tok", range(50), range(20))  # no meta.json
+    # Rule: without meta.json the tokenizer gives the vocabulary size of token files.
+    corpus = load_corpus(tmp_path / "tok", tokenizer=tmp_path / "tokenizer.json")
+    assert corpus.vocab_size == data_mod._Tokenizer.load(tmp_path / "tokenizer.json").vocab_size
+
+
+def test_bad_tokenizers_name_the_file(tmp_path, monkeypatch):
+    (tmp_path / "c.txt").write_text("hello " * 50)
+    # Rule: a missing tokenizer names the path and the expected file.
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'nope.json'}: tokenizer: no such file; expected a "
+                                          "Hugging Face tokenizer.json"):
+        load_corpus(tmp_path / "c.txt", tokenizer=tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{}")
+    pytest.importorskip("tokenizers")
+    # Rule: a file that is no tokenizer is named.
+    with pytest.raises(ConfigError, match=r"bad.json: tokenizer: cannot read it as a Hugging Face tokenizer"):
+        load_corpus(tmp_path / "c.txt", tokenizer=tmp_path / "bad.json")
+    make_tokenizer(tmp_path / "tokenizer.json", ["hello"] * 10)
+    monkeypatch.setitem(__import__("sys").modules, "tokenizers", None)  # `import tokenizers` fails
+    # Rule: without the package, the error says which extra to install.
+    with pytest.raises(ConfigError, match=r"pip install 'geosearch\[tokenizers\]'"):
+        load_corpus(tmp_path / "c.txt", tokenizer=tmp_path / "tokenizer.json")
 
 
 # --------------------------------------------------------------------------- errors

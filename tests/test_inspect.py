@@ -84,3 +84,37 @@ def test_rules_of_another_family_are_an_error_listing_the_fitting_ones(capsys):
     # Rule: without a model or a space there is nothing to inspect.
     with pytest.raises(ConfigError, match="give --model SPEC"):
         inspect_model()
+
+
+def test_a_model_no_registered_set_fits_shows_the_rules_read_off_its_names(capsys):
+    pytest.importorskip("transformers", reason=HF_REASON)
+    import yaml
+
+    from geosearch.assignment import Assignment
+    from geosearch.modules import match_parameters
+
+    args = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48}
+    inspect_model("hf:phi3", model_args=args)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    # Rule: the table's types come from the rules read off the module names, blocks labelled.
+    assert lines[1] == "module types by the rules read off its module names (the model's)"
+    rows = {line.split()[0]: line.split(None, 2)[2] for line in lines[3:] if line.startswith("model.layers.0.")}
+    assert rows["model.layers.0.mlp.down_proj.weight"].startswith("mlp_out ")
+    assert "rule sets that fit this model: none registered; write rules" in lines
+    # Rule: those rules are printed as a search space writes them, and read back they match
+    # every hidden weight of the model (nothing left to AdamW).
+    text = out[out.index("rules read off the module names"):].split("\n", 1)[1]
+    rules = yaml.safe_load(text)["rules"]
+    assert [r["type"] for r in rules] == ["attn_qkv", "attn_out", "mlp_gate_up", "mlp_out"]
+    assignment = Assignment.parse("attn=stiefel,mlp=dgram", rules=rules)
+    model = build_meta_model("hf:phi3", vocab_size=256, model_args=args).model
+    match = match_parameters(model, assignment.rule_set())
+    assert not match.unmatched_hidden and not match.empty_rules
+    assert set(assignment.resolve()) == {"attn_q", "attn_k", "attn_v", "attn_out", "mlp_gate", "mlp_in",
+                                         "mlp_out"}
+    # Rule: a LLaMA-like family shows the registered set that fits it, and prints no inferred rules.
+    inspect_model("hf:mistral", model_args=args)
+    out = capsys.readouterr().out
+    assert "module types by rule set 'llama' (the model's)" in out and "read off" not in out
+    assert fitting_rule_sets(build_meta_model("hf:mistral", vocab_size=256, model_args=args).model) == ["llama"]

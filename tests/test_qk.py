@@ -14,12 +14,25 @@ HF_REASON = "Hugging Face transformers is not installed (pip install 'geosearch[
 T = 16
 
 # Tiny Hugging Face models: 2 layers, width 32-64. Llama with grouped-query attention.
+_GQA = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
 HF_ARGS = {
     "hf:gpt2": dict(n_layer=2, n_head=2, n_embd=32),
     "hf:gpt2-inverse-layer-scale": dict(n_layer=2, n_head=2, n_embd=32, scale_attn_by_inverse_layer_idx=True),
-    "hf:llama": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=96),
+    "hf:llama": _GQA,
+    # hf:<model_type> families sharing LLaMA's attention path, each with what it adds:
+    "hf:mistral": _GQA,
+    "hf:qwen2": _GQA,  # q/k/v biases
+    "hf:gemma": dict(_GQA, num_key_value_heads=1),  # multi-query
+    "hf:phi3": _GQA,  # fused qkv_proj [Q | K | V], K and V narrower
+    "hf:qwen3": _GQA,  # q_norm / k_norm per head
+    "hf:olmo2": _GQA,  # q_norm / k_norm over the whole width
+    "hf:olmo-clip": dict(_GQA, clip_qkv=0.05),  # q, k clamped
+    "hf:cohere-qk-norm": dict(_GQA, use_qk_norm=True),  # (nh, hd) norm weights, interleaved rotary
+    "hf:phi-qk-layernorm": dict(_GQA, num_key_value_heads=4, qk_layernorm=True),  # partial rotary
+    "hf:gpt_neox": dict(_GQA, num_key_value_heads=None),  # fused query_key_value per head, partial rotary
+    "hf:smollm3-nope": dict(_GQA, no_rope_layers=[1, 0]),  # layer 1 without rotary embeddings
 }
+HF_ARGS = {k: {a: v for a, v in args.items() if v is not None} for k, args in HF_ARGS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +54,20 @@ def recorder():
 
     transformers.AttentionInterface.register("geosearch_test_recording", recording)
     return calls
+
+
+def test_a_family_the_hooks_do_not_follow_has_no_source():
+    pytest.importorskip("transformers", reason=HF_REASON)
+    from geosearch.proxy.zoo import build_meta_model
+
+    small = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2)
+    # Rule: soft-capped logits (Gemma 2), rotary embeddings applied inside the module by
+    # another function (GPT-J), Falcon's multi-query fused layout and absolute positions
+    # (OPT) are not LLaMA's path: no source, rather than wrong logits.
+    for spec, args in (("hf:gemma2", dict(small, num_key_value_heads=1)), ("hf:gptj", {"n_layer": 1}),
+                       ("hf:falcon", small), ("hf:opt", dict(small, ffn_dim=64))):
+        model = build_meta_model(spec, vocab_size=256, model_args=args).model
+        assert detect_qk_source(model) is None, spec
 
 
 def _hf(key: str, **extra):

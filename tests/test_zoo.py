@@ -1,7 +1,9 @@
-"""Model specs: the proxy presets, Hugging Face GPT-2 / LLaMA, and a user's own model."""
+"""Model specs: the proxy presets, Hugging Face GPT-2 / LLaMA, other Hugging Face model types
+and config directories (``hf:<model_type>``, ``hf:PATH``), and a user's own model."""
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import sys
@@ -13,12 +15,14 @@ import torch
 from geosearch.assignment import Assignment
 from geosearch.errors import ConfigError
 from geosearch.inspect import describe_parameters
-from geosearch.modules import match_parameters
+from geosearch.modules import get_rule_set, match_parameters, module_types
 from geosearch.optim import build_optimizer
 from geosearch.proxy.model import GPT, make_config
 from geosearch.proxy.probes import WeightProbe, attention_stats
+from geosearch.proxy.specs import default_rules
 from geosearch.proxy.zoo import (
     BuiltModel,
+    build_meta_model,
     build_model,
     check_model_spec,
     lm_logits,
@@ -34,6 +38,13 @@ TINY = {
     "hf:llama": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=96),
 }
+# hf:<model_type> beyond the two registered families: 2 layers, width 64, 4 heads
+TYPES = {
+    f"hf:{t}": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=kv,
+                    intermediate_size=96)
+    for t, kv in (("mistral", 2), ("qwen2", 2), ("gemma", 1), ("phi3", 4))
+}
+LLAMA_TYPES = ["attn_q", "attn_k", "attn_v", "attn_out", "mlp_gate", "mlp_in", "mlp_out"]
 ASSIGN = "attn=stiefel,mlp=dgram"
 
 
@@ -57,17 +68,21 @@ def _batch(n: int = 4, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _tiny(spec: str, **extra) -> BuiltModel:
     torch.manual_seed(0)
-    return build_model(spec, vocab_size=256, block_size=T, model_args={**TINY[spec], **extra})
+    return build_model(spec, vocab_size=256, block_size=T, model_args={**{**TINY, **TYPES}[spec], **extra})
 
 
-# --------------------------------------------------------------------------- Hugging Face
-@pytest.mark.parametrize("spec", list(TINY))
-def test_hf_models_build_offline_and_start_at_uniform_loss(spec, hf, monkeypatch):
+def _offline(monkeypatch) -> None:
     def no_network(*args, **kwargs):
         raise OSError("network access attempted while building a model")
 
     monkeypatch.setattr(socket.socket, "connect", no_network)
     monkeypatch.setattr(socket, "create_connection", no_network)
+
+
+# --------------------------------------------------------------------------- Hugging Face
+@pytest.mark.parametrize("spec", list(TINY))
+def test_hf_models_build_offline_and_start_at_uniform_loss(spec, hf, monkeypatch):
+    _offline(monkeypatch)
     built = _tiny(spec)
     family = spec.split(":")[1]
     # Rule: the family's rule set and qk source, the data's vocabulary and context length.
@@ -120,6 +135,11 @@ def test_hf_rules_cover_every_hidden_weight_and_the_optimizer_keeps_constraints(
     # Rule: every 2-D hidden weight has a module type; every rule finds weights.
     assert match.unmatched_hidden == [] and match.empty_rules == []
     assert len(match.matched) == 2 * (4 if spec == "hf:gpt2" else 7)
+    _check_training_keeps_constraints(built)
+
+
+def _check_training_keeps_constraints(built: BuiltModel) -> None:
+    model = built.model
     assignment = Assignment.parse(ASSIGN, rules=built.rules)
     opt = build_optimizer(model, assignment, verbose=False)
     # Rule: every parameter is in exactly one group.
@@ -139,6 +159,132 @@ def test_hf_rules_cover_every_hidden_weight_and_the_optimizer_keeps_constraints(
     assert set(errors) == set(assignment.resolve()) and max(errors.values()) < 1e-3, errors
     # ... and the loss on the repeated batch went down.
     assert losses[-1] < losses[0]
+
+
+# --------------------------------------------------------------------------- hf:<model_type>, hf:PATH
+@pytest.mark.parametrize("spec", list(TYPES))
+def test_hf_model_types_build_offline_with_rules_probes_and_constraints(spec, hf, monkeypatch):
+    _offline(monkeypatch)
+    built = _tiny(spec)
+    model_type = spec.split(":")[1]
+    # Rule: the family is the model type; the data's vocabulary and context; no KV cache.
+    assert built.family == model_type and built.model.config.model_type == model_type
+    assert built.vocab_size == built.model.config.vocab_size == 256 and built.block_size == T
+    assert not built.model.config.use_cache
+    # Rule: LLaMA-like families take the registered llama rule set; Phi-3 (fused qkv_proj and
+    # gate_up_proj) gets rules read off its names with the same module types, split blocks.
+    if model_type == "phi3":
+        assert isinstance(built.rules, tuple) and module_types(built.rules) == LLAMA_TYPES
+        assert {r.type: r.split for r in built.rules if r.split} == {
+            "attn_qkv": ("attn_q", "attn_k", "attn_v"), "mlp_gate_up": ("mlp_gate", "mlp_in")}
+    else:
+        assert built.rules == "llama"
+    # Rule: their attention is probed (q, k hooked), so no warning is attached.
+    assert built.qk_source == "llama" and built.warnings == []
+    stats = attention_stats(built.model, _batch()[0], built.qk_source)
+    assert len(stats["max_logit_per_layer"]) == 2 and math.isfinite(stats["max_logit"])
+    import yaml
+
+    d = yaml.safe_load(yaml.safe_dump(built.describe()))  # Rule: describe() stays YAML-safe
+    assert d["family"] == model_type and d["warnings"] == []
+    _check_training_keeps_constraints(built)
+
+
+def test_hf_model_type_defaults_are_small_with_the_familys_ratios(hf):
+    def config(spec):
+        return build_meta_model(spec, vocab_size=256).model.config
+
+    mistral, phi3, gemma, opt = (config(f"hf:{t}") for t in ("mistral", "phi3", "gemma", "opt"))
+    # Rule: the small proxy's width, depth, heads and context; the data's vocabulary.
+    for c in (mistral, phi3, gemma):
+        assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings,
+                c.vocab_size) == (128, 4, 4, 128, 256)
+    # Rule: key-value heads and MLP width keep the family's ratios: Mistral 8 of 32 heads and
+    # 14336 / 4096; Phi-3 all heads and 8192 / 3072; Gemma's head_dim follows the width.
+    assert (mistral.num_key_value_heads, mistral.intermediate_size) == (1, 448)
+    assert (phi3.num_key_value_heads, phi3.intermediate_size) == (4, 341)
+    assert gemma.head_dim == 32 and gemma.intermediate_size == 1024
+    # Rule: dropout off (OPT's default is 0.1), no token ids, no KV cache.
+    assert opt.dropout == 0.0 and mistral.bos_token_id is None and mistral.eos_token_id is None
+    assert not mistral.use_cache
+    # Rule: what model_args set wins, and the ratios follow it.
+    c = build_meta_model("hf:mistral", vocab_size=256, model_args={"hidden_size": 64, "num_attention_heads": 8}).model.config
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size) == (
+        64, 8, 2, 8, 224)
+
+
+def test_hf_path_builds_the_config_json_as_written(hf, tmp_path, monkeypatch):
+    _offline(monkeypatch)
+    hf.Qwen2Config(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=80, vocab_size=300, max_position_embeddings=512).save_pretrained(tmp_path)
+    spec = f"hf:{tmp_path}"
+    built = build_model(spec, vocab_size=256)
+    c = built.model.config
+    # Rule: the architecture is the file's (width 48, vocabulary 300), random weights.
+    assert (built.family, type(built.model).__name__) == ("qwen2", "Qwen2ForCausalLM")
+    assert (c.hidden_size, c.num_hidden_layers, c.num_key_value_heads, c.intermediate_size, c.vocab_size) == (
+        48, 2, 2, 80, 300)
+    # Rule: the model reaches 512 positions; the proxy trains on the default context (128).
+    assert c.max_position_embeddings == 512 and built.block_size == 128
+    assert built.rules == "llama" and built.qk_source == "llama"
+    # Rule: model_args override the file; block_size sets both the field and the context.
+    other = build_model(spec, vocab_size=256, model_args={"num_hidden_layers": 1, "block_size": 64})
+    assert (other.model.config.num_hidden_layers, other.model.config.max_position_embeddings,
+            other.block_size) == (1, 64, 64)
+    # Rule: the data's vocabulary must fit the file's.
+    with pytest.raises(ConfigError, match="vocab_size 300 is smaller than the data's 512"):
+        build_model(spec, vocab_size=512)
+    # Rule: a directory without config.json, or of a model that is no causal LM, is named.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"no config.json in .*empty; hf:PATH takes a directory"):
+        check_model_spec(f"hf:{tmp_path / 'empty'}")
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ConfigError, match="has model_type 'bert', which is not a decoder-only causal LM"):
+        check_model_spec(f"hf:{tmp_path / 'bert'}")
+
+
+def test_unknown_and_encoder_decoder_types_are_refused(hf):
+    # Rule: a near miss names the close model types.
+    with pytest.raises(ConfigError, match=r"unknown Hugging Face model 'hf:mistrall' \(did you mean hf:mistral"):
+        check_model_spec("hf:mistrall")
+    # Rule: unknown fields list the config's own fields, as for the registered families.
+    with pytest.raises(ConfigError, match=r"unknown field 'n_layers' for model 'hf:qwen2' \(Qwen2Config\)") as e:
+        check_model_spec("hf:qwen2", {"n_layers": 2})
+    assert "num_hidden_layers" in e.value.allowed and "block_size" in e.value.allowed
+    with pytest.raises(ConfigError, match="num_key_value_heads=3; it must divide the heads"):
+        check_model_spec("hf:mistral", {"num_key_value_heads": 3})
+
+
+def test_a_model_the_probes_cannot_hook_is_built_with_a_warning(hf, caplog, monkeypatch):
+    from geosearch.proxy import zoo
+
+    monkeypatch.setattr(zoo, "_WARNED", set())  # as in a fresh process
+    args = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                intermediate_size=64)
+    with caplog.at_level(logging.WARNING, logger="geosearch"):
+        first = build_model("hf:gemma2", vocab_size=256, block_size=T, model_args=args)
+        again = build_meta_model("hf:gemma2", vocab_size=256, block_size=T, model_args=args)
+    # Rule: Gemma 2 soft-caps its attention logits: no q/k capture, and one warning line per
+    # process that says what is lost; the built model carries it (config.yaml records it).
+    assert first.qk_source is None and again.qk_source is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "geosearch"]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "cannot hook the queries and keys of Gemma2ForCausalLM" in lines[0]
+    assert "logit-growth pruner has no signal" in lines[0]
+    assert first.warnings == again.warnings == lines and first.describe()["warnings"] == lines
+
+
+def test_default_rules_of_hf_model_types(hf):
+    # Rule: registered families answer without building; others are built on the meta device.
+    assert default_rules("hf:llama") == "llama" and default_rules("hf:mistral") == "llama"
+    phi3 = default_rules("hf:phi3")
+    assert module_types(phi3) == LLAMA_TYPES
+    # Rule: grouped-query Phi-3 keeps qkv_proj whole (K, V narrower than Q): one type, attn_qkv.
+    gqa = default_rules("hf:phi3", {"num_key_value_heads": 2})
+    assert module_types(gqa) == ["attn_qkv", "attn_out", "mlp_gate", "mlp_in", "mlp_out"]
+    assert default_rules("hf:no_such_type") is None
+    assert module_types(get_rule_set(default_rules("hf:qwen2"))) == LLAMA_TYPES
 
 
 def test_nanogpt_rules_refuse_hf_gpt2_conv1d(hf):

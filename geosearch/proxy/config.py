@@ -38,14 +38,17 @@ class TrainConfig:
 
     model: str = "small"
     """The model to train: a proxy preset name (``tiny``, ``small``, ``gpt2``), ``hf:gpt2``,
-    ``hf:llama`` (Hugging Face, random weights, no download) or ``py:module:factory``
-    (your own ``nn.Module``); see :mod:`geosearch.proxy.zoo`."""
+    ``hf:llama``, ``hf:MODEL_TYPE``, ``hf:PATH`` (Hugging Face, random weights, no download)
+    or ``py:module:factory`` (your own ``nn.Module``); see :mod:`geosearch.proxy.zoo`."""
     model_args: dict[str, Any] = field(default_factory=dict)
     """Model field overrides: a preset's ``GPTConfig`` fields (``{"n_layer": 2}``), a Hugging
     Face config's fields or their aliases (``{"num_hidden_layers": 2}``), or the factory's
     keyword arguments; ``block_size`` works for every kind."""
     data: str | None = None
     """Corpus file or directory for ``load_corpus``; None = the built-in text."""
+    tokenizer: str | None = None
+    """A Hugging Face ``tokenizer.json`` (or a directory holding one) that encodes the text;
+    the vocabulary size is then the tokenizer's. None = bytes (vocab 256)."""
     steps: int = 300
     """Optimizer steps of the run."""
     batch_size: int = 16
@@ -136,6 +139,9 @@ class TrainConfig:
         if self.data is not None and not isinstance(self.data, (str, os.PathLike)):
             raise ConfigError(f"must be a path or null but got {self.data!r}", source=src,
                               key="data")
+        if self.tokenizer is not None and not isinstance(self.tokenizer, (str, os.PathLike)):
+            raise ConfigError(f"must be a path or null but got {self.tokenizer!r}", source=src,
+                              key="tokenizer")
 
     def resolved(self) -> TrainConfig:
         """A copy with every default that depends on other fields filled in."""
@@ -152,6 +158,7 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)
         d["data"] = None if self.data is None else str(self.data)
+        d["tokenizer"] = None if self.tokenizer is None else str(self.tokenizer)
         return d
 
     @classmethod

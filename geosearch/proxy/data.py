@@ -3,7 +3,7 @@
 Three sources, all offline (nothing is ever downloaded):
 
 * **Default** (``path=None``): the ``.py`` sources of the running interpreter's own
-  standard library, byte-level (vocab 256). Found with
+  standard library, byte-level (vocab 256) or tokenized (below). Found with
   ``sysconfig.get_paths()["stdlib"]``; ``site-packages``/``dist-packages`` and test
   directories (``test``, ``tests``, ``idle_test``: large, full of odd fixtures) are left
   out. At most ``max_bytes`` (4 MiB by default: loads in well under a second, more
@@ -13,12 +13,20 @@ Three sources, all offline (nothing is ever downloaded):
   concatenated in sorted path order. The corpus therefore depends on the Python
   version; :attr:`Corpus.source` names it.
 * **Text**: one text file, or a directory of them (every non-hidden file below it, in
-  sorted path order), read as bytes (vocab 256).
-* **Tokens**: a directory holding nanoGPT's ``train.bin`` and ``val.bin`` (uint16 token
-  ids, native byte order), memory-mapped, never read whole. The vocabulary size comes
-  from the ``vocab_size`` argument or from ``meta.json`` / ``meta.yaml`` next to them
-  (``{"vocab_size": 50257}``). nanoGPT's ``meta.pkl`` is not read: unpickling runs
-  arbitrary code.
+  sorted path order), read as bytes (vocab 256) or tokenized (below).
+* **Tokens**: a directory holding nanoGPT's ``train.bin`` and ``val.bin`` (token ids,
+  native byte order, ``uint16`` unless ``meta.json`` says ``"dtype": "uint32"``, which
+  vocabularies above 65,536 need), memory-mapped. The vocabulary size comes from the
+  ``vocab_size`` argument, else the tokenizer's, else ``meta.json`` / ``meta.yaml`` next to
+  them (``{"vocab_size": 50257, "dtype": "uint16"}``). The files are read once at load to
+  check that every id is below the vocabulary size. nanoGPT's ``meta.pkl`` is not read:
+  unpickling runs arbitrary code.
+
+**Tokenizer** (``tokenizer=PATH``: a Hugging Face ``tokenizer.json``, or a directory
+holding one; ``pip install 'geosearch[tokenizers]'``): text (the default corpus included)
+is decoded as UTF-8 and each file encoded with the tokenizer as it is configured (its
+post-processor adds special tokens where it says so); the vocabulary size is the
+tokenizer's (added tokens included).
 
 Train/validation split (the two never share a byte):
 
@@ -26,7 +34,7 @@ Train/validation split (the two never share a byte):
   evenly over the sorted list: file ``i`` is held out when ``floor((i+1)·f) >
   floor(i·f)``, which is every 10th file for ``f = 0.1``. No file straddles the split.
   When that would leave one side without a file, the directory is split like one file.
-* one file: the last ``f`` of its bytes are validation.
+* one file: the last ``f`` of its bytes (of its tokens, with a tokenizer) are validation.
 * token files: ``train.bin`` / ``val.bin`` as given.
 
 Loaded corpora are cached per process (a study runs many trials in one process); the
@@ -46,9 +54,12 @@ import json
 import os
 import sys
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 import yaml
 
@@ -59,6 +70,10 @@ EXCLUDED_STDLIB_DIRS = frozenset({"site-packages", "dist-packages", "test", "tes
                                   "__pycache__"})
 TOKEN_FILES = ("train.bin", "val.bin")
 META_FILES = ("meta.json", "meta.yaml", "meta.yml")
+TOKEN_DTYPES: dict[str, torch.dtype] = {"uint16": torch.uint16, "uint32": torch.uint32}
+"""``dtype`` values of ``meta.json`` -> how ``train.bin`` / ``val.bin`` are read (default uint16)."""
+TOKENIZER_FILE = "tokenizer.json"
+_ID_SCAN_CHUNK = 2**24  # token ids converted at a time when checking their range
 
 
 @dataclass(frozen=True)
@@ -66,7 +81,8 @@ class Corpus:
     """A tokenised corpus split into training and validation streams.
 
     Attributes:
-        train: 1-D tensor of token ids (uint8 for bytes, uint16 for token files).
+        train: 1-D tensor of token ids (uint8 for bytes; uint16 or uint32 for token files
+            and tokenized text).
         val: 1-D tensor of token ids; shares no byte with ``train``.
         vocab_size: number of token ids (256 for bytes).
         source: where it came from, e.g. ``"python3.11 stdlib /usr/lib/python3.11
@@ -106,6 +122,7 @@ def load_corpus(
     vocab_size: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     block_size: int | None = None,
+    tokenizer: str | os.PathLike | None = None,
 ) -> Corpus:
     """Load (or fetch from the per-process cache) a corpus.
 
@@ -113,20 +130,25 @@ def load_corpus(
         path: None for the standard-library sources; a text file; a directory of text
             files; or a directory with ``train.bin`` and ``val.bin``.
         val_fraction: share held out for validation, in (0, 1); ignored for token files.
-        vocab_size: vocabulary of token files (else read from ``meta.json``/``meta.yaml``);
-            must be 256 or None for text.
+        vocab_size: vocabulary of token files (else the tokenizer's, else read from
+            ``meta.json``/``meta.yaml``); must be None or the text's (256, or the
+            tokenizer's) for text.
         max_bytes: cap on the default corpus; ignored for user data.
         block_size: when given, check that both splits hold at least one sample.
+        tokenizer: a ``tokenizer.json`` (or a directory holding one) to encode text with,
+            and the vocabulary size of token files.
 
     Raises:
-        ConfigError: missing, empty or too short data, bad metadata or arguments; the
-            message names the path and what was expected.
+        ConfigError: missing, empty or too short data, bad metadata or arguments, a token
+            id not below the vocabulary size, a tokenizer that cannot be read; the message
+            names the path and what was expected.
     """
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"must be strictly between 0 and 1 but got {val_fraction!r}",
                           source="load_corpus", key="val_fraction")
+    tok = _Tokenizer.load(tokenizer) if tokenizer is not None else None
     if path is None:
-        corpus = _load_stdlib(val_fraction, max_bytes)
+        corpus = _load_stdlib(val_fraction, max_bytes, tok)
     else:
         p = Path(path).expanduser()
         if not p.exists():
@@ -137,12 +159,15 @@ def load_corpus(
             raise ConfigError("a token file on its own; pass the directory that holds train.bin "
                               "and val.bin", source=str(p))
         if p.is_dir() and any((p / name).exists() for name in TOKEN_FILES):
-            corpus = _load_tokens(p, vocab_size)
+            corpus = _load_tokens(p, vocab_size, tok)
         else:
-            if vocab_size not in (None, 256):
+            if tok is None and vocab_size not in (None, 256):
                 raise ConfigError(f"text is read as bytes (vocab 256) but vocab_size={vocab_size}",
                                   source=str(p), key="vocab_size")
-            corpus = _load_text(p, val_fraction)
+            if tok is not None and vocab_size not in (None, tok.vocab_size):
+                raise ConfigError(f"text is encoded by {tok.path} (vocab {tok.vocab_size}) but "
+                                  f"vocab_size={vocab_size}", source=str(p), key="vocab_size")
+            corpus = _load_text(p, val_fraction, tok)
     if block_size is not None:
         corpus.check_block_size(block_size)
     return corpus
@@ -185,10 +210,72 @@ def get_batch(
     return x.contiguous(), y.contiguous()
 
 
+# --------------------------------------------------------------------------- tokenizer
+class _Tokenizer:
+    """A Hugging Face ``tokenizers.Tokenizer`` read from a local file, and where it came from."""
+
+    def __init__(self, tokenizer: Any, path: Path) -> None:
+        self.tokenizer, self.path = tokenizer, path
+        self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> _Tokenizer:
+        """Read ``path`` (a ``tokenizer.json`` or a directory holding one).
+
+        Raises:
+            ConfigError: no such file, ``tokenizers`` not installed, or not a tokenizer.
+        """
+        p = Path(path).expanduser()
+        if p.is_dir():
+            p = p / TOKENIZER_FILE
+        if not p.is_file():
+            raise ConfigError(f"no such file; expected a Hugging Face {TOKENIZER_FILE} or a "
+                              "directory holding one", source=str(p), key="tokenizer")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ConfigError("reading a tokenizer needs Hugging Face tokenizers, which is not "
+                              "installed; install it with: pip install 'geosearch[tokenizers]'",
+                              source=str(p), key="tokenizer") from None
+        try:
+            return cls(Tokenizer.from_file(str(p)), p)
+        except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exceptions
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(f"cannot read it as a Hugging Face tokenizer ({first})",
+                              source=str(p), key="tokenizer") from None
+
+    def stamp(self) -> tuple:
+        """The file's identity for the corpus cache."""
+        return tuple(_stamps([self.path]))
+
+    def read(self, files: list[Path], source: str) -> torch.Tensor:
+        """The files' text (UTF-8, bad bytes replaced) encoded one file at a time, concatenated."""
+        texts = [f.read_bytes().decode("utf-8", errors="replace") for f in files]
+        encoded = self.tokenizer.encode_batch(texts)
+        dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
+        ids = np.concatenate([np.asarray(e.ids, dtype=dtype) for e in encoded]) if encoded else []
+        if len(ids) == 0:
+            raise ConfigError("the text is empty; expected at least one non-empty file", source=source)
+        data = torch.from_numpy(ids)  # (N,) token ids
+        _check_ids(data, self.vocab_size, str(self.path))
+        return data
+
+
+_Reader = Callable[[list[Path], str], torch.Tensor]
+"""Files -> one 1-D tensor of ids: :func:`_read_bytes` or :meth:`_Tokenizer.read`."""
+
+
+def _reader(tok: _Tokenizer | None) -> tuple[_Reader, int, str]:
+    """How text is read: the reader, its vocabulary size, and a phrase for the source."""
+    if tok is None:
+        return _read_bytes, 256, "bytes"
+    return tok.read, tok.vocab_size, f"tokens of {tok.path}"
+
+
 # --------------------------------------------------------------------------- sources
-def _load_stdlib(val_fraction: float, max_bytes: int) -> Corpus:
+def _load_stdlib(val_fraction: float, max_bytes: int, tok: _Tokenizer | None) -> Corpus:
     root = Path(sysconfig.get_paths()["stdlib"])
-    key = ("stdlib", str(root), val_fraction, max_bytes)
+    key = ("stdlib", str(root), val_fraction, max_bytes, tok and tok.stamp())
     if key in _CACHE:
         return _CACHE[key]
     files = [f for f in _walk(root, stdlib=True) if f.suffix == ".py"]
@@ -210,61 +297,76 @@ def _load_stdlib(val_fraction: float, max_bytes: int) -> Corpus:
         raise ConfigError(f"max_bytes={max_bytes} keeps {len(picked)} standard-library file(s); "
                           "at least 2 are needed for a train/validation split",
                           source="load_corpus", key="max_bytes")
-    train, val = _split_files(picked, val_fraction, str(root))
+    read, vocab, unit = _reader(tok)
+    train, val = _split_files(picked, val_fraction, str(root), read)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     source = f"{version} stdlib {root} ({len(picked)} files, {total} bytes)"
-    corpus = Corpus(train=train, val=val, vocab_size=256, source=source)
+    if tok is not None:
+        source += f" as {len(train) + len(val)} {unit}"
+    corpus = Corpus(train=train, val=val, vocab_size=vocab, source=source)
     _CACHE[key] = corpus
     return corpus
 
 
-def _load_text(p: Path, val_fraction: float) -> Corpus:
+def _load_text(p: Path, val_fraction: float, tok: _Tokenizer | None) -> Corpus:
     files = [p] if p.is_file() else _walk(p, stdlib=False)
-    key = ("text", str(p.resolve()), val_fraction, *_stamps(files))
+    key = ("text", str(p.resolve()), val_fraction, tok and tok.stamp(), *_stamps(files))
     if key in _CACHE:
         return _CACHE[key]
     if not files:
         raise ConfigError("the directory holds no files; expected text files (or train.bin and "
                           "val.bin)", source=str(p))
+    read, vocab, unit = _reader(tok)
     n_val = _n_held_out(len(files), val_fraction)
     if 0 < n_val < len(files):
-        train, val = _split_files(files, val_fraction, str(p))
-    else:  # one file (or too few to split by file): the last val_fraction of the bytes
-        data = _read_bytes(files, str(p))
+        train, val = _split_files(files, val_fraction, str(p), read)
+    else:  # one file (or too few to split by file): the last val_fraction of the ids
+        data = read(files, str(p))
         n_train = len(data) - max(1, round(val_fraction * len(data)))
         train, val = data[:n_train], data[n_train:]
     kind = "text file" if p.is_file() else f"text directory ({len(files)} files)"
-    corpus = Corpus(train=train, val=val, vocab_size=256,
-                    source=f"{kind} {p} ({len(train) + len(val)} bytes)")
+    corpus = Corpus(train=train, val=val, vocab_size=vocab,
+                    source=f"{kind} {p} ({len(train) + len(val)} {unit})")
     _CACHE[key] = corpus
     return corpus
 
 
-def _load_tokens(p: Path, vocab_size: int | None) -> Corpus:
+def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None) -> Corpus:
     paths = [p / name for name in TOKEN_FILES]
     for f in paths:
         if not f.is_file():
             raise ConfigError(f"{f.name} is missing; a token directory needs both train.bin and "
-                              "val.bin (uint16 token ids)", source=str(p))
-    key = ("tokens", str(p.resolve()), vocab_size, *_stamps(paths + [p / m for m in META_FILES]))
+                              "val.bin (token ids)", source=str(p))
+    key = ("tokens", str(p.resolve()), vocab_size, tok and tok.stamp(),
+           *_stamps(paths + [p / m for m in META_FILES]))
     if key in _CACHE:
         return _CACHE[key]
+    meta, meta_path = _read_meta(p)
+    if vocab_size is None and tok is not None:
+        vocab_size = tok.vocab_size
     if vocab_size is None:
-        vocab_size = _read_vocab_size(p)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) \
-            or not 1 <= vocab_size <= 2**16:
-        raise ConfigError(f"vocab_size must be an integer in [1, 65536] for uint16 tokens but got "
-                          f"{vocab_size!r}", source=str(p), key="vocab_size")
+        vocab_size = _meta_vocab_size(p, meta, meta_path)
+    dtype_name = meta.get("dtype", "uint16")
+    if dtype_name not in TOKEN_DTYPES:
+        raise ConfigError(f"unknown token dtype {dtype_name!r} for train.bin and val.bin",
+                          source=str(meta_path), key="dtype", allowed=TOKEN_DTYPES)
+    dtype, limit = TOKEN_DTYPES[dtype_name], 2 ** (8 * TOKEN_DTYPES[dtype_name].itemsize)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= limit:
+        hint = ' (a larger vocabulary needs "dtype": "uint32" in meta.json)' if dtype_name == "uint16" else ""
+        raise ConfigError(f"vocab_size must be an integer in [1, {limit}] for {dtype_name} tokens but got "
+                          f"{vocab_size!r}{hint}", source=str(p), key="vocab_size")
     splits = []
     for f in paths:
-        n_bytes = f.stat().st_size
-        if n_bytes == 0 or n_bytes % 2:
-            raise ConfigError(f"has {n_bytes} bytes; expected a non-empty array of uint16 token "
-                              "ids (an even number of bytes)", source=str(f))
+        n_bytes, width = f.stat().st_size, dtype.itemsize
+        if n_bytes == 0 or n_bytes % width:
+            raise ConfigError(f"has {n_bytes} bytes; expected a non-empty array of {dtype_name} token "
+                              f"ids (a multiple of {width} bytes)", source=str(f))
         # memory-mapped copy-on-write: pages are read when a batch touches them
-        splits.append(torch.from_file(str(f), shared=False, size=n_bytes // 2, dtype=torch.uint16))
+        data = torch.from_file(str(f), shared=False, size=n_bytes // width, dtype=dtype)
+        _check_ids(data, vocab_size, str(f))
+        splits.append(data)
     corpus = Corpus(train=splits[0], val=splits[1], vocab_size=vocab_size,
-                    source=f"token files {p} ({len(splits[0])} + {len(splits[1])} tokens)")
+                    source=f"token files {p} ({len(splits[0])} + {len(splits[1])} {dtype_name} tokens)")
     _CACHE[key] = corpus
     return corpus
 
@@ -298,11 +400,11 @@ def _held_out(i: int, val_fraction: float) -> bool:
     return int((i + 1) * val_fraction) > int(i * val_fraction)
 
 
-def _split_files(files: list[Path], val_fraction: float,
-                 source: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _split_files(files: list[Path], val_fraction: float, source: str,
+                 read: _Reader) -> tuple[torch.Tensor, torch.Tensor]:
     train = [f for i, f in enumerate(files) if not _held_out(i, val_fraction)]
     val = [f for i, f in enumerate(files) if _held_out(i, val_fraction)]
-    return _read_bytes(train, source), _read_bytes(val, source)
+    return read(train, source), read(val, source)
 
 
 def _read_bytes(files: list[Path], source: str) -> torch.Tensor:
@@ -312,7 +414,23 @@ def _read_bytes(files: list[Path], source: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)  # (N,) byte ids
 
 
-def _read_vocab_size(p: Path) -> int:
+def _check_ids(data: torch.Tensor, vocab_size: int, source: str) -> None:
+    """Raise a ConfigError naming ``source`` when an id of ``data`` is ``>= vocab_size``.
+
+    Read in chunks (``uint16``/``uint32`` tensors have no ``max`` of their own), so a
+    memory-mapped file is paged through, not copied whole.
+    """
+    largest = max(int(data[i:i + _ID_SCAN_CHUNK].to(torch.int64).max())
+                  for i in range(0, len(data), _ID_SCAN_CHUNK))
+    if largest >= vocab_size:
+        raise ConfigError(f"holds token id {largest} but the vocabulary has {vocab_size} ids "
+                          f"(0..{vocab_size - 1}); give the right vocab_size (meta.json) or "
+                          "tokenizer", source=source, key="vocab_size")
+
+
+def _read_meta(p: Path) -> tuple[dict, Path | None]:
+    """The first of ``meta.json`` / ``meta.yaml`` / ``meta.yml`` in ``p`` and its path,
+    or ``({}, None)`` when there is none."""
     for name in META_FILES:
         meta_path = p / name
         if not meta_path.is_file():
@@ -322,11 +440,19 @@ def _read_vocab_size(p: Path) -> int:
             meta = json.loads(text) if name == "meta.json" else yaml.safe_load(text)
         except (ValueError, yaml.YAMLError) as e:
             raise ConfigError(f"cannot parse it: {e}", source=str(meta_path)) from None
-        if not isinstance(meta, dict) or "vocab_size" not in meta:
+        if not isinstance(meta, dict):
             raise ConfigError("expected a mapping with a 'vocab_size' key", source=str(meta_path))
+        return meta, meta_path
+    return {}, None
+
+
+def _meta_vocab_size(p: Path, meta: dict, meta_path: Path | None) -> int:
+    if "vocab_size" in meta:
         return meta["vocab_size"]
+    if meta_path is not None:
+        raise ConfigError("expected a mapping with a 'vocab_size' key", source=str(meta_path))
     pkl = ""
     if (p / "meta.pkl").exists():
         pkl = " (meta.pkl is not read: unpickling can run arbitrary code)"
     raise ConfigError("no vocabulary size: write meta.json with {\"vocab_size\": N} next to "
-                      f"train.bin, or pass vocab_size{pkl}", source=str(p))
+                      f"train.bin, or pass vocab_size or a tokenizer{pkl}", source=str(p))

@@ -17,17 +17,27 @@ these *sources* (:data:`QK_SOURCES`):
     Scale: the module's own (``hs**-0.5`` when ``scale_attn_weights``, divided by
     ``layer_idx + 1`` when ``scale_attn_by_inverse_layer_idx``; 1 when neither).
 ``llama``
-    Hugging Face ``LlamaAttention`` and attention modules built the same way (Mistral,
-    Qwen2: ``q_proj``, ``k_proj``, ``head_dim``, rotary embeddings, no q/k norm). Forward
-    hooks keep the outputs of ``q_proj`` and ``k_proj``; a forward pre-hook on the
-    attention module keeps the ``position_embeddings=(cos, sin)`` the decoder passes it
-    (computed by the model's own ``rotary_emb`` from the position ids). The capture then
-    applies rotary embeddings exactly where the model does, with the model's own
-    ``apply_rotary_pos_emb`` on (B, nh, T, hd) heads, and repeats the key heads for
-    grouped-query attention with its ``repeat_kv``. When the layer is not given
+    Hugging Face ``LlamaAttention`` and the attention modules built the same way: rotary
+    embeddings handed in as ``position_embeddings=(cos, sin)`` and applied by their modeling
+    file's own ``apply_rotary_pos_emb`` (Mistral, Mixtral, Qwen2, Qwen3, Gemma, Gemma 3,
+    Phi, Phi-3, GPT-NeoX, OLMo, OLMo 2, StableLM, Starcoder2, Granite, Cohere, SmolLM3, ...
+    in ``transformers`` 5). Forward hooks keep the projections' outputs: ``q_proj`` and
+    ``k_proj``; or the fused ``qkv_proj`` (Phi-3: ``[Q | K | V]``, K and V
+    ``num_key_value_heads`` wide); or ``query_key_value`` (GPT-NeoX, Persimmon: per head
+    ``[q | k | v]``). A forward pre-hook on the attention module keeps the
+    ``position_embeddings`` the decoder passes it. The capture then redoes what the module
+    does between its projections and its attention: ``clip_qkv`` clamping (OLMo), the q/k
+    norms (``q_norm``/``k_norm`` on (B, T, nh, hd) heads, or on the whole width when that
+    is their size (OLMo 2); ``q_layernorm``/``k_layernorm`` on (B, nh, T, hd)), rotary
+    embeddings on the first ``rotary_ndims`` of each head when the module says so (Phi,
+    StableLM) and on none when ``use_rope`` is off (SmolLM3's NoPE layers), then repeats the
+    key heads for grouped-query attention with ``repeat_kv``. When the layer is not given
     ``position_embeddings`` (older ``transformers``), they are recomputed with the model's
     ``rotary_emb`` from the ``position_ids`` the layer got, else ``arange(T)``. Scale: the
-    module's ``scaling`` (``head_dim**-0.5``).
+    module's ``scaling``. Not captured (the probes then say so, see
+    :mod:`geosearch.proxy.zoo`): soft-capped attention logits (Gemma 2), attention without
+    ``position_embeddings`` (GPT-J, OPT, BLOOM, CodeGen: their positions are applied inside
+    the module), cross-attention.
 
 Example:
     >>> with qk_capture(model, "llama") as capture:
@@ -37,6 +47,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -74,9 +85,34 @@ def _is_gpt2(m: nn.Module) -> bool:
             and not getattr(m, "is_cross_attention", False))
 
 
+_FUSED_QK = ("qkv_proj", "query_key_value")
+"""Fused projections the ``llama`` source reads queries and keys from (see the docstring)."""
+
+
 def _is_llama(m: nn.Module) -> bool:
-    return (type(m).__name__.endswith("Attention") and hasattr(m, "q_proj") and hasattr(m, "k_proj")
-            and hasattr(m, "head_dim") and not hasattr(m, "q_norm") and not hasattr(m, "k_norm"))
+    has_projections = (hasattr(m, "q_proj") and hasattr(m, "k_proj")) or any(hasattr(m, f) for f in _FUSED_QK)
+    if not (type(m).__name__.endswith("Attention") and has_projections and _head_dim(m)):
+        return False
+    if getattr(m, "is_cross_attention", False) or getattr(m, "attn_logit_softcapping", None) is not None:
+        return False  # another attention than scale * q @ kᵀ over the layer's own tokens
+    try:
+        takes_rotary = "position_embeddings" in inspect.signature(type(m).forward).parameters
+    except (TypeError, ValueError):
+        takes_rotary = False
+    if hasattr(m, "query_key_value") and not hasattr(m, "q_proj"):
+        heads = getattr(m, "num_heads", None) or getattr(getattr(m, "config", None), "num_attention_heads", 0)
+        if m.query_key_value.weight.shape[0] != 3 * heads * _head_dim(m):
+            return False  # Falcon's multi-query / grouped layouts: not per head [q | k | v]
+    rotary = _rotary_function(m)
+    try:  # LLaMA's (q, k, cos, sin), not GPT-J's apply_rotary_pos_emb(tensor, sin, cos)
+        takes_pair = rotary is not None and list(inspect.signature(rotary).parameters)[:4] == ["q", "k", "cos", "sin"]
+    except (TypeError, ValueError):
+        takes_pair = False
+    return (takes_rotary or hasattr(m, "rotary_emb")) and takes_pair
+
+
+def _head_dim(m: nn.Module) -> int | None:
+    return getattr(m, "head_dim", None) or getattr(m, "head_size", None)
 
 
 _DETECT: dict[str, Callable[[nn.Module], bool]] = {
@@ -207,15 +243,26 @@ def _finish_gpt2(m: nn.Module, raw: dict[str, Any], model: nn.Module) -> LayerQK
     return LayerQK(q, k, _gpt2_scale(m))
 
 
-# llama: q_proj/k_proj outputs (B, T, nh*hd), (B, T, nkv*hd) and the layer's (cos, sin)
+# llama: projection outputs (B, T, nh*hd) and (B, T, nkv*hd), or a fused one, and (cos, sin)
 def _install_llama(m: nn.Module, raw: dict[str, Any]) -> list:
     def pre_hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
         raw["position_embeddings"] = kwargs.get("position_embeddings")
         raw["position_ids"] = kwargs.get("position_ids")
 
+    fused = next((f for f in _FUSED_QK if hasattr(m, f)), None)
+    outputs = [(fused, "qkv")] if fused and not hasattr(m, "q_proj") else [("q_proj", "q"), ("k_proj", "k")]
     return [m.register_forward_pre_hook(pre_hook, with_kwargs=True),
-            m.q_proj.register_forward_hook(_keep(raw, "q")),
-            m.k_proj.register_forward_hook(_keep(raw, "k"))]
+            *(getattr(m, name).register_forward_hook(_keep(raw, key)) for name, key in outputs)]
+
+
+def _rotary_function(m: nn.Module) -> Callable | None:
+    """``apply_rotary_pos_emb`` of the module's own modeling file; LLaMA's for a module
+    defined outside ``transformers`` (a user's LLaMA-style module); None when its
+    ``transformers`` modeling file has none (its rotary embedding works otherwise)."""
+    fn = getattr(sys.modules.get(type(m).__module__), "apply_rotary_pos_emb", None)
+    if fn is None and not type(m).__module__.startswith("transformers."):
+        return _llama_function(m, "apply_rotary_pos_emb")
+    return fn
 
 
 def _llama_function(m: nn.Module, name: str) -> Callable:
@@ -246,21 +293,53 @@ def llama_rotary(model: nn.Module, m: nn.Module, x: torch.Tensor,
     return rotary(x, position_ids)
 
 
+def _llama_projections(m: nn.Module, raw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries (B, T, nh*hd) and keys (B, T, nkv*hd) as the projections gave them."""
+    if "qkv" not in raw:
+        return raw["q"], raw["k"]
+    qkv, hd = raw["qkv"], _head_dim(m)
+    if hasattr(m, "query_key_value"):  # per head [q | k | v]
+        B, T, _ = qkv.shape
+        q, k, _ = qkv.view(B, T, -1, 3 * hd).chunk(3, dim=-1)  # (B, T, nh, hd) each
+        return q.reshape(B, T, -1), k.reshape(B, T, -1)
+    n_q = m.config.num_attention_heads * hd
+    n_kv = getattr(m, "num_key_value_heads", None) or m.config.num_key_value_heads
+    return qkv[..., :n_q], qkv[..., n_q:n_q + n_kv * hd]  # [Q | K | V]
+
+
 def _finish_llama(m: nn.Module, raw: dict[str, Any], model: nn.Module) -> LayerQK | None:
-    if "q" not in raw or "k" not in raw:
+    if not ("qkv" in raw or ("q" in raw and "k" in raw)):
         return None
-    B, T, _ = raw["q"].shape
-    q = raw["q"].view(B, T, -1, m.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-    k = raw["k"].view(B, T, -1, m.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
-    cos_sin = raw.get("position_embeddings")
-    if cos_sin is None:
-        cos_sin = llama_rotary(model, m, q, raw.get("position_ids"))
-    cos, sin = cos_sin  # (B or 1, T, hd)
-    q, k = _llama_function(m, "apply_rotary_pos_emb")(q, k, cos, sin)
+    q, k = _llama_projections(m, raw)  # (B, T, nh*hd), (B, T, nkv*hd)
+    clip = getattr(getattr(m, "config", None), "clip_qkv", None)
+    if clip is not None:
+        q, k = q.clamp(-clip, clip), k.clamp(-clip, clip)
+    hd = _head_dim(m)
+    B, T, _ = q.shape
+    q_norm, k_norm = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
+    weight = getattr(q_norm, "weight", None)
+    whole = weight is not None and weight.dim() == 1 and weight.numel() == q.size(-1) != hd
+    if whole:  # one norm over the whole width (OLMo 2)
+        q, k = q_norm(q), k_norm(k)
+    q = q.view(B, T, -1, hd)  # (B, T, nh, hd)
+    k = k.view(B, T, -1, hd)  # (B, T, nkv, hd)
+    if q_norm is not None and not whole:  # per head (Qwen3, Gemma 3; Cohere's (nh, hd) weight)
+        q, k = q_norm(q), k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
+    if getattr(m, "q_layernorm", None) is not None:  # Phi, StableLM, Persimmon
+        q, k = m.q_layernorm(q), m.k_layernorm(k)
+    if getattr(m, "use_rope", True):
+        cos_sin = raw.get("position_embeddings")
+        if cos_sin is None:
+            cos_sin = llama_rotary(model, m, q, raw.get("position_ids"))
+        cos, sin = cos_sin  # (B or 1, T, rotary dims)
+        rot = getattr(m, "rotary_ndims", None) or hd  # partial rotary (Phi, StableLM)
+        q_rot, k_rot = _rotary_function(m)(q[..., :rot], k[..., :rot], cos, sin)
+        q, k = torch.cat([q_rot, q[..., rot:]], dim=-1), torch.cat([k_rot, k[..., rot:]], dim=-1)
     n_rep = q.size(1) // k.size(1)
     k = _llama_function(m, "repeat_kv")(k, n_rep)  # (B, nh, T, hd)
     scale = getattr(m, "scaling", None)
-    return LayerQK(q, k, float(m.head_dim ** -0.5 if scale is None else scale))
+    return LayerQK(q, k, float(hd ** -0.5 if scale is None else scale))
 
 
 _INSTALL: dict[str, Callable[[nn.Module, dict], list]] = {

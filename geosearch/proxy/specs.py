@@ -2,11 +2,14 @@
 
 A *model spec* (``--model``, ``TrainConfig.model``, ``proxy.model`` of a search space) is a
 proxy preset name (:data:`PRESETS`: the proxy GPT, rule set ``nanogpt``), ``hf:<family>``
-(:data:`HF_MODELS`: ``hf:gpt2`` and ``hf:llama``, rule sets ``gpt2`` and ``llama``) or
-``py:MODULE:FACTORY`` (your own ``nn.Module``, no default rule set). This module holds those
-names and what each family defaults to, so that a search space or the command line can list
-them and find a model's rule set (:func:`default_rules`) without importing torch;
-:mod:`geosearch.proxy.zoo` builds them.
+(:data:`HF_MODELS`: ``hf:gpt2`` and ``hf:llama``, rule sets ``gpt2`` and ``llama``),
+``hf:<model_type>`` (any other decoder-only causal LM of ``transformers``: ``hf:mistral``,
+``hf:qwen2``, ``hf:gemma``, ``hf:phi3``, ...), ``hf:PATH`` (a directory holding a
+``config.json``; see :mod:`geosearch.proxy.hf_configs`) or ``py:MODULE:FACTORY`` (your own
+``nn.Module``, no default rule set). This module holds the names and what each registered
+family defaults to, so that a search space or the command line can list them and find their
+rule set (:func:`default_rules`) without importing torch; :mod:`geosearch.proxy.zoo`
+builds them.
 """
 
 from __future__ import annotations
@@ -88,15 +91,26 @@ def model_spec_names() -> list[str]:
     return [*PRESETS, *(HF_PREFIX + name for name in HF_MODELS), PY_SPEC_HELP]
 
 
-def default_rules(spec: str) -> str | None:
-    """The default rule set of a spec's family, without building anything: ``nanogpt`` for
-    presets, the family's for ``hf:`` specs, None for ``py:`` specs and unknown ones.
+def default_rules(spec: str, model_args: Mapping[str, Any] | None = None) -> str | tuple | None:
+    """The default rules of a spec: ``nanogpt`` for presets, the family's rule set for
+    :data:`HF_MODELS`, without building anything; for other ``hf:`` specs, the rules of the
+    model built on the meta device with ``model_args`` (a registered rule set that fits,
+    else a tuple of :class:`~geosearch.modules.ModuleRule` read off its module names; needs
+    torch and ``transformers``); None for ``py:`` specs and unknown or unbuildable ones.
 
     Use it to parse an inline assignment for a model (``Assignment.parse(text,
     rules=default_rules(spec) or "nanogpt")``) before the model exists.
     """
     if spec in PRESETS:
         return "nanogpt"
-    if isinstance(spec, str) and spec.startswith(HF_PREFIX) and spec[len(HF_PREFIX):] in HF_MODELS:
+    if not isinstance(spec, str) or not spec.startswith(HF_PREFIX):
+        return None
+    if spec[len(HF_PREFIX):] in HF_MODELS:
         return HF_MODELS[spec[len(HF_PREFIX):]].rules
-    return None
+    from geosearch.errors import ConfigError
+    from geosearch.proxy.zoo import build_meta_model  # torch and transformers: only here
+
+    try:
+        return build_meta_model(spec, vocab_size=256, model_args=model_args).rules
+    except ConfigError:
+        return None

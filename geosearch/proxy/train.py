@@ -121,7 +121,7 @@ class _Run:
         from accelerate.utils import set_seed
 
         set_seed(config.seed)  # python, numpy, torch (CPU and CUDA): the initialisation
-        self.corpus = load_corpus(config.data)
+        self.corpus = load_corpus(config.data, tokenizer=config.tokenizer)
         # preset, hf:gpt2, hf:llama or py:module:factory; checks vocab_size >= the corpus's
         self.built = build_model(config.model, vocab_size=self.corpus.vocab_size, block_size=None,
                                  model_args=config.model_args)

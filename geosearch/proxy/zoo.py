@@ -1,14 +1,21 @@
 """Build the models a search can train: the proxy presets, Hugging Face models, your own.
 
 :func:`build_model` turns a model spec (:mod:`geosearch.proxy.specs`: ``tiny``, ``small``,
-``gpt2``, ``hf:gpt2``, ``hf:llama``, ``py:MODULE:FACTORY``) and its ``model_args`` into a
-randomly initialised ``nn.Module`` with what the rest of geosearch needs to know about it
-(:class:`BuiltModel`: its default rule set, how the probes capture its queries and keys, its
-context length); :func:`check_model_spec` checks a spec without building it,
-:func:`build_meta_model` builds it on the meta device, and :func:`lm_loss` is the next-token
-loss of any of them. Hugging Face models (``pip install 'geosearch[hf]'``) are built from
-their config class with random weights: no download, no tokenizer, nothing read from the
-network. A ``py:`` factory (``py:package.module:factory`` or ``py:path/to/file.py:factory``)
+``gpt2``, ``hf:gpt2``, ``hf:llama``, ``hf:<model_type>``, ``hf:PATH``,
+``py:MODULE:FACTORY``) and its ``model_args`` into a randomly initialised ``nn.Module`` with
+what the rest of geosearch needs to know about it (:class:`BuiltModel`: its default rules,
+how the probes capture its queries and keys, its context length); :func:`check_model_spec`
+checks a spec without building it, :func:`build_meta_model` builds it on the meta device,
+and :func:`lm_loss` is the next-token loss of any of them. Hugging Face models
+(``pip install 'geosearch[hf]'``) are built from their config with random weights: no
+download, no tokenizer, nothing read from the network. ``hf:<model_type>`` (any decoder-only
+causal LM of ``transformers``: ``mistral``, ``qwen2``, ``gemma``, ``phi3``, ...) and
+``hf:PATH`` (a directory holding ``config.json``) are made by
+:mod:`geosearch.proxy.hf_configs`; their rules are the first registered rule set that fits,
+else rules read off their module names (:func:`geosearch.rule_inference.model_rules`). A
+model whose queries and keys the probes cannot hook is built with a warning (logged once
+per spec, and kept in :attr:`BuiltModel.warnings`, hence in each run's ``config.yaml``): its
+runs report no attention logits, and the logit-growth pruner has nothing to go on. A ``py:`` factory (``py:package.module:factory`` or ``py:path/to/file.py:factory``)
 is called as ``factory(vocab_size=..., block_size=..., **model_args)`` and must return an
 ``nn.Module`` whose ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab_size), an
 object with ``.logits``, or a tuple starting with them; it has no default rule set
@@ -30,6 +37,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,8 +48,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from geosearch.errors import ConfigError
+from geosearch.modules import ModuleRule
+from geosearch.proxy.hf_configs import (
+    SIZE_FIELDS,
+    HFSource,
+    check_heads,
+    default_config,
+    directory_kwargs,
+    hf_source,
+    small_kwargs,
+)
 from geosearch.proxy.model import GPT, make_config
-from geosearch.proxy.qk import detect_qk_source
+from geosearch.proxy.qk import QK_SOURCES, detect_qk_source
+from geosearch.rule_inference import model_rules
 from geosearch.proxy.specs import (  # re-exported: the spec names live without torch
     DEFAULT_BLOCK_SIZE,
     HF_MODELS,
@@ -76,25 +95,30 @@ class BuiltModel:
     Attributes:
         model: the ``nn.Module`` (on the CPU).
         spec: the spec it was built from.
-        family: ``"nanogpt"`` (presets), ``"gpt2"``, ``"llama"`` (Hugging Face) or ``"py"``.
-        rules: name of its default rule set (``None`` for ``py:`` models: the search space
-            or assignment names one).
+        family: ``"nanogpt"`` (presets), the Hugging Face model type (``"gpt2"``,
+            ``"llama"``, ``"phi3"``, ...) or ``"py"``.
+        rules: its default rules: a registered rule set's name, or rules read off its module
+            names (``hf:`` models no registered set fits); ``None`` for ``py:`` models (the
+            search space or assignment names them).
         block_size: context length T it was built for.
         vocab_size: its vocabulary size (``None`` when unknown, for ``py:`` models).
         qk_source: how the attention probes capture its queries and keys (a
             :data:`geosearch.proxy.qk.QK_SOURCES` name), ``None`` when they cannot.
         config: the resolved architecture, YAML-safe (a preset's ``GPTConfig``, a Hugging
             Face config's non-default fields, or a factory and its arguments).
+        warnings: what a user should know about this model (no attention probes), one line
+            each; logged when the model is built.
     """
 
     model: nn.Module
     spec: str
     family: str
-    rules: str | None
+    rules: str | tuple[ModuleRule, ...] | None
     block_size: int
     vocab_size: int | None
     qk_source: str | None
     config: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def num_params(self) -> int:
         """Parameters, shared (tied) tensors counted once."""
@@ -102,13 +126,17 @@ class BuiltModel:
 
     def describe(self) -> dict[str, Any]:
         """YAML-safe summary for ``config.yaml`` and ``geosearch inspect``."""
+        rules = self.rules if not isinstance(self.rules, tuple) else plain(
+            [dataclasses.asdict(r) for r in self.rules])
         return {"spec": self.spec, "family": self.family, "class": type(self.model).__name__,
-                "rules": self.rules, "qk_source": self.qk_source, "block_size": self.block_size,
-                "vocab_size": self.vocab_size, "parameters": self.num_params(), "config": self.config}
+                "rules": rules, "qk_source": self.qk_source, "block_size": self.block_size,
+                "vocab_size": self.vocab_size, "parameters": self.num_params(), "config": self.config,
+                "warnings": list(self.warnings)}
 
     def summary(self) -> str:
         """One line for people: spec, class, size, default rules."""
-        rules = f"rule set {self.rules!r}" if self.rules else "no default rule set"
+        rules = (f"rule set {self.rules!r}" if isinstance(self.rules, str)
+                 else "rules read off its module names" if self.rules else "no default rule set")
         probes = f"attention probes via {self.qk_source}" if self.qk_source else "no attention probes"
         return (f"{self.spec}: {type(self.model).__name__}, {self.num_params():,} parameters, "
                 f"T={self.block_size}; {rules}; {probes}")
@@ -122,8 +150,8 @@ def build_model(spec: str, *, vocab_size: int, block_size: int | None = None,
     Seed torch before calling for a reproducible initialisation.
 
     Args:
-        spec: ``tiny``/``small``/``gpt2``, ``hf:gpt2``, ``hf:llama``, or
-            ``py:package.module:factory`` (:func:`model_spec_names`).
+        spec: ``tiny``/``small``/``gpt2``, ``hf:gpt2``, ``hf:llama``, ``hf:<model_type>``,
+            ``hf:PATH`` or ``py:package.module:factory`` (:func:`model_spec_names`).
         vocab_size: the data's vocabulary size; ``model_args["vocab_size"]`` may raise it.
         block_size: context length when ``model_args`` does not set one; None = the
             preset's, else :data:`DEFAULT_BLOCK_SIZE`.
@@ -184,6 +212,33 @@ _Build = Callable[[], BuiltModel]
 
 
 def _plan(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    build = _plan_kind(spec, vocab_size, block_size, model_args)
+
+    def build_and_warn() -> BuiltModel:
+        built = build()
+        if built.qk_source is None:
+            built.warnings.append(
+                f"model {spec!r}: the attention probes cannot hook the queries and keys of "
+                f"{type(built.model).__name__} (known kinds: {', '.join(QK_SOURCES)}); its runs "
+                "report no attention logits and the logit-growth pruner has no signal")
+        for line in built.warnings:
+            _warn_once(line)
+        return built
+    return build_and_warn
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(line: str) -> None:
+    """Log ``line`` as a warning the first time this process sees it (one line on stderr
+    when logging is not configured)."""
+    if line not in _WARNED:
+        _WARNED.add(line)
+        logging.getLogger("geosearch").warning(line)
+
+
+def _plan_kind(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
     if not isinstance(spec, str):
         raise ConfigError(f"a model spec must be a string, got {spec!r}", source=_SOURCE, key="model",
                           allowed=model_spec_names())
@@ -230,74 +285,98 @@ def _transformers(spec: str) -> Any:
 
 def hf_config_fields(name: str) -> list[str]:
     """The ``model_args`` keys ``hf:<name>`` accepts: its config's fields, their aliases,
-    ``block_size`` and ``attn_implementation`` (``eager``, ``sdpa``, ...)."""
-    family = HF_MODELS[name]
-    config_class = getattr(_transformers(HF_PREFIX + name), family.config_class)
-    keys = set(config_class().to_dict()) - _HF_INTERNAL
-    keys |= set(getattr(config_class, "attribute_map", {}))
+    ``block_size`` and ``attn_implementation`` (``eager``, ``sdpa``, ...). ``name`` is a
+    family of :data:`HF_MODELS`, another model type, or a directory holding ``config.json``."""
+    return _hf_fields(HF_MODELS.get(name) or _hf_source(HF_PREFIX + name))
+
+
+def _hf_source(spec: str) -> HFSource:
+    return hf_source(spec, spec[len(HF_PREFIX):], _transformers(spec), model_spec_names())
+
+
+def _hf_fields(where: HFFamily | HFSource) -> list[str]:
+    if isinstance(where, HFFamily):
+        config_class = getattr(_transformers(where.config_class), where.config_class)
+        fields = set(default_config(config_class).to_dict())
+    else:
+        config_class, fields = where.config_class, set(where.fields)
+    keys = (fields - _HF_INTERNAL) | set(getattr(config_class, "attribute_map", {}))
     return sorted(keys | {"block_size", "attn_implementation"})
 
 
 def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    """``hf:<family>`` (:data:`HF_MODELS`), ``hf:<model_type>`` or ``hf:PATH``
+    (:mod:`geosearch.proxy.hf_configs`): check the arguments, make the config."""
     name = spec[len(HF_PREFIX):]
-    if name not in HF_MODELS:
-        raise ConfigError(f"unknown Hugging Face model {spec!r}", source=_SOURCE, key="model",
-                          allowed=model_spec_names())
-    family = HF_MODELS[name]
     transformers = _transformers(spec)
-    config_class = getattr(transformers, family.config_class)
-    allowed = hf_config_fields(name)
+    family = HF_MODELS.get(name)
+    source = None if family is not None else _hf_source(spec)
+    config_class = getattr(transformers, family.config_class) if family else source.config_class
+    label = family.config_class if family else source.label
+    allowed = _hf_fields(family or source)
     for key in model_args:
         if key not in allowed:
-            raise ConfigError(f"unknown field {key!r} for model {spec!r} ({family.config_class})",
+            raise ConfigError(f"unknown field {key!r} for model {spec!r} ({label})",
                               source=_SOURCE, key=f"model_args.{key}", allowed=allowed)
-    args = dict(model_args)
     aliases = getattr(config_class, "attribute_map", {})
-    args = {aliases.get(k, k): v for k, v in args.items()}  # hidden_size -> n_embd for GPT-2
+    args = {aliases.get(k, k): v for k, v in model_args.items()}  # hidden_size -> n_embd for GPT-2
+    block_field = family.block_field if family else source.block_field
+    context = args.pop("block_size", None) if block_field is None else None  # no such field: only T
     if "block_size" in args:
         block = args.pop("block_size")
-        if family.block_field in args and args[family.block_field] != block:
-            raise ConfigError(f"model {spec!r}: block_size={block} and {family.block_field}="
-                              f"{args[family.block_field]} disagree; give one", source=_SOURCE,
+        if block_field in args and args[block_field] != block:
+            raise ConfigError(f"model {spec!r}: block_size={block} and {block_field}="
+                              f"{args[block_field]} disagree; give one", source=_SOURCE,
                               key="model_args.block_size")
-        args[family.block_field] = block
-    kwargs = {**family.defaults, family.block_field: block_size or DEFAULT_BLOCK_SIZE,
-              "vocab_size": vocab_size, "use_cache": False, **args}
-    for key in family.size_fields:
+        args[block_field] = block
+    if family is not None:
+        kwargs = {**family.defaults, family.block_field: block_size or DEFAULT_BLOCK_SIZE,
+                  "vocab_size": vocab_size, "use_cache": False, **args}
+        size_fields = family.size_fields
+    else:
+        own = {block_field: block_size or DEFAULT_BLOCK_SIZE} if block_field else {}
+        if source.directory:  # a directory's config.json, as written; T the proxy's unless given
+            own = {block_field: block_size} if block_field and block_size else {}
+            kwargs = {**directory_kwargs(source, args), **own, **args}
+        else:
+            kwargs = {**small_kwargs(source, args), "vocab_size": vocab_size, **own, **args}
+        size_fields = [f for f in (*map(source.real_name, SIZE_FIELDS), block_field) if f in kwargs]
+    for key in size_fields:
         value = kwargs.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"model {spec!r}: {key} must be a positive integer but got {value!r}",
                               source=_SOURCE, key=f"model_args.{key}")
-    _check_vocab(spec, vocab_size, kwargs["vocab_size"])
     try:
         config = config_class(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"model {spec!r}: {family.config_class} rejected the arguments: {e}",
+    except Exception as e:  # noqa: BLE001 - configs raise TypeError, ValueError or their own
+        first = (str(e).strip().splitlines() or [type(e).__name__])[-1].strip()
+        raise ConfigError(f"model {spec!r}: {label} rejected the arguments: {first}",
                           source=_SOURCE, key="model_args") from None
-    _check_heads(spec, config, "head_dim" in args)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ConfigError(f"model {spec!r} is an encoder-decoder; geosearch trains decoder-only causal LMs",
+                          source=_SOURCE, key="model")
+    _check_vocab(spec, vocab_size, getattr(config, "vocab_size", None))
+    check_heads(spec, config, "head_dim" in args or "head_dim" in (source.base if source else {}))
+    if context is None and block_field is not None:
+        context = int(getattr(config, block_field))
+        if source is not None and source.directory and block_field not in args and not block_size:
+            context = min(context, DEFAULT_BLOCK_SIZE)  # config.json's positions: the model's reach
+    context = context or block_size or DEFAULT_BLOCK_SIZE
 
     def build() -> BuiltModel:
+        model_class = family.model_class if family else source.model_class
         try:
-            model = getattr(transformers, family.model_class)(config)
+            model = getattr(transformers, model_class)(config)
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"model {spec!r}: {family.model_class} rejected its config: {e}",
+            raise ConfigError(f"model {spec!r}: {model_class} rejected its config: {e}",
                               source=_SOURCE, key="model_args") from None
-        return BuiltModel(model, spec, name, family.rules, int(getattr(config, family.block_field)),
-                          int(config.vocab_size), family.qk_source, plain(config.to_diff_dict()))
+        if family is not None:
+            rules, qk_source, kind = family.rules, family.qk_source, name
+        else:
+            rules, qk_source, kind = model_rules(model), detect_qk_source(model), source.model_type
+        return BuiltModel(model, spec, kind, rules, int(context), int(config.vocab_size), qk_source,
+                          plain(config.to_diff_dict()))
     return build
-
-
-def _check_heads(spec: str, config: Any, explicit_head_dim: bool) -> None:
-    """Width and head counts that fit together (the configs do not check this themselves)."""
-    width, heads = config.hidden_size, config.num_attention_heads
-    if not explicit_head_dim and width % heads:
-        raise ConfigError(f"model {spec!r}: width {width} is not a multiple of {heads} heads",
-                          source=_SOURCE, key="model_args")
-    kv = getattr(config, "num_key_value_heads", None)
-    if kv is not None and (kv < 1 or heads % kv):
-        raise ConfigError(f"model {spec!r}: {heads} attention heads do not split into groups for "
-                          f"num_key_value_heads={kv}; it must divide the heads", source=_SOURCE,
-                          key="model_args.num_key_value_heads")
 
 
 # your own --------------------------------------------------------------------------

@@ -70,6 +70,7 @@ CLI_FLAGS: dict[str, str] = {
     "steps": "proxy.steps",
     "model": "proxy.model",
     "data": "proxy.data",
+    "tokenizer": "proxy.tokenizer",
     "batch_size": "proxy.batch_size",
     "device": "proxy.device",
     "repeats": "repeats",

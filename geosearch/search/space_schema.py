@@ -66,7 +66,7 @@ from geosearch.modules import (
     rule_set_names,
 )
 from geosearch.proxy.config import TrainConfig
-from geosearch.proxy.specs import PY_PREFIX, default_rules
+from geosearch.proxy.specs import HF_PREFIX, PY_PREFIX, default_rules
 from geosearch.search.pruners import LogitGrowthPruner
 from geosearch.search.space import (
     Budget,
@@ -215,12 +215,13 @@ class _Parser:
         return space
 
     # ------------------------------------------------------------------ sections
-    def model_rules(self, proxy: Any) -> str | None:
+    def model_rules(self, proxy: Any) -> str | tuple[ModuleRule, ...] | None:
         """The default rule set of ``proxy.model``, for a space that sets no rules; None when
         it has none (a problem for ``py:`` models; an unknown model is ``proxy``'s problem)."""
         model = proxy.get("model", TrainConfig.model) if isinstance(proxy, Mapping) else TrainConfig.model
-        name = default_rules(model)
-        if name is None and isinstance(model, str) and model.startswith(PY_PREFIX):
+        args = proxy.get("model_args") if isinstance(proxy, Mapping) else None
+        name = default_rules(model, args if isinstance(args, Mapping) else None)
+        if name is None and isinstance(model, str) and model.startswith((PY_PREFIX, HF_PREFIX)):
             self.error("rules", f"missing: model {model!r} has no default rule set; name one, or "
                        "write rules matching its parameter names (geosearch inspect --model "
                        f"{model} --rules NAME shows how a rule set fits)", rule_set_names())

@@ -168,7 +168,7 @@ def preflight(space: SearchSpace) -> None:
     from geosearch.proxy.zoo import build_meta_model
 
     proxy = space.proxy
-    corpus = load_corpus(proxy.data)
+    corpus = load_corpus(proxy.data, tokenizer=proxy.tokenizer)
     built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
     corpus.check_block_size(built.block_size)
     rules = get_rule_set(space.rules) if isinstance(space.rules, str) else space.rules

@@ -1,0 +1,202 @@
+"""Rules read off a model's module names, for models no registered rule set fits.
+
+A Hugging Face family that geosearch has no rule set for (``hf:phi3``, ``hf:gpt_neox``,
+``hf:PATH``) still names its weights the way the field does: ``q_proj``/``k_proj``/
+``v_proj``/``o_proj``, ``gate_proj``/``up_proj``/``down_proj``, fused ``c_attn``,
+``qkv_proj``, ``query_key_value`` or ``gate_up_proj``, ``fc1``/``fc2``, ``dense`` inside an
+attention block. :func:`infer_rules` turns those names into a rule set with the module types
+of the registered ones (``attn_q``, ``attn_k``, ``attn_v``, ``attn_qkv``, ``attn_out``,
+``mlp_gate``, ``mlp_in``, ``mlp_out``), the layout of the module that holds each weight
+(``nn.Linear``: ``out_in``, ``Conv1D``: ``in_out``), and a ``split`` for fused weights whose
+blocks are stacked whole (``c_attn``, ``qkv_proj``, ``Wqkv``, ``W_pack``: ``[Q | K | V]``
+when the three are equally wide; ``gate_up_proj``: ``[gate | up]``). Weights stored per
+head interleaved (``query_key_value`` of GPT-NeoX, Falcon, BLOOM) stay one type,
+``attn_qkv``. :func:`model_rules` picks a model's rules: the first registered rule set that
+fits it (:func:`rules_fit`), else the inferred ones.
+
+Example:
+    >>> rules = infer_rules(model)            # e.g. Phi3ForCausalLM
+    >>> module_types(rules)
+    ['attn_q', 'attn_k', 'attn_v', 'attn_out', 'mlp_gate', 'mlp_in', 'mlp_out']
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from geosearch.errors import ConfigError
+from geosearch.modules import (
+    ModuleRule,
+    _embedding_and_head_ids,
+    _module_kind,
+    check_rules,
+    match_parameters,
+    rule_set_names,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+
+__all__ = ["infer_rules", "model_rules", "rules_fit"]
+
+# Module (leaf) name -> module type, wherever the module sits.
+_LEAF_TYPES: dict[str, str] = {
+    **dict.fromkeys(("q_proj", "query", "wq", "q_lin"), "attn_q"),
+    **dict.fromkeys(("k_proj", "key", "wk", "k_lin"), "attn_k"),
+    **dict.fromkeys(("v_proj", "value", "wv", "v_lin"), "attn_v"),
+    **dict.fromkeys(("c_attn", "qkv_proj", "Wqkv", "W_pack", "query_key_value"), "attn_qkv"),
+    **dict.fromkeys(("o_proj", "out_lin"), "attn_out"),
+    **dict.fromkeys(("gate_proj", "w1"), "mlp_gate"),  # w1, w3, w2: LLaMA's reference code
+    **dict.fromkeys(("up_proj", "c_fc", "fc1", "fc_in", "dense_h_to_4h", "w3"), "mlp_in"),
+    **dict.fromkeys(("down_proj", "fc2", "fc_out", "dense_4h_to_h", "w2"), "mlp_out"),
+    "gate_up_proj": "mlp_gate_up",
+}
+# Names whose type depends on the block they sit in: (inside attention, inside the MLP).
+_CONTEXT_TYPES: dict[str, tuple[str | None, str | None]] = {
+    "c_proj": ("attn_out", "mlp_out"), "dense": ("attn_out", None), "wo": ("attn_out", "mlp_out"),
+    "proj": ("attn_out", None), "out_proj": ("attn_out", None), "q": ("attn_q", None), "k": ("attn_k", None), "v": ("attn_v", None),
+    "o": ("attn_out", None),
+}
+_ATTN_WORDS, _MLP_WORDS = ("attn", "attention"), ("mlp", "ffn", "feed_forward", "feedforward", "moe", "expert")
+# Fused weights whose blocks are stacked whole along the output dimension, and the blocks.
+_CONTIGUOUS_SPLITS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("c_attn", "qkv_proj", "Wqkv", "W_pack"), ("attn_q", "attn_k", "attn_v")),
+    "gate_up_proj": ("mlp_gate", "mlp_in"),
+}
+_ORDER = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_out", "mlp_gate_up", "mlp_gate", "mlp_in", "mlp_out")
+"""Rule order of an inferred set: the registered sets' order (``llama``, ``nanogpt``)."""
+
+
+def rules_fit(model: nn.Module, rules: str | Sequence[ModuleRule]) -> bool:
+    """True when ``rules`` fit ``model``: each rule matches, no hidden weight is left out,
+    and layouts agree with the modules (``nn.Linear`` / ``Conv1D``)."""
+    try:
+        match = match_parameters(model, rules)
+    except ConfigError:
+        return False
+    return bool(match.matched) and not match.empty_rules and not match.unmatched_hidden
+
+
+def model_rules(model: nn.Module) -> str | tuple[ModuleRule, ...] | None:
+    """A model's default rules: the first registered rule set (by name) that fits it, else
+    :func:`infer_rules`; None when neither finds a hidden weight."""
+    for name in rule_set_names():
+        if rules_fit(model, name):
+            return name
+    return infer_rules(model) or None
+
+
+def infer_rules(model: nn.Module) -> tuple[ModuleRule, ...]:
+    """Rules for the hidden weights of ``model`` whose module names say what they are.
+
+    Embeddings and the output head are left out, and so are weights with an unknown name
+    (they stay unmatched: AdamW, and ``geosearch inspect`` lists them). Each rule's pattern
+    is the weight's name after its layer index (``(^|\\.)self_attn\\.q_proj\\.weight$``),
+    or its whole name with ``\\d+`` for each index where that would be ambiguous.
+
+    Returns:
+        The rules in the registered sets' type order; empty when no name is known.
+    """
+    modules = dict(model.named_modules())
+    all_names = [n for n, _ in model.named_parameters()]
+    heads = _embedding_and_head_ids(model)
+    found: dict[str, list[tuple[str, nn.Module]]] = {}  # type -> [(parameter name, module)]
+    for name, param in model.named_parameters():
+        owner_name, _, leaf = name.rpartition(".")
+        if leaf != "weight" or param.dim() != 2 or id(param) in heads:
+            continue
+        type_ = _type_of(owner_name)
+        if type_ is not None:
+            found.setdefault(type_, []).append((name, modules[owner_name]))
+    splits = {t: _split(t, entries, modules) for t, entries in found.items()}
+    taken = set(found)
+    rules = []
+    for type_ in sorted(found, key=_ORDER.index):
+        entries = found[type_]
+        split = splits[type_]
+        if split and (taken & set(split)) - {type_}:  # the blocks' types exist unfused too
+            split = ()
+        taken |= set(split)
+        family = "attn" if type_.startswith("attn") else "mlp"
+        layout = _module_kind(entries[0][1]) or "out_in"
+        rules.append(ModuleRule(type_, _pattern([n for n, _ in entries], all_names), family,
+                                split=split, layout=layout))
+    rules = tuple(rules)
+    if rules:
+        check_rules(rules, source="inferred rules")
+    return rules
+
+
+def _type_of(module_name: str) -> str | None:
+    """The module type a weight of module ``module_name`` gets, or None."""
+    parts = module_name.split(".")
+    leaf = parts[-1]
+    if leaf in _LEAF_TYPES:
+        return _LEAF_TYPES[leaf]
+    if leaf in _CONTEXT_TYPES:
+        in_attn, in_mlp = _CONTEXT_TYPES[leaf]
+        for part in reversed(parts[:-1]):  # the innermost block that says what it is
+            low = part.lower()
+            if any(w in low for w in _ATTN_WORDS):
+                return in_attn
+            if any(w in low for w in _MLP_WORDS):
+                return in_mlp
+    return None
+
+
+def _split(type_: str, entries: list[tuple[str, nn.Module]], modules: dict[str, nn.Module]) -> tuple[str, ...]:
+    """The split of a fused type when every weight of it is stacked in equal whole blocks."""
+    leaves = {n.split(".")[-2] for n, _ in entries}
+    if len(leaves) != 1 or next(iter(leaves)) not in _CONTIGUOUS_SPLITS:
+        return ()
+    blocks = _CONTIGUOUS_SPLITS[next(iter(leaves))]
+    for name, module in entries:
+        layout = _module_kind(module) or "out_in"
+        out_dim = module.weight.shape[1 if layout == "in_out" else 0]
+        if out_dim % len(blocks):
+            return ()
+        if type_ == "attn_qkv" and _query_width(name, modules) != out_dim // 3:
+            return ()  # grouped-query attention: K and V narrower than Q
+    return blocks
+
+
+def _query_width(name: str, modules: dict[str, nn.Module]) -> int | None:
+    """Width of the queries of the attention block holding weight ``name``: the input
+    width of its output projection (a sibling module of type ``attn_out``)."""
+    parent = name.rsplit(".", 2)[0]
+    for mod_name, module in modules.items():
+        if mod_name.rpartition(".")[0] == parent and _type_of(mod_name) == "attn_out":
+            weight = getattr(module, "weight", None)
+            if weight is not None and weight.dim() == 2:
+                return int(weight.shape[0 if _module_kind(module) == "in_out" else 1])
+    return None
+
+
+def _pattern(names: list[str], all_names: list[str]) -> str:
+    """A regular expression matching exactly ``names`` among ``all_names``: their names
+    after the layer index when that is enough, else their whole names."""
+    chosen = set(names)
+    others = [n for n in all_names if n not in chosen]
+    pattern = _either(sorted({re.escape(_tail(n)) for n in names}), r"(^|\.)")
+    if any(re.search(pattern, n) for n in others):
+        pattern = _either(sorted({_generalise(n) for n in names}), "^")
+    return pattern
+
+
+def _either(alternatives: list[str], prefix: str) -> str:
+    body = alternatives[0] if len(alternatives) == 1 else "(" + "|".join(alternatives) + ")"
+    return f"{prefix}{body}$"
+
+
+def _tail(name: str) -> str:
+    """The part of a parameter name after its last numeric component (a layer index)."""
+    parts = name.split(".")
+    idx = max((i for i, p in enumerate(parts) if p.isdigit()), default=-1)
+    return ".".join(parts[idx + 1:])
+
+
+def _generalise(name: str) -> str:
+    """``name`` as a regular expression with ``\\d+`` for each numeric component."""
+    return r"\.".join(r"\d+" if p.isdigit() else re.escape(p) for p in name.split("."))
