@@ -84,7 +84,7 @@ def test_unstable_trials_are_pruned_with_their_reason(monkeypatch, tmp_path):
     pruned = by_attn["euclidean"]
     # Rule: the logit-growth verdict prunes the trial (Optuna's PRUNED) and keeps its reason.
     assert pruned.state == TrialState.PRUNED and pruned.user_attrs["status"] == "unstable"
-    assert pruned.user_attrs["prune_reason"] == "max logit 5e+03 at step 5 > max_logit 1e+03"
+    assert pruned.user_attrs["prune_reason"] == "max logit 5e+03 at step 5 > threshold 80 (10 × d/√d_head 8)"
     assert by_attn["adamw"].state == TrialState.COMPLETE
 
 
