@@ -25,6 +25,8 @@ and asks the callback, and its decision is broadcast::
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -95,6 +97,8 @@ def train(
     if isinstance(assignment, (str, os.PathLike)):
         assignment = load_assignment(assignment)
     accelerator = get_accelerator(config.device, config.mixed_precision)
+    # the precision used (the run's, else Accelerate's configuration), as config.yaml records
+    config = dataclasses.replace(config, mixed_precision=accelerator.mixed_precision)
     try:
         return _Run(config, assignment, accelerator, out_dir).run(callback, progress)
     finally:
@@ -115,9 +119,10 @@ class _Run:
                  out_dir: str | os.PathLike | None) -> None:
         self.config, self.accelerator = config, accelerator
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
-        if config.batch_size % self.world:
+        if config.batch_size % (self.world * config.grad_accum):
             raise ConfigError(f"global batch {config.batch_size} does not split over "
-                              f"{self.world} processes", source="TrainConfig", key="batch_size")
+                              f"{self.world} processes x {config.grad_accum} micro-batches "
+                              "(grad_accum)", source="TrainConfig", key="batch_size")
         from accelerate.utils import set_seed
 
         set_seed(config.seed)  # python, numpy, torch (CPU and CUDA): the initialisation
@@ -134,6 +139,8 @@ class _Run:
         optimizer = optimizer_from_plan(self.plan, verbose=False)
         self.raw_model, self.raw_optimizer = model, optimizer
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        if config.compile:  # the training steps only; probes and evals run raw_model
+            self.model = torch.compile(self.model)
         # One LambdaLR over every group scales each group's own peak lr, so the spectral
         # step follows the same warmup + cosine as AdamW. Not passed through prepare():
         # Accelerate would step it once per process per step.
@@ -191,8 +198,7 @@ class _Run:
                 t0 = time.perf_counter()
                 x, y = self.shard(*get_batch(self.corpus.train, cfg.batch_size,
                                              self.block_size, self.generator))  # (B/N, T)
-                loss = lm_loss(self.model, x, y)  # (), any model family, through the DDP wrapper
-                acc.backward(loss)
+                loss = self.forward_backward(x, y)  # (), the mean over the micro-batches
                 grad_norm = acc.clip_grad_norm_(self.model.parameters(), max_norm)
                 # The one host sync of a step: the global mean loss and the grad norm.
                 # (grad_norm is already global: DDP averaged the gradients.)
@@ -268,6 +274,30 @@ class _Run:
         if self.writer:
             self.writer.write_result(result)
         return result
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of this rank's rows in ``grad_accum`` equal micro-batches.
+
+        Each micro-batch's mean loss is divided by their number, so the summed gradient is
+        the whole batch's (every target counts: none is -1 in a corpus). An explicit loop,
+        not Accelerate's ``accumulate()``: its ``gradient_accumulation_steps`` belongs to
+        the process's one Accelerator, not to a run. DDP averages over the ranks once, in
+        the last micro-batch's backward.
+
+        Args:
+            x, y: this rank's inputs and targets (B/N, T).
+
+        Returns:
+            The batch's mean loss, detached (a scalar).
+        """
+        n, acc = self.config.grad_accum, self.accelerator
+        total = torch.zeros((), device=x.device)
+        for i, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):  # each (B/N/n, T)
+            with contextlib.nullcontext() if i == n - 1 else acc.no_sync(self.model):
+                loss = lm_loss(self.model, xm, ym) / n  # any model family, through the wrappers
+                acc.backward(loss)
+            total += loss.detach().float()
+        return total
 
     def ask(self, callback: Callback | None, step: int, metrics: dict) -> str | None:
         """The callback's verdict, asked on the main process and broadcast to all.
