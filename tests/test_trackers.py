@@ -82,3 +82,29 @@ def test_cli_log_with_needs_a_run_directory(capsys):
                  "--log-with", "tensorboard"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--log-with" in err and "--out" in err
+
+
+def test_search_takes_the_training_flags(monkeypatch):
+    import geosearch.search.study
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_search(space, **kwargs):
+        seen["proxy"] = space.proxy
+        raise Stop
+
+    monkeypatch.setattr(geosearch.search.study, "run_search", fake_run_search)
+    with pytest.raises(Stop):
+        main(["search", "--mixed-precision", "bf16", "--grad-accum", "2", "--compile",
+              "--log-with", "tensorboard"])
+    # Rule: each flag sets the proxy field of the same name; unset ones keep the space's.
+    proxy = seen["proxy"]
+    assert (proxy.mixed_precision, proxy.grad_accum, proxy.compile, proxy.log_with) == \
+        ("bf16", 2, True, ["tensorboard"])
+    with pytest.raises(Stop):
+        main(["search"])
+    assert (seen["proxy"].mixed_precision, seen["proxy"].grad_accum, seen["proxy"].compile,
+            seen["proxy"].log_with) == (None, 1, False, [])
