@@ -92,14 +92,29 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-every", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="auto (default), cpu or cuda")
-    p.add_argument("--mixed-precision", help="no (default), bf16 or fp16")
+    _add_knobs(p)
     p.add_argument("--out", metavar="DIR", help="write config.yaml, metrics.jsonl, result.json here")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 _TRAIN_FIELDS = ("model", "data", "tokenizer", "steps", "batch_size", "lr", "spectral_lr", "solver",
-                 "eval_every", "probe_every", "seed", "device", "mixed_precision")
+                 "eval_every", "probe_every", "seed", "device", "mixed_precision", "grad_accum",
+                 "compile", "log_with")
 """Flags of ``geosearch train`` that set the TrainConfig field of the same name."""
+
+
+def _add_knobs(p: argparse.ArgumentParser) -> None:
+    """The training flags ``train`` and ``search`` share (TrainConfig fields)."""
+    p.add_argument("--mixed-precision", metavar="{no,bf16,fp16}",
+                   help="default: Accelerate's configuration (accelerate launch --mixed_precision, "
+                        "accelerate config), else no; fp16 needs CUDA")
+    p.add_argument("--grad-accum", type=int, metavar="N",
+                   help="split the global batch into N micro-batches per optimizer step (default 1)")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile the model for the training steps")
+    p.add_argument("--log-with", metavar="TRACKER[,TRACKER]",
+                   help="log each run's records to Accelerate trackers (tensorboard, wandb, mlflow, "
+                        "...), offline, under the run directory")
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -177,6 +192,7 @@ def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, metavar="S", help="sampler seed")
     p.add_argument("--sampler", help="auto, grid, tpe, random or gp")
     p.add_argument("--device", help="auto, cpu or cuda")
+    _add_knobs(p)
     p.add_argument("--storage", metavar="URL",
                    help="Optuna storage URL (e.g. postgresql://...) or journal file, instead of "
                         "DIR/<study>/study.db (one worker) or journal.log (several)")
@@ -204,7 +220,8 @@ def _run_search(args: argparse.Namespace) -> int:
     space = apply_overrides(
         load_space(args.space), [*args.set, *model_args], trials=args.trials, timeout=args.timeout,
         tokenizer=args.tokenizer, steps=args.steps, model=args.model, data=args.data, batch_size=args.batch_size,
-        device=args.device, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
+        device=args.device, mixed_precision=args.mixed_precision, grad_accum=args.grad_accum,
+        compile=args.compile, log_with=args.log_with, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
         name=args.study, target_steps=args.target_steps,
         target_spectral_lr=args.target_spectral_lr, target_model=args.target_model)
     outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,

@@ -47,6 +47,9 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
             geometry, ``rules`` with an assignment file (before anything is trained).
     """
     config = _config(config_file, fields, model_args)
+    if config.log_with and not out:
+        raise ConfigError("the trackers write their files under the run directory: add --out DIR",
+                          source="--log-with")
     if assign is not None:
         # the module types of --assign are the model's (hf:llama: attn_q, ..., mlp_gate)
         assignment = Assignment.parse(assign, rules=rules or default_rules(config.model, config.model_args) or "nanogpt")

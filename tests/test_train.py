@@ -324,3 +324,57 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, where, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and where in err
+
+
+# --------------------------------------------------------------------------- knobs
+def _first_step_weights(**kw) -> dict[str, torch.Tensor]:
+    """The weights after one optimizer step of a tiny run."""
+    config = tiny(steps=1, eval_every=1, probe_every=1, **kw).resolved()
+    run = train_mod._Run(config, Assignment.parse(MIXED), train_mod.get_accelerator("cpu"), None)
+    assert run.run(None, False).status == "completed"
+    return {k: v.detach().clone() for k, v in run.raw_model.state_dict().items()}
+
+
+def test_grad_accum_takes_the_same_step_as_the_whole_batch(monkeypatch):
+    rows = []  # the batch rows of every loss the trainer computes
+    lm_loss = train_mod.lm_loss
+    monkeypatch.setattr(train_mod, "lm_loss", lambda m, x, y: rows.append(len(x)) or lm_loss(m, x, y))
+    whole = _first_step_weights()
+    assert rows[0] == 8
+    rows.clear()
+    split = _first_step_weights(grad_accum=2)
+    assert rows[:2] == [4, 4]  # the step's batch of 8 went through in two micro-batches
+    before = train_mod._Run(tiny(steps=1).resolved(), Assignment.parse(MIXED),
+                            train_mod.get_accelerator("cpu"), None).raw_model.state_dict()
+    moved = [k for k in whole if not torch.equal(whole[k], before[k])]
+    assert len(moved) > len(whole) // 2  # the step moved the weights...
+    for k in whole:  # ...and two micro-batches of 4 move them as one batch of 8 does
+        torch.testing.assert_close(split[k], whole[k], rtol=1e-5, atol=2e-6, msg=k)
+
+
+def test_grad_accum_run_lowers_the_loss():
+    result = train(tiny(grad_accum=2), Assignment.parse(MIXED))
+    assert result.status == "completed"
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"] - 0.3
+    with pytest.raises(train_mod.ConfigError, match=r"batch_size: .*3 micro-batches"):
+        train(tiny(grad_accum=3), Assignment.parse(MIXED))
+
+
+def test_compile_flag_compiles_the_training_model(monkeypatch):
+    compiled = []
+
+    def compile_eager(model, **kw):
+        # The eager backend: Dynamo captures the graphs, no C++ code generation (Inductor
+        # takes about a minute for a 1-layer model on a 2-core CPU).
+        compiled.append(model)
+        return torch_compile(model, backend="eager", **kw)
+
+    torch_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", compile_eager)
+    cfg = dict(steps=4, eval_every=2, probe_every=2, model_args={"n_layer": 1})
+    plain_run = train(tiny(**cfg), Assignment.parse(MIXED))
+    assert not compiled  # off by default
+    compiled_run = train(tiny(compile=True, **cfg), Assignment.parse(MIXED))
+    assert len(compiled) == 1 and compiled_run.status == "completed"
+    for a, b in zip(plain_run.history, compiled_run.history):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5)

@@ -2,7 +2,9 @@
 
 Accelerate keeps its state in a process-wide singleton, so every proxy run of a process
 shares one ``Accelerator`` (:func:`get_accelerator`) and therefore one device and one mixed
-precision. Under ``torchrun`` or ``accelerate launch`` it joins the process group with a
+precision. Unless a run sets its precision, Accelerate's configuration chooses it (the
+variable ``ACCELERATE_MIXED_PRECISION`` that ``accelerate launch`` sets from its flag or from
+``accelerate config``); FSDP and DeepSpeed configurations are refused. Under ``torchrun`` or ``accelerate launch`` it joins the process group with a
 collective timeout of ``GEOSEARCH_DIST_TIMEOUT`` seconds, so that a rank whose peers died
 gives up instead of waiting forever. (``accelerate launch --cpu --num_processes 2`` starts
 one process: its CPU path needs MPI; use ``torchrun --nproc_per_node 2`` on CPUs.)
@@ -13,7 +15,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
@@ -24,11 +26,52 @@ DIST_TIMEOUT_ENV = "GEOSEARCH_DIST_TIMEOUT"
 """Environment variable: seconds a process of a distributed run waits for the others in
 one collective before it gives up (default 1800)."""
 
+PRECISION_ENV = "ACCELERATE_MIXED_PRECISION"
+"""Accelerate's environment variable for the mixed precision (set by ``accelerate launch``
+from ``--mixed_precision`` or from the ``accelerate config`` file)."""
+_UNSUPPORTED_ENV = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
+_UNSUPPORTED_TYPES = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed", "MEGATRON_LM": "Megatron-LM"}
+
 _ACCELERATOR: tuple[tuple[str, str], Any] | None = None
 
 
-def get_accelerator(device: Device = "auto", mixed_precision: Precision = "no"):
+def resolve_precision(mixed_precision: Precision | None) -> str:
+    """The precision a run trains in: its own, else Accelerate's configuration, else ``no``.
+
+    Accelerate reads ``ACCELERATE_MIXED_PRECISION`` when ``Accelerator(mixed_precision=None)``
+    (``AcceleratorState.__init__`` in accelerate 1.x); this reads it the same way, so that the
+    process's one Accelerator can be compared with what a later run asks for.
+
+    Raises:
+        ConfigError: the variable holds a value geosearch does not train in (``fp8``).
+    """
+    if mixed_precision is not None:
+        return mixed_precision
+    value = os.environ.get(PRECISION_ENV, "no").strip().lower() or "no"
+    if value not in get_args(Precision):
+        raise ConfigError(f"unsupported mixed precision {value!r}", source=PRECISION_ENV,
+                          allowed=get_args(Precision))
+    return value
+
+
+def check_distributed_type() -> None:
+    """Refuse the FSDP and DeepSpeed settings of ``accelerate config`` / ``accelerate launch``.
+
+    Raises:
+        ConfigError: ``ACCELERATE_USE_FSDP`` or ``ACCELERATE_USE_DEEPSPEED`` is true.
+    """
+    for env, what in _UNSUPPORTED_ENV.items():
+        if os.environ.get(env, "false").strip().lower() in ("1", "true", "yes", "y", "on", "t"):
+            raise ConfigError(f"{what} is not supported yet: geosearch trains data parallel "
+                              "(DDP); unset it or choose no FSDP/DeepSpeed in `accelerate config`",
+                              source=env)
+
+
+def get_accelerator(device: Device = "auto", mixed_precision: Precision | None = None):
     """The process's one ``accelerate.Accelerator``, created on first use.
+
+    ``mixed_precision=None`` takes Accelerate's configuration (:func:`resolve_precision`);
+    the Accelerator's ``mixed_precision`` is the one used.
 
     Accelerate keeps its state in a process-wide singleton that cannot change device or
     precision once made (``AcceleratorState._reset_state`` is private), so every run of a
@@ -38,11 +81,15 @@ def get_accelerator(device: Device = "auto", mixed_precision: Precision = "no"):
     whose peers died unnoticed by the launcher gives up after it.
 
     Raises:
-        ConfigError: CUDA or fp16 asked for without a GPU, or a device/precision other
-            than the one this process already uses.
+        ConfigError: CUDA or fp16 asked for without a GPU, a device/precision other than
+            the one this process already uses, or an FSDP/DeepSpeed configuration.
     """
     global _ACCELERATOR
     from accelerate import Accelerator
+
+    check_distributed_type()
+    where = {"key": "mixed_precision"} if mixed_precision is not None else {"source": PRECISION_ENV}
+    mixed_precision = resolve_precision(mixed_precision)
 
     resolved = "cuda" if device == "cuda" or (
         device == "auto" and torch.cuda.is_available()) else "cpu"
@@ -50,8 +97,7 @@ def get_accelerator(device: Device = "auto", mixed_precision: Precision = "no"):
         raise ConfigError("CUDA is not available on this machine", key="device",
                           allowed=["auto", "cpu"])
     if mixed_precision == "fp16" and resolved != "cuda":
-        raise ConfigError("fp16 needs a CUDA device", key="mixed_precision",
-                          allowed=["no", "bf16"])
+        raise ConfigError("fp16 needs a CUDA device", **where, allowed=["no", "bf16"])
     key = (resolved, mixed_precision)
     if _ACCELERATOR is not None:
         if _ACCELERATOR[0] != key:
@@ -73,6 +119,11 @@ def get_accelerator(device: Device = "auto", mixed_precision: Precision = "no"):
     except ValueError as e:  # the state was already made by someone else, differently
         raise ConfigError(f"Accelerate refused device={resolved}, "
                           f"mixed_precision={mixed_precision}: {e}") from None
+    kind = getattr(accelerator.distributed_type, "name", str(accelerator.distributed_type))
+    if kind in _UNSUPPORTED_TYPES:
+        raise ConfigError(f"{_UNSUPPORTED_TYPES[kind]} is not supported yet: geosearch trains "
+                          "data parallel (DDP); choose no FSDP/DeepSpeed in `accelerate config`",
+                          key="distributed_type")
     if accelerator.num_processes > 1:
         # Leave the process group cleanly at exit: gloo ranks that exit with it alive can
         # abort (SIGABRT) when their peer has already closed its sockets.

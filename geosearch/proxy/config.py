@@ -86,15 +86,27 @@ class TrainConfig:
     """Seeds the initialisation and the training batches."""
     device: Device = "auto"
     """``auto`` (CUDA when available), ``cpu`` or ``cuda``."""
-    mixed_precision: Precision = "no"
-    """``no``, ``bf16`` or ``fp16`` (fp16 needs CUDA). One value per process."""
+    mixed_precision: Precision | None = None
+    """``no``, ``bf16`` or ``fp16`` (fp16 needs CUDA); None = Accelerate's configuration
+    (``accelerate launch --mixed_precision``, ``accelerate config``: the variable
+    ``ACCELERATE_MIXED_PRECISION``), else ``no``. One value per process; ``config.yaml``
+    records the one used."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step: the global batch is split into this many, each
+    forward/backward on its own, and the gradients summed before the one step."""
+    compile: bool = False
+    """``torch.compile`` the model for the training steps (the probes and evaluations run
+    the model as it is)."""
+    log_with: list[str] = field(default_factory=list)
+    """Accelerate trackers the run logs its records to (``tensorboard``, ``wandb``,
+    ``mlflow``, ...; offline, under the run directory); empty = none."""
 
     def __post_init__(self) -> None:
         self._check()
 
     def _check(self) -> None:
         src = "TrainConfig"
-        for name in ("steps", "batch_size", "eval_every", "eval_batches", "probe_every",
+        for name in ("steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "probe_every",
                      "probe_batch_size"):
             _positive_int(self, name, src)
         if self.warmup_steps is not None:
@@ -118,7 +130,8 @@ class TrainConfig:
         if self.mixed_precision is False:  # YAML 1.1 reads a bare `no` as false
             self.mixed_precision = "no"
         for name, kind in (("device", Device), ("mixed_precision", Precision)):
-            if getattr(self, name) not in get_args(kind):
+            if getattr(self, name) not in get_args(kind) and not (
+                    name == "mixed_precision" and self.mixed_precision is None):
                 raise ConfigError(f"unknown value {getattr(self, name)!r}", source=src, key=name,
                                   allowed=get_args(kind))
         if not isinstance(self.model, str):
@@ -136,6 +149,10 @@ class TrainConfig:
                     f" (it is a field of its own: set {k} directly)" if k in OPTIMIZER_FIELDS else ""),
                     source=src, key=f"optimizer_args.{k}", allowed=others)
             self.optimizer_args[k] = optim_settings.check(k, v, source=src, key=f"optimizer_args.{k}")
+        if not isinstance(self.compile, bool):
+            raise ConfigError(f"must be true or false but got {self.compile!r}", source=src,
+                              key="compile")
+        self.log_with = _tracker_names(self.log_with, src)
         if self.data is not None and not isinstance(self.data, (str, os.PathLike)):
             raise ConfigError(f"must be a path or null but got {self.data!r}", source=src,
                               key="data")
@@ -178,6 +195,17 @@ class TrainConfig:
             return cls(**d)
         except ConfigError as e:
             raise ConfigError(e.problem, source=source, key=e.key, allowed=e.allowed) from None
+
+
+def _tracker_names(value: Any, src: str) -> list[str]:
+    """``log_with`` as a list of tracker names: one name, a comma-separated string or a list."""
+    if value is None:
+        return []
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"must be a tracker name or a list of them but got {value!r}",
+                          source=src, key="log_with")
+    return [n.strip() for n in names if n.strip()]
 
 
 def _positive_int(cfg: TrainConfig, name: str, src: str, allow_zero: bool = False) -> None:

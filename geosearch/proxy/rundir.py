@@ -57,7 +57,7 @@ def describe_run(config: TrainConfig, plan: Plan, built: BuiltModel, corpus: Cor
                  "val_tokens": int(corpus.val.numel())},
         "seed": config.seed,
         "device": device,
-        "mixed_precision": config.mixed_precision,
+        "mixed_precision": accelerator.mixed_precision,  # the one used
         "num_processes": accelerator.num_processes,
         "versions": versions(),
         "hostname": socket.gethostname(),

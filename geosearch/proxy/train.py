@@ -25,11 +25,15 @@ and asks the callback, and its decision is broadcast::
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import os
 import time
 import traceback
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +47,7 @@ from geosearch.proxy.config import TrainConfig, TrainResult
 from geosearch.proxy.data import get_batch, load_corpus
 from geosearch.proxy.probes import WeightProbe, attention_stats
 from geosearch.proxy.rundir import Progress, RunWriter, describe_run
+from geosearch.proxy.trackers import Trackers, check_trackers
 from geosearch.proxy.zoo import build_model, lm_loss
 
 __all__ = ["DIST_TIMEOUT_ENV", "TrainConfig", "TrainResult", "VAL_SEED", "get_accelerator", "train"]
@@ -65,6 +70,8 @@ def train(
     out_dir: str | os.PathLike | None = None,
     *,
     progress: bool = False,
+    project: str = "geosearch",
+    run_name: str | None = None,
 ) -> TrainResult:
     """Train the proxy once with ``assignment`` and report as it goes.
 
@@ -79,6 +86,10 @@ def train(
             (one flushed line per eval/probe step) and ``result.json`` (at the end).
         progress: show a progress bar (a TTY) or a line per evaluation (otherwise) on
             stderr, main process only.
+        project: the tracker project the run belongs to (``config.log_with``): the
+            search passes its study name.
+        run_name: the run's tracker name (the search: ``trial N seed S``); None = the
+            name of ``out_dir``.
 
     Returns:
         The :class:`TrainResult`. Instabilities and errors inside the loop are reported
@@ -95,8 +106,12 @@ def train(
     if isinstance(assignment, (str, os.PathLike)):
         assignment = load_assignment(assignment)
     accelerator = get_accelerator(config.device, config.mixed_precision)
+    # the precision used (the run's, else Accelerate's configuration), as config.yaml records
+    config = dataclasses.replace(config, mixed_precision=accelerator.mixed_precision)
     try:
-        return _Run(config, assignment, accelerator, out_dir).run(callback, progress)
+        run = _Run(config, assignment, accelerator, out_dir,
+                   tracking=(project, run_name or Path(out_dir or "run").name))
+        return run.run(callback, progress)
     finally:
         # The run's model and optimizer are unreachable now; free_memory drops Accelerate's
         # references too, runs gc.collect() and empties the CUDA cache: the next run of
@@ -112,12 +127,15 @@ class _Run:
     """The state of one run; :meth:`run` is the training loop."""
 
     def __init__(self, config: TrainConfig, assignment: Assignment, accelerator: Any,
-                 out_dir: str | os.PathLike | None) -> None:
+                 out_dir: str | os.PathLike | None,
+                 tracking: tuple[str, str] = ("geosearch", "run")) -> None:
         self.config, self.accelerator = config, accelerator
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
-        if config.batch_size % self.world:
+        if config.batch_size % (self.world * config.grad_accum):
             raise ConfigError(f"global batch {config.batch_size} does not split over "
-                              f"{self.world} processes", source="TrainConfig", key="batch_size")
+                              f"{self.world} processes x {config.grad_accum} micro-batches "
+                              "(grad_accum)", source="TrainConfig", key="batch_size")
+        check_trackers(config.log_with)  # every rank, before any work
         from accelerate.utils import set_seed
 
         set_seed(config.seed)  # python, numpy, torch (CPU and CUDA): the initialisation
@@ -134,6 +152,8 @@ class _Run:
         optimizer = optimizer_from_plan(self.plan, verbose=False)
         self.raw_model, self.raw_optimizer = model, optimizer
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        if config.compile:  # the training steps only; probes and evals run raw_model
+            self.model = torch.compile(self.model)
         # One LambdaLR over every group scales each group's own peak lr, so the spectral
         # step follows the same warmup + cosine as AdamW. Not passed through prepare():
         # Accelerate would step it once per process per step.
@@ -155,6 +175,11 @@ class _Run:
             else None
         if self.writer:
             self.writer.write_config(self.run_config)
+        elif config.log_with and accelerator.is_main_process:
+            warnings.warn("log_with is ignored: the run has no directory (out_dir) for the "
+                          "trackers' files", stacklevel=3)
+        self.trackers = Trackers(config.log_with, out_dir, project=tracking[0], run_name=tracking[1],
+                                 config=self.run_config) if self.writer and config.log_with else None
 
     def lr_factor(self, step: int) -> float:
         """Multiplier of the peak lr after ``step`` optimizer steps: warmup, then cosine."""
@@ -191,8 +216,7 @@ class _Run:
                 t0 = time.perf_counter()
                 x, y = self.shard(*get_batch(self.corpus.train, cfg.batch_size,
                                              self.block_size, self.generator))  # (B/N, T)
-                loss = lm_loss(self.model, x, y)  # (), any model family, through the DDP wrapper
-                acc.backward(loss)
+                loss = self.forward_backward(x, y)  # (), the mean over the micro-batches
                 grad_norm = acc.clip_grad_norm_(self.model.parameters(), max_norm)
                 # The one host sync of a step: the global mean loss and the grad norm.
                 # (grad_norm is already global: DDP averaged the gradients.)
@@ -205,8 +229,7 @@ class _Run:
                     status, stop_step = "unstable", step
                     reason = f"non-finite {what} ({train_loss:.3g}, grad norm {gnorm:.3g})"
                     history.append(self.record(step, train_loss, gnorm, lr, None))
-                    if self.writer:
-                        self.writer.write_metrics(history[-1])
+                    self.emit(history[-1])
                     break
                 if self.optimizer.scaler is not None:  # fp16: Accelerate's wrapper runs the
                     self.optimizer.step()  # loss scaler, which skips steps with inf gradients
@@ -232,8 +255,7 @@ class _Run:
                 metrics = self.record(step, train_loss, gnorm, lr, interval_s * 1e3,
                                       tokens / interval_s, do_eval, do_probe)
                 history.append(metrics)
-                if self.writer:
-                    self.writer.write_metrics(metrics)
+                self.emit(metrics)
                 bar.record(metrics)
                 stop = self.ask(callback, step, metrics)
                 if not stop and do_eval and not math.isfinite(metrics["val_loss"]):
@@ -253,6 +275,8 @@ class _Run:
             bar.close()
             if self.writer:
                 self.writer.close()
+            if self.trackers:
+                self.trackers.finish()
 
         vals = [m["val_loss"] for m in history if m.get("val_loss") is not None]
         finite = [v for v in vals if math.isfinite(v)]
@@ -268,6 +292,37 @@ class _Run:
         if self.writer:
             self.writer.write_result(result)
         return result
+
+    def emit(self, metrics: dict) -> None:
+        """Write one record to metrics.jsonl and the trackers (main process)."""
+        if self.writer:
+            self.writer.write_metrics(metrics)
+        if self.trackers:
+            self.trackers.log(metrics)
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of this rank's rows in ``grad_accum`` equal micro-batches.
+
+        Each micro-batch's mean loss is divided by their number, so the summed gradient is
+        the whole batch's (every target counts: none is -1 in a corpus). An explicit loop,
+        not Accelerate's ``accumulate()``: its ``gradient_accumulation_steps`` belongs to
+        the process's one Accelerator, not to a run. DDP averages over the ranks once, in
+        the last micro-batch's backward.
+
+        Args:
+            x, y: this rank's inputs and targets (B/N, T).
+
+        Returns:
+            The batch's mean loss, detached (a scalar).
+        """
+        n, acc = self.config.grad_accum, self.accelerator
+        total = torch.zeros((), device=x.device)
+        for i, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):  # each (B/N/n, T)
+            with contextlib.nullcontext() if i == n - 1 else acc.no_sync(self.model):
+                loss = lm_loss(self.model, xm, ym) / n  # any model family, through the wrappers
+                acc.backward(loss)
+            total += loss.detach().float()
+        return total
 
     def ask(self, callback: Callback | None, step: int, metrics: dict) -> str | None:
         """The callback's verdict, asked on the main process and broadcast to all.

@@ -73,6 +73,10 @@ CLI_FLAGS: dict[str, str] = {
     "tokenizer": "proxy.tokenizer",
     "batch_size": "proxy.batch_size",
     "device": "proxy.device",
+    "mixed_precision": "proxy.mixed_precision",
+    "grad_accum": "proxy.grad_accum",
+    "compile": "proxy.compile",
+    "log_with": "proxy.log_with",
     "repeats": "repeats",
     "seed": "sampler.seed",
     "sampler": "sampler.type",
@@ -457,7 +461,8 @@ def apply_overrides(
             read as YAML: ``proxy.steps=100``, ``proxy.data=null``,
             ``hyperparams.lr=[1e-4,1e-3]``), or a mapping of dotted keys to values.
         **flags: command-line flags (:data:`CLI_FLAGS`: ``trials``, ``timeout``, ``steps``,
-            ``model``, ``data``, ``batch_size``, ``device``, ``repeats``, ``seed``,
+            ``model``, ``data``, ``batch_size``, ``device``, ``mixed_precision``, ``grad_accum``,
+            ``compile``, ``log_with``, ``repeats``, ``seed``,
             ``sampler``, ``name``, ``target_steps``, ``target_spectral_lr``,
             ``target_model``); a ``None`` value means "not given". Applied after
             ``overrides``.

@@ -322,7 +322,10 @@ class Searcher:
                 callback = self._callback(trial, rows, probe_sum_eta(config, assignment), heartbeat,
                                           report=rung.index == 0 and r == 0)
                 out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
-                results[-1].append(self._train(config, assignment, callback=callback, out_dir=out_dir))
+                # trackers (proxy.log_with): one run per trial and seed, in the study's project
+                name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
+                results[-1].append(self._train(config, assignment, callback=callback, out_dir=out_dir,
+                                               project=self.study.study_name, run_name=f"{name} seed {seed}"))
                 probes[-1].append(rows)
                 if results[-1][-1].status != "completed":  # TrainResult.status
                     return results, probes
