@@ -180,6 +180,32 @@ def test_hooks_are_removed_and_tensors_dropped():
         assert all(not raw for raw in capture.raw)
 
 
+@pytest.mark.parametrize("key", ["nanogpt", *HF_ARGS])
+def test_streaming_hands_each_layer_over_and_keeps_nothing(key):
+    if key == "nanogpt":
+        torch.manual_seed(0)
+        model, source = GPT(make_config("tiny", block_size=T)).eval(), "nanogpt"
+    else:
+        pytest.importorskip("transformers", reason=HF_REASON)
+        built = _hf(key)
+        model, source = built.model, built.qk_source
+    x = _batch()
+    with torch.no_grad(), qk_capture(model, source) as capture:
+        model(x)
+        expected = capture.layers()
+    seen: list[tuple[int, LayerQK]] = []
+    with torch.no_grad(), qk_capture(model, source, on_layer=lambda i, t: seen.append((i, t))) as capture:
+        model(x)
+        # Rule: nothing stays captured once a layer has been handed over ...
+        assert all(not raw for raw in capture.raw)
+        assert all(getattr(m, "last_q", None) is None for m in capture.modules)
+    # ... and each layer was handed over once, in order, with what layers() gives.
+    assert [i for i, _ in seen] == list(range(len(expected)))
+    for (_, t), e in zip(seen, expected):
+        assert torch.equal(t.q, e.q) and torch.equal(t.k, e.k) and t.scale == e.scale
+    assert all(not m._forward_hooks for m in model.modules())
+
+
 def test_nanogpt_source_equals_the_proxy_recording():
     torch.manual_seed(0)
     model = GPT(make_config("tiny", block_size=T)).eval()

@@ -27,6 +27,7 @@ _EXPORTS = {
     **dict.fromkeys(["ProbedWeight", "WeightProbe", "attention_stats", "recording_qk",
                      "weight_stats"], "geosearch.proxy.probes"),
     **dict.fromkeys(["LayerQK", "detect_qk_source", "qk_capture"], "geosearch.proxy.qk"),
+    "QKClip": "geosearch.proxy.qkclip",
     **dict.fromkeys(["BuiltModel", "build_meta_model", "build_model", "check_model_spec",
                      "lm_logits", "lm_loss"], "geosearch.proxy.zoo"),
 }
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
         weight_stats,
     )
     from geosearch.proxy.qk import LayerQK, detect_qk_source, qk_capture
+    from geosearch.proxy.qkclip import QKClip
     from geosearch.proxy.specs import PRESETS, default_rules, model_spec_names
     from geosearch.proxy.zoo import (
         BuiltModel,

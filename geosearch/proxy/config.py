@@ -74,6 +74,11 @@ class TrainConfig:
     """Both learning rates decay along a cosine to this fraction of their peak."""
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 = no clipping (the norm is still measured)."""
+    qk_clip: float | None = None
+    """QK-clip (Kimi K2's MuonClip, :mod:`geosearch.proxy.qkclip`): after each step, shrink
+    the query/key weights of every head whose max attention logit in that step's forward
+    exceeded this cap τ (Kimi uses 100); None = off. Only for unconstrained attention
+    (``adamw``, ``euclidean``, ``spectral_ball``); the records count the clipped heads."""
     eval_every: int = 50
     """Validation loss every this many steps, and at the last step."""
     eval_batches: int = 4
@@ -117,6 +122,7 @@ class TrainConfig:
             value = _number(self, name, src)
             if value < 0:
                 raise ConfigError(f"must be >= 0 but got {value!r}", source=src, key=name)
+        self.qk_clip = check_qk_clip(self.qk_clip, src)
         if self.min_lr_ratio > 1:
             raise ConfigError(f"must be in [0, 1] but got {self.min_lr_ratio}", source=src,
                               key="min_lr_ratio")
@@ -208,6 +214,21 @@ def _tracker_names(value: Any, src: str) -> list[str]:
     return [n.strip() for n in names if n.strip()]
 
 
+def check_qk_clip(value: Any, source: str) -> float | None:
+    """``qk_clip`` as a float, or None (off).
+
+    Raises:
+        ConfigError: not a positive finite number (errors name ``source``, key ``qk_clip``).
+    """
+    if value is None:
+        return None
+    tau = _as_float(value, source, "qk_clip")
+    if not 0 < tau < float("inf"):
+        raise ConfigError(f"must be a positive number (the cap on each head's max attention logit, "
+                          f"e.g. 100) or null but got {value!r}", source=source, key="qk_clip")
+    return tau
+
+
 def _positive_int(cfg: TrainConfig, name: str, src: str, allow_zero: bool = False) -> None:
     value = getattr(cfg, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
@@ -289,6 +310,9 @@ class TrainResult:
                          f"(layer {layer}); peak {short_number(peak['max_logit'])} at step {peak['step']}")
             lines.append("sigma_max   " + "  ".join(
                 f"{t} {short_number(v)}" for t, v in last["sigma_max"].items()))
+            if last.get("qk_clipped_total") is not None:
+                lines.append(f"qk-clip     {last['qk_clipped_total']} head clips "
+                             f"(tau {self.config.get('train', {}).get('qk_clip')})")
             if last.get("dual_residual") is not None:
                 lines.append(f"dual resid  {short_number(last['dual_residual'])}")
         lines.append(f"speed       {self.mean_step_ms:.1f} ms/step, {self.tokens_per_s:,.0f} tokens/s")

@@ -160,7 +160,8 @@ class QKCapture:
 
 
 @contextmanager
-def qk_capture(model: nn.Module, source: str | None = None) -> Iterator[QKCapture]:
+def qk_capture(model: nn.Module, source: str | None = None,
+               on_layer: Callable[[int, LayerQK], None] | None = None) -> Iterator[QKCapture]:
     """Capture every attention layer's queries and keys during forward passes in the block.
 
     Hooks (or the ``record_qk`` switch) are installed on entry and removed on exit; the
@@ -170,6 +171,10 @@ def qk_capture(model: nn.Module, source: str | None = None) -> Iterator[QKCaptur
         model: the unwrapped model (not a DDP wrapper: hooks see the same modules either
             way, but pass the one whose attention layers you mean).
         source: one of :data:`QK_SOURCES`; None = :func:`detect_qk_source`.
+        on_layer: streaming mode: called as ``on_layer(i, layer_qk)`` as soon as attention
+            layer ``i`` has run, after which its tensors are dropped, so a training forward
+            keeps nothing beyond what ``on_layer`` keeps (e.g. a per-head max); ``layers()``
+            then has nothing to return.
 
     Yields:
         A :class:`QKCapture`; ``capture.layers()`` after a forward.
@@ -188,8 +193,10 @@ def qk_capture(model: nn.Module, source: str | None = None) -> Iterator[QKCaptur
     capture = QKCapture(model, source, layers)
     handles: list[Any] = []
     try:
-        for module, raw in zip(layers, capture.raw):
+        for i, (module, raw) in enumerate(zip(layers, capture.raw)):
             handles += _INSTALL[source](module, raw)
+            if on_layer is not None:
+                handles.append(module.register_forward_hook(_stream(i, raw, source, model, on_layer)))
         yield capture
     finally:
         for h in handles:
@@ -204,6 +211,19 @@ def qk_capture(model: nn.Module, source: str | None = None) -> Iterator[QKCaptur
 def _keep(raw: dict[str, Any], key: str) -> Callable:
     def hook(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
         raw[key] = output.detach()
+    return hook
+
+
+def _stream(i: int, raw: dict[str, Any], source: str, model: nn.Module,
+            on_layer: Callable[[int, LayerQK], None]) -> Callable:
+    """The attention module's forward hook of streaming mode: hand over, then drop."""
+    def hook(m: nn.Module, _inputs: Any, _output: Any) -> None:
+        layer = _FINISH[source](m, raw, model)
+        raw.clear()
+        if source == "nanogpt":
+            m.last_q, m.last_k = None, None
+        if layer is not None:
+            on_layer(i, layer)
     return hook
 
 

@@ -3,7 +3,8 @@
 :func:`train` builds the model (any spec of :mod:`geosearch.proxy.zoo`), the data and the
 optimizer (AdamW and manifold Muon groups in one ``ManifoldMuon``), then runs the loop:
 draw the *global* batch from a seeded generator, keep this rank's rows, forward, backward,
-clip the global gradient norm, step, move the learning rate along warmup + cosine. Every
+clip the global gradient norm, step (then QK-clip when ``qk_clip`` is set:
+:mod:`geosearch.proxy.qkclip`), move the learning rate along warmup + cosine. Every
 ``eval_every`` steps it measures the validation loss on fixed batches and every
 ``probe_every`` steps the attention logits, entropies, σ_max and constraint errors; each
 such step becomes one line of ``metrics.jsonl`` (:mod:`geosearch.proxy.rundir`) and one
@@ -46,6 +47,7 @@ from geosearch.proxy.accelerator import DIST_TIMEOUT_ENV, get_accelerator
 from geosearch.proxy.config import TrainConfig, TrainResult
 from geosearch.proxy.data import get_batch, load_corpus
 from geosearch.proxy.probes import WeightProbe, attention_stats
+from geosearch.proxy.qkclip import QKClip
 from geosearch.proxy.rundir import Progress, RunWriter, describe_run
 from geosearch.proxy.trackers import Trackers, check_trackers
 from geosearch.proxy.zoo import build_model, lm_loss
@@ -159,6 +161,9 @@ class _Run:
         # Accelerate would step it once per process per step.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_factor)
         self.weight_probe = WeightProbe.from_plan(self.plan)
+        # QK-clip (off unless config.qk_clip): refuses query/key weights on a manifold
+        self.qk_clip = QKClip(model, config.qk_clip, qk_source=self.built.qk_source, plan=self.plan,
+                              source="TrainConfig")
 
         # Batches: the training stream from the run's seed; validation and probe batches
         # fixed (VAL_SEED) and made once. Every rank draws the global batch and keeps its rows.
@@ -216,7 +221,8 @@ class _Run:
                 t0 = time.perf_counter()
                 x, y = self.shard(*get_batch(self.corpus.train, cfg.batch_size,
                                              self.block_size, self.generator))  # (B/N, T)
-                loss = self.forward_backward(x, y)  # (), the mean over the micro-batches
+                with self.qk_clip.observe():  # each head's max logit, when QK-clip is on
+                    loss = self.forward_backward(x, y)  # (), the mean over the micro-batches
                 grad_norm = acc.clip_grad_norm_(self.model.parameters(), max_norm)
                 # The one host sync of a step: the global mean loss and the grad norm.
                 # (grad_norm is already global: DDP averaged the gradients.)
@@ -238,6 +244,7 @@ class _Run:
                     self.raw_optimizer.step()
                     stepped = True
                 if stepped:
+                    self.qk_clip.apply()  # shrink W_q/W_k of heads whose max logit passed τ
                     self.scheduler.step()
                 self.raw_optimizer.zero_grad(set_to_none=True)
                 since_record += 1
@@ -360,6 +367,7 @@ class _Run:
             "max_logit": None, "max_logit_per_layer": None, "min_entropy": None,
             "mean_entropy": None, "sigma_max": None, "constraint_error": None,
             "dual_residual": None,
+            **self.qk_clip.metrics(),  # qk_clipped, qk_clipped_total: only when QK-clip is on
         }
         if do_eval:
             metrics["val_loss"] = self.evaluate()
