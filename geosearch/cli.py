@@ -144,7 +144,9 @@ def _add_search(p: argparse.ArgumentParser) -> None:
                 "accelerate launch --multi_gpu --num_processes N -m geosearch search ... (GPUs). "
                 "Several machines: the same --study and --storage postgresql://... on each.")
     p.add_argument("--space", default="default", metavar="FILE|NAME",
-                   help="search-space YAML, or a shipped space: default, paper, full, llama (default: default)")
+                   help="search-space YAML, or a shipped space: default, paper, full, llama (default: "
+                        "default); a shipped name always means the shipped space: write ./NAME for a "
+                        "file of that name")
     p.add_argument("--model", metavar="SPEC",
                    help=_MODEL_HELP + " (default: the space's; a space that names no rules takes the "
                         f"model's: {_RULES_DEFAULT})")
@@ -180,9 +182,15 @@ def _run_search(args: argparse.Namespace) -> int:
 
     from geosearch.search.distributed import leave_together
     from geosearch.search.space import apply_overrides, load_space
+    from geosearch.search.storage import check_dir
     from geosearch.search.study import run_search
+    from geosearch.search.workers import follow_parent, sigterm_as_ctrl_c
 
+    sigterm_as_ctrl_c()  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
+    if args.worker_index is not None:
+        follow_parent()  # a worker stops with its --workers parent, however that ends
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_dir(args.runs_dir, source="--runs-dir")
     space = apply_overrides(
         load_space(args.space), args.set, trials=args.trials, timeout=args.timeout,
         steps=args.steps, model=args.model, data=args.data, batch_size=args.batch_size,
@@ -306,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if any("://" in a and "@" in a for a in sys.argv):  # a run's config.yaml records sys.argv
+        from geosearch.search.storage import mask_url
+
+        sys.argv[:] = [mask_url(a) for a in sys.argv]
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2
