@@ -186,7 +186,6 @@ def _run_search(args: argparse.Namespace) -> int:
     from geosearch.search.study import run_search
     from geosearch.search.workers import follow_parent, sigterm_as_ctrl_c
 
-    sigterm_as_ctrl_c()  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
     if args.worker_index is not None:
         follow_parent()  # a worker stops with its --workers parent, however that ends
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -196,9 +195,10 @@ def _run_search(args: argparse.Namespace) -> int:
         steps=args.steps, model=args.model, data=args.data, batch_size=args.batch_size,
         device=args.device, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
         name=args.study)
-    outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
-                         workers=args.workers, worker_index=args.worker_index,
-                         **({} if args.stale_after is None else {"stale_after": args.stale_after}))
+    with sigterm_as_ctrl_c():  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
+        outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
+                             workers=args.workers, worker_index=args.worker_index,
+                             **({} if args.stale_after is None else {"stale_after": args.stale_after}))
     try:
         if outcome.rank:  # a data-parallel rank other than 0: rank 0 reports
             return 0

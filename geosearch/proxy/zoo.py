@@ -322,7 +322,7 @@ def _plan_py(spec: str, vocab_size: int, block_size: int | None, model_args: dic
         found = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v)
                        and getattr(v, "__module__", None) == module.__name__)
         raise ConfigError(f"model {spec!r}: module {target!r} has no factory {name!r}", source=_SOURCE,
-                          key="model", allowed=found)
+                          key="model", allowed=found or None)
     kwargs = {"vocab_size": vocab_size, "block_size": block_size or DEFAULT_BLOCK_SIZE, **model_args}
     _check_vocab(spec, vocab_size, kwargs["vocab_size"])
     try:

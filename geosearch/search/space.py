@@ -425,7 +425,13 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
             raise ConfigError(f"cannot read the file ({getattr(e, 'strerror', None) or e})",
                               source=source) from None
     data = parse_yaml(text, source=source)
-    if isinstance(data, dict) and "name" not in data:
+    if data is None:
+        raise ConfigError("empty file; expected a search space (a mapping with version, "
+                          "geometries, ...)", source=source)
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a search space (a mapping with version, geometries, ...), "
+                          f"got a {type(data).__name__}", source=source)
+    if "name" not in data:
         data = {**data, "name": name}
     return SearchSpace.from_dict(data, source=source)
 

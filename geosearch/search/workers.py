@@ -14,6 +14,7 @@ line. How the workers share the study is in ``docs/design.md`` ("Workers").
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime as _dt
 import os
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ __all__ = ["follow_parent", "run_workers", "share_cpu", "sigterm_as_ctrl_c"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STOP_WAIT = 60.0  # seconds the workers get to record an interrupted trial
+_LOG_HEADER = "--- geosearch worker log, "  # starts each run's part of a worker log
 
 
 def _cpu_share(workers: int) -> int:
@@ -52,14 +54,16 @@ def share_cpu(workers: int) -> None:
     torch.set_num_threads(_cpu_share(workers))
 
 
-def sigterm_as_ctrl_c() -> None:
-    """Take SIGTERM as Ctrl-C in this process (main thread only): the running trial is
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """While in this block, take SIGTERM as Ctrl-C (main thread only): the running trial is
     recorded as interrupted and queued again, and the command exits 130.
 
     The handler calls the SIGINT handler in place at the time of the signal, so that the
     trial loop's own Ctrl-C handling applies.
     """
     if threading.current_thread() is not threading.main_thread():
+        yield
         return
 
     def handle(signum: int, frame: Any) -> None:
@@ -70,7 +74,11 @@ def sigterm_as_ctrl_c() -> None:
             handler(signal.SIGINT, frame)
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, handle)
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def follow_parent() -> None:
@@ -173,7 +181,7 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
                 env["OMP_NUM_THREADS"] = str(threads)
             log = logs / f"worker{i}.log"
             with open(log, "a", encoding="utf-8") as f:  # a rerun keeps the earlier runs' logs
-                f.write(f"--- {_dt.datetime.now().isoformat(timespec='seconds')}: worker {i} of "
+                f.write(f"{_LOG_HEADER}{_dt.datetime.now().isoformat(timespec='seconds')}: worker {i} of "
                         f"parent pid {os.getpid()}\n")
                 f.flush()
                 p = subprocess.Popen([*cmd, "--worker-index", str(i)], stdout=f,
@@ -200,7 +208,8 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
     bad = [(i, p.returncode, log) for i, p, log in procs if p.returncode not in (0,)]
     if bad:
         i, code, log = bad[0]
-        tail = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        tail = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines()
+                if ln.strip() and not ln.startswith(_LOG_HEADER)]
         how = (f"was stopped by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
                else f"exited with code {code}")
         raise GeosearchError(f"worker {i} {how}" + (f": {tail[-1][:300]}" if tail else "")
