@@ -11,6 +11,7 @@ Ctrl-C ends with exit code 130 and nothing lost (studies resume on rerun).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -332,6 +333,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `geosearch inspect | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # a full disk: what is stored is whole (see docs/reliability.md), the rerun resumes
+        print(f"geosearch {args.command}: error: {e.strerror} (writing {e.filename or 'a file'}); "
+              "free some space, then rerun the same command to resume", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover
