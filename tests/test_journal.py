@@ -4,12 +4,11 @@ refused before anything is written to them."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
+from _small_fs import fill, small_filesystem
 
 from geosearch.errors import ConfigError
 from geosearch.search.journal import SafeJournalFile, check_journal_file, open_journal, repair_torn_tail
@@ -31,28 +30,13 @@ def _read(path: Path) -> optuna.Study:
 @pytest.fixture
 def small_fs(tmp_path):
     """A real 1 MB file system (tmpfs), as full disks happen; skipped where it cannot be mounted."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("mounts a tmpfs (Linux)")
-    where = tmp_path / "fs"
-    where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {(r.stderr or r.stdout).strip()}")
+    mounted = small_filesystem(tmp_path / "fs", "1m")
+    try:
+        where = mounted.__enter__()
+    except OSError as e:
+        pytest.skip(f"{e} (needs root on Linux)")
     yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
-def _fill(folder: Path) -> Path:
-    filler = folder / "filler.bin"
-    with open(filler, "wb", buffering=0) as f:
-        for chunk in (1 << 16, 1 << 10, 1):
-            try:
-                while True:
-                    f.write(b"\0" * chunk)
-            except OSError:
-                continue
-    return filler
+    mounted.__exit__(None, None, None)
 
 
 def test_a_full_disk_fails_the_write_and_leaves_the_journal_whole(small_fs):
@@ -60,7 +44,7 @@ def test_a_full_disk_fails_the_write_and_leaves_the_journal_whole(small_fs):
     study = _study(path)
     study.set_user_attr("small", 1)
     size = path.stat().st_size
-    filler = _fill(small_fs)
+    filler = fill(small_fs)
     with pytest.raises(OSError):
         study.set_user_attr("big", BIG)  # torn part way by ENOSPC, then rolled back
     assert path.stat().st_size == size and path.read_bytes().endswith(b"\n")
@@ -76,7 +60,7 @@ def test_optuna_alone_tears_the_journal_on_a_full_disk(small_fs):
     path = small_fs / "journal.log"
     plain = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
     study = optuna.create_study(study_name="j", storage=plain)
-    filler = _fill(small_fs)
+    filler = fill(small_fs)
     with pytest.raises(OSError):
         study.set_user_attr("big", BIG)
     assert not path.read_bytes().endswith(b"\n")  # torn

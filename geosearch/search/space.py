@@ -398,8 +398,7 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
     """Read a search space from a YAML file, or a shipped one by name (``"default"``).
 
     A shipped name (:func:`space_names`) always means the shipped space, whatever the
-    working directory holds: a file or directory named ``default`` there does not shadow
-    it (write ``./default`` for such a file). Any other value is a path.
+    working directory holds (write ``./default`` for a file named ``default``).
 
     Raises:
         ConfigError: missing or unreadable file (listing the shipped names), malformed
@@ -425,12 +424,10 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
             raise ConfigError(f"cannot read the file ({getattr(e, 'strerror', None) or e})",
                               source=source) from None
     data = parse_yaml(text, source=source)
-    if data is None:
-        raise ConfigError("empty file; expected a search space (a mapping with version, "
-                          "geometries, ...)", source=source)
     if not isinstance(data, dict):
-        raise ConfigError(f"expected a search space (a mapping with version, geometries, ...), "
-                          f"got a {type(data).__name__}", source=source)
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"expected a search space (a mapping: version, geometries, ...), got {got}",
+                          source=source)
     if "name" not in data:
         data = {**data, "name": name}
     return SearchSpace.from_dict(data, source=source)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import optuna
 import yaml
+from _small_fs import fill, small_filesystem
 from optuna.trial import TrialState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,6 +265,13 @@ def _search_args(space: Path, *extra: str) -> list[str]:
     return ["search", "--space", str(space), "--runs-dir", "runs", *extra]
 
 
+def _begin(tmp: Path, name: str, *extra: str) -> tuple[Path, Path, list[str], Command]:
+    """Start the search of study ``name`` in ``tmp``: ``(space, run dir, args, command)``."""
+    space = write_space(tmp, name)
+    args = _search_args(space, *extra)
+    return space, tmp / "runs" / name, args, start(args, tmp, tmp / "first.log")
+
+
 def _finish(tmp: Path, args: list[str], run_dir: Path, before: dict[int, float], fault: str,
             landed: bool, notes: list[str], pids: list[int] = (), storage: str | None = None,
             **extra_env: str) -> Result:
@@ -309,10 +317,7 @@ def signal_parent(tmp: Path, rng: random.Random, sigs: tuple[signal.Signals, ...
 
 def signal_worker(tmp: Path, rng: random.Random, sig: signal.Signals) -> Result:
     """``--workers 2``: one worker, picked at random, gets ``sig`` mid-search."""
-    space = write_space(tmp, "ww")
-    run_dir = tmp / "runs" / "ww"
-    args = _search_args(space, "--workers", "2")
-    cmd = start(args, tmp, tmp / "first.log")
+    _, run_dir, args, cmd = _begin(tmp, "ww", "--workers", "2")
     try:
         landed = mid_trial(cmd, run_dir, rng)
         pids = worker_pids(cmd.pid)
@@ -330,10 +335,7 @@ def signal_worker(tmp: Path, rng: random.Random, sig: signal.Signals) -> Result:
 
 def signal_single(tmp: Path, rng: random.Random, sig: signal.Signals) -> Result:
     """One process on SQLite gets ``sig`` mid-search."""
-    space = write_space(tmp, "sp")
-    run_dir = tmp / "runs" / "sp"
-    args = _search_args(space)
-    cmd = start(args, tmp, tmp / "first.log")
+    _, run_dir, args, cmd = _begin(tmp, "sp")
     try:
         landed = mid_trial(cmd, run_dir, rng)
         before = completed(run_dir)
@@ -351,10 +353,7 @@ def signal_single(tmp: Path, rng: random.Random, sig: signal.Signals) -> Result:
 def second_command(tmp: Path, rng: random.Random) -> Result:
     """A second ``geosearch search`` of the same study while the first (``--workers 2``) runs:
     refused with one line; the first finishes alone."""
-    space = write_space(tmp, "two")
-    run_dir = tmp / "runs" / "two"
-    args = _search_args(space, "--workers", "2")
-    cmd = start(args, tmp, tmp / "first.log")
+    space, run_dir, args, cmd = _begin(tmp, "two", "--workers", "2")
     try:
         landed = mid_trial(cmd, run_dir, rng)
         code2, out2 = run(_search_args(space), tmp, tmp / "second.log")
@@ -369,37 +368,6 @@ def second_command(tmp: Path, rng: random.Random) -> Result:
         found.append(f"the first command exited {code}")
     found += violations(run_dir, {}, None, [])
     return Result("a second command on the live study", found, landed, [f"second: exit {code2}"])
-
-
-@contextlib.contextmanager
-def small_filesystem(where: Path, size: str = "4m") -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``where`` (root only); unmounted at the end.
-
-    Raises:
-        OSError: it cannot be mounted here (not root, no mount permission).
-    """
-    where.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise OSError(f"cannot mount a tmpfs: {(r.stderr or r.stdout).strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
-def fill(folder: Path) -> Path:
-    """Fill the file system of ``folder`` to the last byte; returns the filler file."""
-    filler = folder / "filler.bin"
-    with open(filler, "wb", buffering=0) as f:
-        for chunk in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    f.write(b"\0" * chunk)
-            except OSError:
-                continue
-    return filler
 
 
 def full_disk(tmp: Path, rng: random.Random, workers: int) -> Result:
@@ -432,10 +400,7 @@ def dropped_connection(tmp: Path, rng: random.Random, url: str) -> Result:
     server (``pg_terminate_backend``) mid-trial, twice."""
     import psycopg2
 
-    space = write_space(tmp, "pg")
-    run_dir = tmp / "runs" / "pg"
-    args = _search_args(space, "--storage", url)
-    cmd = start(args, tmp, tmp / "first.log")
+    _, run_dir, args, cmd = _begin(tmp, "pg", "--storage", url)
     dropped = 0
     try:
         landed = mid_trial(cmd, run_dir, rng, url, spread=0.0)

@@ -19,8 +19,8 @@ from _harness import (
     signal_parent,
     signal_single,
     signal_worker,
-    small_filesystem,
 )
+from _small_fs import small_filesystem
 from test_postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
