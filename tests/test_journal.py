@@ -117,3 +117,12 @@ def test_new_empty_and_real_journals_are_accepted(tmp_path):
     assert isinstance(open_storage(tmp_path, str(tmp_path / "real.log"))[0], optuna.storages.JournalStorage)
     assert isinstance(SafeJournalFile(tmp_path / "real.log"), optuna.storages.journal.JournalFileBackend)
     assert os.path.getsize(tmp_path / "real.log") > 0
+
+
+def test_a_journal_whose_first_record_is_being_written_is_accepted(tmp_path):
+    path = tmp_path / "journal.log"
+    path.write_bytes(b'{"op_code":0,"worker_id":"w","study_na')  # another process is writing it
+    check_journal_file(path)
+    path.write_bytes(b"hello")  # a file of something else, without a newline
+    with pytest.raises(ConfigError, match="not an Optuna journal"):
+        check_journal_file(path)

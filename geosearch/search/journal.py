@@ -51,6 +51,8 @@ def check_journal_file(path: str | os.PathLike) -> None:
             first = f.readline(_CHUNK)
     except OSError as e:
         raise ConfigError(f"cannot read the journal file ({e.strerror or e})", source=source) from None
+    if not first.endswith(b"\n") and first.startswith(b'{"op_code":'):
+        return  # its first record, being written by another process (or torn)
     try:
         record = json.loads(first)
     except (ValueError, UnicodeDecodeError):

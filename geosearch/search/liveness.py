@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -256,7 +257,7 @@ def _alive(pid: Any) -> bool:
     return True
 
 
-def check_no_other_run(run_dir: Path, study_name: str, echo: Any = None,
+def check_no_other_run(run_dir: Path, study_name: str, echo: Callable[[str], None] | None = None,
                        wait: float = ORPHAN_WAIT) -> None:
     """Refuse to start a run of a study that live processes on this machine are running.
 
