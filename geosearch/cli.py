@@ -337,8 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         # a full disk: what is stored is whole (see docs/reliability.md), the rerun resumes
-        print(f"geosearch {args.command}: error: {e.strerror} (writing {e.filename or 'a file'}); "
-              "free some space, then rerun the same command to resume", file=sys.stderr)
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"geosearch {args.command}: error: {e.strerror}{where}; free some space, then rerun "
+              "the same command to resume", file=sys.stderr)
         return 2
 
 
