@@ -94,8 +94,8 @@ def run_faults(n: int, seed: int, only: str | None) -> str:
     finally:
         if server is not None:
             server.stop()
-    lines = ["| fault | runs | fault hit mid-search | runs with violations | violations | what the first run did |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| fault | runs | fault hit mid-search | runs with violations | violations "
+             "| what the first run did |", "|---|---|---|---|---|---|"]
     for name, results, _ in rows:
         bad = [r for r in results if r.violations]
         found = "; ".join(sorted({v for r in bad for v in r.violations})) or "none"

@@ -183,7 +183,7 @@ def _run_search(args: argparse.Namespace) -> int:
 
     from geosearch.search.distributed import leave_together
     from geosearch.search.space import apply_overrides, load_space
-    from geosearch.search.storage import check_dir
+    from geosearch.search.storage import check_dir, mask_url
     from geosearch.search.study import run_search
     from geosearch.search.workers import follow_parent, sigterm_as_ctrl_c
 
@@ -196,10 +196,15 @@ def _run_search(args: argparse.Namespace) -> int:
         steps=args.steps, model=args.model, data=args.data, batch_size=args.batch_size,
         device=args.device, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
         name=args.study)
-    with sigterm_as_ctrl_c():  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
-        outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
-                             workers=args.workers, worker_index=args.worker_index,
-                             **({} if args.stale_after is None else {"stale_after": args.stale_after}))
+    try:
+        with sigterm_as_ctrl_c():  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
+            outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
+                                 workers=args.workers, worker_index=args.worker_index,
+                                 **({} if args.stale_after is None else {"stale_after": args.stale_after}))
+    except optuna.exceptions.StorageInternalError as e:  # e.g. a database connection dropped
+        cause = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]
+        raise GeosearchError(f"the storage failed ({mask_url(cause[0])[:200]}); what it holds is "
+                             "kept: rerun the same command to resume") from None
     try:
         if outcome.rank:  # a data-parallel rank other than 0: rank 0 reports
             return 0

@@ -229,7 +229,8 @@ def make_dir(path: str | os.PathLike) -> None:
     except FileExistsError:
         raise ConfigError("is a file, expected a directory", source=os.fspath(path)) from None
     except OSError as e:
-        raise ConfigError(f"cannot create the directory ({e.strerror or e})", source=os.fspath(path)) from None
+        raise ConfigError(f"cannot create the directory ({e.strerror or e})",
+                          source=os.fspath(path)) from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError("the directory is not writable", source=os.fspath(path))
 

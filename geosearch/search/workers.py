@@ -187,8 +187,8 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
                 p = subprocess.Popen([*cmd, "--worker-index", str(i)], stdout=f,
                                      stderr=subprocess.STDOUT, env=env, **_group(procs))
             procs.append((i, p, log))
-        echo(f"started {workers} workers ({'GPUs ' + ', '.join(gpus[:workers]) if gpus else f'{threads} CPU threads each'}); "
-             f"logs in {logs}")
+        where = "GPUs " + ", ".join(gpus[:workers]) if gpus else f"{threads} CPU threads each"
+        echo(f"started {workers} workers ({where}); logs in {logs}")
 
         seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
         while True:

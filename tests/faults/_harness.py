@@ -205,7 +205,7 @@ def violations(run_dir: Path, before: dict[int, float], storage: str | None = No
                pids: list[int] = ()) -> list[str]:
     """Every broken invariant (see the module docstring) after a fault and the rerun."""
     from geosearch.cli import main
-    from geosearch.search.records import STATUS
+    from geosearch.search.records import FINISHED, trial_status
 
     out = []
     try:
@@ -219,7 +219,7 @@ def violations(run_dir: Path, before: dict[int, float], storage: str | None = No
             out.append(f"completed trial {n} ({value}) lost or changed")
     verdicts: dict[tuple[str, str], int] = {}
     for t in trials:
-        if t.user_attrs.get(STATUS) in ("completed", "unstable", "failed"):
+        if trial_status(t) in FINISHED:
             verdicts[point(t)] = verdicts.get(point(t), 0) + 1
     twice = [p for p, k in verdicts.items() if k > 1]
     if twice:
@@ -391,15 +391,32 @@ def full_disk(tmp: Path, rng: random.Random, workers: int) -> Result:
             kill_tree(cmd.pid)
         filler.unlink()
         notes = [f"exit {code}: {lines[-1][:160] if lines else ''}"]
-        return _finish(tmp, args, run_dir, before, f"full file system ({'journal, --workers 2' if workers > 1 else 'SQLite, one process'})",
-                       landed, notes)
+        kind = "journal, --workers 2" if workers > 1 else "SQLite, one process"
+        return _finish(tmp, args, run_dir, before, f"full file system ({kind})", landed, notes)
 
 
-def dropped_connection(tmp: Path, rng: random.Random, url: str) -> Result:
-    """One process on PostgreSQL; every connection of its database is terminated by the
-    server (``pg_terminate_backend``) mid-trial, twice."""
+def fresh_database(server: str) -> str:
+    """The URL of a new, empty database on the PostgreSQL server of URL ``server``."""
     import psycopg2
 
+    name = f"faults_{os.getpid()}_{time.monotonic_ns()}"
+    conn = psycopg2.connect(server)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+    finally:
+        conn.close()
+    return server.rsplit("/", 1)[0] + "/" + name
+
+
+def dropped_connection(tmp: Path, rng: random.Random, server: str) -> Result:
+    """One process on PostgreSQL (a new database of the server at URL ``server``); every
+    connection of its database is terminated by the server (``pg_terminate_backend``)
+    mid-trial, twice."""
+    import psycopg2
+
+    url = fresh_database(server)
     _, run_dir, args, cmd = _begin(tmp, "pg", "--storage", url)
     dropped = 0
     try:

@@ -21,7 +21,7 @@ from _harness import (
     signal_worker,
 )
 from _small_fs import small_filesystem
-from test_postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
+from test_postgres import postgres_server  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the faults are injected through Linux /proc and mount")
@@ -62,5 +62,5 @@ def test_a_full_file_system_loses_nothing_and_the_rerun_resumes_at_once(workers,
     check(full_disk(tmp_path, random.Random(5), workers))
 
 
-def test_dropped_postgresql_connections_lose_nothing(tmp_path, postgres_url):  # noqa: F811
-    check(dropped_connection(tmp_path, random.Random(6), postgres_url))
+def test_dropped_postgresql_connections_lose_nothing(tmp_path, postgres_server):  # noqa: F811
+    check(dropped_connection(tmp_path, random.Random(6), postgres_server))
