@@ -208,8 +208,8 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
     bad = [(i, p.returncode, log) for i, p, log in procs if p.returncode not in (0,)]
     if bad:
         i, code, log = bad[0]
-        tail = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines()
-                if ln.strip() and not ln.startswith(_LOG_HEADER)]
+        this_run = log.read_text(encoding="utf-8", errors="replace").rsplit(_LOG_HEADER, 1)[-1]
+        tail = [ln for ln in this_run.splitlines()[1:] if ln.strip()]  # after the header line
         how = (f"was stopped by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
                else f"exited with code {code}")
         raise GeosearchError(f"worker {i} {how}" + (f": {tail[-1][:300]}" if tail else "")
