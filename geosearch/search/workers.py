@@ -31,6 +31,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from geosearch.errors import GeosearchError
+from geosearch.search.distributed import launch_world
 from geosearch.search.liveness import PARENT_ENV, STALE_AFTER, Owner
 from geosearch.search.space import SearchSpace
 from geosearch.search.storage import PASSWORD_ENV, SPACE_FILE, WORKERS_DIR, split_password
@@ -60,9 +61,11 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
     recorded as interrupted and queued again, and the command exits 130.
 
     The handler calls the SIGINT handler in place at the time of the signal, so that the
-    trial loop's own Ctrl-C handling applies.
+    trial loop's own Ctrl-C handling applies. Under a distributed launch the launcher owns
+    SIGTERM (it stops every rank when one dies; the next run finds the trial dead through
+    its lock): nothing changes there.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or launch_world()[1] > 1:
         yield
         return
 
