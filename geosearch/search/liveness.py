@@ -114,8 +114,11 @@ def _lock_held(path: str) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return True
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def dead_reason(trial: FrozenTrial, stale_after: float) -> str | None:
