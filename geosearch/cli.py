@@ -11,6 +11,7 @@ Ctrl-C ends with exit code 130 and nothing lost (studies resume on rerun).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -164,7 +165,9 @@ def _add_search(p: argparse.ArgumentParser) -> None:
                 "accelerate launch --multi_gpu --num_processes N -m geosearch search ... (GPUs). "
                 "Several machines: the same --study and --storage postgresql://... on each.")
     p.add_argument("--space", default="default", metavar="FILE|NAME",
-                   help="search-space YAML, or a shipped space: default, paper, full, llama (default: default)")
+                   help="search-space YAML, or a shipped space: default, paper, full, llama (default: "
+                        "default); a shipped name always means the shipped space: write ./NAME for a "
+                        "file of that name")
     p.add_argument("--model", metavar="SPEC",
                    help=_MODEL_HELP + " (default: the space's; a space that names no rules takes the "
                         f"model's: {_RULES_DEFAULT})")
@@ -212,9 +215,14 @@ def _run_search(args: argparse.Namespace) -> int:
 
     from geosearch.search.distributed import leave_together
     from geosearch.search.space import apply_overrides, load_space
+    from geosearch.search.storage import check_dir, mask_url
     from geosearch.search.study import run_search
+    from geosearch.search.workers import follow_parent, sigterm_as_ctrl_c
 
+    if args.worker_index is not None:
+        follow_parent()  # a worker stops with its --workers parent, however that ends
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_dir(args.runs_dir, source="--runs-dir")
     _key_values(args.model_arg, "--model-arg")  # checked here: the message names the flag
     model_args = [f"proxy.model_args.{item.strip()}" for item in args.model_arg]
     space = apply_overrides(
@@ -224,9 +232,15 @@ def _run_search(args: argparse.Namespace) -> int:
         compile=args.compile, log_with=args.log_with, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
         name=args.study, target_steps=args.target_steps,
         target_spectral_lr=args.target_spectral_lr, target_model=args.target_model)
-    outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
-                         workers=args.workers, worker_index=args.worker_index,
-                         **({} if args.stale_after is None else {"stale_after": args.stale_after}))
+    try:
+        with sigterm_as_ctrl_c():  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
+            outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
+                                 workers=args.workers, worker_index=args.worker_index,
+                                 **({} if args.stale_after is None else {"stale_after": args.stale_after}))
+    except optuna.exceptions.StorageInternalError as e:  # e.g. a database connection dropped
+        cause = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]
+        raise GeosearchError(f"the storage failed ({mask_url(cause[0])[:200]}); what it holds is "
+                             "kept: rerun the same command to resume") from None
     try:
         if outcome.rank:  # a data-parallel rank other than 0: rank 0 reports
             return 0
@@ -334,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if any("://" in a and "@" in a for a in sys.argv):  # a run's config.yaml records sys.argv
+        from geosearch.search.storage import mask_url
+
+        sys.argv[:] = [mask_url(a) for a in sys.argv]
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2
@@ -348,6 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `geosearch inspect | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # a full disk: what is stored is whole (see docs/reliability.md), the rerun resumes
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"geosearch {args.command}: error: {e.strerror}{where}; free some space, then rerun "
+              "the same command to resume", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

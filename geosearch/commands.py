@@ -14,13 +14,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
 from geosearch.assignment import Assignment, load_assignment
 from geosearch.errors import ConfigError
 from geosearch.proxy.config import TrainConfig
 from geosearch.proxy.specs import default_rules
 from geosearch.proxy.train import get_accelerator, train
+from geosearch.yaml_io import load_yaml
 
 
 def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, Any],
@@ -78,13 +77,9 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
 def _config(config_file: str | os.PathLike | None, fields: Mapping[str, Any],
             model_args: Mapping[str, Any]) -> TrainConfig:
     """The file's fields, the command line's over them."""
-    merged: dict = {}
+    merged: Any = {}
     if config_file:
-        try:
-            with open(config_file, encoding="utf-8") as f:
-                merged = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"cannot read: {e}".splitlines()[0], source=os.fspath(config_file)) from None
+        merged = load_yaml(config_file, what="a mapping of TrainConfig fields", default={})
     source = os.fspath(config_file) if config_file else "command line"
     if not isinstance(merged, dict):
         return TrainConfig.from_dict(merged, source=source)  # says it must be a mapping

@@ -3,9 +3,10 @@
 :func:`load_yaml` reads a file with PyYAML's safe loader and turns everything that can
 go wrong into a one-line :class:`~geosearch.errors.ConfigError` naming the file: missing,
 a directory, unreadable, empty, or malformed (``"malformed YAML at line L, column C:
-..."``). Documents with many aliases are refused before they are built: aliases let a
-few lines stand for an exponentially large tree (a "billion laughs" file), which every
-later walk over the data, or a message printing it, would pay for.
+..."``). Documents with many aliases, or whose aliases expand to a large tree, are
+refused before they are built: aliases let a few lines stand for an exponentially large
+tree (a "billion laughs" file: 90 aliases make 10^9 values), which every later walk over
+the data, or a message printing it, would pay for.
 
 Example:
     >>> data = load_yaml("best_assignment.yaml", what="an assignment")  # doctest: +SKIP
@@ -22,10 +23,13 @@ import yaml
 
 from geosearch.errors import ConfigError
 
-__all__ = ["MAX_ALIASES", "load_yaml", "parse_yaml"]
+__all__ = ["MAX_ALIASES", "MAX_VALUES", "load_yaml", "parse_yaml"]
 
 MAX_ALIASES = 100
 """The most aliases (``*name``) a document may use; our files need none."""
+MAX_VALUES = 100_000
+"""The most values (scalars, lists, mappings) a document may hold once its aliases are
+expanded."""
 
 _MAX_PROBLEM = 200  # characters of PyYAML's own problem text kept in a message
 _RAISE = object()
@@ -41,6 +45,7 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._aliases = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> values in it, aliases expanded
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -49,7 +54,15 @@ class _Loader(yaml.SafeLoader):
                 mark = self.peek_event().start_mark
                 raise _AliasLimit(problem=f"more than {MAX_ALIASES} aliases; write the values out",
                                   problem_mark=mark)
-        return super().compose_node(parent, index)
+        node = super().compose_node(parent, index)
+        if id(node) not in self._sizes:  # an alias returns its anchor's node, sized already
+            children = node.value if isinstance(node, yaml.SequenceNode) else \
+                [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+            self._sizes[id(node)] = 1 + sum(self._sizes.get(id(c), 1) for c in children)
+        if parent is None and self._sizes[id(node)] > MAX_VALUES:  # the whole document
+            raise _AliasLimit(problem=f"its aliases expand to more than {MAX_VALUES} values; write "
+                                      "the values out", problem_mark=node.start_mark)
+        return node
 
 
 def parse_yaml(text: str, *, source: str | None = None) -> Any:

@@ -5,8 +5,10 @@ The end-to-end test in tests/test_study.py builds an optimizer from an exported 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
-from _search_helpers import fake, make_space, search  # noqa: F401
+from _search_helpers import TINY_PROXY, fake, make_space, search  # noqa: F401
 
 from geosearch.assignment import load_assignment
 from geosearch.search.export import export_best
@@ -64,3 +66,27 @@ def test_exported_file_alone_rebuilds_the_winning_trials_optimizer(fake, tmp_pat
     assert exported.settings["spectral_lr"] == trial.params["spectral_lr"] != 0.02
     assert exported.settings["momentum"] == 0.9 and exported.settings["ns_steps"] == 6
     assert "build_optimizer_overrides" not in exported.provenance
+
+
+def test_export_and_report_run_no_user_code(fake, tmp_path):
+    """A study of a ``py:`` model: exporting and reporting it read what the trials stored;
+    the model's module (which writes a file when imported) is not imported again."""
+    from _user_model import RULES
+
+    from geosearch.report import write_report
+
+    source = (Path(__file__).parent / "_user_model.py").read_text(encoding="utf-8")
+    marker = tmp_path / "imported"
+    module = tmp_path / "mymodel.py"
+    module.write_text(source + f"\nopen({str(marker)!r}, 'a').write('imported\\n')\n", encoding="utf-8")
+    rules = [{"type": r.type, "pattern": r.pattern, "family": r.family} for r in RULES]
+    space = make_space({"attn": ["adamw", "euclidean"], "mlp": ["adamw"]}, rules=rules,
+                       proxy={**TINY_PROXY, "model": f"py:{module}:make_model"})
+    search(space, tmp_path)
+    assert marker.exists()  # the search itself checks and builds the model
+    marker.unlink()
+    run_dir = tmp_path / "runs" / "t"
+    best = load_assignment(export_best(run_dir)[0])
+    assert set(best.geometry) == {"attn", "mlp"} and best.provenance["proxy"]["model"].startswith("py:")
+    write_report(run_dir, plots=False)
+    assert not marker.exists()

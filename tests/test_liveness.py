@@ -12,13 +12,16 @@ import io
 import os
 import re
 import socket
+import threading
 import time
+from pathlib import Path
 
 import optuna
 import pytest
 from _search_helpers import fake, make_space, trials_of, use_train  # noqa: F401
 from optuna.trial import TrialState
 
+from geosearch.errors import GeosearchError
 from geosearch.proxy.train import TrainResult
 from geosearch.search import liveness
 from geosearch.search.study import open_run_study, run_search
@@ -177,3 +180,82 @@ def test_a_trial_taken_for_dead_by_another_worker_is_dropped_and_run_again(monke
     assert sorted(t.params["geometry.attn"] for t in complete) == ["adamw", "euclidean"]
     assert any(t.user_attrs.get("retry_of") == 0 for t in complete)
     assert outcome.counts == {"completed": 2, "interrupted": 1} and len(calls) == 3
+
+
+# --------------------------------------------------------------------------- exit paths
+def _child(code: str, **env: str):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, text=True)
+
+
+HOLD = ("import sys, time; from pathlib import Path; from geosearch.search.liveness import Owner; "
+        "o = Owner(Path(sys.argv[1]) if len(sys.argv) > 1 else Path({run!r})); print(o.pid, flush=True); "
+        "time.sleep(60)")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
+def test_a_lock_outlives_its_process_so_its_trial_is_dead_at_once(fake, tmp_path, running_trial):
+    """A process that ends by an exception (disk full) cannot tell its trial's outcome: its
+    lock file stays, released, and the next run takes the trial for dead at once, not after
+    ``stale_after``; lock files no RUNNING trial names are removed."""
+    search(tmp_path, make_space(sampler="random", budget={"trials": 1}))
+    run_dir = tmp_path / "runs" / "t"
+    crashed = liveness.Owner(run_dir)
+    n = running_trial(tmp_path, {"geometry.attn": "euclidean", "geometry.mlp": "adamw"}, crashed.attr())
+    idle = liveness.Owner(run_dir)
+    crashed.close()  # the crash's way out
+    idle.close()
+    assert Path(crashed.lock).exists() and Path(idle.lock).exists()
+    study = open_run_study(run_dir)
+    reader = liveness.Owner(run_dir)
+    try:
+        recovered = liveness.recover_stale(study, reader, stale_after=300)
+    finally:
+        reader.close()
+    host = socket.gethostname()
+    assert recovered == [(n, f"its lock on {host} is released")]
+    assert not Path(crashed.lock).exists() and not Path(idle.lock).exists()  # named by no RUNNING trial
+    assert Path(reader.lock).exists()  # released just now; the next recovery removes it
+
+
+@pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
+def test_a_run_of_a_study_live_on_this_machine_is_refused(tmp_path):
+    run_dir = tmp_path / "runs" / "t"
+    run_dir.mkdir(parents=True)
+    liveness.check_no_other_run(run_dir, "t")  # nobody: fine
+    proc = _child(HOLD.format(run=str(run_dir)))
+    try:
+        pid = int(proc.stdout.readline())
+        with pytest.raises(GeosearchError, match=rf"study 't' in .* is being run by another process on "
+                                                 rf"this machine \(pid {pid}\): wait for it to finish, "
+                                                 rf"or stop it \(kill {pid}\), then rerun"):
+            liveness.check_no_other_run(run_dir, "t")
+    finally:
+        proc.kill()
+        proc.wait()
+    liveness.check_no_other_run(run_dir, "t")  # its lock went with it
+
+
+@pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
+def test_workers_whose_parent_died_are_waited_for_then_refused(tmp_path):
+    run_dir = tmp_path / "runs" / "t"
+    run_dir.mkdir(parents=True)
+    dead = _child("pass")
+    dead.wait()  # a parent pid that no longer runs
+    orphan = _child(HOLD.format(run=str(run_dir)), **{liveness.PARENT_ENV: str(dead.pid)})
+    said = []
+    try:
+        pid = int(orphan.stdout.readline())
+        start = time.monotonic()
+        with pytest.raises(GeosearchError, match=rf"workers of an earlier run whose parent died are "
+                                                 rf"still running \(pids {pid}\); stop them"):
+            liveness.check_no_other_run(run_dir, "t", said.append, wait=1.0)
+        assert time.monotonic() - start >= 1.0 and len(said) == 1 and "whose parent died" in said[0]
+        threading.Timer(0.5, orphan.kill).start()  # it stops while the next run waits: that run goes ahead
+        liveness.check_no_other_run(run_dir, "t", said.append, wait=30.0)
+    finally:
+        orphan.kill()
+        orphan.wait()

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geosearch.errors import ConfigError
+from geosearch.errors import ConfigError, GeosearchError
 from geosearch.modules import ModuleRule
 from geosearch.proxy.hf_configs import (
     SIZE_FIELDS,
@@ -391,7 +391,7 @@ def _plan_py(spec: str, vocab_size: int, block_size: int | None, model_args: dic
         found = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v)
                        and getattr(v, "__module__", None) == module.__name__)
         raise ConfigError(f"model {spec!r}: module {target!r} has no factory {name!r}", source=_SOURCE,
-                          key="model", allowed=found)
+                          key="model", allowed=found or None)
     kwargs = {"vocab_size": vocab_size, "block_size": block_size or DEFAULT_BLOCK_SIZE, **model_args}
     _check_vocab(spec, vocab_size, kwargs["vocab_size"])
     try:
@@ -407,7 +407,15 @@ def _plan_py(spec: str, vocab_size: int, block_size: int | None, model_args: dic
                               allowed=list(signature.parameters)) from None
 
     def build() -> BuiltModel:
-        model = factory(**kwargs)
+        try:
+            model = factory(**kwargs)
+        except GeosearchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's code: any error, as one line
+            if torch.empty(0).is_meta:  # build_meta_model builds it again on the CPU
+                raise
+            raise ConfigError(f"model {spec!r}: {name}() raised {_one_line(e)}", source=_SOURCE,
+                              key="model") from e
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model {spec!r}: {name}() returned a {type(model).__name__}, not a "
                               "torch.nn.Module", source=_SOURCE, key="model")
@@ -418,20 +426,43 @@ def _plan_py(spec: str, vocab_size: int, block_size: int | None, model_args: dic
 
 
 def _import(spec: str, target: str) -> Any:
-    """The module ``target``: a dotted module name, or a ``.py`` file path."""
+    """The module ``target``: a dotted module name, or a ``.py`` file path.
+
+    Raises:
+        ConfigError: no such file or module, or its code fails on import (a syntax error,
+            an exception): one line with the error's type and message.
+    """
     if target.endswith(".py") or os.sep in target or "/" in target:
         if not os.path.isfile(target):
             raise ConfigError(f"model {spec!r}: no file {target!r}", source=_SOURCE, key="model")
         mod_name = "_geosearch_user_model_" + os.path.splitext(os.path.basename(target))[0]
-        file_spec = importlib.util.spec_from_file_location(mod_name, target)
-        module = importlib.util.module_from_spec(file_spec)
-        file_spec.loader.exec_module(module)
+        try:
+            file_spec = importlib.util.spec_from_file_location(mod_name, target)
+            module = importlib.util.module_from_spec(file_spec)
+            file_spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - the user's code: any error, as one line
+            raise ConfigError(f"model {spec!r}: cannot import {target!r} ({_one_line(e)})",
+                              source=_SOURCE, key="model") from None
         return module
     try:
         return importlib.import_module(target)
     except ImportError as e:
         raise ConfigError(f"model {spec!r}: cannot import module {target!r} ({type(e).__name__}: {e}); "
                           "is it installed or on PYTHONPATH?", source=_SOURCE, key="model") from None
+    except Exception as e:  # noqa: BLE001 - the module's own code failed on import
+        raise ConfigError(f"model {spec!r}: cannot import module {target!r} ({_one_line(e)})",
+                          source=_SOURCE, key="model") from None
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    """``Type: message`` on one line, at most ``limit`` characters of message; a syntax
+    error says where."""
+    text = " ".join(str(e).split())
+    if isinstance(e, SyntaxError) and e.lineno is not None:
+        text = f"{' '.join(str(e.msg).split())} at line {e.lineno}"
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 # --------------------------------------------------------------------------- forward

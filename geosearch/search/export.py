@@ -4,7 +4,8 @@
 that :func:`geosearch.load_assignment` and :func:`geosearch.build_optimizer` read, each with
 its provenance (study, proxy, target, score and spread, tie verdict, the ladder's reading
 towards the target, date, version); :func:`format_ranking` is the table the search prints
-at its end. Torch-free until an
+at its end. Export reads what the study stored and runs no user code (a ``py:`` model is
+not imported). Torch-free until an
 assignment is built. The ranking rules are in ``docs/design.md`` ("The study").
 """
 
@@ -71,6 +72,23 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
     return "\n".join(lines + horizon_lines(reading))
 
 
+def _stored_space(space_dict: Any, run_dir: Path) -> SearchSpace | None:
+    """The study's search space as it stored it, read without its model: checking a model
+    imports a ``py:`` model's code, and export runs no user code. The assignment of a
+    point needs the geometries, rules and searched settings only; ``None`` when the stored
+    space does not read (an older schema, say).
+    """
+    if not isinstance(space_dict, dict):
+        return None
+    proxy = space_dict.get("proxy")
+    proxy = {k: v for k, v in proxy.items() if k not in ("model", "model_args")} \
+        if isinstance(proxy, dict) else proxy
+    try:
+        return SearchSpace.from_dict({**space_dict, "proxy": proxy}, source=f"{run_dir} (study attrs)")
+    except (ConfigError, ValueError):
+        return None
+
+
 def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
                        run_dir: Path) -> Assignment:
     """The Assignment of one ranked trial, with provenance."""
@@ -80,10 +98,9 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
     attrs = study.user_attrs
     suggestion: Suggestion | None = None
     settings: dict[str, Any] = {}
-    space_dict = attrs.get(SPACE)
-    if isinstance(space_dict, dict):
+    space = _stored_space(attrs.get(SPACE), run_dir)
+    if space is not None:
         try:
-            space = SearchSpace.from_dict(space_dict, source=f"{run_dir} (study attrs)")
             suggestion = space.suggest(optuna.trial.FixedTrial(dict(trial.params)))
             # every global optimizer setting the trial trained with, searched ones included:
             # build_optimizer(model, load_assignment(file)) then builds the trial's optimizer

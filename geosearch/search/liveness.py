@@ -4,27 +4,33 @@ A worker process holds an ``flock`` on its own lock file for its lifetime and, w
 trial trains, a thread writes the trial's ``heartbeat``. A RUNNING trial is dead when its
 worker, on this host, no longer holds its lock, or, when the lock file is not on this
 machine, when its heartbeat is ``stale_after`` seconds old; every worker fails such trials
-and queues their points again before asking for one. Why Optuna's own heartbeat is not
-used, and the clock caveats, are in ``docs/design.md`` ("Stale trials").
+and queues their points again before asking for one. A lock file stays when its process
+ends, however it ends (so the next run sees at once that its trials are dead), and is
+removed once no RUNNING trial names it. :func:`check_no_other_run` keeps a new run from
+training beside live processes of the same study on this machine. Why Optuna's own
+heartbeat is not used, and the clock caveats, are in ``docs/design.md`` ("Stale trials").
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from geosearch.errors import GeosearchError
 from geosearch.search.queue import enqueue, trial_point
 from geosearch.search.records import HEARTBEAT, WORKER
-from geosearch.search.storage import LOCKS_DIR
+from geosearch.search.storage import DB_FILE, JOURNAL_FILE, LOCKS_DIR
 
 try:  # POSIX: worker liveness through advisory locks
     import fcntl
@@ -33,11 +39,14 @@ except ImportError:  # pragma: no cover - Windows: heartbeats only
 
 __all__ = [
     "HEARTBEAT_EVERY",
+    "PARENT_ENV",
     "STALE_AFTER",
     "Heartbeat",
     "Owner",
     "TrialLost",
+    "check_no_other_run",
     "dead_reason",
+    "live_processes",
     "recover_stale",
     "recovered_line",
 ]
@@ -46,6 +55,10 @@ STALE_AFTER = 300.0
 """Seconds without a heartbeat after which another host's RUNNING trial is stale."""
 HEARTBEAT_EVERY = 30.0
 """Seconds between two heartbeats of a training trial (at most; ``stale_after / 4`` if less)."""
+PARENT_ENV = "GEOSEARCH_PARENT_PID"
+"""Set by ``--workers N`` in its worker processes: the pid of the command that started them."""
+ORPHAN_WAIT = 30.0
+"""Seconds a new run waits for workers of a run whose parent died to stop."""
 # A RUNNING trial with no owner yet (its worker is between ask() and the first attr).
 _NEW_TRIAL_GRACE = 120.0
 
@@ -65,8 +78,14 @@ class Owner:
             folder = run_dir / LOCKS_DIR
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"{self.host}-{self.pid}-{uuid.uuid4().hex[:8]}.lock"
-            self._fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+            # locked before it shows under its name: an unlocked *.lock is a dead process's
+            temp = path.with_name(f".{path.name}.new")
+            self._fd = os.open(temp, os.O_CREAT | os.O_RDWR, 0o644)
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            parent = os.environ.get(PARENT_ENV)
+            os.write(self._fd, json.dumps({"host": self.host, "pid": self.pid, "parent": int(parent)
+                                           if parent and parent.isdigit() else None}).encode())
+            os.replace(temp, path)
             self.lock = str(path.resolve())
 
     def attr(self) -> dict[str, Any]:
@@ -78,12 +97,12 @@ class Owner:
         return trial.user_attrs.get(WORKER) == self.attr()
 
     def close(self) -> None:
-        """Release the lock and remove its file."""
+        """Release the lock. The file stays: a trial this process leaves RUNNING (it could
+        not tell its outcome, say on a full disk) is then seen dead at once; the file goes
+        when no RUNNING trial names it (:func:`recover_stale`)."""
         if self._fd is not None:
             os.close(self._fd)  # releases the lock
             self._fd = None
-            if self.lock:
-                Path(self.lock).unlink(missing_ok=True)
 
 
 def _lock_held(path: str) -> bool:
@@ -95,8 +114,11 @@ def _lock_held(path: str) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return True
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def dead_reason(trial: FrozenTrial, stale_after: float) -> str | None:
@@ -130,7 +152,8 @@ def dead_reason(trial: FrozenTrial, stale_after: float) -> str | None:
 
 
 def recover_stale(study: optuna.Study, owner: Owner, stale_after: float) -> list[tuple[int, str]]:
-    """Fail the RUNNING trials whose worker died and queue their points again.
+    """Fail the RUNNING trials whose worker died and queue their points again; then remove
+    the released lock files of this host that no RUNNING trial names.
 
     Telling the trial FAIL is the claim: when two workers find the same dead trial, only
     the one whose ``tell`` succeeds queues it again.
@@ -138,9 +161,21 @@ def recover_stale(study: optuna.Study, owner: Owner, stale_after: float) -> list
     Returns:
         ``(number, why it was taken as dead)`` of each trial recovered.
     """
+    recovered = _recover(study, owner, stale_after)
+    if owner.lock:
+        _prune_locks(Path(owner.lock).parent, study)
+    return recovered
+
+
+def _recover(study: optuna.Study, owner: Owner, stale_after: float) -> list[tuple[int, str]]:
     recovered = []
+    alone: bool | None = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         why = None if owner.owns(t) else dead_reason(t, stale_after)
+        if why is None and WORKER not in t.user_attrs and HEARTBEAT not in t.user_attrs:
+            # asked, then its worker died before it could sign it
+            alone = _alone(owner) if alone is None else alone
+            why = "no other process on this machine runs the study" if alone else None
         if why is None:
             continue
         try:
@@ -152,6 +187,112 @@ def recover_stale(study: optuna.Study, owner: Owner, stale_after: float) -> list
             enqueue(study, params, retry_of=t.number)
         recovered.append((t.number, why))
     return recovered
+
+
+def _alone(owner: Owner) -> bool:
+    """Whether ``owner`` is the only process that can be running its study: the storage is
+    the run directory's own file, no other process of this host holds a lock there, and no
+    other host left a lock file there (a run directory shared over the network)."""
+    if fcntl is None or not owner.lock:
+        return False
+    folder = Path(owner.lock).parent
+    run_dir = folder.parent
+    if not ((run_dir / DB_FILE).is_file() or (run_dir / JOURNAL_FILE).is_file()):
+        return False  # --storage: other machines may share it
+    here = {p for p, _ in _lock_files(folder)}
+    if any(p not in here for p in folder.glob("*.lock")):
+        return False
+    return not live_processes(run_dir)
+
+
+def _lock_files(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The lock files of this host in ``folder``, each with what it says (host, pid, parent)."""
+    host = socket.gethostname()
+    out = []
+    for path in sorted(folder.glob("*.lock")) if folder.is_dir() else []:
+        try:
+            info = json.loads(path.read_text(encoding="utf-8") or "{}")
+        except (OSError, ValueError):
+            info = {}
+        if not isinstance(info, dict):
+            info = {}
+        if info.get("host", host if path.name.startswith(f"{host}-") else None) == host:
+            out.append((path, info))
+    return out
+
+
+def _prune_locks(folder: Path, study: optuna.Study) -> None:
+    """Remove the released lock files of this host that no RUNNING trial names."""
+    if fcntl is None:
+        return
+    released = [p for p, _ in _lock_files(folder) if not _lock_held(str(p))]
+    if not released:
+        return
+    named = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get(WORKER)
+        if isinstance(worker, dict) and worker.get("lock"):
+            named.add(str(worker["lock"]))
+    for p in released:
+        if str(p.resolve()) not in named:
+            p.unlink(missing_ok=True)
+
+
+def live_processes(run_dir: Path) -> list[dict[str, Any]]:
+    """The other processes of this host that hold a lock in ``run_dir``: each lock file's
+    ``{host, pid, parent}`` (``parent``: the ``--workers`` command that started it)."""
+    if fcntl is None:
+        return []
+    me = os.getpid()
+    return [{"pid": None, "parent": None, **info} for p, info in _lock_files(run_dir / LOCKS_DIR)
+            if info.get("pid") != me and _lock_held(str(p))]
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def check_no_other_run(run_dir: Path, study_name: str, echo: Callable[[str], None] | None = None,
+                       wait: float = ORPHAN_WAIT) -> None:
+    """Refuse to start a run of a study that live processes on this machine are running.
+
+    Workers whose parent died (killed) are stopping on their own (they follow their
+    parent, see :mod:`geosearch.search.workers`): for them this waits up to ``wait``
+    seconds, saying so with ``echo``.
+
+    Raises:
+        GeosearchError: a run of the study is live here, or orphaned workers did not stop.
+    """
+    live = live_processes(run_dir)
+    deadline = time.monotonic() + wait
+    said = False
+    while live and all(p["parent"] is not None and not _alive(p["parent"]) for p in live):
+        if time.monotonic() >= deadline:
+            pids = " ".join(str(p["pid"]) for p in live)
+            raise GeosearchError(
+                f"study {study_name!r} in {run_dir}: workers of an earlier run whose parent "
+                f"died are still running (pids {pids}); stop them (kill {pids}) and rerun")
+        if echo is not None and not said:
+            echo(f"waiting up to {wait:g} s for {len(live)} worker(s) of an earlier run of "
+                 f"{study_name!r}, whose parent died, to stop")
+            said = True
+        time.sleep(0.2)
+        live = live_processes(run_dir)
+    if live:
+        pids = sorted({p["parent"] if _alive(p["parent"]) else p["pid"] for p in live},
+                      key=lambda x: (x is None, x))
+        shown = " ".join(str(p) for p in pids)
+        raise GeosearchError(
+            f"study {study_name!r} in {run_dir} is being run by another process on this "
+            f"machine (pid {shown}): wait for it to finish, or stop it (kill {shown}), then rerun")
 
 
 def recovered_line(number: int, why: str) -> str:

@@ -116,7 +116,7 @@ def trial_status(trial: FrozenTrial) -> str:
         if status in (*NOT_RUN, FAILED):
             return status
         reason = ua.get(FAIL_REASON)
-        if status in (RUNNING, INTERRUPTED) or (
+        if status in (RUNNING, INTERRUPTED, COMPLETED, UNSTABLE) or (  # its worker died before tell
                 status is None and isinstance(reason, str) and reason.startswith(INTERRUPTED)):
             return INTERRUPTED
         return FAILED

@@ -44,6 +44,7 @@ from geosearch.search.sections import (
     SamplerType,
 )
 from geosearch.search.target import LadderSpec, TargetSpec, target_line
+from geosearch.yaml_io import parse_yaml
 
 __all__ = [
     "Budget",
@@ -321,14 +322,17 @@ def space_names() -> list[str]:
 def load_space(path: str | os.PathLike) -> SearchSpace:
     """Read a search space from a YAML file, or a shipped one by name (``"default"``).
 
+    A shipped name (:func:`space_names`) always means the shipped space, whatever the
+    working directory holds (write ``./default`` for a file named ``default``).
+
     Raises:
         ConfigError: missing or unreadable file (listing the shipped names), malformed
-            YAML (with line and column); :class:`SearchSpaceError` for every problem of
-            its content.
+            YAML (with line and column), too many YAML aliases; :class:`SearchSpaceError`
+            for every problem of its content.
     """
     text_path = os.fspath(path)
-    shipped = _SHIPPED / f"{text_path}.yaml"
-    if not Path(text_path).exists() and os.sep not in text_path and shipped.is_file():
+    if text_path in space_names():
+        shipped = _SHIPPED / f"{text_path}.yaml"
         source, text = str(shipped), shipped.read_text(encoding="utf-8")
         name = text_path
     else:
@@ -338,17 +342,18 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
         except FileNotFoundError:
             raise ConfigError("no such file, nor a shipped search space of that name",
                               source=source, allowed=space_names()) from None
+        except IsADirectoryError:
+            raise ConfigError("is a directory, expected a search-space YAML file or a shipped "
+                              "space", source=source, allowed=space_names()) from None
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"cannot read the file ({getattr(e, 'strerror', None) or e})",
                               source=source) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"malformed YAML{where}: {getattr(e, 'problem', None) or e}",
-                          source=source) from None
-    if isinstance(data, dict) and "name" not in data:
+    data = parse_yaml(text, source=source)
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"expected a search space (a mapping: version, geometries, ...), got {got}",
+                          source=source)
+    if "name" not in data:
         data = {**data, "name": name}
     return SearchSpace.from_dict(data, source=source)
 

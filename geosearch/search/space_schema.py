@@ -79,6 +79,7 @@ from geosearch.search.space import (
     SearchSpace,
     SearchSpaceError,
 )
+from geosearch.search.storage import study_name_problem
 from geosearch.search.target import parse_horizon
 
 SCHEMA_VERSION = 1
@@ -185,8 +186,8 @@ class _Parser:
                 self.error("version", f"unsupported schema version {top['version']!r}",
                            [SCHEMA_VERSION])
         name = top.get("name", "search")
-        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-            self.error("name", f"expected a study name (no '/'), got {name!r}")
+        if study_name_problem(name):  # it names the run directory
+            self.error("name", study_name_problem(name))
         rules_from_model = "rules" not in top
         rules = self.model_rules(top.get("proxy")) if rules_from_model else self.rules(top["rules"])
         geometries = self.geometries(top.get("geometries"), rules)

@@ -4,8 +4,11 @@ A study lives in ``<runs-dir>/<study>/``: an SQLite file (``study.db``, one work
 Optuna journal file (``journal.log``, several workers), or any storage URL given with
 ``--storage`` (PostgreSQL for workers on several machines). This module names those files,
 picks the storage a run directory uses, opens it (with the retries that processes racing
-to create one need) and loads its study for export, report and inspection. Torch-free.
-The layout of a run directory is in ``docs/design.md`` ("The study").
+to create one need) and loads its study for export, report and inspection; it checks
+study names (a safe alphabet and length, since each names a directory) and keeps a
+storage URL's password out of messages and of the command lines of worker processes
+(:func:`split_password`). Torch-free. The layout of a run directory is in
+``docs/design.md`` ("The study").
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from typing import Any
 import optuna
 
 from geosearch.errors import ConfigError
+from geosearch.search.journal import check_journal_file, open_journal
 
 __all__ = [
     "BEST_FILE",
+    "MAX_STUDY_NAME",
+    "PASSWORD_ENV",
     "DB_FILE",
     "JOURNAL_FILE",
     "LOCKS_DIR",
@@ -32,10 +38,14 @@ __all__ = [
     "TRACEBACK_FILE",
     "TRIALS_DIR",
     "WORKERS_DIR",
+    "check_dir",
+    "make_dir",
     "mask_url",
     "open_run_study",
     "open_storage",
     "resolve_storage",
+    "split_password",
+    "study_name_problem",
 ]
 
 DB_FILE = "study.db"
@@ -56,11 +66,61 @@ WORKERS_DIR = "workers"
 """``workers/worker<i>.log``: the output of each ``--workers N`` process."""
 TOP_DIR = "top"
 """Where ``geosearch export --top K`` writes by default."""
+MAX_STUDY_NAME = 100
+"""The longest study name (it names the run directory)."""
+PASSWORD_ENV = "GEOSEARCH_STORAGE_PASSWORD"
+"""The storage URL's password, for a URL that names a user and no password (worker
+processes get it so, not on their command line)."""
+
+_STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+_SHOWN = 40  # characters of a refused name shown in its message
+
+
+def study_name_problem(name: object) -> str | None:
+    """What is wrong with a study name, or ``None``: letters, digits, ``_ . + -``, not
+    starting with ``.``, ``+`` or ``-``, at most :data:`MAX_STUDY_NAME` characters."""
+    if not isinstance(name, str) or not name:
+        return f"expected a study name, got {name!r}"[:2 * _SHOWN]
+    shown = repr(name if len(name) <= _SHOWN else name[:_SHOWN] + "...")
+    if len(name) > MAX_STUDY_NAME:
+        return f"a study name has at most {MAX_STUDY_NAME} characters, got {len(name)} ({shown})"
+    if not _STUDY_NAME.fullmatch(name):
+        return (f"expected a study name of letters, digits and _ . + - (not first: . + -), "
+                f"got {shown}")
+    return None
 
 
 def mask_url(url: str) -> str:
     """A storage URL with its password masked, fit to print: ``postgresql://me:***@db/x``."""
     return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """``(the URL without its password, the password)``; ``(url, None)`` when it has none.
+
+    Worker processes get the first on their command line (which every user of the
+    machine can read with ``ps``) and the password in :data:`PASSWORD_ENV`.
+    """
+    m = re.match(r"([^:/]+://[^:/@]*):([^@/]*)@", url)
+    if m is None:
+        return url, None
+    return m.group(1) + "@" + url[m.end():], m.group(2)
+
+
+def _with_password(url: str) -> str:
+    """``url`` with the password of :data:`PASSWORD_ENV` when it names a user and no password."""
+    password = os.environ.get(PASSWORD_ENV)
+    m = re.match(r"[^:/]+://[^:/@]+@", url)
+    if not password or m is None:
+        return url
+    return url[: m.end() - 1] + ":" + password + url[m.end() - 1:]
+
+
+def _redact(text: str, url: str) -> str:
+    """``text`` (a driver's message) with the URL's password masked wherever it shows."""
+    password = split_password(url)[1]
+    text = mask_url(text)
+    return text.replace(password, "***") if password else text
 
 
 def resolve_storage(
@@ -114,18 +174,18 @@ def open_storage(
             ``create`` is false.
     """
     if storage is None and create:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        make_dir(run_dir)
     storage = resolve_storage(run_dir, storage, workers=workers, create=create)
     if "://" not in storage:
         path = Path(storage)
         if not path.is_file() and not create:
             raise ConfigError("journal file not found", source=storage)
+        check_journal_file(path)
+        make_dir(path.parent)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            backend = optuna.storages.journal.JournalFileBackend(str(path))
-            journal = optuna.storages.JournalStorage(backend)  # replays the file
-        except Exception as e:  # noqa: BLE001 - OSError, or a corrupt or foreign file
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            journal = open_journal(path)  # replays the file
+        except Exception as e:  # noqa: BLE001 - OSError, or a corrupt file
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             raise ConfigError(f"cannot read the journal file: {first}", source=storage) from None
         return journal, f"journal file {path}"
     kwargs: dict[str, Any] = {}
@@ -136,7 +196,7 @@ def open_storage(
         # a trial can outlast a server's or a firewall's idle timeout: test connections
         # before use instead of failing on a dropped one
         kwargs["engine_kwargs"] = {"pool_pre_ping": True}
-    url = _with_installed_driver(storage)
+    url = _with_installed_driver(_with_password(storage))
     for attempt in range(3):
         try:
             return optuna.storages.RDBStorage(url, **kwargs), mask_url(storage)
@@ -152,10 +212,49 @@ def open_storage(
                                                     "ProgrammingError"):
                 time.sleep(0.5 + random.random())
                 continue
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = _redact((str(e).strip().splitlines() or [type(e).__name__])[0][:200], url)
             raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: {first}",
                               source="--storage") from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def make_dir(path: str | os.PathLike) -> None:
+    """``mkdir -p path``, or a one-line error when it is a file or cannot be written.
+
+    Raises:
+        ConfigError: naming the path and the reason.
+    """
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError("is a file, expected a directory", source=os.fspath(path)) from None
+    except OSError as e:
+        raise ConfigError(f"cannot create the directory ({e.strerror or e})",
+                          source=os.fspath(path)) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("the directory is not writable", source=os.fspath(path))
+
+
+def check_dir(path: str | os.PathLike, *, source: str) -> None:
+    """Check, writing nothing, that ``path`` is or can be made a writable directory: it, or
+    its nearest existing ancestor, is a directory this process may write to.
+
+    Raises:
+        ConfigError: naming ``source`` (the flag) and the path.
+    """
+    p = Path(path)
+    while not p.exists():
+        if p.is_symlink():  # a dangling link
+            raise ConfigError(f"{os.fspath(p)!r} is a broken symbolic link", source=source)
+        if p.parent == p:
+            break
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        what = "is a file" if os.fspath(p) == os.fspath(path) else f"is below the file {os.fspath(p)!r}"
+        raise ConfigError(f"{os.fspath(path)!r} {what}, expected a directory", source=source)
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ConfigError(f"{os.fspath(path)!r} cannot be written ({os.fspath(p)!r} is read-only "
+                          "to this user)", source=source)
 
 
 def _with_installed_driver(url: str) -> str:

@@ -34,7 +34,13 @@ from geosearch.proxy.train import get_accelerator, train
 from geosearch.search.artifacts import ArtifactStore, TrialFiles, default_store
 from geosearch.search.distributed import RankGroup, follow, launch_world
 from geosearch.search.export import export_best, format_ranking
-from geosearch.search.liveness import STALE_AFTER, Owner, recover_stale, recovered_line
+from geosearch.search.liveness import (
+    STALE_AFTER,
+    Owner,
+    check_no_other_run,
+    recover_stale,
+    recovered_line,
+)
 from geosearch.search.queue import done_count, done_reason, resolve_budget, top_up_queue
 from geosearch.search.ranking import Ranking, rank_study, trial_line
 from geosearch.search.records import (
@@ -393,6 +399,7 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
         sampler = optuna.samplers.RandomSampler(seed=seed) if exhaustive else space.make_sampler(seed)
 
     if worker_index is None:
+        check_no_other_run(run_dir, space.name, echo)  # never train beside a live run
         preflight(space)
     study, desc, existed = _start_study(space, run_dir, storage, workers, sampler, objects)
     if worker_index is None:

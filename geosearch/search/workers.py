@@ -2,31 +2,45 @@
 
 The launching process has created the study and queued its points; :func:`run_workers`
 starts N ``python -m geosearch search ... --worker-index i`` processes, each on GPU
-``i mod #GPUs`` or, without GPUs, on ``cpu_count // N`` threads, with their output in
-``workers/worker<i>.log``. It hands each trial to a callback as it finishes, forwards
-Ctrl-C once, and fails with a worker's last log line when one exits with an error. How
-the workers share the study is in ``docs/design.md`` ("Workers").
+``i mod #GPUs`` or, without GPUs, on ``cpu_count // N`` threads, with their output
+appended to ``workers/worker<i>.log``. It hands each trial to a callback as it finishes,
+forwards Ctrl-C (and SIGTERM, taken as Ctrl-C by :func:`sigterm_as_ctrl_c`) once, and
+fails with a worker's last log line when one exits with an error. The workers share one
+process group apart from the terminal's, and follow their parent (:func:`follow_parent`):
+when it dies, even by SIGKILL, they get SIGTERM, record their trial as interrupted and
+exit. A storage URL's password reaches them in the environment, not on their command
+line. How the workers share the study is in ``docs/design.md`` ("Workers").
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import datetime as _dt
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
 
 from geosearch.errors import GeosearchError
-from geosearch.search.liveness import STALE_AFTER
+from geosearch.search.distributed import launch_world
+from geosearch.search.liveness import PARENT_ENV, STALE_AFTER, Owner
 from geosearch.search.space import SearchSpace
-from geosearch.search.storage import SPACE_FILE, WORKERS_DIR
+from geosearch.search.storage import PASSWORD_ENV, SPACE_FILE, WORKERS_DIR, split_password
 
-__all__ = ["run_workers", "share_cpu"]
+__all__ = ["follow_parent", "run_workers", "share_cpu", "sigterm_as_ctrl_c"]
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_STOP_WAIT = 60.0  # seconds the workers get to record an interrupted trial
+_LOG_HEADER = "--- geosearch worker log, "  # starts each run's part of a worker log
 
 
 def _cpu_share(workers: int) -> int:
@@ -39,6 +53,78 @@ def share_cpu(workers: int) -> None:
     import torch
 
     torch.set_num_threads(_cpu_share(workers))
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """While in this block, take SIGTERM as Ctrl-C (main thread only): the running trial is
+    recorded as interrupted and queued again, and the command exits 130.
+
+    The handler calls the SIGINT handler in place at the time of the signal, so that the
+    trial loop's own Ctrl-C handling applies. Under a distributed launch the launcher owns
+    SIGTERM (it stops every rank when one dies; the next run finds the trial dead through
+    its lock): nothing changes there.
+    """
+    if threading.current_thread() is not threading.main_thread() or launch_world()[1] > 1:
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is signal.SIG_IGN:  # Ctrl-C held off (an interruption being recorded)
+            return
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def follow_parent() -> None:
+    """In a worker process: get SIGTERM when the ``--workers`` command that started it dies.
+
+    On Linux through the kernel (``prctl(PR_SET_PDEATHSIG)``), elsewhere through a thread
+    that looks at the parent pid every second. Nothing happens outside a worker process
+    (no :data:`~geosearch.search.liveness.PARENT_ENV`).
+    """
+    parent = os.environ.get(PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+    parent_pid = int(parent)
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if not armed:
+        def watch() -> None:
+            while os.getppid() == parent_pid:
+                time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+    elif os.getppid() != parent_pid:  # it died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _stop(procs: list[tuple[int, subprocess.Popen, Path]]) -> None:
+    """Ctrl-C every live worker once; kill those still running after :data:`_STOP_WAIT` s."""
+    for _, p, _ in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + _STOP_WAIT
+    for _, p, _ in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers: int,
@@ -62,7 +148,8 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
     Raises:
         GeosearchError: a worker exited with an error (its last log line).
         KeyboardInterrupt: Ctrl-C, forwarded once to every worker (each fails and
-            re-queues its trial), then raised here.
+            re-queues its trial), then raised here. Any other exception here stops the
+            workers the same way before it is raised.
     """
     import torch
 
@@ -77,29 +164,36 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
         echo(f"note: {workers} workers share {len(gpus)} GPUs")
     cmd = [sys.executable, "-m", "geosearch", "search", "--space", str(run_dir / SPACE_FILE),
            "--study", space.name, "--runs-dir", str(run_dir.parent), "--workers", str(workers)]
+    password = None
     if storage is not None:
+        storage, password = split_password(storage)  # `ps` shows command lines to everyone
         cmd += ["--storage", storage]
     if stale_after != STALE_AFTER:
         cmd += ["--stale-after", repr(stale_after)]
     procs: list[tuple[int, subprocess.Popen, Path]] = []
     threads = _cpu_share(workers)
-    for i in range(workers):
-        env = dict(os.environ)
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-        else:
-            env["OMP_NUM_THREADS"] = str(threads)
-        log = logs / f"worker{i}.log"
-        with open(log, "w", encoding="utf-8") as f:
-            # own session: a terminal's Ctrl-C reaches the parent only, which forwards it once
-            p = subprocess.Popen([*cmd, "--worker-index", str(i)], stdout=f, stderr=subprocess.STDOUT,
-                                 env=env, start_new_session=True)
-        procs.append((i, p, log))
-    echo(f"started {workers} workers ({'GPUs ' + ', '.join(gpus[:workers]) if gpus else f'{threads} CPU threads each'}); "
-         f"logs in {logs}")
-
-    seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+    owner = Owner(run_dir)  # a later command sees this run as live until the workers are done
     try:
+        for i in range(workers):
+            env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})
+            if password is not None:
+                env[PASSWORD_ENV] = password
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+            else:
+                env["OMP_NUM_THREADS"] = str(threads)
+            log = logs / f"worker{i}.log"
+            with open(log, "a", encoding="utf-8") as f:  # a rerun keeps the earlier runs' logs
+                f.write(f"{_LOG_HEADER}{_dt.datetime.now().isoformat(timespec='seconds')}: worker {i} of "
+                        f"parent pid {os.getpid()}\n")
+                f.flush()
+                p = subprocess.Popen([*cmd, "--worker-index", str(i)], stdout=f,
+                                     stderr=subprocess.STDOUT, env=env, **_group(procs))
+            procs.append((i, p, log))
+        where = "GPUs " + ", ".join(gpus[:workers]) if gpus else f"{threads} CPU threads each"
+        echo(f"started {workers} workers ({where}); logs in {logs}")
+
+        seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
         while True:
             running = [p for _, p, _ in procs if p.poll() is None]
             for t in study.get_trials(deepcopy=False):
@@ -109,21 +203,26 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
             if not running:
                 break
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        for _, p, _ in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 60
-        for _, p, _ in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
+    except BaseException:
+        _stop(procs)
         raise
+    finally:
+        owner.close()
     bad = [(i, p.returncode, log) for i, p, log in procs if p.returncode not in (0,)]
     if bad:
         i, code, log = bad[0]
-        tail = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-        raise GeosearchError(f"worker {i} exited with code {code}"
-                             + (f": {tail[-1]}" if tail else "") + f" (log: {log})")
+        this_run = log.read_text(encoding="utf-8", errors="replace").rsplit(_LOG_HEADER, 1)[-1]
+        tail = [ln for ln in this_run.splitlines()[1:] if ln.strip()]  # after the header line
+        how = (f"was stopped by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+               else f"exited with code {code}")
+        raise GeosearchError(f"worker {i} {how}" + (f": {tail[-1][:300]}" if tail else "")
+                             + f" (log: {log}); rerun the same command to resume")
     return f"all {workers} workers finished"
+
+
+def _group(procs: list[tuple[int, subprocess.Popen, Path]]) -> dict[str, Any]:
+    """Popen arguments that put the workers in one process group of their own, apart from
+    the terminal's: a terminal's Ctrl-C reaches the parent only, which forwards it once."""
+    if sys.version_info < (3, 11):  # no process_group argument: a session each
+        return {"start_new_session": True}
+    return {"process_group": procs[0][1].pid if procs else 0}

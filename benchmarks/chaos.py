@@ -1,0 +1,152 @@
+"""Fault injection outside CI: loop the faults of ``tests/faults`` N times, and table the bad inputs.
+
+    python benchmarks/chaos.py --inputs [--write]        # every bad input: its one line
+    python benchmarks/chaos.py --faults 5 [--seed 0] [--only SIGKILL] [--write]
+
+``--faults N`` runs each fault scenario of ``tests/faults/_harness.py`` N times, each with
+its own seed for the moment the fault hits, on real processes (the tiny proxy; a minute or
+so per run on a loaded 2-core machine), and prints the table fault × runs × invariant
+violations. ``--inputs`` runs every case of ``tests/faults/_bad_inputs.py`` and prints what
+the user sees. ``--write`` puts the table into ``docs/reliability.md`` (between its
+``<!-- chaos:... -->`` markers), where ``tests/faults/test_bad_inputs.py`` checks the input
+table against a fresh run. The full-disk faults mount a tmpfs (root); the PostgreSQL fault
+starts a throwaway server as ``tests/test_postgres.py`` does (``initdb``); each is left out,
+saying why, where it cannot run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "faults"), str(REPO / "tests")]
+
+import _bad_inputs  # noqa: E402
+import _harness  # noqa: E402
+
+DOC = REPO / "docs" / "reliability.md"
+
+
+def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _harness.Result]]:
+    out: dict[str, Callable[[Path, random.Random], _harness.Result]] = {
+        "SIGKILL of the --workers parent": lambda t, r: _harness.signal_parent(t, r, (signal.SIGKILL,)),
+        "SIGTERM of the --workers parent": lambda t, r: _harness.signal_parent(t, r, (signal.SIGTERM,)),
+        "SIGKILL of a worker": lambda t, r: _harness.signal_worker(t, r, signal.SIGKILL),
+        "SIGTERM of a worker": lambda t, r: _harness.signal_worker(t, r, signal.SIGTERM),
+        "SIGKILL of a one-process search": lambda t, r: _harness.signal_single(t, r, signal.SIGKILL),
+        "SIGTERM of a one-process search": lambda t, r: _harness.signal_single(t, r, signal.SIGTERM),
+        "full file system, journal, --workers 2": lambda t, r: _harness.full_disk(t, r, 2),
+        "full file system, SQLite, one process": lambda t, r: _harness.full_disk(t, r, 1),
+        "a second command on a live study": _harness.second_command,
+    }
+    if url is not None:
+        out["PostgreSQL connections dropped mid-trial"] = lambda t, r: _harness.dropped_connection(t, r, url)
+    return out
+
+
+def _postgres() -> tuple[str | None, object | None, str]:
+    """A throwaway server's URL, the server (to stop), or why there is none."""
+    import test_postgres
+
+    initdb, pg_ctl = test_postgres._binary("initdb"), test_postgres._binary("pg_ctl")
+    if not (initdb and pg_ctl):
+        return None, None, "no initdb/pg_ctl"
+    try:
+        server = test_postgres._Server(initdb, pg_ctl)
+    except BaseException as e:  # noqa: BLE001 - pytest.skip raises a BaseException
+        return None, None, f"the server did not start: {e}"
+    return server.url, server, ""
+
+
+def run_faults(n: int, seed: int, only: str | None) -> str:
+    """Each scenario ``n`` times; the markdown table."""
+    url, server, why = _postgres()
+    skipped = [] if url else [f"PostgreSQL connections dropped mid-trial: not run ({why})"]
+    try:
+        rows = []
+        for name, scenario in _scenarios(url).items():
+            if only and only.lower() not in name.lower():
+                continue
+            results, seconds = [], 0.0
+            for i in range(n):
+                tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
+                start = time.monotonic()
+                try:
+                    results.append(scenario(tmp, random.Random(seed + i)))
+                except OSError as e:  # no tmpfs here
+                    skipped.append(f"{name}: not run ({e})")
+                    break
+                finally:
+                    seconds += time.monotonic() - start
+                    _harness.clean(tmp)
+                r = results[-1]
+                print(f"{name} #{i}: {'ok' if not r.violations else r.violations} {r.notes}", file=sys.stderr)
+            if results:
+                rows.append((name, results, seconds / len(results)))
+    finally:
+        if server is not None:
+            server.stop()
+    lines = ["| fault | runs | fault hit mid-search | runs with violations | violations "
+             "| what the first run did |", "|---|---|---|---|---|---|"]
+    for name, results, _ in rows:
+        bad = [r for r in results if r.violations]
+        found = "; ".join(sorted({v for r in bad for v in r.violations})) or "none"
+        note = re.sub(r"/tmp/\S+", "...", (results[0].notes or [""])[0]).replace("|", "\\|")
+        lines.append(f"| {name} | {len(results)} | {sum(r.landed for r in results)} | {len(bad)} | "
+                     f"{found} | {note} |")
+    return "\n".join(lines + ([""] + [f"- {s}" for s in skipped] if skipped else []))
+
+
+def run_inputs() -> str:
+    """Every bad-input case; the markdown table."""
+    root = Path(tempfile.mkdtemp(prefix="chaos-inputs-"))
+    rows = [(case, _bad_inputs.run_case(case, root / str(i))) for i, case in enumerate(_bad_inputs.CASES)]
+    broken = [(c.what, o.problems()) for c, o in rows if o.problems()]
+    for what, problems in broken:
+        print(f"CONTRACT BROKEN: {what}: {problems}", file=sys.stderr)
+    return _bad_inputs.table(rows, root)
+
+
+def write(section: str, text: str) -> None:
+    """Replace the table between ``<!-- chaos:SECTION -->`` and ``<!-- /chaos:SECTION -->``."""
+    doc = DOC.read_text(encoding="utf-8")
+    begin, end = f"<!-- chaos:{section} -->", f"<!-- /chaos:{section} -->"
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    DOC.write_text(f"{head}{begin}\n{text}\n\n{end}{tail}", encoding="utf-8")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--inputs", action="store_true", help="table the bad inputs")
+    p.add_argument("--faults", type=int, metavar="N", help="run each fault scenario N times")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first run (default 0)")
+    p.add_argument("--only", metavar="TEXT", help="only the scenarios whose name contains TEXT")
+    p.add_argument("--write", action="store_true", help="write the table(s) into docs/reliability.md")
+    args = p.parse_args()
+    if not args.inputs and not args.faults:
+        p.error("give --inputs and/or --faults N")
+    if args.inputs:
+        text = run_inputs()
+        print(text)
+        if args.write:
+            write("inputs", text)
+    if args.faults:
+        text = run_faults(args.faults, args.seed, args.only)
+        print(text)
+        if args.write:
+            write("faults", f"Command: `python benchmarks/chaos.py --faults {args.faults} --seed {args.seed}`"
+                            f"{f' --only {args.only}' if args.only else ''}\n\n{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

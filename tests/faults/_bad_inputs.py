@@ -1,0 +1,242 @@
+"""Bad inputs a new user may give, each of which must end as one bounded line, exit code 2.
+
+Each case writes its inputs into an empty scratch directory (the working directory while it
+runs) and returns the command line. :func:`run_case` runs it in-process through
+``geosearch.cli.main`` and reports what a user would see and what it wrote: the contract
+(checked by ``tests/faults/test_bad_inputs.py``, tabled by ``benchmarks/chaos.py --inputs``
+into ``docs/reliability.md``) is exit code 2, exactly one line on stderr starting with
+``geosearch <command>: error:``, at most :data:`MAX_LINE` characters, nothing written or
+changed in the scratch directory, and no password from a storage URL in the output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+MAX_LINE = 400
+"""The longest error line a bad input may produce."""
+SECRET = "s3cret-pw"
+"""The password in the storage URLs of the cases: it must show nowhere."""
+
+PROXY = {"model": "tiny", "steps": 4, "batch_size": 2, "eval_every": 2, "eval_batches": 1,
+         "probe_every": 2, "probe_batch_size": 1, "device": "cpu"}
+GRID = {"attn": ["adamw"], "mlp": ["adamw", "euclidean"]}
+USER_RULES = [{"type": "attn_qkv", "pattern": r"\.mix\.qkv\.weight$", "family": "attn"},
+              {"type": "mlp_in", "pattern": r"\.ff\.up\.weight$", "family": "mlp"}]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: what it is, and how to make it in a scratch directory."""
+
+    what: str
+    """The input, in words (the first column of the table)."""
+    make: Callable[[Path], list[str]]
+    """Writes the case's files into the directory; returns the command line."""
+    volatile: bool = False
+    """The message quotes a library or the OS (wording varies by version): the table's
+    message is compared by its first words only."""
+
+
+@dataclass
+class Outcome:
+    """What running a case did."""
+
+    argv: list[str]
+    code: int
+    stderr: str
+    stdout: str
+    changed: list[str]
+
+    @property
+    def line(self) -> str:
+        return self.stderr.strip().splitlines()[0] if self.stderr.strip() else ""
+
+    def problems(self) -> list[str]:
+        """Every way the outcome breaks the contract (empty: it keeps it)."""
+        command = self.argv[0]
+        out = []
+        lines = self.stderr.strip().splitlines()
+        if self.code != 2:
+            out.append(f"exit code {self.code}, not 2")
+        if len(lines) != 1:
+            out.append(f"{len(lines)} lines on stderr, not 1")
+        elif not lines[0].startswith(f"geosearch {command}: error: "):
+            out.append("the line does not start with 'geosearch <command>: error:'")
+        if any(len(ln) > MAX_LINE for ln in lines):
+            out.append(f"a line longer than {MAX_LINE} characters")
+        if "Traceback" in self.stderr:
+            out.append("a traceback")
+        if SECRET in self.stderr + self.stdout:
+            out.append("the password shows")
+        if self.changed:
+            out.append("wrote " + ", ".join(self.changed[:3]))
+        return out
+
+
+def _space(d: Path, file: str = "s.yaml", **extra) -> str:
+    data = {"version": 1, "geometries": GRID, "proxy": dict(PROXY), **extra}
+    (d / file).write_text(yaml.safe_dump(data), encoding="utf-8")
+    return file
+
+
+def _file(d: Path, name: str, text: str | bytes) -> str:
+    path = d / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return name
+
+
+def _laughs(top: str = "") -> str:
+    """The "billion laughs": 90 aliases that stand for 10^10 values."""
+    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    return top + "\n".join(lines) + "\n"
+
+
+def _search(d: Path, *extra: str) -> list[str]:
+    return ["search", "--space", _space(d), "--runs-dir", "runs", *extra]
+
+
+def _user_model(d: Path, body: str, name: str = "user_model.py") -> str:
+    return _file(d, name, body)
+
+
+_RULES = json.dumps(USER_RULES)
+_RAISES = "def make_model(vocab_size, block_size):\n    raise RuntimeError('no GPU memory left')\n"
+_SQLITE_HEADER = b"SQLite format 3\x00" + bytes(84)
+
+CASES: list[Case] = [
+    # --- study names
+    Case("`--study` of 300 characters", lambda d: _search(d, "--study", "a" * 300)),
+    Case("`--study` with a newline", lambda d: _search(d, "--study", "a\nb")),
+    Case("`--study ../up` (a path)", lambda d: _search(d, "--study", "../up")),
+    Case("`--study .hidden`", lambda d: _search(d, "--study", ".hidden")),
+    Case("`--study 'my study'` (a space)", lambda d: _search(d, "--study", "my study")),
+    Case("`--study -x` (looks like a flag)", lambda d: _search(d, "--study=-x")),
+    Case("space file whose `name:` has a slash",
+         lambda d: ["search", "--space", _space(d, name="a/b"), "--runs-dir", "runs"]),
+    # --- storage
+    Case("`--storage notes.txt`, an existing text file",
+         lambda d: _search(d, "--storage", _file(d, "notes.txt", "my notes\n"))),
+    Case("`--storage study.db`, an SQLite file given as a path",
+         lambda d: _search(d, "--storage", _file(d, "study.db", _SQLITE_HEADER))),
+    Case("`--storage` naming a directory",
+         lambda d: (d / "adir").mkdir() or _search(d, "--storage", "adir")),
+    Case("`--storage` of an unknown URL scheme", lambda d: _search(d, "--storage", "bogus://nowhere")),
+    Case("`--storage postgresql://me:PASSWORD@...` that refuses the connection",
+         lambda d: _search(d, "--storage", f"postgresql://me:{SECRET}@127.0.0.1:9/x"), volatile=True),
+    Case("`--storage sqlite:///notes.txt`, a text file",
+         lambda d: _search(d, "--storage", "sqlite:///" + _file(d, "notes.txt", "my notes\n"))),
+    # --- the run directory
+    Case("`--runs-dir` naming a file", lambda d: _search(d)[:-1] + [_file(d, "afile", "x\n")]),
+    Case("`--runs-dir` below a file", lambda d: _search(d)[:-1] + [_file(d, "afile", "x\n") + "/sub"]),
+    # --- py: models
+    Case("`py:` module with a syntax error",
+         lambda d: _search(d, "--model", "py:" + _user_model(d, "def make_model(:\n") + ":make_model",
+                           "--set", "rules=" + _RULES), volatile=True),
+    Case("`py:` module that raises on import",
+         lambda d: _search(d, "--model", "py:" + _user_model(d, "import nosuchpackage_xyz\n")
+                           + ":make_model", "--set", "rules=" + _RULES)),
+    Case("`py:` factory that raises",
+         lambda d: _search(d, "--model", "py:" + _user_model(d, _RAISES) + ":make_model",
+                           "--set", "rules=" + _RULES)),
+    Case("`py:` module that is not installed",
+         lambda d: _search(d, "--model", "py:nosuch_module_xyz:make_model", "--set", "rules=" + _RULES)),
+    Case("`py:` file without the factory",
+         lambda d: _search(d, "--model", "py:" + _user_model(d, "x = 1\n") + ":make_model",
+                           "--set", "rules=" + _RULES)),
+    Case("`py:` spec without a factory name",
+         lambda d: _search(d, "--model", "py:user_model.py", "--set", "rules=" + _RULES)),
+    # --- search spaces
+    Case("`--space` naming a directory", lambda d: (d / "spaces").mkdir() or ["search", "--space", "spaces"]),
+    Case("`--space` naming a missing file", lambda d: ["search", "--space", "nope.yaml"]),
+    Case("`--space` with malformed YAML",
+         lambda d: ["search", "--space", _file(d, "bad.yaml", "version: 1\ngeometries: {attn: [stiefel\n")]),
+    Case("`--space` with a YAML alias bomb",
+         lambda d: ["search", "--space", _file(d, "bomb.yaml", _laughs("version: 1\n"))]),
+    Case("`--space` holding a list", lambda d: ["search", "--space", _file(d, "list.yaml", "- 1\n- 2\n")]),
+    Case("`--space` of an empty file", lambda d: ["search", "--space", _file(d, "empty.yaml", "")]),
+    Case("`--space` of a binary file",
+         lambda d: ["search", "--space", _file(d, "binary.yaml", b"\xff\xfe\x00\x01" * 8)]),
+    Case("`--workers 0`", lambda d: _search(d, "--workers", "0")),
+    Case("`--stale-after -1`", lambda d: _search(d, "--stale-after", "-1")),
+    Case("`--set` without `=`", lambda d: _search(d, "--set", "proxy.steps")),
+    Case("`--set` of an unknown key", lambda d: _search(d, "--set", "proxy.stepz=3")),
+    Case("`--trials -1`", lambda d: _search(d, "--trials", "-1")),
+    # --- train
+    Case("`train --config` holding a list",
+         lambda d: ["train", "--assign", "attn=adamw", "--config", _file(d, "c.yaml", "- 1\n- 2\n")]),
+    Case("`train --config` holding a number",
+         lambda d: ["train", "--assign", "attn=adamw", "--config", _file(d, "c.yaml", "42\n")]),
+    Case("`train --config` with a YAML alias bomb",
+         lambda d: ["train", "--assign", "attn=adamw", "--config", _file(d, "c.yaml", _laughs())]),
+    Case("`train --config` naming a missing file",
+         lambda d: ["train", "--assign", "attn=adamw", "--config", "nope.yaml"]),
+    Case("`train --assign` with an unknown geometry", lambda d: ["train", "--assign", "attn=stiefle"]),
+    # --- export, report, inspect
+    Case("`export` of a missing run directory", lambda d: ["export", "runs/nope"]),
+    Case("`export --storage notes.txt`, a text file",
+         lambda d: ["export", ".", "--storage", _file(d, "notes.txt", "my notes\n")]),
+    Case("`export --top 0`", lambda d: ["export", ".", "--top", "0"]),
+    Case("`report` of a directory without a study", lambda d: (d / "run").mkdir() or ["report", "run"]),
+    Case("`inspect --model py:` module with a syntax error",
+         lambda d: ["inspect", "--model", "py:" + _user_model(d, "def make_model(:\n") + ":make_model"],
+         volatile=True),
+]
+
+
+def _snapshot(d: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for root, dirs, files in os.walk(d):
+        for name in dirs + files:
+            p = Path(root) / name
+            st = p.lstat()
+            out[str(p.relative_to(d))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def run_case(case: Case, scratch: Path) -> Outcome:
+    """Make ``case`` in the empty directory ``scratch`` and run it there, in this process."""
+    from geosearch.cli import main
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    here = os.getcwd()
+    os.chdir(scratch)
+    sys.path.insert(0, str(scratch))  # where a `py:` module name is looked up
+    try:
+        argv = case.make(scratch)
+        before = _snapshot(scratch)
+        err, out = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                code = main(argv)
+            except SystemExit as e:  # argparse's own errors
+                code = e.code if isinstance(e.code, int) else 2
+        after = _snapshot(scratch)
+    finally:
+        sys.path.remove(str(scratch))
+        os.chdir(here)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    return Outcome(argv, code, err.getvalue(), out.getvalue(), changed)
+
+
+def table(rows: list[tuple[Case, Outcome]], scratch_root: Path) -> str:
+    """The markdown table of the cases: input, exit code, the line a user sees."""
+    lines = ["| # | bad input | exit | what the user sees (one line) |", "|---|---|---|---|"]
+    for i, (case, outcome) in enumerate(rows, 1):
+        line = outcome.line.replace(str(scratch_root), "<dir>").replace("|", "\\|")
+        lines.append(f"| {i} | {case.what} | {outcome.code} | `{line}` |")
+    return "\n".join(lines)

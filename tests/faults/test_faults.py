@@ -1,0 +1,66 @@
+"""Faults injected into real ``geosearch search`` processes; after each, the same command is
+rerun and the invariants of ``_harness.violations`` must hold (see ``_harness``).
+
+Each scenario runs once here, with a fixed seed for the moment the fault hits;
+``benchmarks/chaos.py --faults N`` loops them with N seeds for ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+
+import pytest
+from _harness import (
+    dropped_connection,
+    full_disk,
+    second_command,
+    signal_parent,
+    signal_single,
+    signal_worker,
+)
+from _small_fs import small_filesystem
+from test_postgres import postgres_server  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the faults are injected through Linux /proc and mount")
+
+
+def check(result) -> None:
+    assert result.landed, f"the fault hit after the search ended, so it tested nothing: {result}"
+    assert result.violations == [], f"{result.fault}: {result.violations} ({result.notes})"
+
+
+def test_the_workers_stop_with_their_parent_killed_or_terminated(tmp_path):
+    check(signal_parent(tmp_path, random.Random(1), (signal.SIGKILL, signal.SIGTERM)))
+
+
+def test_a_killed_worker_loses_nothing(tmp_path):
+    check(signal_worker(tmp_path, random.Random(2), signal.SIGKILL))
+
+
+def test_a_terminated_search_records_its_trial_and_exits_130(tmp_path):
+    check(signal_single(tmp_path, random.Random(3), signal.SIGTERM))
+
+
+def test_a_second_command_on_a_live_study_is_refused(tmp_path):
+    check(second_command(tmp_path, random.Random(4)))
+
+
+@pytest.fixture
+def can_mount(tmp_path):
+    try:
+        with small_filesystem(tmp_path / "probe", "1m"):
+            pass
+    except OSError as e:
+        pytest.skip(f"no small file system for the full-disk faults: {e} (run as root)")
+
+
+@pytest.mark.parametrize("workers", [2, 1], ids=["journal-workers", "sqlite-one-process"])
+def test_a_full_file_system_loses_nothing_and_the_rerun_resumes_at_once(workers, tmp_path, can_mount):
+    check(full_disk(tmp_path, random.Random(5), workers))
+
+
+def test_dropped_postgresql_connections_lose_nothing(tmp_path, postgres_server):  # noqa: F811
+    check(dropped_connection(tmp_path, random.Random(6), postgres_server))
