@@ -1,3 +1,3 @@
-from geosearch.cli import main
+from geosearch.cli import entry
 
-raise SystemExit(main())
+entry()

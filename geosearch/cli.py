@@ -376,5 +376,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+
+
+def entry() -> None:
+    """The ``geosearch`` command (and ``python -m geosearch``): :func:`main`, then exit.
+
+    After a Ctrl-C whose KeyboardInterrupt Python swallowed somewhere it runs code of its
+    own (an import lock's or a weakref's callback), CPython still ends the process by
+    SIGINT at exit, whatever :func:`main` returned; the interruption was recorded and its
+    line printed, so exit with the 130 that says so.
+    """
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    raise SystemExit(code)
+

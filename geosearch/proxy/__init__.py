@@ -28,8 +28,9 @@ _EXPORTS = {
                      "weight_stats"], "geosearch.proxy.probes"),
     **dict.fromkeys(["LayerQK", "detect_qk_source", "qk_capture"], "geosearch.proxy.qk"),
     "QKClip": "geosearch.proxy.qkclip",
-    **dict.fromkeys(["BuiltModel", "build_meta_model", "build_model", "check_model_spec",
-                     "lm_logits", "lm_loss"], "geosearch.proxy.zoo"),
+    **dict.fromkeys(["BuiltModel", "build_meta_model", "build_model", "check_model_spec"],
+                    "geosearch.proxy.zoo"),
+    **dict.fromkeys(["lm_logits", "lm_loss"], "geosearch.proxy.lm"),
 }
 
 __all__ = sorted(_EXPORTS)
@@ -53,11 +54,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.proxy.qk import LayerQK, detect_qk_source, qk_capture
     from geosearch.proxy.qkclip import QKClip
     from geosearch.proxy.specs import PRESETS, default_rules, model_spec_names
-    from geosearch.proxy.zoo import (
-        BuiltModel,
-        build_meta_model,
-        build_model,
-        check_model_spec,
-        lm_logits,
-        lm_loss,
-    )
+    from geosearch.proxy.lm import lm_logits, lm_loss
+    from geosearch.proxy.zoo import BuiltModel, build_meta_model, build_model, check_model_spec

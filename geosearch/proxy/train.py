@@ -50,7 +50,8 @@ from geosearch.proxy.probes import WeightProbe, attention_stats
 from geosearch.proxy.qkclip import QKClip
 from geosearch.proxy.rundir import Progress, RunWriter, describe_run
 from geosearch.proxy.trackers import Trackers, check_trackers
-from geosearch.proxy.zoo import build_model, lm_loss
+from geosearch.proxy.lm import lm_loss
+from geosearch.proxy.zoo import build_model
 
 __all__ = ["DIST_TIMEOUT_ENV", "TrainConfig", "TrainResult", "VAL_SEED", "get_accelerator", "train"]
 
