@@ -68,7 +68,7 @@ from geosearch.modules import (
 from geosearch.proxy.config import TrainConfig
 from geosearch.proxy.specs import HF_PREFIX, PY_PREFIX, default_rules
 from geosearch.search.pruners import LogitGrowthPruner
-from geosearch.search.space import (
+from geosearch.search.sections import (
     Budget,
     Hyperparams,
     LogRange,
@@ -76,6 +76,8 @@ from geosearch.search.space import (
     PrunerSpec,
     SamplerSpec,
     SamplerType,
+)
+from geosearch.search.space import (
     SearchSpace,
     SearchSpaceError,
 )
