@@ -16,6 +16,15 @@ Usage::
     python benchmarks/fidelity.py --truth --eta 0.02 --steps 2000 --seeds 0 1   # ~45 min, 2 cores
     python benchmarks/fidelity.py --truth --eta 0.05 --steps 2000 --seeds 0 1
     python benchmarks/fidelity.py --show --eta 0.02 --steps 2000                 # the table so far
+    geosearch search --study fid002 --runs-dir runs                             # the search under test
+    python benchmarks/fidelity.py --compare runs/fid002 --eta 0.02 --steps 2000
+
+The comparison reads the study as the tool does (its ranking at the top rung, its main
+effects, the pruner's forecast at the target) and never uses the ground truth to choose
+anything. The forecast is checked three ways: the pruner's forecast from the search's top
+rung (what the tool reports), from its first rung only (the proxy run's Σ η, extrapolated
+to the target's), and from the first 10% of each long run itself (same run, same
+schedule: a test of the law alone).
 """
 
 from __future__ import annotations
@@ -23,17 +32,27 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import optuna
 import torch
 
-from _common import machine  # benchmarks/ is on sys.path when a script runs
+from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.assignment import Assignment
 from geosearch.proxy.train import TrainConfig, train
+from geosearch.search.forecast import forecast_max_logit
+from geosearch.search.horizon import spearman
+from geosearch.search.pruners import QK_TYPES, LogitGrowthPruner
+from geosearch.search.ranking import family_geometry, rank_scores, rank_study
+from geosearch.search.records import ASSIGNMENT, LADDER, MEAN_STEP_MS, PROBE_HISTORY, PROXY, RUNG_LOSSES, RUNG_PROBES, STOP_STEP
+from geosearch.search.stats import Point, Score, main_effects
+from geosearch.search.target import probe_sum_eta
+from geosearch.search.storage import open_run_study
 
 DATA = Path(__file__).parent / "data" / "fidelity"
 PAPER = {  # the reference study's four assignments (rule set nanogpt: c_attn is one type)
@@ -114,7 +133,163 @@ def show_truth(model: str, steps: int, eta: float) -> None:
         print(f"  {PAPER[assign]:26s} {mean:.4f}  seeds {[round(x, 4) for x in losses]}  peak max logit {peak:.1f}")
 
 
+# ============================================================================ the comparison
+def truth_scores(truth: dict[str, list[dict]]) -> dict[str, Score]:
+    """assignment -> its long runs' final val losses with their seeds."""
+    return {a: Score.of([r["final_val_loss"] for r in recs if r["status"] == "completed"],
+                        [r["config"]["seed"] for r in recs if r["status"] == "completed"])
+            for a, recs in truth.items() if recs}
+
+
+def _point(assign: str) -> Point:
+    return Point(dict(kv.split("=") for kv in assign.split(",")))
+
+
+def _paper_key(resolved: dict[str, str]) -> str:
+    return f"attn={family_geometry(resolved, 'attn')},mlp={family_geometry(resolved, 'mlp')}"
+
+
+def _effects_text(effects) -> dict[str, str]:
+    return {e.factor: e.text() for e in effects}
+
+
+def _signs(effects) -> dict[str, str]:
+    """factor -> the better level (only effects with a sign: a non-zero effect)."""
+    return {e.factor: e.better for e in effects if e.effect != 0}
+
+
+def _final_logit(rec: dict) -> float | None:
+    last = rec["probes"][-1] if rec["probes"] else None
+    return None if last is None or last["step"] != rec["config"]["steps"] else last["max_logit"]
+
+
+def _early_forecast(rec: dict, fraction: float, target_sum_eta: float) -> float | None:
+    """The forecast law on the first ``fraction`` of a long run's own probes (its schedule's
+    Σ η), at the run's final Σ η: the pruner's law and arguments, none of its thresholds."""
+    config = TrainConfig.from_dict(rec["config"])
+    at = probe_sum_eta(config, Assignment.parse(rec["assign"]))
+    rows = [p for p in rec["probes"] if p["step"] <= fraction * config.steps and p["max_logit"] is not None]
+    sum_eta = [at(p["step"]) for p in rows]
+    keep = [i for i, e in enumerate(sum_eta) if e > 0]
+    sigma = [max((p["sigma_max"] or {}).get(t) or 0.0 for t in QK_TYPES) for p in rows]
+    f = forecast_max_logit([sum_eta[i] for i in keep], [rows[i]["max_logit"] for i in keep], target_sum_eta,
+                           sigma=[sigma[i] for i in keep] if all(sigma[i] > 0 for i in keep) else None)
+    return None if f is None else f.value
+
+
+def _search_steps(trial, rungs: list[dict]) -> int:
+    """Optimizer steps a trial trained (a pruned run counts to its stop step)."""
+    losses = trial.user_attrs.get(RUNG_LOSSES) or []
+    total = 0
+    for i, seeds in enumerate(losses):
+        total += rungs[i]["steps"] * len(seeds)
+    stop = trial.user_attrs.get(STOP_STEP)
+    if trial.state.name == "PRUNED" and isinstance(stop, int):
+        total += stop  # the run that was stopped is not in rung_losses
+    return total
+
+
+def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) -> None:
+    """Print (and publish) the search-vs-truth table for the study in ``run_dir``."""
+    truth = load_truth(model, steps, eta)
+    scores = truth_scores(truth)
+    if len(scores) < len(PAPER):
+        sys.exit(f"the ground truth at {model}/{steps}/{eta} has {len(scores)} of {len(PAPER)} "
+                 "assignments: run --truth first")
+    study = open_run_study(run_dir)
+    proxy = study.user_attrs.get(PROXY) or {}
+    rungs = study.user_attrs.get(LADDER) or []
+    if (proxy.get("model"), proxy.get("spectral_lr"), proxy.get("batch_size")) != (model, eta, 16):
+        sys.exit(f"the study's proxy is {proxy.get('model')}/{proxy.get('spectral_lr')}/batch "
+                 f"{proxy.get('batch_size')}, not the ground truth's {model}/{eta}/batch 16")
+    ranking = rank_study(study)
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    search: dict[str, dict] = {}
+    for row in ranking.rows:
+        t = trials[row.number]
+        key = _paper_key(t.user_attrs[ASSIGNMENT])
+        if key in PAPER and key not in search:
+            rung0 = [r for r in (t.user_attrs.get(RUNG_LOSSES) or [[]])[0]]
+            search[key] = {"mean": row.score.mean, "rung0": statistics.fmean(rung0) if rung0 else math.nan,
+                           "trial": t}
+    truth_rank = rank_scores([(i, PAPER[a], s) for i, (a, s) in enumerate(scores.items())],
+                             {i: _point(a) for i, a in enumerate(scores)})
+    keys = [a for a in PAPER if a in search]
+    truth_mean = {a: scores[a].mean for a in PAPER}
+    truth_best = min(PAPER, key=truth_mean.get)
+    search_best = _paper_key(trials[ranking.rows[0].number].user_attrs[ASSIGNMENT])
+    rho = spearman([search[a]["mean"] for a in keys], [truth_mean[a] for a in keys])
+    rho0 = spearman([search[a]["rung0"] for a in keys], [truth_mean[a] for a in keys])
+    truth_effects = main_effects((_point(a), s) for a, s in scores.items())
+    s_signs, t_signs = _signs(ranking.effects), _signs(truth_effects)
+
+    search_steps = sum(_search_steps(t, rungs) for t in trials.values())
+    truth_steps = sum(r["config"]["steps"] for recs in truth.values() for r in recs)
+    search_ms = sum((t.user_attrs.get(MEAN_STEP_MS) or 0) * _search_steps(t, rungs) for t in trials.values())
+    truth_ms = sum(r["mean_step_ms"] * r["config"]["steps"] for recs in truth.values() for r in recs)
+
+    pruner = LogitGrowthPruner()
+    target_sum_eta = probe_sum_eta(truth_config(model, steps, eta, 0), Assignment.parse(next(iter(PAPER))))(steps)
+    lines = [machine(), "",
+             f"Ground truth: `{model}`, {steps} steps, peak spectral step {eta} (Σ η {target_sum_eta:.1f}), "
+             f"seeds {sorted({s for sc in scores.values() for s in (sc.seeds or ())})}; "
+             f"the search: `{run_dir}`, {len(rungs)} rung(s) at Σ η "
+             f"{', '.join(format(r['sum_eta'], '.1f') for r in rungs)}, ranked at the top one.", "",
+             "| assignment | truth: val loss | search: top rung | search: rung 0 | forecast max logit "
+             "(top rung / rung 0 / first 10% of long run) | real max logit at the end | ratios |",
+             "|---|---|---|---|---|---|---|"]
+    ratios: list[float] = []
+    for a in sorted(PAPER, key=truth_mean.get):
+        recs = [r for r in truth[a] if r["status"] == "completed"]
+        real = [v for v in (_final_logit(r) for r in recs) if v is not None]
+        real_mean = statistics.fmean(real) if real else math.nan
+        cells, row_ratios = [], []
+        t = search.get(a, {}).get("trial")
+        frozen_rung0 = None
+        if t is not None and t.user_attrs.get(RUNG_PROBES):
+            attrs = dict(t.user_attrs, **{PROBE_HISTORY: t.user_attrs[RUNG_PROBES][0]})
+            frozen_rung0 = optuna.trial.create_trial(state=t.state, value=t.value if t.state.name == "COMPLETE"
+                                                     else None, params=t.params, distributions=t.distributions,
+                                                     user_attrs=attrs, intermediate_values=t.intermediate_values)
+        for f in ([pruner.forecast(study, t) if t is not None else None,
+                   pruner.forecast(study, frozen_rung0) if frozen_rung0 is not None else None]):
+            v = None if f is None else f.value
+            cells.append("—" if v is None else f"{v:.1f} [{f.low:.1f}, {f.high:.1f}]")
+            row_ratios.append(None if v is None else v / real_mean)
+        early = [v for v in (_early_forecast(r, 0.1, target_sum_eta) for r in recs) if v is not None]
+        v = statistics.fmean(early) if early else None
+        cells.append("—" if v is None else f"{v:.1f}")
+        row_ratios.append(None if v is None else v / real_mean)
+        ratios += [x for x in row_ratios if x is not None]
+        lines.append(f"| {PAPER[a]} | {scores[a].mean:.4f} ({scores[a].n} seeds) | "
+                     f"{search[a]['mean']:.4f} | {search[a]['rung0']:.4f} | {' / '.join(cells)} | "
+                     f"{real_mean:.1f} | {' / '.join('—' if x is None else f'{x:.2f}' for x in row_ratios)} |"
+                     if a in search else f"| {PAPER[a]} | {scores[a].mean:.4f} | not completed | | | | |")
+    lines += ["",
+              f"- Winner: truth **{PAPER[truth_best]}** (the long runs' verdict: {truth_rank.verdict}); "
+              f"search **{PAPER[search_best]}** (its verdict: {ranking.verdict}). "
+              f"Same winner: **{'yes' if truth_best == search_best else 'no'}**.",
+              f"- Spearman over the {len(keys)} assignments: top rung **{rho:.2f}**; rung 0 alone "
+              f"(the proxy's own Σ η, what a one-rung search answers) {rho0:.2f}.",
+              f"- Main effects, truth: {'; '.join(_effects_text(truth_effects).values()) or 'none'}.",
+              f"- Main effects, search: {'; '.join(_effects_text(ranking.effects).values()) or 'none'}.",
+              "- Same better level: " + ", ".join(
+                  f"{f} {'yes' if s_signs.get(f) == t_signs.get(f) else 'no'}" for f in sorted(t_signs)) + ".",
+              f"- Compute: the search trained {search_steps:,} optimizer steps of the same model and batch, "
+              f"the ground truth {truth_steps:,}: **{search_steps / truth_steps:.3f}** of it "
+              f"({search_ms / truth_ms:.3f} by measured step time).",
+              f"- Forecast max logit over real, every forecast above: "
+              f"{', '.join(f'{x:.2f}' for x in ratios)}; within ×2: "
+              f"{sum(0.5 <= x <= 2 for x in ratios)} of {len(ratios)}."]
+    text = "\n".join(lines)
+    if out is None:
+        print(text)
+    else:
+        publish(text, out)
+
+
 def main(argv: list[str] | None = None) -> int:
+    global DATA
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--truth", action="store_true", help="train the missing ground-truth runs")
     p.add_argument("--show", action="store_true", help="print the stored ground truth")
@@ -122,7 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--eta", type=float, default=0.02, help="peak spectral step size")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--data-dir", type=Path, default=DATA, help="where the ground-truth runs are stored")
+    p.add_argument("--compare", metavar="RUN_DIR", help="compare the study in RUN_DIR with the ground truth")
+    p.add_argument("--out", type=Path, help="with --compare: also write the table to this file")
     args = p.parse_args(argv)
+    DATA = args.data_dir
+    if args.compare:
+        compare(args.compare, args.model, args.steps, args.eta, args.out)
+        return 0
     if args.truth:
         run_truth(args.model, args.steps, args.eta, args.seeds)
     if args.show or args.truth:
