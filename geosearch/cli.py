@@ -158,7 +158,9 @@ def _print_report_files(files: ReportFiles) -> None:
 # --------------------------------------------------------------------------- search
 def _add_search(p: argparse.ArgumentParser) -> None:
     p.epilog = ("Rerun the same command to resume: finished trials are kept and count towards "
-                "--trials; a trial cut short by Ctrl-C or a crash runs again. At the end the "
+                "--trials; a trial cut short by Ctrl-C or a crash runs again, and so does one that "
+                "failed because of its environment (out of memory, CUDA, disk, storage; "
+                "--max-retries). At the end the "
                 "search exports DIR/<study>/best_assignment.yaml and writes DIR/<study>/report.md "
                 "(as `geosearch report` does). Data-parallel trials (each trial on N processes, "
                 "rank 0 runs the study): torchrun --nproc_per_node N -m geosearch search ... (CPU); "

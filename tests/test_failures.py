@@ -101,7 +101,7 @@ def test_failed_attrs_retry_an_environment_failure_until_max_retries():
     assert a["status"] == "retried" and a["retries"] == 0 and a["failure_kind"] == ENV
     assert a["fail_reason"].startswith("retried (a failure of the environment; retry 1 of 2")
     b = failed_attrs(study, second, "MemoryError: ", ENV, 1)  # one retry already done
-    assert b["status"] == "failed" and b["fail_reason"].endswith("retried 1 times)")
+    assert b["status"] == "failed" and b["fail_reason"].endswith("retried 1 time)")
     c = failed_attrs(study, first, "MemoryError: ", ENV, 0)
     assert c["status"] == "failed" and "not retried: --max-retries 0" in c["fail_reason"]
     d = failed_attrs(study, first, "ValueError: x", ASSIGN, 2)

@@ -144,7 +144,8 @@ def failed_attrs(study: optuna.Study, trial: FrozenTrial | optuna.Trial, message
                               f"{max_retries} queued): {message}")
     elif kind == ENVIRONMENT_FAILURE:
         attrs[FAIL_REASON] = f"{message} (a failure of the environment; " + (
-            f"retried {retries} times)" if retries else "not retried: --max-retries 0)")
+            f"retried {retries} time{'s' if retries > 1 else ''})" if retries
+            else "not retried: --max-retries 0)")
     return attrs
 
 
