@@ -51,7 +51,8 @@ DEFAULT_MAX_RETRIES = 2
 _ENVIRONMENT_TYPES = frozenset({
     "OutOfMemoryError", "AcceleratorError", "DistError", "DistBackendError", "DistNetworkError",
     "DistStoreError", "MemoryError", "OperationalError", "InterfaceError", "DisconnectionError",
-    "TimeoutError", "StorageInternalError", "ConnectionError",
+    "TimeoutError", "StorageInternalError", "ConnectionError", "ConnectionResetError",
+    "ConnectionRefusedError", "ConnectionAbortedError", "BrokenPipeError",
 })
 # OSErrors that name a path the run was given: the setting's problem, not the machine's.
 _PATH_ERRORS = frozenset({errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM})
