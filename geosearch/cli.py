@@ -158,7 +158,9 @@ def _print_report_files(files: ReportFiles) -> None:
 # --------------------------------------------------------------------------- search
 def _add_search(p: argparse.ArgumentParser) -> None:
     p.epilog = ("Rerun the same command to resume: finished trials are kept and count towards "
-                "--trials; a trial cut short by Ctrl-C or a crash runs again. At the end the "
+                "--trials; a trial cut short by Ctrl-C or a crash runs again, and so does one that "
+                "failed because of its environment (out of memory, CUDA, disk, storage; "
+                "--max-retries). At the end the "
                 "search exports DIR/<study>/best_assignment.yaml and writes DIR/<study>/report.md "
                 "(as `geosearch report` does). Data-parallel trials (each trial on N processes, "
                 "rank 0 runs the study): torchrun --nproc_per_node N -m geosearch search ... (CPU); "
@@ -205,6 +207,12 @@ def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stale-after", type=float, metavar="SECONDS",
                    help="a trial whose worker (on another machine) sent no heartbeat for this long "
                         "is taken as dead and run again (default: 300; give every machine the same)")
+    p.add_argument("--max-retries", type=int, default=2, metavar="N",
+                   help="run a point again up to N times in a row when its trial fails because of "
+                        "the environment (out of memory, CUDA, disk, storage); a failure of the "
+                        "assignment itself is not retried (default: 2)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="queue the study's failed points again, once each, and run them")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any key of the space, e.g. proxy.eval_every=25 (repeatable)")
     p.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
@@ -236,6 +244,7 @@ def _run_search(args: argparse.Namespace) -> int:
         with sigterm_as_ctrl_c():  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
             outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
                                  workers=args.workers, worker_index=args.worker_index,
+                                 max_retries=args.max_retries, retry_failed=args.retry_failed,
                                  **({} if args.stale_after is None else {"stale_after": args.stale_after}))
     except optuna.exceptions.StorageInternalError as e:  # e.g. a database connection dropped
         cause = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]

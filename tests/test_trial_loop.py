@@ -11,11 +11,14 @@ import math
 
 import optuna
 import pytest
+import torch
 from _search_helpers import FakeTrain, fake, make_space, search, trials_of, use_train  # noqa: F401
 from optuna.trial import TrialState
 
 from geosearch.errors import GeosearchError
+from geosearch.proxy.train import TrainResult
 from geosearch.search import trial_loop
+from geosearch.search.queue import done_count
 from geosearch.search.study import open_run_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -135,3 +138,99 @@ def test_forced_unstable_run_is_pruned_by_the_real_pruner(monkeypatch, tmp_path)
     assert pruned.state == TrialState.PRUNED
     assert pruned.user_attrs["prune_reason"].startswith("max logit") and pruned.user_attrs["stop_step"] == 5
     assert by_attn["oblique"].state == TrialState.COMPLETE
+
+
+# --------------------------------------------------------------------------- failures and retries
+def _first_call_raises(error):
+    """A FakeTrain whose first run raises ``error``, every later one trains."""
+    f = FakeTrain(raises=lambda key, seed: error if len(f.calls) == 1 else None)
+    return f
+
+
+def _verdicts(tmp_path):
+    """``{point: [status of each trial with a verdict or a retry]}``."""
+    out = {}
+    for t in trials_of(tmp_path):
+        out.setdefault(t.params["geometry.attn"], []).append(t.user_attrs["status"])
+    return out
+
+
+def test_an_environment_failure_is_retried_and_every_point_completes_once(monkeypatch, tmp_path):
+    f = use_train(monkeypatch, _first_call_raises(
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
+    out = search(make_space(), tmp_path)
+    assert out.counts == {"completed": 2, "retried": 1} and len(f.calls) == 3
+    assert out.stopped == "every assignment of the space has been tried"
+    trials = trials_of(tmp_path)
+    retried = next(t for t in trials if t.user_attrs["status"] == "retried")
+    assert retried.user_attrs["failure_kind"] == "environment" and retried.user_attrs["retries"] == 0
+    assert "retry 1 of 2 queued" in retried.user_attrs["fail_reason"]
+    rerun = next(t for t in trials if t.user_attrs.get("retry_of") == retried.number)
+    assert rerun.state == TrialState.COMPLETE and rerun.params == retried.params
+    # each point completed exactly once, and the budget (both points) is met
+    assert sorted(_verdicts(tmp_path).values()) == [["completed"], ["retried", "completed"]]
+    assert search(make_space(), tmp_path).counts == out.counts and len(f.calls) == 3  # done
+
+
+def test_an_environment_failure_the_trainer_caught_is_retried_too(monkeypatch, tmp_path):
+    fake = FakeTrain()
+
+    def oom_inside_the_loop(config, assignment, **kw):
+        if not fake.calls:  # the trainer turns an exception of its loop into a failed run
+            fake.calls.append(("oom", config.seed))
+            return TrainResult("failed", "OutOfMemoryError: CUDA out of memory", 3, None, None,
+                               [], 1.0, 1e3, {})
+        return fake(config, assignment, **kw)
+
+    use_train(monkeypatch, oom_inside_the_loop)
+    out = search(make_space(), tmp_path)
+    assert out.counts == {"completed": 2, "retried": 1}
+
+
+def test_an_environment_failure_stays_failed_after_its_retries(monkeypatch, tmp_path):
+    use_train(monkeypatch, FakeTrain(raises=lambda key, seed: MemoryError() if "euclidean" in key else None))
+    out = search(make_space(), tmp_path)
+    assert out.counts == {"completed": 1, "retried": 2, "failed": 1}  # the failure counts once
+    statuses = _verdicts(tmp_path)["euclidean"]
+    assert statuses == ["retried", "retried", "failed"]
+    last = next(t for t in trials_of(tmp_path) if t.user_attrs["status"] == "failed")
+    assert last.user_attrs["fail_reason"] == "MemoryError:  (a failure of the environment; retried 2 times)"
+    assert last.user_attrs["retries"] == 2
+
+
+def test_max_retries_0_retries_nothing(monkeypatch, tmp_path):
+    f = use_train(monkeypatch, _first_call_raises(OSError(28, "No space left on device")))
+    out = search(make_space(), tmp_path, max_retries=0)
+    assert out.counts == {"completed": 1, "failed": 1} and len(f.calls) == 2
+    failed = next(t for t in trials_of(tmp_path) if t.state == TrialState.FAIL)
+    assert failed.user_attrs["failure_kind"] == "environment"
+    assert failed.user_attrs["fail_reason"].endswith("(a failure of the environment; not retried: "
+                                                    "--max-retries 0)")
+
+
+def test_an_assignment_failure_is_not_retried(monkeypatch, tmp_path):
+    f = use_train(monkeypatch, FakeTrain(
+        raises=lambda key, seed: ValueError("bad shape") if "euclidean" in key else None))
+    out = search(make_space(), tmp_path)
+    assert out.counts == {"completed": 1, "failed": 1} and len(f.calls) == 2
+    failed = next(t for t in trials_of(tmp_path) if t.state == TrialState.FAIL)
+    assert failed.user_attrs["failure_kind"] == "assignment"
+    assert failed.user_attrs["fail_reason"] == "ValueError: bad shape"
+
+
+def test_retry_failed_runs_the_failed_points_again_once(monkeypatch, tmp_path):
+    broken = FakeTrain(raises=lambda key, seed: ValueError("bad") if "euclidean" in key else None)
+    use_train(monkeypatch, broken)
+    search(make_space(), tmp_path)
+    failed = next(t for t in trials_of(tmp_path) if t.state == TrialState.FAIL)
+    fixed = use_train(monkeypatch, FakeTrain())
+    assert search(make_space(), tmp_path).counts == {"completed": 1, "failed": 1}
+    assert fixed.calls == []  # a plain rerun leaves the failed point alone
+    out = search(make_space(), tmp_path, retry_failed=True)
+    assert fixed.calls == [("attn=euclidean,mlp=adamw", 0)]
+    assert out.counts == {"completed": 2, "failed": 1}
+    rerun = next(t for t in trials_of(tmp_path) if t.user_attrs.get("retry_of") == failed.number)
+    assert rerun.state == TrialState.COMPLETE and rerun.params == failed.params
+    assert done_count(open_run_study(tmp_path / "runs" / "t")) == 2  # the point counts once
+    search(make_space(), tmp_path, retry_failed=True)  # nothing failed is left to run
+    assert len(fixed.calls) == 1

@@ -226,8 +226,8 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung]) -> TrialRecord
         reason = ua.get(PRUNE_REASON) or "no reason recorded"
     elif state == "failed":
         reason = ua.get(FAIL_REASON) or "no message recorded"
-    elif state == "interrupted":
-        reason = ua.get(FAIL_REASON) or "interrupted"
+    elif state in ("interrupted", "retried"):
+        reason = ua.get(FAIL_REASON) or state
 
     last_step = as_finite(first[-1].get("step")) if first else None
     budget = as_finite(ua.get(BUDGET_STEPS))

@@ -219,6 +219,9 @@ def _md_unfinished(by_state: dict[str, list[TrialRecord]]) -> list[str]:
         if by_state.get("interrupted"):
             lines += ["Interrupted trials were stopped by Ctrl-C or lost their worker; their "
                       "point was queued again, and rerunning the search runs it.", ""]
+        if by_state.get("retried"):
+            lines += ["Retried trials failed because of their environment (out of memory, CUDA, "
+                      "disk, storage); their point was queued again (`--max-retries`).", ""]
         lines += _table(["trial", "assignment", "state", "note"],
                         [[t.number, t.label, t.state, t.reason or ""] for t in others])
     return lines

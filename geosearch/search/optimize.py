@@ -122,7 +122,8 @@ class Objective:
                 self._checked = True
             space = apply_overrides(self.space, name=study.study_name)
             run_dir = self.runs_dir / space.name
-            bind_study(study, space, run_dir, source=f"study {study.study_name!r}")
+            for note in bind_study(study, space, run_dir, source=f"study {study.study_name!r}"):
+                self.echo(note)
             write_space_file(space, run_dir)
             store = self.artifact_store or default_store(run_dir)
             searcher = _OptimizeSearcher(space, study, run_dir, exhaustive=False, budget=None,

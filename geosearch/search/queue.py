@@ -3,7 +3,8 @@
 An exhaustive space puts its points (up to the budget) in Optuna's trial queue once, in a
 seeded random order, and workers only pop from it; any other sampler proposes points and
 a proposal of an already scored point is a duplicate. This module keys points, queues them
-(first, or again after an interruption), tells which trials count towards the budget, and
+(first, or again after an interruption or a retried failure), tells which trials count
+towards the budget (a failed trial queued again leaves its place to the rerun), and
 says when no further trial should start. Torch-free. The budget and queueing rules are in
 ``docs/design.md`` ("The study").
 """
@@ -32,6 +33,7 @@ __all__ = [
     "grid_points",
     "param_key",
     "resolve_budget",
+    "retried_numbers",
     "top_up_queue",
     "trial_key",
     "trial_point",
@@ -56,17 +58,30 @@ def trial_key(trial: FrozenTrial) -> str | None:
     return param_key(params) if params else None
 
 
-def counted(trial: FrozenTrial) -> bool:
+def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
+    """The numbers of the trials that a later trial runs again (its ``retry_of``)."""
+    return {t.user_attrs[RETRY_OF] for t in trials if isinstance(t.user_attrs.get(RETRY_OF), int)}
+
+
+def counted(trial: FrozenTrial, rerun: set[int] | frozenset[int] = frozenset()) -> bool:
     """Whether a trial counts towards the budget: it has a verdict (completed, unstable,
-    failed), over every run of the study."""
+    failed), over every run of the study. A failed trial in ``rerun`` (its point queued
+    again by ``--retry-failed``, see :func:`retried_numbers`) leaves its place to the rerun."""
     if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
         return True
-    return trial.state == TrialState.FAIL and trial.user_attrs.get(STATUS) == FAILED
+    return (trial.state == TrialState.FAIL and trial.user_attrs.get(STATUS) == FAILED
+            and trial.number not in rerun)
+
+
+def _counted_all(trials: list[FrozenTrial]) -> list[bool]:
+    """:func:`counted` of each trial, the study's reruns taken into account."""
+    rerun = retried_numbers(trials)
+    return [counted(t, rerun) for t in trials]
 
 
 def done_count(study: optuna.Study) -> int:
     """How many trials of the study count towards the budget."""
-    return sum(map(counted, study.get_trials(deepcopy=False)))
+    return sum(_counted_all(study.get_trials(deepcopy=False)))
 
 
 def enqueue(study: optuna.Study, params: dict[str, Any], *, retry_of: int | None = None) -> None:
@@ -116,8 +131,8 @@ def top_up_queue(study: optuna.Study, space: SearchSpace, budget: int) -> int:
         How many points were queued.
     """
     trials = study.get_trials(deepcopy=False)
-    taken = {trial_key(t) for t in trials
-             if counted(t) or t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    taken = {trial_key(t) for t, c in zip(trials, _counted_all(trials))
+             if c or t.state in (TrialState.RUNNING, TrialState.WAITING)}
     taken.discard(None)
     allocated = len(taken)
     added = 0
@@ -138,7 +153,7 @@ def done_reason(study: optuna.Study, budget: int | None, exhaustive: bool,
     trials) is used up, the queue of an exhaustive space is empty, or every point of a
     finite space has been scored."""
     trials = study.get_trials(deepcopy=False)
-    done = sum(map(counted, trials))
+    done = sum(_counted_all(trials))
     running = sum(t.state == TrialState.RUNNING for t in trials)
     if budget is not None and done + running >= budget:
         if running:
@@ -151,16 +166,16 @@ def done_reason(study: optuna.Study, budget: int | None, exhaustive: bool,
             return ("every assignment of the space has been tried" if running == 0 else
                     f"every assignment of the space is taken ({running} still running elsewhere)")
     elif grid_size != math.inf:
-        scored = {trial_key(t) for t in trials if counted(t)}
+        scored = {trial_key(t) for t, c in zip(trials, _counted_all(trials)) if c}
         if len(scored) >= grid_size:
             return f"every one of the {int(grid_size)} assignments of the space has been scored"
     return None
 
 
-def _ahead(t: FrozenTrial, number: int) -> bool:
+def _ahead(t: FrozenTrial, number: int, rerun: set[int]) -> bool:
     """Whether trial ``t`` holds its slot before trial ``number``: counted, or running
     and asked for earlier."""
-    return counted(t) or (t.state == TrialState.RUNNING and t.number < number)
+    return counted(t, rerun) or (t.state == TrialState.RUNNING and t.number < number)
 
 
 def budget_taken(study: optuna.Study, budget: int | None, number: int) -> str | None:
@@ -168,7 +183,9 @@ def budget_taken(study: optuna.Study, budget: int | None, number: int) -> str | 
     by trials ahead of it (other workers'), or ``None``."""
     if budget is None:
         return None
-    ahead = sum(_ahead(t, number) for t in study.get_trials(deepcopy=False))
+    trials = study.get_trials(deepcopy=False)
+    rerun = retried_numbers(trials)
+    ahead = sum(_ahead(t, number, rerun) for t in trials)
     return f"the budget of {budget} trials was taken by other workers" if ahead >= budget else None
 
 
@@ -176,7 +193,9 @@ def twin_of(study: optuna.Study, number: int, params: Mapping[str, Any]) -> int 
     """The number of a trial ahead of trial ``number`` with the same point (scored, or
     running and asked for earlier), or ``None``: trial ``number`` is then a duplicate."""
     key = param_key(params)
-    for t in study.get_trials(deepcopy=False):
-        if t.number != number and trial_key(t) == key and _ahead(t, number):
+    trials = study.get_trials(deepcopy=False)
+    rerun = retried_numbers(trials)
+    for t in trials:
+        if t.number != number and trial_key(t) == key and _ahead(t, number, rerun):
             return t.number
     return None

@@ -40,6 +40,7 @@ from geosearch.search.records import (
     NOT_RUN,
     PRUNE_REASON,
     QUEUED_PARAMS,
+    RETRIED,
     SEEDS,
     STOP_STEP,
     UNSTABLE,
@@ -412,7 +413,7 @@ def trial_line(trial: FrozenTrial) -> str:
         what = f"PRUNED{f' at step {step}' if step is not None else ''}: {ua.get(PRUNE_REASON)}"
     elif status in NOT_RUN:
         return f"{head}  not run: {ua.get(FAIL_REASON)}"
-    elif status == INTERRUPTED:
+    elif status in (INTERRUPTED, RETRIED):
         what = ua.get(FAIL_REASON) or INTERRUPTED  # the stored reasons start with the word
     else:
         what = f"FAILED: {ua.get(FAIL_REASON) or 'no message'}"

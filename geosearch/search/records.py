@@ -16,15 +16,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 
 __all__ = [
-    "ASSIGNMENT", "ASSIGNMENT_KEY", "BUDGET_STEPS", "DUPLICATE_OF", "FAIL_REASON",
+    "ASSIGNMENT", "ASSIGNMENT_KEY", "BUDGET_STEPS", "DUPLICATE_OF", "FAILURE_KIND", "FAIL_REASON",
     "GEOSEARCH_VERSION", "HEARTBEAT", "LADDER", "LOGIT_SCALE", "MAX_LOGIT", "MEAN_STEP_MS",
     "NUM_PROCESSES", "PROBE_HISTORY", "PROXY", "PRUNED_RUNG", "PRUNED_SEED", "PRUNE_REASON",
-    "QUEUED", "QUEUED_PARAMS", "RETRY_OF", "RULES", "RUNG_LOSSES", "RUNG_PROBES", "SEEDS",
+    "QUEUED", "QUEUED_PARAMS", "RETRIES", "RETRY_OF", "RULES", "RUNG_LOSSES", "RUNG_PROBES", "SEEDS",
     "SIGMA_MAX", "SPACE", "STATUS", "STOP_STEP", "TARGET", "TARGET_LOGIT_SCALE",
     "TARGET_STEPS", "TARGET_SUM_ETA", "TOKENS_PER_S", "TRIAL_DIR", "VAL_LOSSES",
     "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER",
     "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
-    "COMPLETED", "UNSTABLE", "FAILED", "INTERRUPTED", "RUNNING", "WAITING", "DUPLICATE",
+    "COMPLETED", "UNSTABLE", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING", "DUPLICATE",
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
     "json_safe", "trial_status",
 ]
@@ -49,6 +49,8 @@ NUM_PROCESSES = "num_processes"
 STATUS = "status"
 PRUNE_REASON = "prune_reason"
 FAIL_REASON = "fail_reason"
+FAILURE_KIND = "failure_kind"  # environment / assignment (geosearch.search.failures)
+RETRIES = "retries"  # environment failures of the point, in a row, before this trial
 STOP_STEP = "stop_step"
 PRUNED_SEED = "pruned_seed"
 VAL_LOSSES = "val_losses"
@@ -78,7 +80,7 @@ TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE
                VAL_LOSSES, VAL_LOSS_MEAN, VAL_LOSS_STD, MEAN_STEP_MS, TOKENS_PER_S, MAX_LOGIT,
                SIGMA_MAX, TARGET_SUM_ETA, TARGET_STEPS, LOGIT_SCALE, TARGET_LOGIT_SCALE,
                RUNG_LOSSES, RUNG_PROBES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
-               RETRY_OF, DUPLICATE_OF)
+               RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES)
 
 PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")
 """The keys of one ``probe_history`` row: metrics of the proxy run at a probe step, and Σ η
@@ -89,11 +91,12 @@ COMPLETED = "completed"
 UNSTABLE = "unstable"
 FAILED = "failed"
 INTERRUPTED = "interrupted"
+RETRIED = "retried"
 RUNNING = "running"
 WAITING = "waiting"
 DUPLICATE = "duplicate"
 SKIPPED = "skipped"
-STATUSES = (COMPLETED, UNSTABLE, FAILED, INTERRUPTED, RUNNING, WAITING, DUPLICATE, SKIPPED)
+STATUSES = (COMPLETED, UNSTABLE, FAILED, INTERRUPTED, RETRIED, RUNNING, WAITING, DUPLICATE, SKIPPED)
 STATE_WORDS = {TrialState.COMPLETE: COMPLETED, TrialState.PRUNED: UNSTABLE,
                TrialState.RUNNING: RUNNING, TrialState.WAITING: WAITING}
 """The outcome word of a trial in each Optuna state but FAIL (whose word is in ``status``)."""
@@ -107,13 +110,14 @@ def trial_status(trial: FrozenTrial) -> str:
     """What became of a trial, in one word (see "Trial outcomes" in ``docs/design.md``).
 
     ``completed``, ``unstable`` (pruned), ``failed``, ``interrupted`` (a FAIL trial whose
-    worker died or was stopped: its point is queued again), ``duplicate`` or ``skipped``
+    worker died or was stopped: its point is queued again), ``retried`` (a failure of the
+    environment whose point is queued again), ``duplicate`` or ``skipped``
     (FAIL bookkeeping trials that never trained), ``running`` or ``waiting`` (queued).
     """
     ua = trial.user_attrs
     if trial.state == TrialState.FAIL:
         status = ua.get(STATUS)
-        if status in (*NOT_RUN, FAILED):
+        if status in (*NOT_RUN, FAILED, RETRIED):
             return status
         reason = ua.get(FAIL_REASON)
         if status in (RUNNING, INTERRUPTED, COMPLETED, UNSTABLE) or (  # its worker died before tell

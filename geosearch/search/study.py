@@ -4,8 +4,8 @@ One trial = one point of a :class:`~geosearch.search.space.SearchSpace` (an assi
 geometries to module types, plus any searched hyperparameters) trained as a short proxy
 run, once per seed. :func:`run_search` checks what would fail every trial, opens or
 resumes the study in ``<runs-dir>/<study>/`` (a resumed study must measure the same
-thing), queues the points of an exhaustive space, runs the trials here
-(:mod:`~geosearch.search.trial_loop`), in ``--workers N`` processes
+thing: :mod:`~geosearch.search.resume`), queues the points of an exhaustive space, runs
+the trials here (:mod:`~geosearch.search.trial_loop`), in ``--workers N`` processes
 (:mod:`~geosearch.search.workers`) or data parallel on every rank of a distributed launch
 (:mod:`~geosearch.search.distributed`), prints the ranking and exports the winner
 (:mod:`~geosearch.search.export`). Optuna's own objects plug in: an ``optuna.Study``, a
@@ -34,6 +34,7 @@ from geosearch.proxy.train import get_accelerator, train
 from geosearch.search.artifacts import ArtifactStore, TrialFiles, default_store
 from geosearch.search.distributed import RankGroup, follow, launch_world
 from geosearch.search.export import export_best, format_ranking
+from geosearch.search.failures import DEFAULT_MAX_RETRIES, requeue_failed
 from geosearch.search.liveness import (
     STALE_AFTER,
     Owner,
@@ -53,6 +54,7 @@ from geosearch.search.records import (
     TARGET,
     trial_status,
 )
+from geosearch.search.resume import check_identity
 from geosearch.search.space import SearchSpace, apply_overrides, load_space
 from geosearch.search.storage import SPACE_FILE, open_run_study, open_storage
 from geosearch.search.target import ladder_record, plan_rungs, resolve_target
@@ -63,9 +65,6 @@ from geosearch.search.workers import run_workers, share_cpu
 __all__ = ["SearchOutcome", "bind_study", "export_best", "open_run_study", "preflight", "run_search",
            "write_space_file"]
 
-# Study attrs that define what is measured: a resumed study must keep them.
-_IDENTITY_KEYS = ("rules", "geometries", "hyperparams", "proxy", "repeats")
-_MACHINE_KEYS = ("device",)  # proxy fields that may change between runs of one study
 
 
 @dataclass
@@ -114,52 +113,6 @@ def _study_attrs(space: SearchSpace) -> dict[str, Any]:
             TARGET: resolve_target(space).record(), LADDER: ladder_record(plan_rungs(space))}
 
 
-def _check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> None:
-    """A resumed study must measure the same thing: same points, same proxy."""
-    old = study.user_attrs.get(SPACE)
-    if not isinstance(old, dict):
-        return
-    new = space.to_dict()
-    _check_horizon(study, old, new, run_dir)
-    for key in _IDENTITY_KEYS:
-        a, b = old.get(key), new.get(key)
-        if key == "proxy" and isinstance(a, dict) and isinstance(b, dict):
-            a = {k: v for k, v in a.items() if k not in _MACHINE_KEYS}
-            b = {k: v for k, v in b.items() if k not in _MACHINE_KEYS}
-            for k in sorted(set(a) | set(b)):
-                if a.get(k) != b.get(k):
-                    raise ConfigError(
-                        f"study {study.study_name!r} was created with proxy.{k}={a.get(k)!r}, not "
-                        f"{b.get(k)!r}; rerun with the same settings to resume it, or start a new "
-                        "study with --study NAME", source=str(run_dir), key=f"proxy.{k}")
-        elif a != b:
-            raise ConfigError(
-                f"study {study.study_name!r} was created with a different {key} ({a!r}); rerun "
-                "with the same search space to resume it, or start a new study with --study NAME",
-                source=str(run_dir), key=key)
-
-
-
-
-def _check_horizon(study: optuna.Study, old: dict[str, Any], new: dict[str, Any],
-                   run_dir: Path) -> None:
-    """The target and the ladder are part of what a study measures: the target sets the
-    pruner's forecast and the rungs, the top rung the values. A study from before them had
-    one rung and no target; with one rung the ladder's limits are unused."""
-    name = study.study_name
-    if "target" in old and old["target"] != new["target"]:
-        raise ConfigError(
-            f"study {name!r} was created for the target {old['target']!r}, not {new['target']!r}: "
-            "another target is another question; start a new study with --study NAME, or rerun "
-            "with the study's target (--target-steps ...) to resume it", source=str(run_dir),
-            key="target")
-    a, b = old.get("ladder", {"rungs": 1}), new["ladder"]
-    if a != b and not a.get("rungs") == b["rungs"] == 1:
-        raise ConfigError(f"study {name!r} was created with the ladder {a!r}, not {b!r}; rerun "
-                          "with the same ladder to resume it, or start a new study with --study "
-                          "NAME", source=str(run_dir), key="ladder")
-
-
 def preflight(space: SearchSpace) -> None:
     """Errors that would fail every trial, found before the study is touched: the data,
     the model (a zoo spec, built on the meta device), a context the data cannot fill, and
@@ -194,9 +147,12 @@ def preflight(space: SearchSpace) -> None:
         raise ConfigError(e.problem, source=where, key=e.key, allowed=e.allowed) from None
 
 
-def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: str) -> None:
+def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: str) -> list[str]:
     """Make ``study`` the study of ``space``: it must minimise and, when it already holds
     a space, measure the same thing; a new one gets the space's study attrs.
+
+    Returns:
+        One note per run-time setting (:data:`RUN_TIME_KEYS`) that differs from the study's.
 
     Raises:
         ConfigError: the study maximises, or was created with other settings.
@@ -204,10 +160,11 @@ def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: s
     if study.direction != optuna.study.StudyDirection.MINIMIZE:
         raise ConfigError(f"study {study.study_name!r} maximises; geosearch studies minimise the val "
                           "loss", source=source)
-    _check_identity(study, space, run_dir)
+    notes = check_identity(study, space, run_dir)
     if SPACE not in study.user_attrs:
         for k, v in _study_attrs(space).items():
             study.set_user_attr(k, v)
+    return notes
 
 
 def write_space_file(space: SearchSpace, run_dir: Path) -> None:
@@ -219,9 +176,10 @@ def write_space_file(space: SearchSpace, run_dir: Path) -> None:
 
 def _start_study(space: SearchSpace, run_dir: Path, storage: str | optuna.storages.BaseStorage | None,
                  workers: int, sampler: optuna.samplers.BaseSampler,
-                 objects: _OptunaObjects) -> tuple[optuna.Study, str, bool]:
+                 objects: _OptunaObjects) -> tuple[optuna.Study, str, bool, list[str]]:
     """Create or load the study of ``space`` (or take the given one, with the given sampler
-    and pruner if any): ``(study, storage in words, whether it existed)``."""
+    and pruner if any): ``(study, storage in words, whether it existed, notes on its changed
+    run-time settings)``."""
     pruner = objects.pruner
     if objects.study is not None:
         study, desc = objects.study, "the given study's storage"
@@ -240,8 +198,8 @@ def _start_study(space: SearchSpace, run_dir: Path, storage: str | optuna.storag
         study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
                                     pruner=pruner or space.make_pruner(), direction="minimize",
                                     load_if_exists=True)
-    bind_study(study, space, run_dir, desc)
-    return study, desc, existed
+    notes = bind_study(study, space, run_dir, desc)
+    return study, desc, existed, notes
 
 
 def run_search(
@@ -259,6 +217,8 @@ def run_search(
     sampler: optuna.samplers.BaseSampler | None = None,
     pruner: optuna.pruners.BasePruner | None = None,
     artifact_store: ArtifactStore | None = None,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    retry_failed: bool = False,
 ) -> SearchOutcome:
     """Run (or resume) the study of ``space`` and export its best assignment.
 
@@ -292,6 +252,10 @@ def run_search(
             loss pruner in ``LogitGrowthPruner(loss_pruner=...)`` to keep the logit checks).
         artifact_store: where each trial's files go as Optuna artifacts (default: an
             ``optuna.artifacts.FileSystemArtifactStore`` in ``<run_dir>/artifacts``).
+        max_retries: times in a row a trial that failed because of its environment (out
+            of memory, CUDA, disk, storage: :mod:`~geosearch.search.failures`) runs its
+            point again; it counts towards the budget only once it stays failed.
+        retry_failed: first queue the study's failed points again, once each.
 
     Objects (a study, a storage object, a sampler, a pruner, an artifact store) live in
     this process: with ``workers`` > 1 pass a storage URL and the space's settings instead.
@@ -315,6 +279,8 @@ def run_search(
         space = load_space(space)
     if workers < 1:
         raise ConfigError(f"expected a whole number >= 1, got {workers}", source="--workers")
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ConfigError(f"expected a whole number >= 0, got {max_retries!r}", source="--max-retries")
     if not stale_after > 0:
         raise ConfigError(f"expected a positive number of seconds, got {stale_after}",
                           source="--stale-after")
@@ -325,7 +291,8 @@ def run_search(
     if world == 1:
         return _search(space, runs_dir=runs_dir, storage=storage, workers=workers,
                        worker_index=worker_index, stale_after=stale_after, export=export,
-                       out=out, progress=progress, objects=optuna_objects)
+                       out=out, progress=progress, objects=optuna_objects,
+                       retries=(max_retries, retry_failed))
 
     # Data parallel: checked on every rank before any message, so all stop alike.
     if workers > 1 or worker_index is not None:
@@ -346,7 +313,8 @@ def run_search(
     try:
         outcome = _search(space, runs_dir=runs_dir, storage=storage, workers=workers,
                           worker_index=None, stale_after=stale_after, export=export, out=out,
-                          progress=progress, group=group, objects=optuna_objects)
+                          progress=progress, group=group, objects=optuna_objects,
+                          retries=(max_retries, retry_failed))
     except Exception as e:
         group.fail(e)  # the other ranks end with the same message
         raise
@@ -376,8 +344,10 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
             storage: str | optuna.storages.BaseStorage | None,
             workers: int, worker_index: int | None, stale_after: float, export: bool,
             out: TextIO | None, progress: bool | None,
-            group: RankGroup | None = None, objects: _OptunaObjects | None = None) -> SearchOutcome:
-    """:func:`run_search` in one process, or on rank 0 of a distributed launch."""
+            group: RankGroup | None = None, objects: _OptunaObjects | None = None,
+            retries: tuple[int, bool] = (DEFAULT_MAX_RETRIES, False)) -> SearchOutcome:
+    """:func:`run_search` in one process, or on rank 0 of a distributed launch;
+    ``retries``: ``(max_retries, retry_failed)``."""
     out = out or sys.stdout
 
     def echo(line: str) -> None:
@@ -401,10 +371,12 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
     if worker_index is None:
         check_no_other_run(run_dir, space.name, echo)  # never train beside a live run
         preflight(space)
-    study, desc, existed = _start_study(space, run_dir, storage, workers, sampler, objects)
+    study, desc, existed, notes = _start_study(space, run_dir, storage, workers, sampler, objects)
     if worker_index is None:
         write_space_file(space, run_dir)
         echo(space.summary())
+        for note in notes:
+            echo(note)
         owner = Owner(run_dir)
         try:
             for n, why in recover_stale(study, owner, stale_after):
@@ -413,6 +385,10 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
             owner.close()
         if exhaustive:
             top_up_queue(study, space, budget)
+        if retries[1]:
+            again = requeue_failed(study)
+            echo(f"--retry-failed: the points of failed trials {', '.join(map(str, again))} are "
+                 "queued again" if again else "--retry-failed: no failed point to queue again")
         done = done_count(study)
         echo(f"study {space.name!r} in {desc}: "
              + (f"resuming, {done} trials done" if existed else "new")
@@ -430,13 +406,14 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
 
     try:
         if workers > 1 and worker_index is None:
-            stopped = run_workers(space, run_dir, storage, workers, study, on_trial, echo, stale_after)
+            stopped = run_workers(space, run_dir, storage, workers, study, on_trial, echo, stale_after,
+                                  max_retries=retries[0])
             stopped = done_reason(study, budget, exhaustive, space.grid_size()) or stopped
         else:
             store = objects.artifact_store or default_store(run_dir)
             searcher = Searcher(space, study, run_dir, exhaustive=exhaustive, budget=budget,
                                 stale_after=stale_after, echo=echo, group=group,
-                                store_files=TrialFiles(store, echo))
+                                store_files=TrialFiles(store, echo), max_retries=retries[0])
             stopped = searcher.run(space.budget.timeout, on_trial)
     finally:
         bar.close()

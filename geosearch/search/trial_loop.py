@@ -5,7 +5,9 @@ repeats a scored point, trains the proxy run once per seed at each rung of the �
 (:mod:`geosearch.search.target`; one rung unless the space asks for more), reporting
 validation losses, recording probes with their Σ η and asking the pruner at each record,
 and tells the study the outcome with its user attrs; a trial's exception fails that
-trial, not the search. A Ctrl-C fails the trial and queues its point again. Trial
+trial, not the search: a failure of the environment (out of memory, CUDA, disk, storage:
+:mod:`geosearch.search.failures`) queues its point again up to ``max_retries`` times in a
+row. A Ctrl-C fails the trial and queues its point again. Trial
 outcomes, repeats and the ladder are described in ``docs/design.md`` ("The study").
 """
 
@@ -26,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from geosearch.errors import GeosearchError
 from geosearch.proxy.train import TrainResult, train
 from geosearch.search.distributed import RankGroup
+from geosearch.search.failures import DEFAULT_MAX_RETRIES, failed_attrs, failure_kind
 from geosearch.search.liveness import (
     HEARTBEAT_EVERY,
     Heartbeat,
@@ -44,7 +47,6 @@ from geosearch.search.records import (
     DUPLICATE,
     DUPLICATE_OF,
     FAIL_REASON,
-    FAILED,
     HEARTBEAT,
     INTERRUPTED,
     LOGIT_SCALE,
@@ -56,6 +58,7 @@ from geosearch.search.records import (
     PRUNED_RUNG,
     PRUNED_SEED,
     QUEUED,
+    RETRIED,
     RUNG_LOSSES,
     RUNG_PROBES,
     RUNNING,
@@ -119,17 +122,20 @@ class Searcher:
         group: in a data-parallel launch, the ranks that train each run with this one.
         store_files: called with each trained trial and its folder before its outcome is
             told (:class:`~geosearch.search.artifacts.TrialFiles` stores them as artifacts).
+        max_retries: times in a row a failure of the environment queues its point again.
     """
 
     def __init__(self, space: SearchSpace, study: optuna.Study, run_dir: Path, *, exhaustive: bool,
                  budget: int | None, stale_after: float, echo: Callable[[str], None],
                  group: RankGroup | None = None,
-                 store_files: Callable[[optuna.Trial, Path], None] | None = None) -> None:
+                 store_files: Callable[[optuna.Trial, Path], None] | None = None,
+                 max_retries: int = DEFAULT_MAX_RETRIES) -> None:
         self.space, self.study, self.run_dir = space, study, run_dir
         self.exhaustive, self.budget, self.stale_after = exhaustive, budget, stale_after
         self.echo = echo
         self.group = group  # data parallel: the other ranks train each run with this one
         self.store_files = store_files
+        self.max_retries = max_retries
         self.grid_size = space.grid_size()
         self.failures_in_a_row = 0
         self.duplicates_in_a_row = 0
@@ -267,8 +273,7 @@ class Searcher:
             message = str(e) if isinstance(e, GeosearchError) else f"{type(e).__name__}: {e}"
             trial_dir.mkdir(parents=True, exist_ok=True)
             (trial_dir / TRACEBACK_FILE).write_text(traceback.format_exc(), encoding="utf-8")
-            self._finish(trial, TrialState.FAIL, {STATUS: FAILED, FAIL_REASON: message})
-            return self._after_failure(n, message)
+            return self._fail(trial, message, failure_kind(e), {})
 
         last, rung, seed = results[-1][-1], rungs[len(results) - 1], seeds[len(results[-1]) - 1]
         where = ([f"rung {rung.index} (Σ η {rung.sum_eta:.3g})"] if len(rungs) > 1 else []) + (
@@ -287,10 +292,8 @@ class Searcher:
             self.failures_in_a_row = 0
             return n
         if last.status == "failed":
-            message = prefix + (last.reason or "failed")
-            self._finish(trial, TrialState.FAIL, {STATUS: FAILED, FAIL_REASON: message,
-                                                  STOP_STEP: last.stop_step, **common})
-            return self._after_failure(n, message)
+            return self._fail(trial, prefix + (last.reason or "failed"),
+                              failure_kind(last.reason or ""), {STOP_STEP: last.stop_step, **common})
         losses = [r.final_val_loss for r in results[-1]]  # the top rung's
         if any(v is None or not math.isfinite(v) for v in losses):
             self._finish(trial, TrialState.PRUNED, {
@@ -330,6 +333,16 @@ class Searcher:
                 if results[-1][-1].status != "completed":  # TrainResult.status
                     return results, probes
         return results, probes
+
+    def _fail(self, trial: optuna.Trial, message: str, kind: str, attrs: dict[str, Any]) -> int:
+        """Fail a trained trial; a failure of the environment with retries left is ``retried``:
+        its point is queued again (:func:`~geosearch.search.failures.failed_attrs`)."""
+        attrs = {**failed_attrs(self.study, trial, message, kind, self.max_retries), **attrs}
+        self._finish(trial, TrialState.FAIL, attrs)
+        params = trial_point(trial)
+        if attrs[STATUS] == RETRIED and params:
+            enqueue(self.study, params, retry_of=trial.number)
+        return self._after_failure(trial.number, message)
 
     def _after_failure(self, number: int, message: str) -> int:
         self.failures_in_a_row += 1

@@ -129,7 +129,8 @@ def _stop(procs: list[tuple[int, subprocess.Popen, Path]]) -> None:
 
 def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers: int,
                 study: optuna.Study, on_trial: Callable[[FrozenTrial], None],
-                echo: Callable[[str], None], stale_after: float = STALE_AFTER) -> str:
+                echo: Callable[[str], None], stale_after: float = STALE_AFTER,
+                max_retries: int | None = None) -> str:
     """Start ``workers`` processes on the study, hand on their trials as they finish, wait.
 
     Args:
@@ -141,6 +142,7 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
         on_trial: called with each trial that finishes while the workers run.
         echo: prints one line.
         stale_after: passed on to the workers.
+        max_retries: passed on to the workers (``None``: their default).
 
     Returns:
         Why the search stopped, in words.
@@ -170,6 +172,8 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
         cmd += ["--storage", storage]
     if stale_after != STALE_AFTER:
         cmd += ["--stale-after", repr(stale_after)]
+    if max_retries is not None:
+        cmd += ["--max-retries", str(max_retries)]
     procs: list[tuple[int, subprocess.Popen, Path]] = []
     threads = _cpu_share(workers)
     owner = Owner(run_dir)  # a later command sees this run as live until the workers are done

@@ -3,7 +3,7 @@
 A scenario starts the real command (``python -m geosearch search`` on a 4-point grid of the
 tiny proxy, a fraction of a second per trial), injects one fault at a seeded random moment
 once training has begun (a signal to the parent or to a worker, a full file system, a
-dropped database connection, a second command), reruns the same command as the README
+dropped database connection, a second command, exceptions raised inside trials), reruns the same command as the README
 says, and checks with :func:`violations` that:
 
 1. every trial completed before the fault is kept, with its value;
@@ -447,6 +447,77 @@ def dropped_connection(tmp: Path, rng: random.Random, server: str) -> Result:
     notes = [f"{dropped} connections dropped; exit {code}: {lines[-1][:160] if lines else ''}"]
     return _finish(tmp, args, run_dir, before, "PostgreSQL connections dropped mid-trial", landed,
                    notes, storage=url)
+
+
+# Loaded at start-up (``sitecustomize``) by every process of :func:`trial_failures`: wraps
+# the trainer so that, counted over all processes through files, point (euclidean,
+# euclidean) always raises a ValueError (the assignment's failure) and the first runs of
+# two other points raise torch.OutOfMemoryError (the environment's), as a GPU would.
+_INJECT = """
+import os
+if os.environ.get("GEOSEARCH_FAULT_DIR"):
+    import torch
+    import geosearch.proxy.train as _t
+
+    _real, _dir = _t.train, os.environ["GEOSEARCH_FAULT_DIR"]
+    _OOM = {"attn=adamw,mlp=euclidean": 2, "attn=euclidean,mlp=adamw": 1}
+
+    def train(config, assignment, **kw):
+        g = assignment.resolve()
+        key = f"attn={g['attn_qkv']},mlp={g['mlp_in']}"
+        with open(os.path.join(_dir, "calls.log"), "a") as f:
+            f.write(key + "\\n")
+        if key == "attn=euclidean,mlp=euclidean":
+            raise ValueError("this assignment cannot train (injected)")
+        for i in range(_OOM.get(key, 0)):
+            try:
+                os.close(os.open(os.path.join(_dir, f"oom-{key}-{i}"), os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return _real(config, assignment, **kw)
+
+    _t.train = train
+"""
+
+
+def trial_failures(tmp: Path, rng: random.Random) -> Result:
+    """``--workers 2 --max-retries 1``: exceptions raised inside trials (see ``_INJECT``):
+    an out-of-memory error on the first run of one point is retried and completes; one on
+    the first two runs of another point is retried once, then stays failed; a ValueError of
+    a third point is not retried. ``rng`` is unused: the faults hit by point, not by time."""
+    from geosearch.search.records import FAILURE_KIND, STATUS
+
+    inject = tmp / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_INJECT, encoding="utf-8")
+    fault_env = {"GEOSEARCH_FAULT_DIR": str(inject), "PYTHONPATH": os.pathsep.join(
+        [str(REPO), str(inject), os.environ.get("PYTHONPATH", "")])}
+    space = write_space(tmp, "tf")
+    run_dir = tmp / "runs" / "tf"
+    args = _search_args(space, "--workers", "2", "--max-retries", "1")
+    code, output = run(args, tmp, tmp / "first.log", **fault_env)
+    lines = output.strip().splitlines()
+    before = completed(run_dir)
+    result = _finish(tmp, args, run_dir, before, "exceptions inside trials (out of memory, ValueError)",
+                     True, [f"exit {code}: {lines[-1][:160] if lines else ''}"], **fault_env)
+    calls = (inject / "calls.log").read_text(encoding="utf-8").split()
+    runs = {k: calls.count(k) for k in sorted(set(calls))}
+    want = {"attn=adamw,mlp=adamw": 1, "attn=adamw,mlp=euclidean": 2,
+            "attn=euclidean,mlp=adamw": 2, "attn=euclidean,mlp=euclidean": 1}
+    if runs != want:
+        result.violations.append(f"proxy runs per point {runs}, expected {want}")
+    outcome = {}
+    for t in study_trials(run_dir):
+        outcome.setdefault("{}/{}".format(*point(t)), []).append(
+            f"{t.user_attrs.get(STATUS)}:{t.user_attrs.get(FAILURE_KIND)}")
+    expected = {"adamw/adamw": ["completed:None"],
+                "adamw/euclidean": ["retried:environment", "failed:environment"],
+                "euclidean/adamw": ["retried:environment", "completed:None"],
+                "euclidean/euclidean": ["failed:assignment"]}
+    if outcome != expected:
+        result.violations.append(f"trials per point {outcome}, expected {expected}")
+    return result
 
 
 def clean(tmp: Path) -> None:

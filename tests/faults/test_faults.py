@@ -19,6 +19,7 @@ from _harness import (
     signal_parent,
     signal_single,
     signal_worker,
+    trial_failures,
 )
 from _small_fs import small_filesystem
 from test_postgres import postgres_server  # noqa: F401 - a fixture
@@ -46,6 +47,10 @@ def test_a_terminated_search_records_its_trial_and_exits_130(tmp_path):
 
 def test_a_second_command_on_a_live_study_is_refused(tmp_path):
     check(second_command(tmp_path, random.Random(4)))
+
+
+def test_an_environment_failure_is_retried_and_an_assignment_failure_is_not(tmp_path):
+    check(trial_failures(tmp_path, random.Random(7)))
 
 
 @pytest.fixture
