@@ -49,7 +49,7 @@ from geosearch.search.forecast import forecast_max_logit
 from geosearch.search.horizon import spearman
 from geosearch.search.pruners import QK_TYPES, LogitGrowthPruner
 from geosearch.search.ranking import family_geometry, rank_scores, rank_study
-from geosearch.search.records import ASSIGNMENT, LADDER, MEAN_STEP_MS, PROBE_HISTORY, PROXY, RUNG_LOSSES, RUNG_PROBES, STOP_STEP
+from geosearch.search.records import BASELINE, ASSIGNMENT, LADDER, MEAN_STEP_MS, PROBE_HISTORY, PROXY, RUNG_INDICES, RUNG_LOSSES, RUNG_PROBES, STOP_STEP
 from geosearch.search.stats import Point, Score, main_effects
 from geosearch.search.target import probe_sum_eta
 from geosearch.search.storage import open_run_study
@@ -180,8 +180,9 @@ def _early_forecast(rec: dict, fraction: float, target_sum_eta: float) -> float 
 def _search_steps(trial, rungs: list[dict]) -> int:
     """Optimizer steps a trial trained (a pruned run counts to its stop step)."""
     losses = trial.user_attrs.get(RUNG_LOSSES) or []
+    indices = trial.user_attrs.get(RUNG_INDICES) or range(len(losses))  # a seed trial: the top rung
     total = 0
-    for i, seeds in enumerate(losses):
+    for i, seeds in zip(indices, losses):
         total += rungs[i]["steps"] * len(seeds)
     stop = trial.user_attrs.get(STOP_STEP)
     if trial.state.name == "PRUNED" and isinstance(stop, int):
@@ -223,7 +224,9 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
     truth_effects = main_effects((_point(a), s) for a, s in scores.items())
     s_signs, t_signs = _signs(ranking.effects), _signs(truth_effects)
 
-    search_steps = sum(_search_steps(t, rungs) for t in trials.values())
+    baselines = [t for t in trials.values() if t.user_attrs.get(BASELINE)]
+    search_steps = sum(_search_steps(t, rungs) for t in trials.values() if not t.user_attrs.get(BASELINE))
+    baseline_steps = sum(_search_steps(t, rungs) for t in baselines)
     truth_steps = sum(r["config"]["steps"] for recs in truth.values() for r in recs)
     search_ms = sum((t.user_attrs.get(MEAN_STEP_MS) or 0) * _search_steps(t, rungs) for t in trials.values())
     truth_ms = sum(r["mean_step_ms"] * r["config"]["steps"] for recs in truth.values() for r in recs)
@@ -277,7 +280,9 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
                   f"{f} {'yes' if s_signs.get(f) == t_signs.get(f) else 'no'}" for f in sorted(t_signs)) + ".",
               f"- Compute: the search trained {search_steps:,} optimizer steps of the same model and batch, "
               f"the ground truth {truth_steps:,}: **{search_steps / truth_steps:.3f}** of it "
-              f"({search_ms / truth_ms:.3f} by measured step time).",
+              f"({search_ms / truth_ms:.3f} by measured step time); its baselines "
+              f"({', '.join(sorted(t.user_attrs[BASELINE] for t in baselines)) or 'none'}) another "
+              f"{baseline_steps:,} steps ({baseline_steps / truth_steps:.3f}), not needed for the answer.",
               f"- Forecast max logit over real, every forecast above: "
               f"{', '.join(f'{x:.2f}' for x in ratios)}; within ×2: "
               f"{sum(0.5 <= x <= 2 for x in ratios)} of {len(ratios)}."]

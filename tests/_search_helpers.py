@@ -22,7 +22,9 @@ TINY_PROXY = {"model": "tiny", "steps": 10, "batch_size": 2, "eval_every": 5, "e
 
 
 def make_space(geometries=None, **extra) -> SearchSpace:
-    d = {"version": 1, "name": "t", "proxy": dict(TINY_PROXY),
+    """A tiny space; without baselines unless ``baselines=[...]`` is given (the schema's
+    default trains adamw and muon beside the points)."""
+    d = {"version": 1, "name": "t", "proxy": dict(TINY_PROXY), "baselines": [],
          "geometries": geometries or {"attn": ["adamw", "euclidean"], "mlp": ["adamw"]}}
     d.update(extra)
     return SearchSpace.from_dict(d, source="test space")

@@ -26,7 +26,7 @@ PROXY = {"model": "tiny", "batch_size": 2, "eval_batches": 1, "probe_batch_size"
 
 
 def write_space(path: Path, geometries: dict, steps: int = 10, every: int = 5, **extra) -> Path:
-    d = {"version": 1, "geometries": geometries,
+    d = {"version": 1, "geometries": geometries, "baselines": [],
          "proxy": {**PROXY, "steps": steps, "eval_every": every, "probe_every": every}, **extra}
     path.write_text(yaml.safe_dump(d), encoding="utf-8")
     return path

@@ -33,7 +33,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # AdamW attention with small weights (≈ 0.16): a max_logit of 0.5 prunes every
 # stiefel-attention trial at its first probe and lets the others complete.
 SPACE = {
-    "version": 1, "name": "dp",
+    "version": 1, "name": "dp", "baselines": [],
     "geometries": {"attn": ["adamw", "stiefel"], "mlp": ["adamw", "euclidean"]},
     "proxy": {"model": "tiny", "steps": 10, "batch_size": 4, "eval_every": 5, "probe_every": 5,
               "eval_batches": 1, "probe_batch_size": 2, "device": "cpu", "lr": 3e-3},

@@ -84,7 +84,7 @@ def test_two_trial_search_exports_an_assignment_that_builds_for_the_model(spec, 
     # override move it to the Hugging Face model, whose rule set it then takes.
     space = tmp_path / "s.yaml"
     space.write_text(yaml.safe_dump({
-        "version": 1, "geometries": {"attn": ["stiefel", "dgram"], "mlp": ["stiefel"]},
+        "version": 1, "geometries": {"attn": ["stiefel", "dgram"], "mlp": ["stiefel"]}, "baselines": [],
         "proxy": {"model": "tiny", "steps": 10, **RUN}}), encoding="utf-8")
     runs = tmp_path / "runs"
     # (the model fields as one --set of the space, or as --model-arg flags: the same)

@@ -202,7 +202,7 @@ def test_a_killed_worker_on_another_machine_has_its_trial_run_again(postgres_url
     fails A's trial and queues its point again; the study ends with every point completed
     once and nothing completed before the kill lost."""
     space = tmp_path / "pg.yaml"
-    space.write_text(yaml.safe_dump({"version": 1, "geometries": GRID, "proxy": PROXY}), encoding="utf-8")
+    space.write_text(yaml.safe_dump({"version": 1, "geometries": GRID, "proxy": PROXY, "baselines": []}), encoding="utf-8")
     a = worker(space, postgres_url, tmp_path / "machine-a", tmp_path)
     procs = [a]
     try:

@@ -79,3 +79,30 @@ def test_a_study_without_target_says_so(tmp_path: Path) -> None:
     text = rp.write_report(run, plots=False).report.read_text()
     # Rule: a study from before targets has no reading, and the report says why.
     assert "This study records no target (it was made before targets)." in text
+
+
+def test_report_shows_baselines_and_merged_seeds(monkeypatch, tmp_path: Path) -> None:
+    from _search_helpers import FakeTrain, make_space, search, use_train
+
+    # euclidean attention 0.05 better than the Muon baseline in each seed; oblique a tie with it
+    loss = {"attn=euclidean,mlp=oblique": 3.0, "attn=oblique,mlp=oblique": 3.005,
+            "attn=adamw,mlp=adamw": 3.2, "attn=euclidean,mlp=euclidean": 3.05}
+    noise = [0.0, 0.02, -0.01, 0.01]
+    use_train(monkeypatch, FakeTrain(losses=lambda key, seed: loss[key] + noise[seed] + (
+        0.004 * seed if "attn=oblique" in key else 0.0)))
+    search(make_space({"attn": ["euclidean", "oblique"], "mlp": ["oblique"]}, repeats=2, max_repeats=3,
+                      baselines=["adamw", "muon"]), tmp_path)
+    run = rp.load_run(tmp_path / "runs" / "t")
+    assert sorted(b.label for b in run.baselines) == ["baseline adamw", "baseline muon"]
+    assert len(run.trials) == 2 and run.seed_trials == 2  # seeds merged, baselines apart
+    assert all(t.loss.n == 3 for t in run.trials)
+    text = rp.write_report(run.run_dir, plots=False).report.read_text()
+    section = text.split("## Baselines")[1].split("\n## ")[0]
+    # Rule: per baseline, each assignment's Δ (negative = better) with its interval and test.
+    assert "**muon** (trial" in section and "**adamw** (trial" in section
+    assert row(section, "attn=euclidean, mlp=oblique", "-0.0500", "0.0000", "paired", "1.00")
+    assert row(section, "attn=euclidean, mlp=oblique", "-0.2000", "0.0000", "paired", "1.00")
+    # Rule: baselines are not ranked, and the verdict says how many seeds each contender got.
+    ranking = text.split("## Ranking")[1].split("\n## ")[0]
+    assert "baseline" not in ranking
+    assert "adaptive seeds (up to 3 per assignment) stopped" in text and "- adaptive seeds: 2 seed trials" in text

@@ -204,3 +204,28 @@ def test_proxy_errors():
     s = space(proxy={"model": "tiny", "steps": 20, "lr": "1e-3", "optimizer_args": {"dual_steps": 5}})
     # Rule: proxy is a TrainConfig (numeric strings accepted, as TrainConfig does).
     assert (s.proxy.model, s.proxy.steps, s.proxy.lr) == ("tiny", 20, 1e-3)
+
+
+def test_max_repeats_and_baselines_are_checked_and_round_trip():
+    from geosearch.search.space import SearchSpace, apply_overrides, load_space
+
+    base = {"version": 1, "geometries": {"attn": ["stiefel"], "mlp": ["dgram"]}, "proxy": {"model": "tiny"}}
+    space = SearchSpace.from_dict({**base, "repeats": 2, "max_repeats": 3, "baselines": ["muon_qkclip"]})
+    assert (space.max_repeats, space.baselines) == (3, ("muon_qkclip",))
+    assert SearchSpace.from_dict(space.to_dict()) == space
+    assert SearchSpace.from_dict(base).baselines == ("adamw", "muon")  # the schema's default
+    with pytest.raises(ConfigError, match=r"max_repeats: expected at least repeats \(2\), got 1"):
+        SearchSpace.from_dict({**base, "repeats": 2, "max_repeats": 1})
+    with pytest.raises(ConfigError, match=r"baselines: a baseline is listed twice"):
+        SearchSpace.from_dict({**base, "baselines": ["muon", "muon"]})
+    assert apply_overrides(load_space("default"), ["baselines=[]"]).baselines == ()
+
+
+def test_header_prints_the_steps_the_study_trains():
+    from geosearch.search.space import apply_overrides, load_space
+
+    # 4 points x 2 seeds x 2 rungs x 200 + adamw 2 x 200 + muon 2 x 2 x 200; + 4 x 200 adaptive
+    text = load_space("default").summary()
+    assert "= 4,400 steps; up to 5,200 with adaptive seeds (max_repeats 3" in text
+    off = apply_overrides(load_space("default"), ["baselines=[]", "max_repeats=2"]).summary()
+    assert "= 3,200 steps" in off and "adaptive" not in off

@@ -39,6 +39,7 @@ from geosearch.report.analysis import (
 from geosearch.report.load import RunData, TrialRecord, load_run, read_metrics
 from geosearch.report.markdown import dashboard_paragraph, render_markdown
 from geosearch.report.plots import PLOT_NAMES, PLOTS_HINT, make_plots
+from geosearch.search.baselines import baseline_table
 from geosearch.search.ranking import rank_study
 
 __all__ = [
@@ -101,7 +102,7 @@ def write_report(
     run = load_run(run_dir, study_name=study_name, storage=storage)
     ranking = rank_study(run.study)
     importance = geometry_importances(run.study)
-    cost = cost_table(run.trials)
+    cost = cost_table(run.trials + run.baselines)
     written: dict[str, Path] = {}
     note: str | None = None
     if plots:
@@ -115,7 +116,8 @@ def write_report(
     else:
         note = "Plots were not requested (--no-plots)."
     rel = {name: path.relative_to(run.run_dir).as_posix() for name, path in written.items()}
-    text = render_markdown(run, ranking, importance, cost, rel, note)
+    text = render_markdown(run, ranking, importance, cost, rel, note,
+                           baselines=baseline_table(run.study, ranking))
     report = run.run_dir / "report.md"
     report.write_text(text, encoding="utf-8")
     return ReportFiles(report, written, note)

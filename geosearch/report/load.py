@@ -8,7 +8,9 @@ searched geometries, the score over seeds, the step it stopped at and why, its s
 probes at each rung of the Σ η ladder, whose reading towards the target
 (:func:`geosearch.search.target.study_reading`) the run keeps too. The user attrs are read
 through the constants of :mod:`geosearch.search.records`; missing or truncated files give
-what can be read, never an error. Duplicate and skipped bookkeeping trials are counted, not loaded.
+what can be read, never an error. Duplicate and skipped bookkeeping trials are counted, not loaded;
+a point's adaptive-seed trials are merged into its score, and baselines are kept apart
+(``RunData.baselines``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from optuna.trial import FrozenTrial
 
 from geosearch.search.horizon import HorizonReading, Rung
 from geosearch.search.pruners import LogitGrowthPruner
-from geosearch.search.ranking import Score, family_geometry, trial_label, trial_score
+from geosearch.search.ranking import Score, family_geometry, point_scores, trial_label, trial_score
 from geosearch.search.records import (
     ASSIGNMENT,
     BUDGET_STEPS,
@@ -43,6 +45,8 @@ from geosearch.search.records import (
     TARGET,
     TOKENS_PER_S,
     TRIAL_DIR,
+    BASELINE,
+    SEED_OF,
     trial_status,
 )
 from geosearch.search.storage import mask_url, open_run_study, resolve_storage
@@ -128,6 +132,8 @@ class RunData:
         rungs: the ladder's rungs (one, the proxy run, unless the space asked for more).
         reading: the ladder's reading towards the target; ``None`` when there is nothing
             to read (the target is the proxy run).
+        baselines: the baseline trials (adamw, muon, ...), never ranked.
+        seed_trials: how many adaptive-seed trials were merged into their points' scores.
     """
 
     run_dir: Path
@@ -141,6 +147,8 @@ class RunData:
     target: dict[str, Any] | None = None
     rungs: list[Rung] = field(default_factory=list)
     reading: HorizonReading | None = None
+    baselines: list[TrialRecord] = field(default_factory=list)
+    seed_trials: int = 0
 
     @property
     def study_name(self) -> str:
@@ -203,7 +211,7 @@ def _geometry_params(params: dict[str, Any]) -> dict[str, str]:
     return {k[len("geometry.") :]: str(v) for k, v in sorted(params.items()) if k.startswith("geometry.")}
 
 
-def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung]) -> TrialRecord:
+def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score | None = None) -> TrialRecord:
     ua = trial.user_attrs
     geo = _geometry_params(trial.params)
     other = {k: v for k, v in sorted(trial.params.items()) if not k.startswith("geometry.")}
@@ -259,7 +267,7 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung]) -> TrialRecord
         assignment=assignment,
         geometry_params=geo,
         other_params=other,
-        loss=trial_score(trial),
+        loss=score if score is not None else trial_score(trial),
         stop_step=int(stop_step) if stop_step is not None else None,
         reason=str(reason) if reason is not None else None,
         steps_run=steps_run,
@@ -328,7 +336,12 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
     threshold, source = _threshold(attrs)
     ladder, target = attrs.get(LADDER), attrs.get(TARGET)
     rungs = [Rung(**r) for r in ladder] if isinstance(ladder, list) else []
-    return RunData(run_dir, where, study, [_record(t, run_dir, rungs) for t in ran], threshold, source, attrs,
+    scores = point_scores(every)
+    points = [_record(t, run_dir, rungs, scores.get(t.number)) for t in ran
+              if SEED_OF not in t.user_attrs and BASELINE not in t.user_attrs]
+    baselines = [_record(t, run_dir, rungs) for t in ran if BASELINE in t.user_attrs]
+    return RunData(run_dir, where, study, points, threshold, source, attrs,
                    not_run=len(every) - len(ran), target=target if isinstance(target, dict) else None,
-                   rungs=rungs, reading=study_reading(study))
+                   rungs=rungs, reading=study_reading(study), baselines=baselines,
+                   seed_trials=sum(SEED_OF in t.user_attrs for t in ran))
 

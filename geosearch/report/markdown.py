@@ -4,8 +4,8 @@ Sections, in order: the header (run directory, storage, proxy, trial counts), th
 (the search's verdict), the horizon (the target, the Σ η ladder's rungs, each assignment's
 loss at each rung and the reading towards the target), the ranking of completed trials
 (mean ± std over seeds, ties by the search's paired test), unstable, failed and unfinished
-trials, which module type's geometry
-matters (importance and stability), cost, the loss-versus-time Pareto front, the plots, and
+trials, the baselines (each assignment's Δ loss and ms/step ratio against AdamW and Muon),
+which module type's geometry matters (importance and stability), cost, the loss-versus-time Pareto front, the plots, and
 how to browse the study in optuna-dashboard. Every section is a list of lines built from
 the loaded run and the analysis results; nothing here reads files or computes statistics.
 """
@@ -21,6 +21,7 @@ from typing import Any
 from geosearch.report.analysis import CostTable, Importance, pareto_trials, stability_table
 from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
+from geosearch.search.baselines import BaselineTable
 from geosearch.search.ranking import Ranking, Score, format_params
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY
 from geosearch.search.target import horizon_note, horizon_verdict
@@ -80,6 +81,8 @@ def render_markdown(
     cost: CostTable,
     plots: dict[str, str],
     plots_note: str | None = None,
+    *,
+    baselines: BaselineTable | None = None,
 ) -> str:
     """The report as markdown.
 
@@ -91,6 +94,8 @@ def render_markdown(
         plots: plot name -> path relative to the run directory, for the plots written.
         plots_note: why some or all plots are missing (e.g.
             :data:`~geosearch.report.plots.PLOTS_HINT`).
+        baselines: from :func:`geosearch.search.baselines.baseline_table` (no section
+            without it).
     """
     by_state: dict[str, list[TrialRecord]] = {}
     for t in run.trials:
@@ -101,6 +106,7 @@ def render_markdown(
         _md_horizon(run, plots),
         _md_ranking(ranking, {t.number: t for t in run.trials}),
         _md_unfinished(by_state),
+        *([_md_baselines(baselines)] if baselines is not None else []),
         _md_importance(importance, stability_table(run.trials)),
         _md_cost(cost),
         _md_pareto(run.trials),
@@ -125,6 +131,9 @@ def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str
     counts = [f"{len(by_state.get(s, []))} {s}" for s in FINISHED]
     counts += [f"{len(v)} {s}" for s, v in by_state.items() if s not in FINISHED]
     lines.append(f"- trials: {len(run.trials)} ({', '.join(counts)})")
+    if run.seed_trials:
+        lines.append(f"- adaptive seeds: {run.seed_trials} seed trials, merged into their "
+                     "assignments' scores (the verdict says how many seeds each contender got)")
     if run.not_run:
         lines.append(f"- not shown: {run.not_run} duplicate or skipped trials (points already "
                      "scored or taken by another worker: never trained)")
@@ -199,6 +208,30 @@ def _md_ranking(ranking: Ranking, records: dict[int, TrialRecord]) -> list[str]:
         row += ["—" if r.rank == 1 else f"{r.gap:+.4f}", _fmt(r.threshold), r.versus_best]
         rows.append(row)
     return lines + _table(header, rows)
+
+
+def _md_baselines(table: BaselineTable) -> list[str]:
+    lines = ["## Baselines", ""]
+    if not table.baselines:
+        return lines + ["No baseline was trained (the space's `baselines:` is empty)."]
+    lines += ["The optimizers people use today, trained with the study's seeds at the proxy's step "
+              "sizes (not tuned separately), reported and never exported. Δ = the assignment's "
+              "val loss minus the baseline's at the baseline's rung (AdamW: rung 0, it takes no "
+              "spectral step; Muon: the top rung), negative = the assignment is better, with the "
+              "95% interval of the paired test on shared seeds; × ms/step = the assignment's step "
+              "time over the baseline's.", ""]
+    for name, b in table.baselines.items():
+        where = f"rung {b['rung']}" + (f", Σ η {b['sum_eta']:.3g}" if b["sum_eta"] is not None else "")
+        if b["status"] != "completed":
+            lines += [f"**{name}** (trial {b['trial']}, {where}): {b['status']}: {b['reason']}.", ""]
+            continue
+        lines += [f"**{name}** (trial {b['trial']}, {where}): val loss {b['score'].text()}, "
+                  f"{_fmt(b['step_ms'], '.1f')} ms/step.", ""]
+        lines += _table(["trial", "assignment", "Δ val loss", "± 95%", "test", "× ms/step"],
+                        [[r.number, r.label, f"{r.delta:+.4f}", _fmt(r.interval), r.test,
+                          _fmt(r.step_ratio, ".2f")] for r in table.rows[name]])
+        lines.append("")
+    return lines[:-1]
 
 
 def _md_unfinished(by_state: dict[str, list[TrialRecord]]) -> list[str]:

@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from geosearch import __version__
 from geosearch.errors import ConfigError, GeosearchError
+from geosearch.search.baselines import baseline_table, baselines_lines
 from geosearch.search.queue import done_count
 from geosearch.search.ranking import RankedTrial, Ranking, rank_study, trial_line
 from geosearch.search.records import (
@@ -45,7 +46,8 @@ __all__ = ["export_best", "export_summary", "format_ranking"]
 
 def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
     """The ranked table of completed trials, the pruned/failed ones, the verdict (marked
-    when the ladder says it may not hold at the target) and the ladder's reading."""
+    when the ladder says it may not hold at the target), the ladder's reading and the
+    baselines (each assignment's Δ loss and ms/step ratio against each)."""
     ranking = ranking or rank_study(study)
     reading = study_reading(study)
     lines = []
@@ -69,7 +71,7 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
         lines.append("not ranked:")
         lines += ["  " + trial_line(t) for t in others]
     lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
-    return "\n".join(lines + horizon_lines(reading))
+    return "\n".join(lines + horizon_lines(reading) + baselines_lines(baseline_table(study, ranking)))
 
 
 def _stored_space(space_dict: Any, run_dir: Path) -> SearchSpace | None:
@@ -116,7 +118,7 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
         "rank": row.rank,
         "score": {"metric": "final validation loss (mean over seeds)", "mean": score.mean,
                   "std": score.std, "n_seeds": score.n, "values": list(score.values),
-                  "seeds": trial.user_attrs.get(SEEDS)},
+                  "seeds": list(score.seeds) if score.seeds is not None else trial.user_attrs.get(SEEDS)},
         "tied_with": [n for n in ranking.tied if n != row.number] if row.number in ranking.tied else [],
         "verdict": horizon_verdict(ranking.verdict, reading),
         "proxy": attrs.get(PROXY),

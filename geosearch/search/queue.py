@@ -21,7 +21,17 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from geosearch.search.records import FAILED, QUEUED, QUEUED_PARAMS, RETRY_OF, STATUS
+from geosearch.search.records import (
+    BASELINE,
+    FAILED,
+    QUEUED,
+    QUEUED_PARAMS,
+    RETRY_OF,
+    SEED_OF,
+    SEEDS,
+    STATUS,
+    is_extra,
+)
 from geosearch.search.space import SearchSpace
 
 __all__ = [
@@ -64,9 +74,12 @@ def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
 
 
 def counted(trial: FrozenTrial, rerun: set[int] | frozenset[int] = frozenset()) -> bool:
-    """Whether a trial counts towards the budget: it has a verdict (completed, unstable,
-    failed), over every run of the study. A failed trial in ``rerun`` (its point queued
-    again by ``--retry-failed``, see :func:`retried_numbers`) leaves its place to the rerun."""
+    """Whether a trial counts towards the budget: it is a point of the space (not an
+    adaptive seed or a baseline) with a verdict (completed, unstable, failed), over every
+    run of the study. A failed trial in ``rerun`` (its point queued again by
+    ``--retry-failed``, see :func:`retried_numbers`) leaves its place to the rerun."""
+    if is_extra(trial):
+        return False
     if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
         return True
     return (trial.state == TrialState.FAIL and trial.user_attrs.get(STATUS) == FAILED
@@ -84,12 +97,24 @@ def done_count(study: optuna.Study) -> int:
     return sum(_counted_all(study.get_trials(deepcopy=False)))
 
 
-def enqueue(study: optuna.Study, params: dict[str, Any], *, retry_of: int | None = None) -> None:
-    """Queue a point (``queued``, ``queued_params``; ``retry_of`` for the trial it reruns)."""
-    attrs: dict[str, Any] = {QUEUED: True, QUEUED_PARAMS: params}
+def enqueue(study: optuna.Study, params: dict[str, Any], *, retry_of: int | None = None,
+            marks: Mapping[str, Any] | None = None) -> None:
+    """Queue a point (``queued``, ``queued_params``; ``retry_of`` for the trial it reruns,
+    which keeps its ``seed_of``/``seeds``/``baseline`` marks; ``marks`` for a new adaptive
+    seed or baseline)."""
+    attrs: dict[str, Any] = {QUEUED: True, QUEUED_PARAMS: params, **(marks or {})}
     if retry_of is not None:
         attrs[RETRY_OF] = retry_of
+        attrs |= _extra_marks(study, retry_of)
     study.enqueue_trial(params, user_attrs=attrs)
+
+
+def _extra_marks(study: optuna.Study, number: int) -> dict[str, Any]:
+    """The attrs that make trial ``number`` an adaptive seed or a baseline, for its rerun."""
+    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+    if trial is None or not is_extra(trial):
+        return {}
+    return {k: trial.user_attrs[k] for k in (SEED_OF, SEEDS, BASELINE) if k in trial.user_attrs}
 
 
 def grid_points(space: SearchSpace) -> list[dict[str, Any]]:
@@ -131,8 +156,8 @@ def top_up_queue(study: optuna.Study, space: SearchSpace, budget: int) -> int:
         How many points were queued.
     """
     trials = study.get_trials(deepcopy=False)
-    taken = {trial_key(t) for t, c in zip(trials, _counted_all(trials))
-             if c or t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    taken = {trial_key(t) for t, c in zip(trials, _counted_all(trials)) if not is_extra(t)
+             and (c or t.state in (TrialState.RUNNING, TrialState.WAITING))}
     taken.discard(None)
     allocated = len(taken)
     added = 0
@@ -154,7 +179,7 @@ def done_reason(study: optuna.Study, budget: int | None, exhaustive: bool,
     finite space has been scored."""
     trials = study.get_trials(deepcopy=False)
     done = sum(_counted_all(trials))
-    running = sum(t.state == TrialState.RUNNING for t in trials)
+    running = sum(t.state == TrialState.RUNNING and not is_extra(t) for t in trials)
     if budget is not None and done + running >= budget:
         if running:
             return f"budget of {budget} trials allocated ({running} still running elsewhere)"
@@ -162,7 +187,7 @@ def done_reason(study: optuna.Study, budget: int | None, exhaustive: bool,
             return "every assignment of the space has been tried"
         return f"budget of {budget} trials reached"
     if exhaustive:
-        if not any(t.state == TrialState.WAITING for t in trials):
+        if not any(t.state == TrialState.WAITING and not is_extra(t) for t in trials):
             return ("every assignment of the space has been tried" if running == 0 else
                     f"every assignment of the space is taken ({running} still running elsewhere)")
     elif grid_size != math.inf:
@@ -174,8 +199,8 @@ def done_reason(study: optuna.Study, budget: int | None, exhaustive: bool,
 
 def _ahead(t: FrozenTrial, number: int, rerun: set[int]) -> bool:
     """Whether trial ``t`` holds its slot before trial ``number``: counted, or running
-    and asked for earlier."""
-    return counted(t, rerun) or (t.state == TrialState.RUNNING and t.number < number)
+    and asked for earlier; adaptive seeds and baselines hold none."""
+    return counted(t, rerun) or (t.state == TrialState.RUNNING and t.number < number and not is_extra(t))
 
 
 def budget_taken(study: optuna.Study, budget: int | None, number: int) -> str | None:

@@ -11,7 +11,9 @@ rather than naming a winner that seed noise could explain. The verdict also name
 module types whose geometry has a main effect beyond noise (e.g. "attention's geometry:
 stiefel better than dgram by 0.0800 ± 0.0200 (95% CI, 2 seeds × 2 pairs)"), and the
 smallest gap the study could have detected (80% power). :func:`seed_plan` says which
-assignments should get another seed.
+assignments should get another seed; a point's adaptive seeds are trials of their own
+(``seed_of``), merged into its :class:`Score` here (:func:`point_scores`), and baselines
+(``baseline``) are never ranked.
 
 Example:
     >>> ranking = rank_scores([(0, "attn=stiefel", Score((3.00, 3.02, 2.98))),
@@ -22,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -32,8 +35,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from geosearch.search.records import (
     ASSIGNMENT,
+    BASELINE,
     COMPLETED,
     FAIL_REASON,
+    FAILED,
     INTERRUPTED,
     MAX_LOGIT,
     MEAN_STEP_MS,
@@ -41,10 +46,13 @@ from geosearch.search.records import (
     PRUNE_REASON,
     QUEUED_PARAMS,
     RETRIED,
+    SEED_OF,
     SEEDS,
+    SPACE,
     STOP_STEP,
     UNSTABLE,
     VAL_LOSSES,
+    is_extra,
     trial_status,
 )
 
@@ -70,9 +78,11 @@ __all__ = [
     "compare_scores",
     "family_geometry",
     "format_params",
+    "point_scores",
     "rank_scores",
     "rank_study",
     "seed_plan",
+    "study_seed_plan",
     "trial_label",
     "trial_point",
     "trial_score",
@@ -192,10 +202,46 @@ def rank_scores(entries: Iterable[tuple[int, str, Score]],
 
 
 def rank_study(study: optuna.Study) -> Ranking:
-    """Rank the completed trials of ``study`` by mean final val loss (see the module docstring)."""
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return rank_scores([(t.number, trial_label(t), trial_score(t)) for t in done],
-                       {t.number: trial_point(t) for t in done})
+    """Rank the completed points of ``study`` by mean final val loss, each with its adaptive
+    seeds merged in (see the module docstring); with adaptive seeds on, the verdict ends
+    with how many seeds each contender got and why seeding stopped (or what is pending)."""
+    trials = study.get_trials(deepcopy=False)
+    scores = point_scores(trials)
+    done = [t for t in trials if t.number in scores]
+    ranking = rank_scores([(t.number, trial_label(t), scores[t.number]) for t in done],
+                          {t.number: trial_point(t) for t in done})
+    plan = study_seed_plan(study, ranking)
+    if plan is None or not ranking.rows:
+        return ranking
+    contenders = [r for r in ranking.rows if r.versus_best in ("best", "tie", "unknown")]
+    seeds = ", ".join(f"trial {r.number}: {r.score.n}" for r in contenders)
+    state = "stopped" if plan.stop else "not finished"
+    note = (f"adaptive seeds (up to {_max_seeds(study)} per assignment) {state}: {plan.reason}; "
+            f"seeds per contender: {seeds}")
+    return dataclasses.replace(ranking, verdict=f"{ranking.verdict}; {note}")
+
+
+def point_scores(trials: Iterable[FrozenTrial]) -> dict[int, Score]:
+    """Trial number -> :class:`Score` of each completed point of the space: its own seeds
+    with those of its completed adaptive-seed trials (``seed_of``) added, each seed once, so
+    that pairing by seed across assignments holds. Baselines and seed trials get no entry."""
+    trials = list(trials)
+    scores = {t.number: trial_score(t) for t in trials
+              if t.state == TrialState.COMPLETE and not is_extra(t)}
+    for t in sorted(trials, key=lambda t: t.number):
+        n = t.user_attrs.get(SEED_OF)
+        if t.state == TrialState.COMPLETE and n in scores:
+            scores[n] = _merged(scores[n], trial_score(t))
+    return scores
+
+
+def _merged(a: Score, b: Score) -> Score:
+    """``a`` with the values of ``b`` whose seeds it lacks (all of them, unpaired, when
+    either records no seeds)."""
+    if a.seeds is None or b.seeds is None:
+        return Score(a.values + b.values)
+    new = [(v, s) for v, s in zip(b.values, b.seeds) if s not in a.seeds]
+    return Score(a.values + tuple(v for v, _ in new), a.seeds + tuple(s for _, s in new))
 
 
 def _sensitivity(rows: list[RankedTrial]) -> Sensitivity | None:
@@ -279,10 +325,15 @@ class SeedPlan:
 def seed_plan(ranking: Ranking, max_seeds: int) -> SeedPlan:
     """Decide the next round of adaptive seeds from a ranking (pure: runs nothing).
 
-    The study loop calls it after each round: it trains ``plan.next_seed[n]`` for every
-    trial ``n`` in ``plan.rerun``, records the new seed and value in the trial's ``seeds``
-    and ``val_losses`` (same order), ranks again and repeats until ``plan.stop``.
-    Separated assignments get no more seeds: only the best and those within noise of it.
+    Once every point of the space has trained its ``repeats`` seeds, the trial loop
+    (:meth:`geosearch.search.trial_loop.Searcher.run`, through :func:`study_seed_plan`)
+    queues one trial per ``n`` in ``plan.rerun``: the same point with user attrs
+    ``seed_of = n`` and ``seeds = [plan.next_seed[n]]``, trained at the ladder's top rung
+    only (where the ranking is read). A finished Optuna trial takes no new attrs, so the
+    seed is a trial of its own; :func:`point_scores` merges it into trial ``n``'s
+    :class:`Score`. When no seed trial is queued or running, the loop ranks again and plans
+    the next round, until ``plan.stop``. Separated assignments get no more seeds: only the
+    best and those within noise of it.
 
     Args:
         ranking: the current ranking (:func:`rank_study`).
@@ -312,6 +363,37 @@ def seed_plan(ranking: Ranking, max_seeds: int) -> SeedPlan:
     return SeedPlan([r.number for r in want], nxt, False,
                     f"{len(contenders) - 1} assignment(s) within noise of the best: one more seed "
                     f"for trials {', '.join(str(r.number) for r in want)}")
+
+
+def _max_seeds(study: optuna.Study) -> int | None:
+    """The space's ``max_repeats`` (else its ``repeats``) as the study recorded it."""
+    space = study.user_attrs.get(SPACE)
+    if not isinstance(space, dict):
+        return None
+    most = space.get("max_repeats") or space.get("repeats")
+    return most if isinstance(most, int) else None
+
+
+def study_seed_plan(study: optuna.Study, ranking: Ranking | None = None) -> SeedPlan | None:
+    """The next round of adaptive seeds of ``study``: :func:`seed_plan` at the space's
+    ``max_repeats``, less the (point, seed) pairs a seed trial already tried (one that ended
+    unstable or failed is not run again); ``None`` when the space asks for no more seeds
+    than its ``repeats``."""
+    space = study.user_attrs.get(SPACE)
+    most = _max_seeds(study)
+    if most is None or most <= (space.get("repeats") or 1):
+        return None
+    plan = seed_plan(ranking or rank_study(study), most)
+    if plan.stop:
+        return plan
+    tried = {(t.user_attrs.get(SEED_OF), s) for t in study.get_trials(deepcopy=False)
+             if SEED_OF in t.user_attrs and trial_status(t) in (COMPLETED, UNSTABLE, FAILED)
+             for s in (t.user_attrs.get(SEEDS) or [])}
+    rerun = [n for n in plan.rerun if (n, plan.next_seed[n]) not in tried and plan.next_seed[n] is not None]
+    if not rerun:
+        return SeedPlan([], {}, True, f"the next seed of trial(s) {', '.join(map(str, plan.rerun))} "
+                                      "was tried and did not complete")
+    return dataclasses.replace(plan, rerun=rerun, next_seed={n: plan.next_seed[n] for n in rerun})
 
 
 # =========================================================================== trials
@@ -390,6 +472,8 @@ def trial_label(trial: FrozenTrial, *, hyperparams: bool = True) -> str:
     The geometries come from the ``geometry.*`` params (else the queued params, else the
     ``assignment`` attr); ``hyperparams=False`` leaves the other params out.
     """
+    if BASELINE in trial.user_attrs:
+        return f"baseline {trial.user_attrs[BASELINE]}"
     geometry, others = _searched(trial)
     if geometry:
         parts = [f"{k}={v}" for k, v in geometry.items()]
@@ -406,6 +490,8 @@ def trial_line(trial: FrozenTrial) -> str:
     ua = trial.user_attrs
     status = trial_status(trial)
     head = f"trial {trial.number:>3}  {trial_label(trial)}"
+    if SEED_OF in ua:
+        head += f" (seed {', '.join(map(str, ua.get(SEEDS) or []))} of trial {ua[SEED_OF]})"
     if status == COMPLETED:
         what = f"completed  val {trial_score(trial).text()}"
     elif status == UNSTABLE:

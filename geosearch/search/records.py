@@ -22,11 +22,11 @@ __all__ = [
     "QUEUED", "QUEUED_PARAMS", "RETRIES", "RETRY_OF", "RULES", "RUNG_LOSSES", "RUNG_PROBES", "SEEDS",
     "SIGMA_MAX", "SPACE", "STATUS", "STOP_STEP", "TARGET", "TARGET_LOGIT_SCALE",
     "TARGET_STEPS", "TARGET_SUM_ETA", "TOKENS_PER_S", "TRIAL_DIR", "VAL_LOSSES",
-    "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER",
+    "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER", "SEED_OF", "BASELINE", "RUNG_INDICES",
     "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
     "COMPLETED", "UNSTABLE", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING", "DUPLICATE",
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
-    "json_safe", "trial_status",
+    "is_extra", "json_safe", "trial_status",
 ]
 
 # --------------------------------------------------------------------------- study attrs
@@ -75,12 +75,16 @@ QUEUED = "queued"
 QUEUED_PARAMS = "queued_params"
 RETRY_OF = "retry_of"
 DUPLICATE_OF = "duplicate_of"
+# trials that are not points of the space (docs/design.md, "Adaptive seeds", "Baselines")
+SEED_OF = "seed_of"
+BASELINE = "baseline"
+RUNG_INDICES = "rung_indices"
 TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE_HISTORY,
                NUM_PROCESSES, STATUS, PRUNE_REASON, FAIL_REASON, STOP_STEP, PRUNED_SEED,
                VAL_LOSSES, VAL_LOSS_MEAN, VAL_LOSS_STD, MEAN_STEP_MS, TOKENS_PER_S, MAX_LOGIT,
                SIGMA_MAX, TARGET_SUM_ETA, TARGET_STEPS, LOGIT_SCALE, TARGET_LOGIT_SCALE,
                RUNG_LOSSES, RUNG_PROBES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
-               RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES)
+               RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES, SEED_OF, BASELINE, RUNG_INDICES)
 
 PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")
 """The keys of one ``probe_history`` row: metrics of the proxy run at a probe step, and Σ η
@@ -125,6 +129,14 @@ def trial_status(trial: FrozenTrial) -> str:
             return INTERRUPTED
         return FAILED
     return STATE_WORDS.get(trial.state, trial.state.name.lower())
+
+
+def is_extra(trial: FrozenTrial | Any) -> bool:
+    """Whether a trial (frozen or live) is not a point of the space: an adaptive seed of a
+    point (``seed_of``) or a baseline (``baseline``). Such trials never count towards the
+    budget, are never duplicates of a point and are never exported."""
+    ua = trial.user_attrs
+    return SEED_OF in ua or BASELINE in ua
 
 
 def json_safe(v: Any) -> Any:

@@ -145,6 +145,13 @@ class SearchSpace:
     """Continuous hyperparameters, if any."""
     repeats: int = 1
     """Seeds each assignment is trained with; the trial's score is their mean."""
+    max_repeats: int | None = None
+    """Seeds an assignment may get at most with adaptive seeds: after the points, the best and
+    those within noise of it get one more seed a round until separated or at this many;
+    ``None`` (or ``repeats``) = off."""
+    baselines: tuple[str, ...] = ("adamw", "muon")
+    """Baselines trained beside the assignments, reported and never exported
+    (:data:`geosearch.search.baselines.BASELINES`); ``()`` = none."""
     budget: Budget = field(default_factory=Budget)
     """Trials and timeout."""
     target: TargetSpec = field(default_factory=TargetSpec)
@@ -279,7 +286,13 @@ class SearchSpace:
             hp.extend(f"spectral_lr.{g} {_range_text(r)}" for g, r in spectral.items())
         if self.hyperparams.lr is not None:
             hp.append(f"lr {_range_text(self.hyperparams.lr)}")
+        from geosearch.search.baselines import plan_line  # it imports this module's Suggestion
+        from geosearch.search.target import plan_rungs
+
         p = self.proxy
+        seeds = f"{self.repeats} seed(s) each" + (
+            f", up to {self.max_repeats} for the contenders (adaptive)"
+            if self.max_repeats and self.max_repeats > self.repeats else "")
         return "\n".join([
             f"search space {self.name!r} ({self.source or 'inline'})",
             f"  geometries: {params}"
@@ -288,8 +301,9 @@ class SearchSpace:
             + (" (the model's)" if self.rules_from_model else ""),
             *([f"  hyperparams: {', '.join(hp)}"] if hp else []),
             f"  proxy: {p.model}{p.model_args or ''}, {p.steps} steps x {p.batch_size} seqs, "
-            f"data {p.data or 'built-in'}, solver {p.solver}; {self.repeats} seed(s) each",
+            f"data {p.data or 'built-in'}, solver {p.solver}; {seeds}",
             target_line(self),
+            plan_line(self, plan_rungs(self)),
             f"  sampler: {self.sampler_type()}; budget: trials {self.budget.trials}, "
             f"timeout {self.budget.timeout}",
         ])

@@ -29,6 +29,10 @@ optional but ``version`` and ``geometries``::
       steps: 200
       ...
     repeats: 1                    # seeds per assignment (proxy.seed, proxy.seed + 1, ...)
+    max_repeats: null             # adaptive seeds: contenders get one more seed a round up
+                                  #   to this many (null: repeats, i.e. off)
+    baselines: [adamw, muon]      # trained beside, reported, never exported: adamw | muon |
+                                  #   muon_qkclip; [] for none
     target: {steps: 2000, spectral_lr: null, model: null}   # the user's run (null: the proxy's)
     ladder: {rungs: 1, max_spectral_lr: null, max_steps: null}  # rungs of growing Σ η towards
                                   #   the target's (null: 10 × proxy.spectral_lr, proxy.steps)
@@ -67,6 +71,7 @@ from geosearch.modules import (
 )
 from geosearch.proxy.config import TrainConfig
 from geosearch.proxy.specs import HF_PREFIX, PY_PREFIX, default_rules
+from geosearch.search.baselines import parse_extras
 from geosearch.search.pruners import LogitGrowthPruner
 from geosearch.search.sections import (
     Budget,
@@ -86,7 +91,7 @@ from geosearch.search.target import parse_horizon
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "name", "rules", "geometries", "hyperparams", "proxy", "repeats",
-            "target", "ladder", "budget", "pruner", "sampler")
+            "max_repeats", "baselines", "target", "ladder", "budget", "pruner", "sampler")
 # Pruner keys of older spaces: an error says what replaced them.
 REMOVED_PRUNER_KEYS = ("trend_min_logit", "horizon_steps")
 HYPERPARAMS = ("spectral_lr", "lr")
@@ -135,6 +140,8 @@ def dump_space(space: SearchSpace) -> dict[str, Any]:
         "hyperparams": hp,
         "proxy": space.proxy.to_dict(),
         "repeats": space.repeats,
+        "max_repeats": space.max_repeats,
+        "baselines": list(space.baselines),
         "target": dataclasses.asdict(space.target),
         "ladder": dataclasses.asdict(space.ladder),
         "budget": dataclasses.asdict(space.budget),
@@ -198,6 +205,8 @@ class _Parser:
         repeats = top.get("repeats", 1)
         if not _is_int(repeats) or repeats < 1:
             self.error("repeats", f"expected a whole number >= 1, got {repeats!r}")
+        max_repeats, baselines = parse_extras(self, top.get("max_repeats"), repeats,
+                                              top.get("baselines", list(SearchSpace.baselines)))
         target, ladder = parse_horizon(self, top.get("target"), top.get("ladder"), proxy)
         budget = self.budget(top.get("budget"))
         pruner = self.pruner(top.get("pruner"))
@@ -208,7 +217,7 @@ class _Parser:
         assert rules is not None  # else a problem was recorded
         space = SearchSpace(
             geometries=geometries, proxy=proxy, rules=rules, hyperparams=hyperparams,
-            repeats=repeats, budget=budget, pruner=pruner, sampler=sampler, name=name,
+            repeats=repeats, max_repeats=max_repeats, baselines=baselines, budget=budget, pruner=pruner, sampler=sampler, name=name,
             source=self.source, rules_from_model=rules_from_model, target=target, ladder=ladder,
         )
         if budget.trials is None and budget.timeout is None and space.sampler_type() != "grid":

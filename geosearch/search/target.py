@@ -37,7 +37,7 @@ from geosearch.search.forecast import schedule_sum_eta, stiefel_logit_bound
 from geosearch.search.horizon import HorizonReading, Rung, plan_ladder, read_ladder
 from geosearch.search.pruners import QK_TYPES
 from geosearch.search.ranking import trial_label
-from geosearch.search.records import LADDER, RUNG_LOSSES, TARGET
+from geosearch.search.records import LADDER, RUNG_LOSSES, TARGET, is_extra
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment
@@ -289,6 +289,8 @@ def study_reading(study: optuna.Study) -> HorizonReading | None:
     rungs = [Rung(**r) for r in ladder]
     losses: dict[str, list[float]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if is_extra(t):  # baselines and adaptive seeds are not points of the ladder's reading
+            continue
         means = rung_means(t.user_attrs.get(RUNG_LOSSES))
         if means is not None and len(means) == len(rungs):
             label = trial_label(t)

@@ -7,7 +7,9 @@ validation losses, recording probes with their Σ η and asking the pruner at ea
 and tells the study the outcome with its user attrs; a trial's exception fails that
 trial, not the search: a failure of the environment (out of memory, CUDA, disk, storage:
 :mod:`geosearch.search.failures`) queues its point again up to ``max_retries`` times in a
-row. A Ctrl-C fails the trial and queues its point again. Trial
+row. Once the space's points are done it trains the baselines and the rounds of adaptive
+seeds (:mod:`geosearch.search.extras`), which never count. A Ctrl-C fails the trial and
+queues its point again. Trial
 outcomes, repeats and the ladder are described in ``docs/design.md`` ("The study").
 """
 
@@ -27,7 +29,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from geosearch.errors import GeosearchError
 from geosearch.proxy.train import TrainResult, train
+from geosearch.search.baselines import BASELINES, baseline_suggestion
 from geosearch.search.distributed import RankGroup
+from geosearch.search.extras import extra_plan, queue_extras, seed_twin_of
 from geosearch.search.failures import DEFAULT_MAX_RETRIES, failed_attrs, failure_kind
 from geosearch.search.liveness import (
     HEARTBEAT_EVERY,
@@ -42,6 +46,7 @@ from geosearch.search.ranking import Score
 from geosearch.search.records import (
     ASSIGNMENT,
     ASSIGNMENT_KEY,
+    BASELINE,
     BUDGET_STEPS,
     COMPLETED,
     DUPLICATE,
@@ -59,9 +64,11 @@ from geosearch.search.records import (
     PRUNED_SEED,
     QUEUED,
     RETRIED,
+    RUNG_INDICES,
     RUNG_LOSSES,
     RUNG_PROBES,
     RUNNING,
+    SEED_OF,
     SEEDS,
     SIGMA_MAX,
     SKIPPED,
@@ -77,6 +84,7 @@ from geosearch.search.records import (
     VAL_LOSS_STD,
     VAL_LOSSES,
     WORKER,
+    is_extra,
     json_safe,
 )
 from geosearch.search.pruners import probe_row
@@ -166,7 +174,7 @@ class Searcher:
                     if timeout is not None and time.monotonic() - start >= timeout:
                         return f"timeout of {timeout:g} s reached"
                     why = self._should_stop()
-                    if why:
+                    if why and not queue_extras(self.study, self.space, self.echo):
                         return why
                     trial = self.study.ask()
                     try:
@@ -201,6 +209,8 @@ class Searcher:
             self._not_run(trial, SKIPPED, "the queue was empty when this worker asked (another "
                                           "worker took the last point)")
             return None
+        if is_extra(trial):
+            return self._run_extra(trial)
         suggestion = self.space.suggest(trial)
         why = budget_taken(self.study, self.budget, trial.number)
         if why:
@@ -217,6 +227,27 @@ class Searcher:
         self.duplicates_in_a_row = 0
         return self._train_trial(trial, suggestion)
 
+    def _run_extra(self, trial: optuna.Trial) -> int | None:
+        """Train a baseline or an adaptive seed (queued by :func:`queue_extras`): never
+        budget-checked, never a duplicate of a point; a (point, seed) trains once."""
+        ua = trial.user_attrs
+        if ua.get(BASELINE) is not None:
+            if ua[BASELINE] not in BASELINES:
+                self._not_run(trial, SKIPPED, f"unknown baseline {ua[BASELINE]!r}")
+                return None
+            return self._train_trial(trial, baseline_suggestion(self.space, ua[BASELINE]))
+        suggestion = self.space.suggest(trial)  # the point's params, fixed when queued
+        twin = seed_twin_of(self.study, trial)
+        if twin is not None:
+            self._not_run(trial, DUPLICATE, f"seed {ua.get(SEEDS)} of trial {ua.get(SEED_OF)} "
+                                            f"is trial {twin}'s", duplicate_of=twin)
+            return None
+        return self._train_trial(trial, suggestion)
+
+    def _plan_of(self, trial: optuna.Trial) -> tuple[list[int], list]:
+        """The seeds and rungs ``trial`` trains (:func:`extra_plan`)."""
+        return extra_plan(trial, trial_seeds(self.space), self.rungs)
+
     def _not_run(self, trial: optuna.Trial, status: str, why: str, *, requeue: bool = False,
                  duplicate_of: int | None = None) -> None:
         trial.set_user_attr(STATUS, status)
@@ -231,7 +262,7 @@ class Searcher:
     def _train_trial(self, trial: optuna.Trial, suggestion: Suggestion) -> int:
         n = trial.number
         resolved = suggestion.assignment().resolve()
-        seeds, rungs = trial_seeds(self.space), self.rungs
+        seeds, rungs = self._plan_of(trial)
         trial_dir = self.run_dir / TRIALS_DIR / str(n)
         for key, value in {
             # the reason first: a worker killed between the two writes leaves a reason
@@ -242,6 +273,7 @@ class Searcher:
             ASSIGNMENT_KEY: ",".join(f"{t}={g}" for t, g in sorted(resolved.items())),
             BUDGET_STEPS: self.space.proxy.steps,
             SEEDS: seeds,
+            RUNG_INDICES: [r.index for r in rungs],
             TRIAL_DIR: f"{TRIALS_DIR}/{n}",
             PROBE_HISTORY: [],
             NUM_PROCESSES: self.group.world if self.group else 1,
@@ -315,11 +347,12 @@ class Searcher:
         """
         results: list[list[TrainResult]] = []
         probes: list[list[list[dict]]] = []
-        seeds, rungs = trial_seeds(self.space), self.rungs
+        seeds, rungs = self._plan_of(trial)
         for rung in rungs:
             results.append([])
             probes.append([])
-            for r, seed in enumerate(seeds):
+            for seed in seeds:
+                r = seed - self.space.proxy.seed  # the repeat: a seed trial's may be past repeats
                 config, assignment = rung_run(self.space, suggestion, r, rung)
                 rows: list[dict] = []
                 callback = self._callback(trial, rows, probe_sum_eta(config, assignment), heartbeat,

@@ -63,7 +63,8 @@ def env(**extra: str) -> dict[str, str]:
 def write_space(folder: Path, name: str) -> Path:
     """A 4-point grid search space ``name`` in ``folder``."""
     path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"version": 1, "name": name, "geometries": GRID, "proxy": PROXY}),
+    path.write_text(yaml.safe_dump({"version": 1, "name": name, "geometries": GRID, "proxy": PROXY,
+                                    "baselines": []}),
                     encoding="utf-8")
     return path
 
