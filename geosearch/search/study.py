@@ -30,6 +30,7 @@ from optuna.trial import FrozenTrial
 
 from geosearch import __version__
 from geosearch.errors import ConfigError
+from geosearch.proxy.accelerator import check_device
 from geosearch.proxy.train import get_accelerator, train
 from geosearch.search.artifacts import ArtifactStore, TrialFiles, default_store
 from geosearch.search.distributed import RankGroup, follow, launch_world
@@ -161,9 +162,9 @@ def _check_horizon(study: optuna.Study, old: dict[str, Any], new: dict[str, Any]
 
 
 def preflight(space: SearchSpace) -> None:
-    """Errors that would fail every trial, found before the study is touched: the data,
-    the model (a zoo spec, built on the meta device), a context the data cannot fill, and
-    rules that do not fit the model, match nothing or leave a hidden weight without a
+    """Errors that would fail every trial, found before the study is touched: a device this
+    machine does not have, the data, the model (a zoo spec, built on the meta device), a
+    context the data cannot fill, and rules that do not fit the model, match nothing or leave a hidden weight without a
     geometry: the plan (:func:`geosearch.plan.bind`) of the space's first assignment, with
     the proxy's optimizer settings. ``space.rules`` are the rules every trial's assignment
     carries: the space's, or the model's default rule set when the space names none."""
@@ -174,11 +175,12 @@ def preflight(space: SearchSpace) -> None:
     from geosearch.proxy.zoo import build_meta_model
 
     proxy = space.proxy
+    where = space.source or "the search space"
+    check_device(proxy.device, source=where, key="proxy.device")
     corpus = load_corpus(proxy.data, tokenizer=proxy.tokenizer)
     built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
     corpus.check_block_size(built.block_size)
     rules = get_rule_set(space.rules) if isinstance(space.rules, str) else space.rules
-    where = space.source or "the search space"
     try:
         match = match_parameters(built.model, rules)
     except ConfigError as e:  # e.g. nanogpt's nn.Linear rules on hf:gpt2's Conv1D weights
