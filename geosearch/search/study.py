@@ -37,6 +37,7 @@ from geosearch.search.distributed import RankGroup, follow, launch_world
 from geosearch.search.export import export_best, format_ranking
 from geosearch.search.liveness import (
     STALE_AFTER,
+    CommandLock,
     Owner,
     check_no_other_run,
     recover_stale,
@@ -374,12 +375,31 @@ def _check_objects(workers: int, storage: Any, study: optuna.Study | None,
     return _OptunaObjects(study, sampler, pruner, artifact_store)
 
 
-def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
-            storage: str | optuna.storages.BaseStorage | None,
-            workers: int, worker_index: int | None, stale_after: float, export: bool,
-            out: TextIO | None, progress: bool | None,
-            group: RankGroup | None = None, objects: _OptunaObjects | None = None) -> SearchOutcome:
-    """:func:`run_search` in one process, or on rank 0 of a distributed launch."""
+def _search(space: SearchSpace, *, runs_dir: str | os.PathLike, worker_index: int | None,
+            out: TextIO | None, **kwargs: Any) -> SearchOutcome:
+    """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
+    (not one of its workers) first checks what would fail every trial, then holds the
+    study's :class:`~geosearch.search.liveness.CommandLock` on this machine while it runs."""
+    if worker_index is not None:  # its command holds the lock
+        return _run_study(space, runs_dir=runs_dir, worker_index=worker_index, out=out, **kwargs)
+    run_dir = Path(runs_dir) / space.name
+
+    def echo(line: str) -> None:
+        print(line, file=out or sys.stdout, flush=True)
+
+    check_no_other_run(run_dir, space.name, echo)  # at once, before the preflight's work
+    preflight(space)
+    with CommandLock(run_dir, space.name):  # of two commands started together, one runs
+        check_no_other_run(run_dir, space.name, echo)  # workers of a dead command stopping
+        return _run_study(space, runs_dir=runs_dir, worker_index=None, out=out, **kwargs)
+
+
+def _run_study(space: SearchSpace, *, runs_dir: str | os.PathLike,
+               storage: str | optuna.storages.BaseStorage | None,
+               workers: int, worker_index: int | None, stale_after: float, export: bool,
+               out: TextIO | None, progress: bool | None,
+               group: RankGroup | None = None, objects: _OptunaObjects | None = None) -> SearchOutcome:
+    """:func:`_search` once the command holds the study."""
     out = out or sys.stdout
 
     def echo(line: str) -> None:
@@ -400,9 +420,6 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
     else:
         sampler = optuna.samplers.RandomSampler(seed=seed) if exhaustive else space.make_sampler(seed)
 
-    if worker_index is None:
-        check_no_other_run(run_dir, space.name, echo)  # never train beside a live run
-        preflight(space)
     study, desc, existed = _start_study(space, run_dir, storage, workers, sampler, objects)
     if worker_index is None:
         write_space_file(space, run_dir)

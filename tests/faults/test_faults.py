@@ -16,6 +16,7 @@ from _harness import (
     dropped_connection,
     full_disk,
     second_command,
+    simultaneous,
     signal_parent,
     signal_single,
     signal_worker,
@@ -46,6 +47,12 @@ def test_a_terminated_search_records_its_trial_and_exits_130(tmp_path):
 
 def test_a_second_command_on_a_live_study_is_refused(tmp_path):
     check(second_command(tmp_path, random.Random(4)))
+
+
+def test_two_commands_started_at_once_train_each_point_once(tmp_path):
+    result = simultaneous(tmp_path, random.Random(7), runs=2)
+    check(result)
+    assert result.notes == ["one command refused in 2 of 2 runs"]
 
 
 @pytest.fixture
