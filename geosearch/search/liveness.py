@@ -123,7 +123,9 @@ class Owner:
             try:
                 trial = study.ask()
                 _rewrite(fd, {**record, "trial": trial.number})
-                trial.set_user_attr(WORKER, self.attr())
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                    # failed meanwhile by a process that took it for dead: the loop drops it
+                    trial.set_user_attr(WORKER, self.attr())
             except BaseException:
                 with contextlib.suppress(OSError):
                     _rewrite(fd, {**record, "until": _now()})

@@ -96,7 +96,6 @@ class SearchOutcome:
     rank: int = 0
 
 
-
 @dataclass
 class _OptunaObjects:
     """The Optuna objects handed to :func:`run_search` (``None``: the space's / the default)."""
@@ -139,8 +138,6 @@ def _check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> N
                 f"study {study.study_name!r} was created with a different {key} ({a!r}); rerun "
                 "with the same search space to resume it, or start a new study with --study NAME",
                 source=str(run_dir), key=key)
-
-
 
 
 def _check_horizon(study: optuna.Study, old: dict[str, Any], new: dict[str, Any],

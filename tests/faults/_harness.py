@@ -466,9 +466,8 @@ def dropped_connection(tmp: Path, rng: random.Random, server: str) -> Result:
     try:
         landed = mid_trial(cmd, run_dir, rng, url, spread=0.0)
         before = completed(run_dir, url)
-        # Both drops inside the trial that is training: a drop in the instant between a
-        # trial's ask() and its first attrs leaves that trial RUNNING for the new-trial
-        # grace (liveness._NEW_TRIAL_GRACE, 120 s), a known gap docs/reliability.md states.
+        # Both drops inside the trial that is training (a drop in the instant between a
+        # trial's ask() and its first attrs is the ask record's case, tests/test_liveness.py).
         time.sleep(rng.uniform(0.1, 0.8))
         for _ in range(2):
             conn = psycopg2.connect(url)
