@@ -17,6 +17,8 @@ liveness rules are described in ``docs/design.md`` ("The study").
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -375,28 +377,30 @@ def _check_objects(workers: int, storage: Any, study: optuna.Study | None,
 def _search(space: SearchSpace, *, runs_dir: str | os.PathLike, worker_index: int | None,
             out: TextIO | None, **kwargs: Any) -> SearchOutcome:
     """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
-    (not one of its workers) first checks what would fail every trial, then holds the
-    study's :class:`~geosearch.search.liveness.CommandLock` on this machine while it runs."""
+    (not one of its workers) checks what would fail every trial, then holds the study's
+    :class:`~geosearch.search.liveness.CommandLock` on this machine while it runs."""
     if worker_index is not None:  # its command holds the lock
         return _run_study(space, runs_dir=runs_dir, worker_index=worker_index, out=out, **kwargs)
     run_dir = Path(runs_dir) / space.name
-
-    def echo(line: str) -> None:
-        print(line, file=out or sys.stdout, flush=True)
+    echo = functools.partial(print, file=out or sys.stdout, flush=True)
 
     check_no_other_run(run_dir, space.name, echo)  # at once, before the preflight's work
     preflight(space)
-    with CommandLock(run_dir, space.name):  # of two commands started together, one runs
-        check_no_other_run(run_dir, space.name, echo)  # workers of a dead command stopping
-        return _run_study(space, runs_dir=runs_dir, worker_index=None, out=out, **kwargs)
+    with contextlib.ExitStack() as held:
+        def claim() -> None:  # once the storage opened (a bad one writes nothing), before any ask
+            held.enter_context(CommandLock(run_dir, space.name))  # of two commands, one runs
+            check_no_other_run(run_dir, space.name, echo)  # workers of a dead command stopping
+
+        return _run_study(space, runs_dir=runs_dir, worker_index=None, out=out, claim=claim, **kwargs)
 
 
 def _run_study(space: SearchSpace, *, runs_dir: str | os.PathLike,
                storage: str | optuna.storages.BaseStorage | None,
                workers: int, worker_index: int | None, stale_after: float, export: bool,
-               out: TextIO | None, progress: bool | None,
-               group: RankGroup | None = None, objects: _OptunaObjects | None = None) -> SearchOutcome:
-    """:func:`_search` once the command holds the study."""
+               out: TextIO | None, progress: bool | None, group: RankGroup | None = None,
+               objects: _OptunaObjects | None = None,
+               claim: Callable[[], None] | None = None) -> SearchOutcome:
+    """:func:`_search` (``claim``: called once the study is open, to hold it)."""
     out = out or sys.stdout
 
     def echo(line: str) -> None:
@@ -418,6 +422,8 @@ def _run_study(space: SearchSpace, *, runs_dir: str | os.PathLike,
         sampler = optuna.samplers.RandomSampler(seed=seed) if exhaustive else space.make_sampler(seed)
 
     study, desc, existed = _start_study(space, run_dir, storage, workers, sampler, objects)
+    if claim is not None:
+        claim()
     if worker_index is None:
         write_space_file(space, run_dir)
         echo(space.summary())
