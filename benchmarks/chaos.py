@@ -47,6 +47,9 @@ def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _ha
         "full file system, SQLite, one process": lambda t, r: _harness.full_disk(t, r, 1),
         "a second command on a live study": _harness.second_command,
         "exceptions inside trials: out of memory (retried), ValueError (not)": _harness.trial_failures,
+        "two commands started at once, SQLite": lambda t, r: _harness.simultaneous(t, r, runs=1),
+        "two commands started at once, journal, --workers 2":
+            lambda t, r: _harness.simultaneous(t, r, runs=1, workers=2),
     }
     if url is not None:
         out["PostgreSQL connections dropped mid-trial"] = lambda t, r: _harness.dropped_connection(t, r, url)

@@ -37,17 +37,17 @@ _TOKENIZER_HELP = ("a Hugging Face tokenizer.json (or a directory holding one) t
 
 
 def _key_values(items: Sequence[str], flag: str) -> dict:
-    """``KEY=VALUE`` flags as a dict, each value read as YAML (numbers, booleans, null)."""
-    import yaml
-
+    """``KEY=VALUE`` flags as a dict, each value read as YAML (numbers, booleans, null;
+    :func:`geosearch.yaml_io.parse_value`)."""
     from geosearch.errors import ConfigError
+    from geosearch.yaml_io import parse_value
 
     out = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"expected KEY=VALUE but got {item!r}", source=flag)
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = parse_value(value, source=f"{flag} {key.strip()}")
     return out
 
 
@@ -240,6 +240,10 @@ def _run_search(args: argparse.Namespace) -> int:
         compile=args.compile, log_with=args.log_with, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
         name=args.study, target_steps=args.target_steps,
         target_spectral_lr=args.target_spectral_lr, target_model=args.target_model)
+    if args.device is not None and args.worker_index is None:  # the flag, named before the study
+        from geosearch.proxy.accelerator import check_device
+
+        check_device(args.device, source="--device", key=None)
     try:
         with sigterm_as_ctrl_c():  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
             outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,

@@ -16,6 +16,7 @@ from typing import Any
 
 from geosearch.assignment import Assignment, load_assignment
 from geosearch.errors import ConfigError
+from geosearch.proxy.accelerator import check_device
 from geosearch.proxy.config import TrainConfig
 from geosearch.proxy.specs import default_rules
 from geosearch.proxy.train import get_accelerator, train
@@ -61,6 +62,9 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
         source = assignment_file
     assignment.resolve()  # unknown types or geometries fail here, before any work
 
+    flag = "device" in fields  # else the config file's, or the default
+    check_device(config.device, source="--device" if flag else os.fspath(config_file or "--config"),
+                 key=None if flag else "device")
     main_process = get_accelerator(config.device, config.mixed_precision).is_main_process
     if main_process:
         print(f"training {config.model} with {source}: "

@@ -23,7 +23,7 @@ import yaml
 
 from geosearch.errors import ConfigError
 
-__all__ = ["MAX_ALIASES", "MAX_VALUES", "load_yaml", "parse_yaml"]
+__all__ = ["MAX_ALIASES", "MAX_VALUES", "load_yaml", "parse_value", "parse_yaml"]
 
 MAX_ALIASES = 100
 """The most aliases (``*name``) a document may use; our files need none."""
@@ -84,6 +84,24 @@ def parse_yaml(text: str, *, source: str | None = None) -> Any:
         if len(problem) > _MAX_PROBLEM:
             problem = problem[:_MAX_PROBLEM] + "..."
         raise ConfigError(f"malformed YAML{where}: {problem}", source=source) from None
+
+
+def parse_value(text: str, *, source: str | None = None) -> Any:
+    """A command-line value (``--set KEY=VALUE``) read as YAML: numbers, booleans, null,
+    lists, mappings; text that is not valid YAML stays the text itself; empty is ``None``.
+
+    Raises:
+        ConfigError: the value uses too many aliases, or its aliases expand to too much
+            (one line naming ``source``), as in :func:`parse_yaml`.
+    """
+    if not text.strip():
+        return None
+    try:
+        return yaml.load(text, Loader=_Loader)  # safe: _Loader is a SafeLoader
+    except _AliasLimit:
+        return parse_yaml(text, source=source)  # raises the one-line message
+    except yaml.YAMLError:
+        return text
 
 
 def load_yaml(path: str | os.PathLike, *, what: str = "a YAML mapping", default: Any = _RAISE) -> Any:

@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from geosearch.errors import GeosearchError
 from geosearch.proxy.train import TrainResult
 from geosearch.search import liveness
+from geosearch.search.storage import open_storage
 from geosearch.search.study import open_run_study, run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -259,3 +260,58 @@ def test_workers_whose_parent_died_are_waited_for_then_refused(tmp_path):
     finally:
         orphan.kill()
         orphan.wait()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="command locks are POSIX flocks")
+def test_of_two_commands_on_a_study_one_holds_it_and_the_other_is_refused_naming_its_pid(tmp_path):
+    run_dir = tmp_path / "runs" / "t"
+    first = liveness.CommandLock(run_dir, "t")
+    try:
+        # an flock is per open file: a second open of the same file, here too, is refused
+        with pytest.raises(GeosearchError, match=rf"study 't' in .* is being run by another process "
+                                                 rf"on this machine \(pid {os.getpid()}\)"):
+            liveness.CommandLock(run_dir, "t")
+    finally:
+        first.close()
+    with liveness.CommandLock(run_dir, "t"):  # released: the next command takes it
+        assert liveness.live_processes(run_dir) == []  # not a worker's lock file
+
+
+@pytest.mark.skipif(os.name != "posix", reason="ask records live in POSIX lock files")
+def test_a_trial_whose_asker_failed_before_signing_it_is_run_again_at_once(monkeypatch, tmp_path):
+    """A connection dropped inside ask(), after the storage started the trial: the trial is
+    RUNNING with no worker. On a shared --storage another machine may have just asked it,
+    but the ask record of this machine names the window it was asked in: the rerun fails
+    it at once (no 120 s grace) and runs its point; another machine's new trial is kept."""
+    use_train(monkeypatch, fake_train)
+    shared = str(tmp_path / "shared.log")  # not the run directory's own: others may share it
+    search(tmp_path, make_space(sampler="grid", budget={"trials": 1}), storage=shared)
+    run_dir = tmp_path / "runs" / "t"
+    study = optuna.load_study(study_name="t", storage=open_storage(run_dir, shared)[0])
+    study.enqueue_trial(EUCLIDEAN, user_attrs={"queued": True, "queued_params": EUCLIDEAN})
+    real_ask = study.ask
+
+    def ask_then_drop(*args, **kwargs):
+        real_ask(*args, **kwargs)  # the storage started it; the answer never came
+        raise optuna.exceptions.StorageInternalError("server closed the connection")
+
+    monkeypatch.setattr(study, "ask", ask_then_drop)
+    asker = liveness.Owner(run_dir)
+    with pytest.raises(optuna.exceptions.StorageInternalError):
+        asker.ask(study)
+    asker.close()
+    monkeypatch.setattr(study, "ask", real_ask)
+    elsewhere = study.ask()  # another machine's trial, between its ask() and its first attr
+    [lost] = [t for t in study.get_trials(states=(TrialState.RUNNING,)) if t.number != elsewhere.number]
+    assert "worker" not in lost.user_attrs
+    reader = liveness.Owner(run_dir)
+    try:
+        recovered = liveness.recover_stale(study, reader, stale_after=300)
+        assert liveness.recover_stale(study, reader, stale_after=300) == []  # the record is used once
+    finally:
+        reader.close()
+    assert recovered == [(lost.number, "a process on this machine died or failed while it asked for it")]
+    by_number = {t.number: t for t in study.get_trials()}
+    assert by_number[elsewhere.number].state == TrialState.RUNNING
+    assert [t.user_attrs["queued_params"] for t in by_number.values() if t.state == TrialState.WAITING] \
+        == [EUCLIDEAN]

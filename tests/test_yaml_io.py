@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from geosearch.errors import ConfigError
-from geosearch.yaml_io import MAX_ALIASES, load_yaml, parse_yaml
+from geosearch.yaml_io import MAX_ALIASES, load_yaml, parse_value, parse_yaml
 
 
 def test_reads_a_mapping(tmp_path):
@@ -54,3 +54,13 @@ def test_long_problems_are_cut():
         parse_yaml("key: 'unterminated " + "x" * 5000, source="s")
     # Rule: the message stays one short line whatever the input.
     assert len(str(e.value)) < 400 and "\n" not in str(e.value)
+
+
+def test_a_command_line_value_is_yaml_or_its_text_and_its_aliases_are_bounded():
+    assert parse_value("3") == 3 and parse_value("[a, 1]") == ["a", 1] and parse_value("") is None
+    assert parse_value("[unclosed") == "[unclosed"  # not YAML: the text itself
+    bomb = "[&a [1,1,1,1,1,1,1,1,1,1], " + ", ".join(
+        f"&{c} [" + ",".join([f"*{p}"] * 10) + "]" for p, c in zip("abcdef", "bcdefg")) + "]"
+    with pytest.raises(ConfigError, match=r"^--set x: malformed YAML .*more than 100000 values") as e:
+        parse_value(bomb, source="--set x")
+    assert len(str(e.value)) < 200

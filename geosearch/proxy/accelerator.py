@@ -67,6 +67,23 @@ def check_distributed_type() -> None:
                               source=env)
 
 
+def check_device(device: Device, *, source: str | None = None, key: str | None = "device") -> str:
+    """The device a run asking for ``device`` trains on here, ``"cuda"`` or ``"cpu"``.
+
+    ``auto`` is CUDA when a CUDA device is visible, else the CPU.
+
+    Raises:
+        ConfigError: ``cuda`` asked for on a machine where none is visible, naming ``source``
+            and ``key`` (a file and its key, or a flag).
+    """
+    cuda = torch.cuda.is_available()
+    if device == "cuda" and not cuda:
+        raise ConfigError("'cuda' asked for, but no CUDA device is visible "
+                          "(torch.cuda.is_available() is False)", source=source, key=key,
+                          allowed=["auto", "cpu"])
+    return "cuda" if device == "cuda" or (device == "auto" and cuda) else "cpu"
+
+
 def get_accelerator(device: Device = "auto", mixed_precision: Precision | None = None):
     """The process's one ``accelerate.Accelerator``, created on first use.
 
@@ -91,11 +108,7 @@ def get_accelerator(device: Device = "auto", mixed_precision: Precision | None =
     where = {"key": "mixed_precision"} if mixed_precision is not None else {"source": PRECISION_ENV}
     mixed_precision = resolve_precision(mixed_precision)
 
-    resolved = "cuda" if device == "cuda" or (
-        device == "auto" and torch.cuda.is_available()) else "cpu"
-    if resolved == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("CUDA is not available on this machine", key="device",
-                          allowed=["auto", "cpu"])
+    resolved = check_device(device)
     if mixed_precision == "fp16" and resolved != "cuda":
         raise ConfigError("fp16 needs a CUDA device", **where, allowed=["no", "bf16"])
     key = (resolved, mixed_precision)

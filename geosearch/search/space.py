@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, get_args
 
 import optuna
-import yaml
 
 from geosearch.assignment import Assignment
 from geosearch.errors import ConfigError
@@ -44,7 +43,7 @@ from geosearch.search.sections import (
     SamplerType,
 )
 from geosearch.search.target import LadderSpec, TargetSpec, target_line
-from geosearch.yaml_io import parse_yaml
+from geosearch.yaml_io import parse_value, parse_yaml
 
 __all__ = [
     "Budget",
@@ -412,11 +411,7 @@ def apply_overrides(
             if not eq or not key.strip():
                 raise ConfigError(f"expected 'key=value' (e.g. proxy.steps=100), got {item!r}",
                                   source=source)
-            try:
-                parsed = yaml.safe_load(value) if value.strip() else None
-            except yaml.YAMLError:
-                parsed = value
-            pairs.append((key.strip(), parsed))
+            pairs.append((key.strip(), parse_value(value, source=f"{source}: {key.strip()}")))
     pairs.extend((CLI_FLAGS[f], v) for f, v in flags.items() if v is not None)
     if not pairs:
         return space

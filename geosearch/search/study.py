@@ -17,6 +17,8 @@ liveness rules are described in ``docs/design.md`` ("The study").
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -30,6 +32,7 @@ from optuna.trial import FrozenTrial
 
 from geosearch import __version__
 from geosearch.errors import ConfigError
+from geosearch.proxy.accelerator import check_device
 from geosearch.proxy.train import get_accelerator, train
 from geosearch.search.artifacts import ArtifactStore, TrialFiles, default_store
 from geosearch.search.distributed import RankGroup, follow, launch_world
@@ -37,6 +40,7 @@ from geosearch.search.export import export_best, format_ranking
 from geosearch.search.failures import DEFAULT_MAX_RETRIES, requeue_failed
 from geosearch.search.liveness import (
     STALE_AFTER,
+    CommandLock,
     Owner,
     check_no_other_run,
     recover_stale,
@@ -93,7 +97,6 @@ class SearchOutcome:
     rank: int = 0
 
 
-
 @dataclass
 class _OptunaObjects:
     """The Optuna objects handed to :func:`run_search` (``None``: the space's / the default)."""
@@ -114,9 +117,9 @@ def _study_attrs(space: SearchSpace) -> dict[str, Any]:
 
 
 def preflight(space: SearchSpace) -> None:
-    """Errors that would fail every trial, found before the study is touched: the data,
-    the model (a zoo spec, built on the meta device), a context the data cannot fill, and
-    rules that do not fit the model, match nothing or leave a hidden weight without a
+    """Errors that would fail every trial, found before the study is touched: a device this
+    machine does not have, the data, the model (a zoo spec, built on the meta device), a
+    context the data cannot fill, and rules that do not fit the model, match nothing or leave a hidden weight without a
     geometry: the plan (:func:`geosearch.plan.bind`) of the space's first assignment, with
     the proxy's optimizer settings. ``space.rules`` are the rules every trial's assignment
     carries: the space's, or the model's default rule set when the space names none."""
@@ -127,11 +130,12 @@ def preflight(space: SearchSpace) -> None:
     from geosearch.proxy.zoo import build_meta_model
 
     proxy = space.proxy
+    where = space.source or "the search space"
+    check_device(proxy.device, source=where, key="proxy.device")
     corpus = load_corpus(proxy.data, tokenizer=proxy.tokenizer)
     built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
     corpus.check_block_size(built.block_size)
     rules = get_rule_set(space.rules) if isinstance(space.rules, str) else space.rules
-    where = space.source or "the search space"
     try:
         match = match_parameters(built.model, rules)
     except ConfigError as e:  # e.g. nanogpt's nn.Linear rules on hf:gpt2's Conv1D weights
@@ -340,14 +344,35 @@ def _check_objects(workers: int, storage: Any, study: optuna.Study | None,
     return _OptunaObjects(study, sampler, pruner, artifact_store)
 
 
-def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
-            storage: str | optuna.storages.BaseStorage | None,
-            workers: int, worker_index: int | None, stale_after: float, export: bool,
-            out: TextIO | None, progress: bool | None,
-            group: RankGroup | None = None, objects: _OptunaObjects | None = None,
-            retries: tuple[int, bool] = (DEFAULT_MAX_RETRIES, False)) -> SearchOutcome:
-    """:func:`run_search` in one process, or on rank 0 of a distributed launch;
-    ``retries``: ``(max_retries, retry_failed)``."""
+def _search(space: SearchSpace, *, runs_dir: str | os.PathLike, worker_index: int | None,
+            out: TextIO | None, **kwargs: Any) -> SearchOutcome:
+    """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
+    (not one of its workers) checks what would fail every trial, then holds the study's
+    :class:`~geosearch.search.liveness.CommandLock` on this machine while it runs."""
+    if worker_index is not None:  # its command holds the lock
+        return _run_study(space, runs_dir=runs_dir, worker_index=worker_index, out=out, **kwargs)
+    run_dir = Path(runs_dir) / space.name
+    echo = functools.partial(print, file=out or sys.stdout, flush=True)
+
+    check_no_other_run(run_dir, space.name, echo)  # at once, before the preflight's work
+    preflight(space)
+    with contextlib.ExitStack() as held:
+        def claim() -> None:  # once the storage opened (a bad one writes nothing), before any ask
+            held.enter_context(CommandLock(run_dir, space.name))  # of two commands, one runs
+            check_no_other_run(run_dir, space.name, echo)  # workers of a dead command stopping
+
+        return _run_study(space, runs_dir=runs_dir, worker_index=None, out=out, claim=claim, **kwargs)
+
+
+def _run_study(space: SearchSpace, *, runs_dir: str | os.PathLike,
+               storage: str | optuna.storages.BaseStorage | None,
+               workers: int, worker_index: int | None, stale_after: float, export: bool,
+               out: TextIO | None, progress: bool | None, group: RankGroup | None = None,
+               objects: _OptunaObjects | None = None,
+               claim: Callable[[], None] | None = None,
+               retries: tuple[int, bool] = (DEFAULT_MAX_RETRIES, False)) -> SearchOutcome:
+    """:func:`_search` (``claim``: called once the study is open, to hold it; ``retries``:
+    ``(max_retries, retry_failed)``)."""
     out = out or sys.stdout
 
     def echo(line: str) -> None:
@@ -368,10 +393,9 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike,
     else:
         sampler = optuna.samplers.RandomSampler(seed=seed) if exhaustive else space.make_sampler(seed)
 
-    if worker_index is None:
-        check_no_other_run(run_dir, space.name, echo)  # never train beside a live run
-        preflight(space)
     study, desc, existed, notes = _start_study(space, run_dir, storage, workers, sampler, objects)
+    if claim is not None:
+        claim()
     if worker_index is None:
         write_space_file(space, run_dir)
         echo(space.summary())

@@ -176,7 +176,7 @@ class Searcher:
                     why = self._should_stop()
                     if why and not queue_extras(self.study, self.space, self.echo):
                         return why
-                    trial = self.study.ask()
+                    trial = self.owner.ask(self.study)  # one asker of this machine at a time
                     try:
                         number = self._run_trial(trial)
                     except _Stop as e:

@@ -45,6 +45,8 @@ class Case:
     volatile: bool = False
     """The message quotes a library or the OS (wording varies by version): the table's
     message is compared by its first words only."""
+    cpu_only: bool = False
+    """The case is a bad input only on a machine without CUDA (``--device cuda``)."""
 
 
 @dataclass
@@ -104,6 +106,21 @@ def _laughs(top: str = "") -> str:
     lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     lines += [f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 10)]
     return top + "\n".join(lines) + "\n"
+
+
+def _flow_laughs() -> str:
+    """:func:`_laughs` on one line, for a ``--set KEY=VALUE``: 10^10 values."""
+    levels = ["&l0 [" + ",".join(["lol"] * 10) + "]"]
+    levels += [f"&l{i} [" + ",".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    return "[" + ", ".join(levels) + "]"
+
+
+def _existing_study(d: Path) -> None:
+    """An empty study ``s`` in ``runs/s/study.db``, as a first run leaves it."""
+    import optuna
+
+    (d / "runs" / "s").mkdir(parents=True)
+    optuna.create_study(study_name="s", storage=f"sqlite:///{d / 'runs' / 's' / 'study.db'}")
 
 
 def _search(d: Path, *extra: str) -> list[str]:
@@ -175,7 +192,13 @@ CASES: list[Case] = [
     Case("`--stale-after -1`", lambda d: _search(d, "--stale-after", "-1")),
     Case("`--set` without `=`", lambda d: _search(d, "--set", "proxy.steps")),
     Case("`--set` of an unknown key", lambda d: _search(d, "--set", "proxy.stepz=3")),
+    Case("`--set` of a YAML alias bomb", lambda d: _search(d, "--set", "proxy.steps=" + _flow_laughs())),
+    Case("`--model-arg` of a YAML alias bomb", lambda d: _search(d, "--model-arg", "n_layer=" + _flow_laughs())),
     Case("`--trials -1`", lambda d: _search(d, "--trials", "-1")),
+    Case("`--device cuda` on a machine without CUDA, resuming a study",
+         lambda d: _existing_study(d) or _search(d, "--device", "cuda"), cpu_only=True),
+    Case("`--set proxy.device=cuda` on a machine without CUDA",
+         lambda d: _search(d, "--set", "proxy.device=cuda"), cpu_only=True),
     # --- train
     Case("`train --config` holding a list",
          lambda d: ["train", "--assign", "attn=adamw", "--config", _file(d, "c.yaml", "- 1\n- 2\n")]),
@@ -186,6 +209,9 @@ CASES: list[Case] = [
     Case("`train --config` naming a missing file",
          lambda d: ["train", "--assign", "attn=adamw", "--config", "nope.yaml"]),
     Case("`train --assign` with an unknown geometry", lambda d: ["train", "--assign", "attn=stiefle"]),
+    Case("`train --device cuda` on a machine without CUDA",
+         lambda d: ["train", "--assign", "attn=adamw,mlp=adamw", "--model", "tiny", "--device", "cuda"],
+         cpu_only=True),
     # --- export, report, inspect
     Case("`export` of a missing run directory", lambda d: ["export", "runs/nope"]),
     Case("`export --storage notes.txt`, a text file",

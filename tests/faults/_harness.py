@@ -375,6 +375,46 @@ def second_command(tmp: Path, rng: random.Random) -> Result:
     return Result("a second command on the live study", found, landed, [f"second: exit {code2}"])
 
 
+REFUSED = "is being run by another process on this machine"
+"""What the command refused by a live run of its study says (``liveness._busy``)."""
+
+
+def simultaneous(tmp: Path, rng: random.Random, runs: int, workers: int = 1) -> Result:
+    """Two ``geosearch search`` commands of one new study started at the same instant (a
+    seeded 0-50 ms apart), ``runs`` times (SQLite, or ``workers`` > 1: a journal): one
+    command's processes train every trial, the other is refused with one line naming the
+    first's pid (or, started after the first was done, finds nothing to do); every point
+    is trained once."""
+    found, refused = [], 0
+    for i in range(runs):
+        name = f"sim{i}"
+        args = _search_args(write_space(tmp, name), *(["--workers", str(workers)] if workers > 1 else []))
+        pair = [start(args, tmp, tmp / f"{name}-a.log")]
+        time.sleep(rng.uniform(0.0, 0.05))
+        pair.append(start(args, tmp, tmp / f"{name}-b.log"))
+        try:
+            codes = [cmd.wait() for cmd in pair]
+        finally:
+            for cmd in pair:
+                kill_tree(cmd.pid)
+        run_dir = tmp / "runs" / name
+        owners = {(t.user_attrs.get("worker") or {}).get("pid") for t in study_trials(run_dir)} - {None}
+        if len(owners) > workers:
+            found.append(f"run {i}: trials trained by {len(owners)} processes, not one command's")
+        for cmd, other, code in zip(pair, pair[::-1], codes):
+            lines = cmd.output().strip().splitlines()
+            if code == 2 and lines and REFUSED in lines[-1] and f"(pid {other.pid})" in lines[-1]:
+                refused += 1
+                if cmd.pid in owners:
+                    found.append(f"run {i}: the refused command trained a trial")
+            elif code != 0:
+                found.append(f"run {i}: a command exited {code}: {lines[-1:]}")
+        found += [f"run {i}: {v}" for v in violations(run_dir, {}, None, [])]
+    kind = f"journal, --workers {workers}" if workers > 1 else "SQLite, one process each"
+    return Result(f"two commands started at once ({kind})", found, True,
+                  [f"one command refused in {refused} of {runs} runs"])
+
+
 def full_disk(tmp: Path, rng: random.Random, workers: int) -> Result:
     """The run directory's file system fills up mid-search (``workers`` > 1: the journal;
     1: SQLite); space is freed and the command rerun at once."""
@@ -427,9 +467,8 @@ def dropped_connection(tmp: Path, rng: random.Random, server: str) -> Result:
     try:
         landed = mid_trial(cmd, run_dir, rng, url, spread=0.0)
         before = completed(run_dir, url)
-        # Both drops inside the trial that is training: a drop in the instant between a
-        # trial's ask() and its first attrs leaves that trial RUNNING for the new-trial
-        # grace (liveness._NEW_TRIAL_GRACE, 120 s), a known gap docs/reliability.md states.
+        # Both drops inside the trial that is training (a drop in the instant between a
+        # trial's ask() and its first attrs is the ask record's case, tests/test_liveness.py).
         time.sleep(rng.uniform(0.1, 0.8))
         for _ in range(2):
             conn = psycopg2.connect(url)

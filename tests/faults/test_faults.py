@@ -16,6 +16,7 @@ from _harness import (
     dropped_connection,
     full_disk,
     second_command,
+    simultaneous,
     signal_parent,
     signal_single,
     signal_worker,
@@ -51,6 +52,12 @@ def test_a_second_command_on_a_live_study_is_refused(tmp_path):
 
 def test_an_environment_failure_is_retried_and_an_assignment_failure_is_not(tmp_path):
     check(trial_failures(tmp_path, random.Random(7)))
+
+
+def test_two_commands_started_at_once_train_each_point_once(tmp_path):
+    result = simultaneous(tmp_path, random.Random(7), runs=2)
+    check(result)
+    assert result.notes == ["one command refused in 2 of 2 runs"]
 
 
 @pytest.fixture
