@@ -224,8 +224,12 @@ def test_max_repeats_and_baselines_are_checked_and_round_trip():
 def test_header_prints_the_steps_the_study_trains():
     from geosearch.search.space import apply_overrides, load_space
 
-    # 4 points x 2 seeds x 2 rungs x 200 + adamw 2 x 200 + muon 2 x 2 x 200; + 4 x 200 adaptive
+    # 4 points x (1 seed at rung 0 + 2 at rung 1) x 200 + adamw 1 x 200 (rung 0 only) +
+    # muon (1 + 2) x 200; + 4 x 200 adaptive seeds at the top rung
     text = load_space("default").summary()
-    assert "= 4,400 steps; up to 5,200 with adaptive seeds (max_repeats 3" in text
+    assert "= 3,200 steps; up to 4,000 with adaptive seeds (max_repeats 3" in text
     off = apply_overrides(load_space("default"), ["baselines=[]", "max_repeats=2"]).summary()
-    assert "= 3,200 steps" in off and "adaptive" not in off
+    assert "= 2,400 steps" in off and "adaptive" not in off
+    every = apply_overrides(load_space("default"), ["ladder.lower_seeds=null", "baselines=[]",
+                                                    "max_repeats=2"]).summary()
+    assert "= 3,200 steps" in every

@@ -180,6 +180,24 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
     assert h["leaders"][-1].startswith("attn=euclidean") and len(h["lead_changes"]) == 1
 
 
+def test_lower_seeds_trains_the_first_seeds_below_the_top_rung_and_all_at_the_top(monkeypatch, tmp_path):
+    f = use_train(monkeypatch, FakeTrain(losses=rung_loss, with_config=True))
+    space = ladder_space(rungs=3, ladder={"lower_seeds": 1}, repeats=3)
+    rungs = plan_rungs(space)
+    out = run_search(space, runs_dir=tmp_path / "runs", out=io.StringIO(), progress=False)
+    # Rule: one trial trains seed 0 at each lower rung, then every seed at the top rung.
+    assert [(c.steps, c.seed) for c in f.configs[:5]] == [
+        (rungs[0].steps, 0), (rungs[1].steps, 0), (rungs[2].steps, 0), (rungs[2].steps, 1), (rungs[2].steps, 2)]
+    for t in trials_of(tmp_path):
+        losses = t.user_attrs["rung_losses"]
+        assert [len(r) for r in losses] == [1, 1, 3] and t.user_attrs["val_losses"] == losses[-1]
+    # Rule: the value and the ranking come from the top rung's three seeds.
+    assert out.ranking.rows[0].score.n == 3
+    # Rule: the header counts the steps so: (1 + 1 + 3 seeds) at their rungs per assignment.
+    each = rungs[0].steps + rungs[1].steps + 3 * rungs[2].steps
+    assert f"({each:,} steps each)" in space.summary() and "1 below the top" in space.summary()
+
+
 def test_an_unstable_run_at_a_higher_rung_prunes_naming_the_rung(monkeypatch, tmp_path):
     use_train(monkeypatch, FakeTrain(
         logits=lambda key, seed, config: 5e3 if "euclidean" in key and config.spectral_lr > 0.03 else 5.0,

@@ -43,6 +43,7 @@ from geosearch.search.records import (
     trial_status,
 )
 from geosearch.search.stats import compare
+from geosearch.search.target import rung_seeds
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space import SearchSpace, Suggestion
@@ -255,17 +256,22 @@ def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
     case with adaptive seeds (every point given ``max_repeats`` seeds at the top rung)."""
     size = space.grid_size()
     points = space.budget.trials if space.budget.trials is not None and space.budget.trials < size else size
-    per_seed = sum(r.steps for r in rungs)
     seeds = space.repeats
-    each = seeds * per_seed
+    lower = space.ladder.lower_seeds
+
+    def steps(own: Sequence[Rung]) -> int:  # one trial's, each rung with its seeds
+        return sum(r.steps * len(rung_seeds(range(seeds), r, rungs[-1], lower)) for r in own)
+
+    each = steps(rungs)
     known = points != math.inf
-    parts = [f"{int(points) if known else 'N'} assignments x {seeds} seed(s) x {len(rungs)} rung(s) "
-             f"({per_seed} steps a seed)"]
+    below = "" if len(rungs) == 1 or lower is None or lower >= seeds else f", {lower} below the top"
+    parts = [f"{int(points) if known else 'N'} assignments x {seeds} seed(s){below} x {len(rungs)} "
+             f"rung(s) ({each:,} steps each)"]
     fixed, runs = 0, []
     for name in space.baselines:
         own = baseline_rungs(name, rungs)
-        fixed += seeds * sum(r.steps for r in own)
-        runs.append(f"{name} {seeds} x {len(own)}")
+        fixed += steps(own)
+        runs.append(f"{name} {steps(own):,}")
     if runs:
         parts.append(f"baselines (reported, never exported) {', '.join(runs)}")
     extra = max(0, (space.max_repeats or seeds) - seeds) * rungs[-1].steps

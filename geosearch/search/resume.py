@@ -87,7 +87,7 @@ def _check_horizon(study: optuna.Study, old: dict[str, Any], new: dict[str, Any]
             "another target is another question; start a new study with --study NAME, or rerun "
             "with the study's target (--target-steps ...) to resume it", source=str(run_dir),
             key="target")
-    a, b = old.get("ladder", {"rungs": 1}), new["ladder"]
+    a, b = {"lower_seeds": None, **old.get("ladder", {"rungs": 1})}, new["ladder"]  # older studies: all seeds
     if a != b and not a.get("rungs") == b["rungs"] == 1:
         raise ConfigError(f"study {name!r} was created with the ladder {a!r}, not {b!r}; rerun "
                           "with the same ladder to resume it, or start a new study with --study "

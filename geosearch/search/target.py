@@ -88,9 +88,12 @@ class LadderSpec:
     proxy's."""
     max_steps: int | None = None
     """Most steps of a rung (at least ``proxy.steps``); ``None`` = ``proxy.steps``."""
+    lower_seeds: int | None = None
+    """Seeds each rung below the top trains (the first of the trial's); ``None`` = all of
+    them. The ranking is read at the top rung, which always trains every seed."""
 
     def __post_init__(self) -> None:
-        _check_fields(self, whole=("rungs", "max_steps"), positive=("max_spectral_lr",))
+        _check_fields(self, whole=("rungs", "max_steps", "lower_seeds"), positive=("max_spectral_lr",))
         if self.rungs is None:
             raise ConfigError("expected a whole number >= 1, got None", key="rungs")
 
@@ -197,6 +200,12 @@ def plan_rungs(space: SearchSpace) -> list[Rung]:
                        schedule_sum=lambda n: run_sum_eta(p, n, 1.0),
                        max_spectral_lr=ladder.max_spectral_lr or LADDER_LR_FACTOR * p.spectral_lr,
                        max_steps=ladder.max_steps or p.steps)
+
+
+def rung_seeds(seeds: Sequence[int], rung: Rung, top: Rung, lower: int | None) -> list[int]:
+    """The seeds a trial trains at ``rung``: all of ``seeds`` at the ladder's ``top`` rung,
+    the first ``lower`` below it (``None``: all)."""
+    return list(seeds) if rung.index >= top.index or lower is None else list(seeds[:lower])
 
 
 def ladder_record(rungs: Sequence[Rung]) -> list[dict[str, Any]]:

@@ -97,6 +97,7 @@ from geosearch.search.target import (
     resolve_target,
     rung_dir,
     rung_run,
+    rung_seeds,
 )
 
 __all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_FAILURES_IN_A_ROW", "Searcher", "trial_seeds"]
@@ -351,7 +352,7 @@ class Searcher:
         for rung in rungs:
             results.append([])
             probes.append([])
-            for seed in seeds:
+            for seed in rung_seeds(seeds, rung, self.rungs[-1], self.space.ladder.lower_seeds):
                 r = seed - self.space.proxy.seed  # the repeat: a seed trial's may be past repeats
                 config, assignment = rung_run(self.space, suggestion, r, rung)
                 rows: list[dict] = []
