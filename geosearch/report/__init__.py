@@ -112,7 +112,7 @@ def write_report(
             note = f"No plots: {PLOTS_HINT}."
         else:
             if skipped:
-                note = "Plots not drawn: " + "; ".join(skipped) + "."
+                note = "Plots not drawn: " + "; ".join(s.rstrip(".") for s in skipped) + "."
     else:
         note = "Plots were not requested (--no-plots)."
     rel = {name: path.relative_to(run.run_dir).as_posix() for name, path in written.items()}
