@@ -155,7 +155,7 @@ def test_a_growth_law_crossing_the_target_threshold_is_pruned_by_the_forecast():
     # far below its own threshold 80. The target: GPT-2 small, 50,000 steps at the same
     # step size (Σ η 545): 0.1·546² = 3.0e4 in tiny logits, x12 in GPT-2's.
     history = law(0.1)
-    decision, why = judge(LogitGrowthPruner(), running(history, **target(50_000)))
+    decision, why = judge(LogitGrowthPruner(max_extrapolation=None), running(history, **target(50_000)))
     truth = 0.1 * (1 + schedule_sum_eta(50_000, steps=50_000, peak=PEAK)) ** 2 * GPT2 / TINY
     # Rule: the lower end of the forecast at the target is above 10 × 96; the reason
     # names the forecast, the target and the threshold.
@@ -164,7 +164,7 @@ def test_a_growth_law_crossing_the_target_threshold_is_pruned_by_the_forecast():
                           "the proxy's logits × 12) > threshold 960 (10 × d/√d_head 96)"), why
     assert f"{truth:.2g}" == "3.6e+05"
     # Rule: the same run with a target of its own length is not pruned (1.8 < 80).
-    assert not judge(LogitGrowthPruner(), running(history, **target(BUDGET, scale=TINY)))[0]
+    assert not judge(LogitGrowthPruner(max_extrapolation=None), running(history, **target(BUDGET, scale=TINY)))[0]
 
 
 @pytest.mark.parametrize("scale", [TINY, GPT2])
@@ -174,11 +174,32 @@ def test_the_forecast_is_judged_in_units_of_the_bound(scale):
     trial = running(history, **target(50_000, scale=scale))
     # Rule: the decision compares the forecast with max_logit_factor × d/√d_head, the same
     # in any model's unit: pruned at a factor of 90, kept at 100.
-    assert judge(LogitGrowthPruner(max_logit_factor=90), trial)[0]
-    assert not judge(LogitGrowthPruner(max_logit_factor=100), trial)[0]
+    assert judge(LogitGrowthPruner(max_extrapolation=None, max_logit_factor=90), trial)[0]
+    assert not judge(LogitGrowthPruner(max_extrapolation=None, max_logit_factor=100), trial)[0]
     # Rule: forecast() gives the number in the target's logits (x12 for GPT-2 small).
-    f = LogitGrowthPruner().forecast(optuna.create_study(), trial)
+    f = LogitGrowthPruner(max_extrapolation=None).forecast(optuna.create_study(), trial)
     assert f.value == pytest.approx(0.0025 * 546.019 ** 2 * scale / TINY, rel=1e-6)
+
+
+def test_the_forecast_rule_prunes_only_within_max_extrapolation():
+    # The growth law of the test above: tiny logits 0.1·(1 + Σ η)², a run to Σ η 3.3.
+    history = law(0.1)
+    reached = max(r["sum_eta"] for r in history)
+    far = running(history, **target(50_000))  # Σ η 545: ×165 past the run
+    # Rule: by default (max_extrapolation 4) a target 165× past the run's Σ η is forecast
+    # (forecast() still answers) but never pruned on ...
+    assert not judge(LogitGrowthPruner(), far)[0]
+    assert LogitGrowthPruner().forecast(optuna.create_study(), far).value > 960
+    # ... and it is pruned once the limit allows that distance.
+    assert judge(LogitGrowthPruner(max_extrapolation=200), far)[0]
+    # Rule: a target within 4× of the run's Σ η is judged: 2·(1 + Σ η)² reaches 37 tiny
+    # logits in the run (below 80) and about 3.7e3 GPT-2 logits at Σ η 11.6 (above 960).
+    near_steps = next(n for n in range(BUDGET, 50_000, 10)
+                      if schedule_sum_eta(n, steps=n, peak=PEAK) > 3.5 * reached)
+    near = running(law(2.0), **target(near_steps))
+    assert judge(LogitGrowthPruner(), near)[0]
+    with pytest.raises(ValueError, match="max_extrapolation must be at least 1"):
+        LogitGrowthPruner(max_extrapolation=0.5)
 
 
 def test_a_plateau_is_not_pruned_however_long_the_target():
@@ -189,7 +210,7 @@ def test_a_plateau_is_not_pruned_however_long_the_target():
         history = with_sum_eta(probes([50.0 * min(1.0, i / 8) * math.exp(rng.gauss(0, 0.1)) + 1
                                        for i in range(30)], start=10))
         trial = running(history, **target(50_000, scale=TINY))
-        decision, why = judge(LogitGrowthPruner(), trial)
+        decision, why = judge(LogitGrowthPruner(max_extrapolation=None), trial)
         # Rule: a plateau below the threshold is never pruned by the forecast.
         assert not decision, f"seed {seed}: {why}"
 
@@ -205,32 +226,32 @@ def test_the_sigma_route_keeps_a_stiefel_run_whose_logits_creep():
     attrs = target(50_000, scale=GPT2, proxy_scale=GPT2)
     # Rule: the same logits are pruned when σ_max grows with Σ η (DGram) and kept when
     # it is fixed (Stiefel).
-    assert judge(LogitGrowthPruner(), running(dgram, **attrs))[0]
-    assert not judge(LogitGrowthPruner(), running(stiefel, **attrs))[0]
+    assert judge(LogitGrowthPruner(max_extrapolation=None), running(dgram, **attrs))[0]
+    assert not judge(LogitGrowthPruner(max_extrapolation=None), running(stiefel, **attrs))[0]
     # Rule: without σ_max the logit fit alone decides: pruned.
-    assert judge(LogitGrowthPruner(), running(history, **attrs))[0]
+    assert judge(LogitGrowthPruner(max_extrapolation=None), running(history, **attrs))[0]
 
 
 def test_forecast_is_skipped_without_its_inputs():
     history = law(0.1)
     full = target(50_000)
-    assert judge(LogitGrowthPruner(), running(history, **full))[0]
+    assert judge(LogitGrowthPruner(max_extrapolation=None), running(history, **full))[0]
     # Rule: no target_sum_eta on the trial (an older study): the forecast rule is skipped.
     no_target = {k: v for k, v in full.items() if k != "target_sum_eta"}
-    assert not judge(LogitGrowthPruner(), running(history, **no_target))[0]
+    assert not judge(LogitGrowthPruner(max_extrapolation=None), running(history, **no_target))[0]
     # Rule: no sum_eta in the probe rows: skipped.
     bare = [{k: v for k, v in row.items() if k != "sum_eta"} for row in history]
-    assert not judge(LogitGrowthPruner(), running(bare, **full))[0]
+    assert not judge(LogitGrowthPruner(max_extrapolation=None), running(bare, **full))[0]
     # Rule: fewer than `window` rows with Σ η: skipped.
-    assert not judge(LogitGrowthPruner(window=31), running(history, **full))[0]
+    assert not judge(LogitGrowthPruner(max_extrapolation=None, window=31), running(history, **full))[0]
     # Rule: interval=None turns the rule off.
-    assert not judge(LogitGrowthPruner(interval=None), running(history, **full))[0]
+    assert not judge(LogitGrowthPruner(max_extrapolation=None, interval=None), running(history, **full))[0]
 
 
 def test_forecast_without_logit_scale_uses_the_absolute_threshold():
     history = law(0.1)
     attrs = {"target_sum_eta": target(50_000)["target_sum_eta"]}
-    decision, why = judge(LogitGrowthPruner(), running(history, **attrs))
+    decision, why = judge(LogitGrowthPruner(max_extrapolation=None), running(history, **attrs))
     # Rule: without logit_scale the forecast (3.0e4 in the proxy's own logits) is compared
     # with max_logit (1e3); without target_steps the reason gives the target's Σ η.
     assert decision
@@ -242,8 +263,8 @@ def test_forecast_only_fits_points_after_warmup():
     attrs = target(50_000)
     # Rule: probe points before n_warmup_steps are not fitted: with all but 4 hidden, the
     # forecast has too few points (window 5).
-    assert judge(LogitGrowthPruner(n_warmup_steps=260), running(history, **attrs))[0]
-    assert not judge(LogitGrowthPruner(n_warmup_steps=270), running(history, **attrs))[0]
+    assert judge(LogitGrowthPruner(max_extrapolation=None, n_warmup_steps=260), running(history, **attrs))[0]
+    assert not judge(LogitGrowthPruner(max_extrapolation=None, n_warmup_steps=270), running(history, **attrs))[0]
 
 
 def test_probe_row_carries_the_forecasts_inputs():

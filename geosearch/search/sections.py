@@ -15,6 +15,7 @@ import optuna
 
 from geosearch.search.pruners import (
     DEFAULT_INTERVAL,
+    DEFAULT_MAX_EXTRAPOLATION,
     DEFAULT_MAX_LOGIT,
     DEFAULT_MAX_LOGIT_FACTOR,
     DEFAULT_MIN_ENTROPY,
@@ -102,6 +103,8 @@ class PrunerSpec:
     """Fewest probe points the max-logit forecast in Σ η is fitted on."""
     interval: float | None = DEFAULT_INTERVAL
     """Coverage of the forecast's prediction interval; ``None``: forecast rule off."""
+    max_extrapolation: float | None = DEFAULT_MAX_EXTRAPOLATION
+    """The forecast rule prunes only when the target's Σ η is at most this × the run's."""
     loss: LossPrunerSpec = field(default_factory=LossPrunerSpec)
     """The wrapped loss pruner."""
 

@@ -45,6 +45,7 @@ optional but ``version`` and ``geometries``::
       n_warmup_steps: 0
       window: 5
       interval: 0.9               #   of the max-logit forecast in Σ η to the target
+      max_extrapolation: 4.0      #   prune on it only once the run's Σ η >= target's / 4
       loss: none                  # none | median | percentile | successive_halving, or
                                   #   {type: median, n_startup_trials: 2, ...}
     sampler: {type: auto, seed: 0}  # auto | grid | tpe | random | gp (+ n_startup_trials)
@@ -413,7 +414,7 @@ class _Parser:
             value = {kk: v for kk, v in value.items() if kk != k}
         d = self.mapping(value, "pruner", fields)
         loss = self.loss_pruner(d.pop("loss", None))
-        for k in ("max_logit", "max_logit_factor", "min_entropy", "interval"):
+        for k in ("max_logit", "max_logit_factor", "min_entropy", "interval", "max_extrapolation"):
             if isinstance(d.get(k), str) and _number(d[k]) is not None:
                 d[k] = _number(d[k])  # YAML 1.1 reads 1e3 as a string
         n_before = len(self.problems)
