@@ -49,7 +49,7 @@ from geosearch.search.forecast import forecast_max_logit
 from geosearch.search.horizon import spearman
 from geosearch.search.pruners import QK_TYPES, LogitGrowthPruner
 from geosearch.search.ranking import family_geometry, rank_scores, rank_study
-from geosearch.search.records import BASELINE, ASSIGNMENT, LADDER, MEAN_STEP_MS, PROBE_HISTORY, PROXY, RUNG_INDICES, RUNG_LOSSES, RUNG_PROBES, STOP_STEP
+from geosearch.search.records import BASELINE, ASSIGNMENT, LADDER, PROBE_HISTORY, PRUNE_REASON, PROXY, RUNG_INDICES, RUNG_LOSSES, RUNG_PROBES, STOP_STEP
 from geosearch.search.stats import Point, Score, main_effects
 from geosearch.search.target import probe_sum_eta
 from geosearch.search.storage import open_run_study
@@ -213,6 +213,10 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
             rung0 = [r for r in (t.user_attrs.get(RUNG_LOSSES) or [[]])[0]]
             search[key] = {"mean": row.score.mean, "rung0": statistics.fmean(rung0) if rung0 else math.nan,
                            "trial": t}
+    pruned: dict[str, object] = {}  # the points the search pruned (it calls them unstable)
+    for t in trials.values():
+        if t.state.name == "PRUNED" and not t.user_attrs.get(BASELINE) and ASSIGNMENT in t.user_attrs:
+            pruned.setdefault(_paper_key(t.user_attrs[ASSIGNMENT]), t)
     truth_rank = rank_scores([(i, PAPER[a], s) for i, (a, s) in enumerate(scores.items())],
                              {i: _point(a) for i, a in enumerate(scores)})
     keys = [a for a in PAPER if a in search]
@@ -221,6 +225,9 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
     search_best = _paper_key(trials[ranking.rows[0].number].user_attrs[ASSIGNMENT])
     rho = spearman([search[a]["mean"] for a in keys], [truth_mean[a] for a in keys])
     rho0 = spearman([search[a]["rung0"] for a in keys], [truth_mean[a] for a in keys])
+    # the tool's whole order: ranked ones by their loss, then the pruned ones, tied last
+    worst = max((search[a]["mean"] for a in keys), default=0.0) + 1.0
+    rho_all = spearman([search[a]["mean"] if a in search else worst for a in PAPER], [truth_mean[a] for a in PAPER])
     truth_effects = main_effects((_point(a), s) for a, s in scores.items())
     s_signs, t_signs = _signs(ranking.effects), _signs(truth_effects)
 
@@ -228,8 +235,6 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
     search_steps = sum(_search_steps(t, rungs) for t in trials.values() if not t.user_attrs.get(BASELINE))
     baseline_steps = sum(_search_steps(t, rungs) for t in baselines)
     truth_steps = sum(r["config"]["steps"] for recs in truth.values() for r in recs)
-    search_ms = sum((t.user_attrs.get(MEAN_STEP_MS) or 0) * _search_steps(t, rungs) for t in trials.values())
-    truth_ms = sum(r["mean_step_ms"] * r["config"]["steps"] for recs in truth.values() for r in recs)
 
     pruner = LogitGrowthPruner()
     target_sum_eta = probe_sum_eta(truth_config(model, steps, eta, 0), Assignment.parse(next(iter(PAPER))))(steps)
@@ -247,7 +252,7 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
         real = [v for v in (_final_logit(r) for r in recs) if v is not None]
         real_mean = statistics.fmean(real) if real else math.nan
         cells, row_ratios = [], []
-        t = search.get(a, {}).get("trial")
+        t = search.get(a, {}).get("trial") or pruned.get(a)
         frozen_rung0 = None
         if t is not None and t.user_attrs.get(RUNG_PROBES):
             attrs = dict(t.user_attrs, **{PROBE_HISTORY: t.user_attrs[RUNG_PROBES][0]})
@@ -267,20 +272,26 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
         lines.append(f"| {PAPER[a]} | {scores[a].mean:.4f} ({scores[a].n} seeds) | "
                      f"{search[a]['mean']:.4f} | {search[a]['rung0']:.4f} | {' / '.join(cells)} | "
                      f"{real_mean:.1f} | {' / '.join('—' if x is None else f'{x:.2f}' for x in row_ratios)} |"
-                     if a in search else f"| {PAPER[a]} | {scores[a].mean:.4f} | not completed | | | | |")
+                     if a in search else
+                     f"| {PAPER[a]} | {scores[a].mean:.4f} ({scores[a].n} seeds) | pruned: "
+                     f"{(pruned[a].user_attrs.get(PRUNE_REASON) or '') if a in pruned else 'not run'} | | "
+                     f"{' / '.join(cells)} | {real_mean:.1f} | "
+                     f"{' / '.join('—' if x is None else f'{x:.2f}' for x in row_ratios)} |")
     lines += ["",
               f"- Winner: truth **{PAPER[truth_best]}** (the long runs' verdict: {truth_rank.verdict}); "
               f"search **{PAPER[search_best]}** (its verdict: {ranking.verdict}). "
               f"Same winner: **{'yes' if truth_best == search_best else 'no'}**.",
-              f"- Spearman over the {len(keys)} assignments: top rung **{rho:.2f}**; rung 0 alone "
-              f"(the proxy's own Σ η, what a one-rung search answers) {rho0:.2f}.",
+              f"- Spearman over the {len(keys)} ranked assignments: top rung **{rho:.2f}**; rung 0 alone "
+              f"(the proxy's own Σ η, what a one-rung search answers) {rho0:.2f}"
+              + (f"; over all {len(PAPER)}, the pruned placed last (tied): **{rho_all:.2f}**"
+                 if len(keys) < len(PAPER) else "") + ".",
               f"- Main effects, truth: {'; '.join(_effects_text(truth_effects).values()) or 'none'}.",
               f"- Main effects, search: {'; '.join(_effects_text(ranking.effects).values()) or 'none'}.",
               "- Same better level: " + ", ".join(
-                  f"{f} {'yes' if s_signs.get(f) == t_signs.get(f) else 'no'}" for f in sorted(t_signs)) + ".",
+                  f"{f} " + ("not measured (no matched pair completed)" if f not in s_signs else
+                             "yes" if s_signs[f] == t_signs[f] else "no") for f in sorted(t_signs)) + ".",
               f"- Compute: the search trained {search_steps:,} optimizer steps of the same model and batch, "
-              f"the ground truth {truth_steps:,}: **{search_steps / truth_steps:.3f}** of it "
-              f"({search_ms / truth_ms:.3f} by measured step time); its baselines "
+              f"the ground truth {truth_steps:,}: **{search_steps / truth_steps:.3f}** of it; its baselines "
               f"({', '.join(sorted(t.user_attrs[BASELINE] for t in baselines)) or 'none'}) another "
               f"{baseline_steps:,} steps ({baseline_steps / truth_steps:.3f}), not needed for the answer.",
               f"- Forecast max logit over real, every forecast above: "
