@@ -4,7 +4,8 @@ A worker process holds an ``flock`` on its own lock file for its lifetime and, w
 trial trains, a thread writes the trial's ``heartbeat``. A RUNNING trial is dead when its
 worker, on this host, no longer holds its lock, or, when the lock file is not on this
 machine, when its heartbeat is ``stale_after`` seconds old; every worker fails such trials
-and queues their points again before asking for one. A lock file stays when its process
+before asking for one, and queues their points again up to ``--max-retries`` deaths in a
+row (:func:`geosearch.search.failures.settle_dead`). A lock file stays when its process
 ends, however it ends (so the next run sees at once that its trials are dead), and is
 removed once no RUNNING trial names it. A command holds the study's
 :class:`CommandLock` on this machine (an ``flock``: of two commands started at once,
@@ -27,13 +28,13 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from geosearch.errors import GeosearchError
-from geosearch.search.queue import enqueue, trial_point
+from geosearch.search.failures import DEFAULT_MAX_RETRIES, settle_dead
 from geosearch.search.records import HEARTBEAT, WORKER
 from geosearch.search.storage import DB_FILE, JOURNAL_FILE, LOCKS_DIR, make_dir
 
@@ -49,6 +50,7 @@ __all__ = [
     "STALE_AFTER",
     "Heartbeat",
     "Owner",
+    "Recovered",
     "TrialLost",
     "check_no_other_run",
     "dead_reason",
@@ -252,23 +254,36 @@ def dead_reason(trial: FrozenTrial, stale_after: float) -> str | None:
         if age >= max(_NEW_TRIAL_GRACE, stale_after) else None
 
 
-def recover_stale(study: optuna.Study, owner: Owner, stale_after: float) -> list[tuple[int, str]]:
-    """Fail the RUNNING trials whose worker died and queue their points again; then remove
-    the released lock files of this host that no RUNNING trial names.
+class Recovered(NamedTuple):
+    """A trial :func:`recover_stale` failed: its number, why its worker was taken as dead,
+    and what became of its point (``"marked failed and queued again ..."``)."""
+
+    number: int
+    why: str
+    outcome: str
+
+
+def recover_stale(study: optuna.Study, owner: Owner, stale_after: float,
+                  max_retries: int = DEFAULT_MAX_RETRIES) -> list[Recovered]:
+    """Fail the RUNNING trials whose worker died and queue their points again, up to
+    ``max_retries`` deaths in a row while training a point, after which the point stays
+    failed (:func:`~geosearch.search.failures.settle_dead`); then remove the released
+    lock files of this host that no RUNNING trial names.
 
     Telling the trial FAIL is the claim: when two workers find the same dead trial, only
-    the one whose ``tell`` succeeds queues it again.
+    the one whose ``tell`` succeeds settles its point.
 
     Returns:
-        ``(number, why it was taken as dead)`` of each trial recovered.
+        Each trial recovered.
     """
-    recovered = _recover(study, owner, stale_after)
+    recovered = _recover(study, owner, stale_after, max_retries)
     if owner.lock:
         _prune_locks(Path(owner.lock).parent, study)
     return recovered
 
 
-def _recover(study: optuna.Study, owner: Owner, stale_after: float) -> list[tuple[int, str]]:
+def _recover(study: optuna.Study, owner: Owner, stale_after: float,
+             max_retries: int) -> list[Recovered]:
     recovered = []
     alone: bool | None = None
     dead_ask = _dead_ask(Path(owner.lock).parent) if owner.lock else None
@@ -287,10 +302,7 @@ def _recover(study: optuna.Study, owner: Owner, stale_after: float) -> list[tupl
             study.tell(t.number, state=TrialState.FAIL)
         except (ValueError, RuntimeError):  # finished meanwhile, e.g. by another worker
             continue
-        params = trial_point(t)
-        if params:
-            enqueue(study, params, retry_of=t.number)
-        recovered.append((t.number, why))
+        recovered.append(Recovered(t.number, why, settle_dead(study, t, max_retries)))
     return recovered
 
 
@@ -453,10 +465,10 @@ class CommandLock:
         self.close()
 
 
-def recovered_line(number: int, why: str) -> str:
-    """What the search prints about a trial :func:`recover_stale` recovered."""
-    return (f"trial {number} was left running by a worker that died ({why}): marked failed "
-            "and queued again")
+def recovered_line(number: int, why: str, outcome: str = "marked failed and queued again") -> str:
+    """What the search prints about a trial :func:`recover_stale` recovered (called with
+    the fields of a :class:`Recovered`)."""
+    return f"trial {number} was left running by a worker that died ({why}): {outcome}"
 
 
 class TrialLost(Exception):

@@ -403,8 +403,8 @@ def _run_study(space: SearchSpace, *, runs_dir: str | os.PathLike,
             echo(note)
         owner = Owner(run_dir)
         try:
-            for n, why in recover_stale(study, owner, stale_after):
-                echo(recovered_line(n, why))
+            for recovered in recover_stale(study, owner, stale_after, retries[0]):
+                echo(recovered_line(*recovered))
         finally:
             owner.close()
         if exhaustive:

@@ -193,8 +193,8 @@ class Searcher:
                 self.owner.close()
 
     def _should_stop(self) -> str | None:
-        for n, why in recover_stale(self.study, self.owner, self.stale_after):
-            self.echo(recovered_line(n, why))
+        for recovered in recover_stale(self.study, self.owner, self.stale_after, self.max_retries):
+            self.echo(recovered_line(*recovered))
         return done_reason(self.study, self.budget, self.exhaustive, self.grid_size)
 
     def _frozen(self, number: int) -> FrozenTrial:
