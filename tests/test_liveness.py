@@ -263,21 +263,6 @@ def test_workers_whose_parent_died_are_waited_for_then_refused(tmp_path):
         orphan.wait()
 
 
-@pytest.mark.skipif(os.name != "posix", reason="command locks are POSIX flocks")
-def test_of_two_commands_on_a_study_one_holds_it_and_the_other_is_refused_naming_its_pid(tmp_path):
-    run_dir = tmp_path / "runs" / "t"
-    first = liveness.CommandLock(run_dir, "t")
-    try:
-        # an flock is per open file: a second open of the same file, here too, is refused
-        with pytest.raises(GeosearchError, match=rf"study 't' in .* is being run by another process "
-                                                 rf"on this machine \(pid {os.getpid()}\)"):
-            liveness.CommandLock(run_dir, "t")
-    finally:
-        first.close()
-    with liveness.CommandLock(run_dir, "t"):  # released: the next command takes it
-        assert liveness.live_processes(run_dir) == []  # not a worker's lock file
-
-
 @pytest.mark.skipif(os.name != "posix", reason="ask records live in POSIX lock files")
 def test_a_trial_whose_asker_failed_before_signing_it_is_run_again_at_once(monkeypatch, tmp_path):
     """A connection dropped inside ask(), after the storage started the trial: the trial is
