@@ -212,7 +212,7 @@ def test_a_dead_rank_ends_the_launch_and_its_trial_runs_again(tmp_path):
         recovered = liveness.recover_stale(load(run_dir, "dead"), owner, 300)
     finally:
         owner.close()
-    assert [n for n, _ in recovered] == [trial.number] and "lock" in recovered[0][1]
+    assert [r.number for r in recovered] == [trial.number] and "lock" in recovered[0].why
     retry = [t for t in load(run_dir, "dead").get_trials() if t.user_attrs.get("retry_of") == trial.number]
     assert len(retry) == 1 and retry[0].state == TrialState.WAITING
     assert retry[0].user_attrs["queued_params"] == trial.params

@@ -22,6 +22,8 @@ from geosearch.search.failures import (
     failed_attrs,
     failure_kind,
     requeue_failed,
+    settle_dead,
+    worker_died,
 )
 from geosearch.search.queue import done_count, twin_of
 
@@ -92,6 +94,39 @@ def test_earlier_retries_count_the_retried_trials_in_a_row_and_pass_over_interru
     new = create_trial(state=TrialState.FAIL, user_attrs={"retry_of": 4})
     new.number = 5
     assert earlier_retries(study, new) == 1  # the failed trial 3 ends the row
+
+
+def test_a_dead_worker_counts_as_an_environment_failure_and_a_ctrl_c_does_not():
+    # a dead worker leaves the status it trained under; a Ctrl-C is recorded by the process
+    reason = {"fail_reason": "interrupted before it finished (its worker was killed or crashed)"}
+    study = _study(
+        _fail("adamw", "running"),                               # 0: killed while training
+        _fail("adamw", "interrupted", retry_of=0),               # 1: Ctrl-C
+        _fail("adamw", "retried", retry_of=1),                   # 2: out of memory
+        _fail("adamw", None, retry_of=2, **reason),              # 3: killed between two writes
+        _fail("adamw", "completed", retry_of=3),                 # 4: killed while telling
+    )
+    trials = study.get_trials()
+    assert [worker_died(t) for t in trials] == [True, False, False, True, True]
+    assert [earlier_retries(study, t) for t in trials] == [0, 1, 1, 2, 3]
+    asked = create_trial(state=TrialState.FAIL, user_attrs={})  # died while asking: not the point's doing
+    assert not worker_died(asked)
+    # a death with retries left queues the point again; over them, the point stays failed
+    running = create_trial(state=TrialState.FAIL, params=trials[0].params,
+                           distributions=trials[0].distributions,
+                           user_attrs={"status": "running", "retry_of": 4})
+    running.number = 5
+    assert settle_dead(study, running, 5) == "marked failed and queued again (retry 5 of 5)"
+    assert study.get_trials(states=(TrialState.WAITING,))[0].user_attrs["retry_of"] == 5
+    assert done_count(study) == 0
+    said = settle_dead(study, running, 4)
+    assert said.startswith("marked failed; its point stays failed: its worker died 4 times while "
+                           "training this point (killed, crashed or out of memory), after 1 other "
+                           "failure of the environment;")
+    verdict = study.get_trials()[-1]
+    assert (verdict.user_attrs["status"], verdict.user_attrs["retries"], verdict.user_attrs["retry_of"]) \
+        == ("failed", 4, 5)
+    assert done_count(study) == 1
 
 
 def test_failed_attrs_retry_an_environment_failure_until_max_retries():

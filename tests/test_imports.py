@@ -19,6 +19,9 @@ TORCH_FREE = [
     "geosearch.proxy.specs",  # model spec names and default rule sets
     "geosearch.search.space",  # the search space
     "geosearch.search.space_schema",  # its YAML parser
+    "geosearch.search.schema_reader",  # the parser's base: problems, budget, pruner, sampler
+    "geosearch.search.seeding",  # the adaptive-seed plan
+    "geosearch.search.locks",  # the command and ask locks
 ]
 
 

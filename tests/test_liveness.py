@@ -217,7 +217,8 @@ def test_a_lock_outlives_its_process_so_its_trial_is_dead_at_once(fake, tmp_path
     finally:
         reader.close()
     host = socket.gethostname()
-    assert recovered == [(n, f"its lock on {host} is released")]
+    assert [r[:2] for r in recovered] == [(n, f"its lock on {host} is released")]
+    assert recovered[0].outcome == "marked failed and queued again (retry 1 of 2)"
     assert not Path(crashed.lock).exists() and not Path(idle.lock).exists()  # named by no RUNNING trial
     assert Path(reader.lock).exists()  # released just now; the next recovery removes it
 
@@ -262,21 +263,6 @@ def test_workers_whose_parent_died_are_waited_for_then_refused(tmp_path):
         orphan.wait()
 
 
-@pytest.mark.skipif(os.name != "posix", reason="command locks are POSIX flocks")
-def test_of_two_commands_on_a_study_one_holds_it_and_the_other_is_refused_naming_its_pid(tmp_path):
-    run_dir = tmp_path / "runs" / "t"
-    first = liveness.CommandLock(run_dir, "t")
-    try:
-        # an flock is per open file: a second open of the same file, here too, is refused
-        with pytest.raises(GeosearchError, match=rf"study 't' in .* is being run by another process "
-                                                 rf"on this machine \(pid {os.getpid()}\)"):
-            liveness.CommandLock(run_dir, "t")
-    finally:
-        first.close()
-    with liveness.CommandLock(run_dir, "t"):  # released: the next command takes it
-        assert liveness.live_processes(run_dir) == []  # not a worker's lock file
-
-
 @pytest.mark.skipif(os.name != "posix", reason="ask records live in POSIX lock files")
 def test_a_trial_whose_asker_failed_before_signing_it_is_run_again_at_once(monkeypatch, tmp_path):
     """A connection dropped inside ask(), after the storage started the trial: the trial is
@@ -310,8 +296,97 @@ def test_a_trial_whose_asker_failed_before_signing_it_is_run_again_at_once(monke
         assert liveness.recover_stale(study, reader, stale_after=300) == []  # the record is used once
     finally:
         reader.close()
-    assert recovered == [(lost.number, "a process on this machine died or failed while it asked for it")]
+    assert [r[:2] for r in recovered] == [(lost.number, "a process on this machine died or failed while it asked for it")]
+    assert recovered[0].outcome == "marked failed and queued again"  # not a death while training
     by_number = {t.number: t for t in study.get_trials()}
     assert by_number[elsewhere.number].state == TrialState.RUNNING
     assert [t.user_attrs["queued_params"] for t in by_number.values() if t.state == TrialState.WAITING] \
         == [EUCLIDEAN]
+
+
+def _train_then_die(study, dead, *, ctrl_c=False):
+    """Pop the queued rerun of the point and leave it as its worker does: dying while it
+    trains (``status: running``, the worker's lock released) or, with ``ctrl_c``, stopped
+    by a Ctrl-C it recorded itself (``status: interrupted``, told FAIL, queued again)."""
+    trial = study.ask()
+    trial.suggest_categorical("geometry.attn", ["adamw", "euclidean"])
+    trial.suggest_categorical("geometry.mlp", ["adamw"])
+    trial.set_user_attr("worker", dead)
+    trial.set_user_attr("status", "running")
+    if ctrl_c:
+        trial.set_user_attr("status", "interrupted")
+        study.tell(trial, state=TrialState.FAIL)
+        study.enqueue_trial(trial.params, user_attrs={"queued": True, "queued_params": trial.params,
+                                                      "retry_of": trial.number})
+    return trial.number
+
+
+def _recover(run_dir, max_retries):
+    reader = liveness.Owner(run_dir)
+    try:
+        return liveness.recover_stale(open_run_study(run_dir), reader, 300, max_retries)
+    finally:
+        reader.close()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
+def test_a_point_whose_worker_dies_max_retries_plus_one_times_stays_failed_and_counts(
+        one_done, tmp_path, running_trial):
+    """A point whose training kills its worker (the OOM killer) is an environment failure:
+    queued again twice (--max-retries 2), then failed for good, counted once in the budget;
+    a Ctrl-C in the row uses up no retry; --retry-failed queues it again with full retries."""
+    from geosearch.search.failures import earlier_retries, requeue_failed
+    from geosearch.search.queue import done_count
+    from geosearch.search.records import trial_status
+
+    left = one_done[1]
+    run_dir = tmp_path / "runs" / "t"
+    lock = tmp_path / "dead.lock"
+    lock.touch()  # released: its process is gone
+    dead = {"host": socket.gethostname(), "pid": 999999, "lock": str(lock)}
+    study = open_run_study(run_dir)
+    assert done_count(study) == 1
+    first = running_trial(tmp_path, left, dead)
+    outcomes = [_recover(run_dir, 2)]
+    _train_then_die(study, dead, ctrl_c=True)  # a Ctrl-C of the rerun: no retry used
+    second = _train_then_die(study, dead)
+    outcomes.append(_recover(run_dir, 2))
+    third = _train_then_die(study, dead)
+    outcomes.append(_recover(run_dir, 2))
+    assert [[(r.number, r.outcome.split(";")[0]) for r in rs] for rs in outcomes] == [
+        [(first, "marked failed and queued again (retry 1 of 2)")],
+        [(second, "marked failed and queued again (retry 2 of 2)")],
+        [(third, "marked failed")]]
+    reason = ("its worker died 3 times while training this point (killed, crashed or out of "
+              "memory); rerun with --retry-failed to try again")
+    assert outcomes[-1][0].outcome == f"marked failed; its point stays failed: {reason}"
+    assert liveness.recovered_line(*outcomes[-1][0]).endswith(f"its point stays failed: {reason}")
+    trials = open_run_study(run_dir).get_trials()
+    assert not [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+    [verdict] = [t for t in trials if trial_status(t) == "failed"]
+    assert verdict.params == left and verdict.user_attrs["retry_of"] == third
+    assert verdict.user_attrs["fail_reason"] == reason
+    assert (verdict.user_attrs["failure_kind"], verdict.user_attrs["retries"]) == ("environment", 2)
+    assert [trial_status(t) for t in trials if t.number in (first, second, third)] == ["interrupted"] * 3
+    assert done_count(open_run_study(run_dir)) == 2  # the failed point counts, once
+    assert requeue_failed(open_run_study(run_dir)) == [verdict.number]
+    [rerun] = open_run_study(run_dir).get_trials(states=(TrialState.WAITING,))
+    assert earlier_retries(open_run_study(run_dir), rerun) == 0  # a full --max-retries again
+
+
+@pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
+def test_max_retries_reaches_the_recovery_at_the_start_of_a_search(one_done, tmp_path, running_trial):
+    """``run_search(max_retries=0)``: the dead worker's point is not run again; it is
+    failed, counts towards the budget, and the search says why."""
+    lock = tmp_path / "dead.lock"
+    lock.touch()
+    n = running_trial(tmp_path, one_done[1], {"host": socket.gethostname(), "pid": 999999,
+                                            "lock": str(lock)})
+    outcome, printed = search(tmp_path, make_space(sampler="grid", budget={"trials": 2}), max_retries=0)
+    assert outcome.stopped == "every assignment of the space has been tried"  # 1 completed, 1 failed
+    assert outcome.counts.get("completed") == 1  # the dead worker's point was not run again
+    assert re.search(rf"trial {n} was left running by a worker that died \(its lock on .* is "
+                     r"released\): marked failed; its point stays failed: its worker died once "
+                     r"while training this point \(killed, crashed or out of memory\); not "
+                     r"retried: --max-retries 0; rerun with --retry-failed", printed), printed
+    assert outcome.counts["failed"] == 1 and outcome.counts["interrupted"] == 1

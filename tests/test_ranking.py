@@ -1,5 +1,6 @@
 """Tests of geosearch.search.ranking: the ranked table, its one-line verdict (the one the
-search prints, the export records and report.md shows), and the adaptive-seed plan.
+search prints, the export records and report.md shows), and the adaptive-seed plan made
+from it (``geosearch.search.seeding.seed_plan``, tested here on these rankings).
 
 The statistics underneath (paired/Welch tests, main effects, detectable gap) are tested
 in tests/test_stats.py; here, that the ranking uses them and says so.
@@ -18,10 +19,10 @@ from geosearch.search.ranking import (
     compare_scores,
     rank_scores,
     rank_study,
-    seed_plan,
     trial_point,
     trial_score,
 )
+from geosearch.search.seeding import seed_plan
 from geosearch.search.stats import Point, detectable_gap, seed_noise
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

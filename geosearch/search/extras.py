@@ -4,7 +4,7 @@ Once every point of the space has trained its ``repeats`` seeds (the queue holds
 the budget is reached), the trial loop calls :func:`queue_extras`: it queues the space's
 baselines (:mod:`geosearch.search.baselines`) and, when no trial is queued or running,
 ranks the study and queues one round of adaptive seeds
-(:func:`geosearch.search.ranking.study_seed_plan`): for each contender ``n`` the same point
+(:func:`geosearch.search.seeding.study_seed_plan`): for each contender ``n`` the same point
 with the attrs ``seed_of = n``, ``seeds = [s]``. A seed trial trains that one seed at the
 ladder's top rung only, where the ranking is read (:func:`extra_plan`); its value merges
 into trial ``n``'s score. Every step is keyed, so a rerun, a second process or a resumed
@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from geosearch.search.baselines import baseline_rungs, queue_baselines
 from geosearch.search.horizon import Rung
 from geosearch.search.queue import enqueue
-from geosearch.search.ranking import study_seed_plan
+from geosearch.search.ranking import rank_study
 from geosearch.search.records import (
     BASELINE,
     COMPLETED,
@@ -34,6 +34,7 @@ from geosearch.search.records import (
     is_extra,
     trial_status,
 )
+from geosearch.search.seeding import study_seed_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space import SearchSpace
@@ -57,7 +58,7 @@ def queue_extras(study: optuna.Study, space: SearchSpace, echo: Callable[[str], 
         return True
     if any(t.state == TrialState.RUNNING for t in trials):
         return False
-    plan = study_seed_plan(study)
+    plan = study_seed_plan(study, rank_study(study))
     if plan is None or plan.stop:
         return False
     points = {t.number: dict(t.params) for t in trials}

@@ -21,23 +21,36 @@ import re
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from geosearch.search.queue import enqueue, retried_numbers, trial_key, trial_point
 from geosearch.search.records import (
+    ASSIGNMENT,
+    ASSIGNMENT_KEY,
+    BASELINE,
+    BUDGET_STEPS,
+    COMPLETED,
     FAIL_REASON,
     FAILED,
     FAILURE_KIND,
     INTERRUPTED,
+    NUM_PROCESSES,
+    QUEUED_PARAMS,
     RETRIED,
     RETRIES,
     RETRY_OF,
+    RUNG_INDICES,
+    RUNNING,
+    SEED_OF,
+    SEEDS,
     STATUS,
+    TRIAL_DIR,
+    UNSTABLE,
     trial_status,
 )
 
 __all__ = ["ASSIGNMENT_FAILURE", "DEFAULT_MAX_RETRIES", "ENVIRONMENT_FAILURE", "earlier_retries",
-           "failed_attrs", "failure_kind", "requeue_failed"]
+           "failed_attrs", "failure_kind", "requeue_failed", "settle_dead", "worker_died"]
 
 ENVIRONMENT_FAILURE = "environment"
 """``failure_kind`` of a trial that failed because of the machine or the storage."""
@@ -104,27 +117,51 @@ def failure_kind(error: BaseException | str) -> str:
     return ASSIGNMENT_FAILURE
 
 
-def earlier_retries(study: optuna.Study, trial: FrozenTrial | optuna.Trial) -> int:
-    """How many environment failures of this trial's point, in a row, it retries.
+def worker_died(trial: FrozenTrial) -> bool:
+    """Whether the worker of a trial left unfinished died while training it (killed,
+    crashed, out of memory) rather than stopping on a Ctrl-C.
 
-    Follows ``retry_of`` back from ``trial``: each ``retried`` trial counts; an interrupted
-    one (Ctrl-C, a killed worker) is passed over without counting; anything else (a
-    ``failed`` trial that ``--retry-failed`` queued again, or no earlier trial) ends the
-    row, so an on-demand retry starts with the full ``--max-retries``.
+    A process stopped by Ctrl-C (or SIGTERM) records ``status: interrupted`` itself
+    before it tells; a dead worker leaves the status the trial loop writes when training
+    starts (``running``; ``completed`` or ``unstable`` when it died while telling), or,
+    killed between the loop's first two writes, a ``fail_reason`` alone. A trial whose
+    worker died before signing it (while asking) has neither: its point did not kill it.
     """
+    ua = trial.user_attrs
+    status = ua.get(STATUS)
+    return status in (RUNNING, COMPLETED, UNSTABLE) or (status is None and FAIL_REASON in ua)
+
+
+def _retry_row(study: optuna.Study, trial: FrozenTrial | optuna.Trial) -> list[FrozenTrial]:
+    """The environment failures of this trial's point in a row before it, latest first:
+    along ``retry_of``, each ``retried`` trial and each interrupted one whose worker died;
+    a Ctrl-C is passed over; anything else ends the row."""
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    count, seen = 0, {trial.number}
+    row: list[FrozenTrial] = []
+    seen = {trial.number}
     previous = trial.user_attrs.get(RETRY_OF)
     while isinstance(previous, int) and previous not in seen and previous in by_number:
         seen.add(previous)
         t = by_number[previous]
         status = trial_status(t)
-        if status == RETRIED:
-            count += 1
+        if status == RETRIED or (status == INTERRUPTED and worker_died(t)):
+            row.append(t)
         elif status != INTERRUPTED:
             break
         previous = t.user_attrs.get(RETRY_OF)
-    return count
+    return row
+
+
+def earlier_retries(study: optuna.Study, trial: FrozenTrial | optuna.Trial) -> int:
+    """How many environment failures of this trial's point, in a row, it retries.
+
+    Follows ``retry_of`` back from ``trial``: each ``retried`` trial counts, and so does
+    each interrupted one whose worker died (:func:`worker_died`); one stopped by Ctrl-C is
+    passed over without counting; anything else (a ``failed`` trial that
+    ``--retry-failed`` queued again, or no earlier trial) ends the row, so an on-demand
+    retry starts with the full ``--max-retries``.
+    """
+    return len(_retry_row(study, trial))
 
 
 def failed_attrs(study: optuna.Study, trial: FrozenTrial | optuna.Trial, message: str, kind: str,
@@ -148,6 +185,54 @@ def failed_attrs(study: optuna.Study, trial: FrozenTrial | optuna.Trial, message
             f"retried {retries} time{'s' if retries > 1 else ''})" if retries
             else "not retried: --max-retries 0)")
     return attrs
+
+
+# What a point's failed verdict keeps of the trial whose worker died last.
+_POINT_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, RUNG_INDICES, TRIAL_DIR,
+                NUM_PROCESSES, QUEUED_PARAMS, SEED_OF, BASELINE)
+
+
+def settle_dead(study: optuna.Study, trial: FrozenTrial, max_retries: int) -> str:
+    """Decide what becomes of the point of a trial the caller just failed because its
+    worker was found dead (:func:`geosearch.search.liveness.recover_stale`).
+
+    A death while training (:func:`worker_died`) is a failure of the environment: the
+    point is queued again (``retry_of``) while fewer than ``max_retries`` such failures
+    (deaths or ``retried`` exceptions, :func:`earlier_retries`) precede it in a row;
+    after that the point stays failed: a FAIL trial is added in its name (``status``
+    ``failed``, ``failure_kind`` ``environment``, ``retry_of`` the dead trial), which
+    counts towards the budget and which ``--retry-failed`` queues again. A trial stopped
+    by Ctrl-C, or one whose worker died before signing it, is queued again without
+    using up a retry.
+
+    Returns:
+        What became of the point, in words (the end of the line the search prints).
+    """
+    params = trial_point(trial)
+    if not params:
+        return "marked failed"
+    if not worker_died(trial):
+        enqueue(study, params, retry_of=trial.number)
+        return "marked failed and queued again"
+    row = _retry_row(study, trial)
+    if len(row) < max_retries:
+        enqueue(study, params, retry_of=trial.number)
+        return f"marked failed and queued again (retry {len(row) + 1} of {max_retries})"
+    deaths = 1 + sum(worker_died(t) for t in row)
+    others = len(row) + 1 - deaths
+    reason = (f"its worker died {'once' if deaths == 1 else f'{deaths} times'} while training "
+              "this point (killed, crashed or out of memory)"
+              + (f", after {others} other failure{'s' if others > 1 else ''} of the environment"
+                 if others else "")
+              + ("; not retried: --max-retries 0" if max_retries == 0 else "")
+              + "; rerun with --retry-failed to try again")
+    ua = trial.user_attrs
+    study.add_trial(create_trial(
+        state=TrialState.FAIL, params=dict(trial.params), distributions=dict(trial.distributions),
+        user_attrs={**{k: ua[k] for k in _POINT_ATTRS if k in ua}, STATUS: FAILED,
+                    FAIL_REASON: reason, FAILURE_KIND: ENVIRONMENT_FAILURE, RETRIES: len(row),
+                    RETRY_OF: trial.number}))
+    return f"marked failed; its point stays failed: {reason}"
 
 
 def requeue_failed(study: optuna.Study) -> list[int]:

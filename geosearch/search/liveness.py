@@ -4,15 +4,15 @@ A worker process holds an ``flock`` on its own lock file for its lifetime and, w
 trial trains, a thread writes the trial's ``heartbeat``. A RUNNING trial is dead when its
 worker, on this host, no longer holds its lock, or, when the lock file is not on this
 machine, when its heartbeat is ``stale_after`` seconds old; every worker fails such trials
-and queues their points again before asking for one. A lock file stays when its process
+before asking for one, and queues their points again up to ``--max-retries`` deaths in a
+row (:func:`geosearch.search.failures.settle_dead`). A lock file stays when its process
 ends, however it ends (so the next run sees at once that its trials are dead), and is
-removed once no RUNNING trial names it. A command holds the study's
-:class:`CommandLock` on this machine (an ``flock``: of two commands started at once,
-exactly one gets it), and :func:`check_no_other_run` keeps it from training beside live
-workers of an earlier command. The processes of a machine ask for trials one at a time
-(:meth:`Owner.ask`), leaving a record when one dies before it signs the trial it asked
-for. Why Optuna's own heartbeat is not used, and the clock caveats, are in
-``docs/design.md`` ("Stale trials").
+removed once no RUNNING trial names it. :func:`check_no_other_run` keeps a command from
+training beside live workers of an earlier one. The processes of a machine ask for
+trials one at a time (:meth:`Owner.ask`, under the ask lock of
+:mod:`geosearch.search.locks`, which also holds the study's command lock). Why Optuna's
+own heartbeat is not used, and the clock caveats, are in ``docs/design.md`` ("Stale
+trials").
 """
 
 from __future__ import annotations
@@ -27,15 +27,26 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from geosearch.errors import GeosearchError
-from geosearch.search.queue import enqueue, trial_point
+from geosearch.search.failures import DEFAULT_MAX_RETRIES, settle_dead
+from geosearch.search.locks import (
+    ASK_LOCK,
+    asked_in,
+    busy_error,
+    dead_ask,
+    local_now,
+    lock_files,
+    lock_held,
+    open_lock,
+    rewrite,
+)
 from geosearch.search.records import HEARTBEAT, WORKER
-from geosearch.search.storage import DB_FILE, JOURNAL_FILE, LOCKS_DIR, make_dir
+from geosearch.search.storage import DB_FILE, JOURNAL_FILE, LOCKS_DIR
 
 try:  # POSIX: worker liveness through advisory locks
     import fcntl
@@ -43,12 +54,12 @@ except ImportError:  # pragma: no cover - Windows: heartbeats only
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "CommandLock",
     "HEARTBEAT_EVERY",
     "PARENT_ENV",
     "STALE_AFTER",
     "Heartbeat",
     "Owner",
+    "Recovered",
     "TrialLost",
     "check_no_other_run",
     "dead_reason",
@@ -67,9 +78,6 @@ ORPHAN_WAIT = 30.0
 """Seconds a new run waits for workers of a run whose parent died to stop."""
 # A RUNNING trial with no owner yet (its worker is between ask() and the first attr).
 _NEW_TRIAL_GRACE = 120.0
-_COMMAND_LOCK = "{host}.command"  # in .locks/: held by the command running the study here
-_ASK_LOCK = "{host}.ask"  # in .locks/: held while a process of this host asks for a trial
-_HOLDER_WAIT = 2.0  # seconds to wait for a command lock's holder to write its pid
 
 
 class Owner:
@@ -115,22 +123,22 @@ class Owner:
             trial = study.ask()
             trial.set_user_attr(WORKER, self.attr())
             return trial
-        fd = _open_lock(Path(self.lock).parent / _ASK_LOCK.format(host=self.host))
+        fd = open_lock(Path(self.lock).parent / ASK_LOCK.format(host=self.host))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # an ask takes milliseconds
-            record: dict[str, Any] = {"pid": self.pid, "since": _now()}
-            _rewrite(fd, record)
+            record: dict[str, Any] = {"pid": self.pid, "since": local_now()}
+            rewrite(fd, record)
             try:
                 trial = study.ask()
-                _rewrite(fd, {**record, "trial": trial.number})
+                rewrite(fd, {**record, "trial": trial.number})
                 with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                     # failed meanwhile by a process that took it for dead: the loop drops it
                     trial.set_user_attr(WORKER, self.attr())
             except BaseException:
                 with contextlib.suppress(OSError):
-                    _rewrite(fd, {**record, "until": _now()})
+                    rewrite(fd, {**record, "until": local_now()})
                 raise
-            _rewrite(fd, None)
+            rewrite(fd, None)
             return trial
         finally:
             os.close(fd)  # releases the lock
@@ -148,80 +156,6 @@ class Owner:
             self._fd = None
 
 
-def _lock_held(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
-def _open_lock(path: Path) -> int:
-    return os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-
-
-def _now() -> str:
-    """This machine's naive local time, as Optuna stores a trial's ``datetime_start``."""
-    return _dt.datetime.now().isoformat()
-
-
-def _rewrite(fd: int, record: dict[str, Any] | None) -> None:
-    """Replace the content of a held lock file with ``record`` (``None``: empty)."""
-    os.ftruncate(fd, 0)
-    if record is not None:
-        os.pwrite(fd, json.dumps(record).encode(), 0)
-
-
-def _read(fd: int) -> dict[str, Any]:
-    try:
-        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _dead_ask(folder: Path) -> dict[str, Any] | None:
-    """The record an asker of this host left when it died or failed before it signed the
-    trial it asked for (see :meth:`Owner.ask`), cleared; ``None`` when there is none."""
-    if fcntl is None or not folder.is_dir():
-        return None
-    fd = _open_lock(folder / _ASK_LOCK.format(host=socket.gethostname()))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # no live asker: a record left now is a dead one's
-        record = _read(fd)
-        if not record:
-            return None
-        _rewrite(fd, None)
-        return record
-    finally:
-        os.close(fd)
-
-
-def _asked_in(trial: FrozenTrial, record: dict[str, Any] | None) -> bool:
-    """Whether ``trial`` is the one a dead asker's ``record`` was asking for: the trial it
-    names, or, when it died inside ``ask()``, the trial started while it asked (Optuna
-    stores the asking machine's local time, this machine's for a trial asked here)."""
-    if not record:
-        return False
-    if "trial" in record:
-        return record["trial"] == trial.number
-    start = trial.datetime_start
-    try:
-        since = _dt.datetime.fromisoformat(record["since"])
-        until = _dt.datetime.fromisoformat(record.get("until") or _now())
-    except (KeyError, TypeError, ValueError):
-        return False
-    return start is not None and since <= start <= until
-
-
 def dead_reason(trial: FrozenTrial, stale_after: float) -> str | None:
     """Why a RUNNING trial's worker is taken as dead, or ``None`` while it may be alive.
 
@@ -236,7 +170,7 @@ def dead_reason(trial: FrozenTrial, stale_after: float) -> str | None:
     host = worker.get("host") if isinstance(worker, dict) else None
     lock = worker.get("lock") if isinstance(worker, dict) else None
     if host == socket.gethostname() and lock and fcntl is not None and os.path.exists(lock):
-        return None if _lock_held(str(lock)) else f"its lock on {host} is released"
+        return None if lock_held(str(lock)) else f"its lock on {host} is released"
     beat = trial.user_attrs.get(HEARTBEAT)
     if isinstance(beat, (int, float)):
         age = time.time() - beat
@@ -252,30 +186,43 @@ def dead_reason(trial: FrozenTrial, stale_after: float) -> str | None:
         if age >= max(_NEW_TRIAL_GRACE, stale_after) else None
 
 
-def recover_stale(study: optuna.Study, owner: Owner, stale_after: float) -> list[tuple[int, str]]:
-    """Fail the RUNNING trials whose worker died and queue their points again; then remove
-    the released lock files of this host that no RUNNING trial names.
+class Recovered(NamedTuple):
+    """A trial :func:`recover_stale` failed: its number, why its worker was taken as dead,
+    and what became of its point (``"marked failed and queued again ..."``)."""
+
+    number: int
+    why: str
+    outcome: str
+
+
+def recover_stale(study: optuna.Study, owner: Owner, stale_after: float,
+                  max_retries: int = DEFAULT_MAX_RETRIES) -> list[Recovered]:
+    """Fail the RUNNING trials whose worker died and queue their points again, up to
+    ``max_retries`` deaths in a row while training a point, after which the point stays
+    failed (:func:`~geosearch.search.failures.settle_dead`); then remove the released
+    lock files of this host that no RUNNING trial names.
 
     Telling the trial FAIL is the claim: when two workers find the same dead trial, only
-    the one whose ``tell`` succeeds queues it again.
+    the one whose ``tell`` succeeds settles its point.
 
     Returns:
-        ``(number, why it was taken as dead)`` of each trial recovered.
+        Each trial recovered.
     """
-    recovered = _recover(study, owner, stale_after)
+    recovered = _recover(study, owner, stale_after, max_retries)
     if owner.lock:
         _prune_locks(Path(owner.lock).parent, study)
     return recovered
 
 
-def _recover(study: optuna.Study, owner: Owner, stale_after: float) -> list[tuple[int, str]]:
+def _recover(study: optuna.Study, owner: Owner, stale_after: float,
+             max_retries: int) -> list[Recovered]:
     recovered = []
     alone: bool | None = None
-    dead_ask = _dead_ask(Path(owner.lock).parent) if owner.lock else None
+    ask_record = dead_ask(Path(owner.lock).parent) if owner.lock else None
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         why = None if owner.owns(t) else dead_reason(t, stale_after)
         unsigned = WORKER not in t.user_attrs and HEARTBEAT not in t.user_attrs
-        if why is None and unsigned and _asked_in(t, dead_ask):
+        if why is None and unsigned and asked_in(t, ask_record):
             why = "a process on this machine died or failed while it asked for it"
         if why is None and unsigned:
             # asked, then its worker died before it could sign it
@@ -287,10 +234,7 @@ def _recover(study: optuna.Study, owner: Owner, stale_after: float) -> list[tupl
             study.tell(t.number, state=TrialState.FAIL)
         except (ValueError, RuntimeError):  # finished meanwhile, e.g. by another worker
             continue
-        params = trial_point(t)
-        if params:
-            enqueue(study, params, retry_of=t.number)
-        recovered.append((t.number, why))
+        recovered.append(Recovered(t.number, why, settle_dead(study, t, max_retries)))
     return recovered
 
 
@@ -304,33 +248,17 @@ def _alone(owner: Owner) -> bool:
     run_dir = folder.parent
     if not ((run_dir / DB_FILE).is_file() or (run_dir / JOURNAL_FILE).is_file()):
         return False  # --storage: other machines may share it
-    here = {p for p, _ in _lock_files(folder)}
+    here = {p for p, _ in lock_files(folder)}
     if any(p not in here for p in folder.glob("*.lock")):
         return False
     return not live_processes(run_dir)
-
-
-def _lock_files(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """The lock files of this host in ``folder``, each with what it says (host, pid, parent)."""
-    host = socket.gethostname()
-    out = []
-    for path in sorted(folder.glob("*.lock")) if folder.is_dir() else []:
-        try:
-            info = json.loads(path.read_text(encoding="utf-8") or "{}")
-        except (OSError, ValueError):
-            info = {}
-        if not isinstance(info, dict):
-            info = {}
-        if info.get("host", host if path.name.startswith(f"{host}-") else None) == host:
-            out.append((path, info))
-    return out
 
 
 def _prune_locks(folder: Path, study: optuna.Study) -> None:
     """Remove the released lock files of this host that no RUNNING trial names."""
     if fcntl is None:
         return
-    released = [p for p, _ in _lock_files(folder) if not _lock_held(str(p))]
+    released = [p for p, _ in lock_files(folder) if not lock_held(str(p))]
     if not released:
         return
     named = set()
@@ -349,8 +277,8 @@ def live_processes(run_dir: Path) -> list[dict[str, Any]]:
     if fcntl is None:
         return []
     me = os.getpid()
-    return [{"pid": None, "parent": None, **info} for p, info in _lock_files(run_dir / LOCKS_DIR)
-            if info.get("pid") != me and _lock_held(str(p))]
+    return [{"pid": None, "parent": None, **info} for p, info in lock_files(run_dir / LOCKS_DIR)
+            if info.get("pid") != me and lock_held(str(p))]
 
 
 def _alive(pid: Any) -> bool:
@@ -394,69 +322,13 @@ def check_no_other_run(run_dir: Path, study_name: str, echo: Callable[[str], Non
     if live:
         pids = sorted({p["parent"] if _alive(p["parent"]) else p["pid"] for p in live},
                       key=lambda x: (x is None, x))
-        raise _busy(run_dir, study_name, " ".join(str(p) for p in pids))
+        raise busy_error(run_dir, study_name, " ".join(str(p) for p in pids))
 
 
-def _busy(run_dir: Path, study_name: str, shown: str) -> GeosearchError:
-    return GeosearchError(
-        f"study {study_name!r} in {run_dir} is being run by another process on this "
-        f"machine (pid {shown}): wait for it to finish, or stop it (kill {shown}), then rerun")
-
-
-class CommandLock:
-    """The hold of one command (``geosearch search``, not its workers) on a study's run
-    directory on this machine: an ``flock`` on ``.locks/<host>.command``, taken at once or
-    refused, so that of two commands started together exactly one runs the study.
-
-    The file holds the holder's pid and is never removed (removing a lock file others may
-    have open would let two processes lock two files of one name). The kernel releases
-    the lock when its process ends, however it ends. Machines sharing a run directory over
-    the network lock files of their own host names: they may run one study together.
-
-    Args:
-        run_dir: ``<runs-dir>/<study>``.
-        study_name: the study, for the message.
-
-    Raises:
-        GeosearchError: another process of this machine holds it (naming its pid).
-    """
-
-    def __init__(self, run_dir: Path, study_name: str) -> None:
-        self._fd: int | None = None
-        if fcntl is None:
-            return
-        folder = run_dir / LOCKS_DIR
-        make_dir(folder)
-        fd = _open_lock(folder / _COMMAND_LOCK.format(host=socket.gethostname()))
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            deadline = time.monotonic() + _HOLDER_WAIT  # the holder writes its pid just after
-            while "pid" not in _read(fd) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            pid = _read(fd).get("pid", "unknown")
-            os.close(fd)
-            raise _busy(run_dir, study_name, str(pid)) from None
-        _rewrite(fd, {"pid": os.getpid()})
-        self._fd = fd
-
-    def close(self) -> None:
-        """Release the lock (the file stays)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> CommandLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def recovered_line(number: int, why: str) -> str:
-    """What the search prints about a trial :func:`recover_stale` recovered."""
-    return (f"trial {number} was left running by a worker that died ({why}): marked failed "
-            "and queued again")
+def recovered_line(number: int, why: str, outcome: str = "marked failed and queued again") -> str:
+    """What the search prints about a trial :func:`recover_stale` recovered (called with
+    the fields of a :class:`Recovered`)."""
+    return f"trial {number} was left running by a worker that died ({why}): {outcome}"
 
 
 class TrialLost(Exception):

@@ -10,8 +10,9 @@ spread: its comparison is ``"unknown"`` and the verdict says the gap cannot be j
 rather than naming a winner that seed noise could explain. The verdict also names the
 module types whose geometry has a main effect beyond noise (e.g. "attention's geometry:
 stiefel better than dgram by 0.0800 ± 0.0200 (95% CI, 2 seeds × 2 pairs)"), and the
-smallest gap the study could have detected (80% power). :func:`seed_plan` says which
-assignments should get another seed; a point's adaptive seeds are trials of their own
+smallest gap the study could have detected (80% power). Which assignments get another
+seed is planned from the ranking (:mod:`geosearch.search.seeding`); a point's adaptive
+seeds are trials of their own
 (``seed_of``), merged into its :class:`Score` here (:func:`point_scores`), and baselines
 (``baseline``) are never ranked.
 
@@ -38,7 +39,6 @@ from geosearch.search.records import (
     BASELINE,
     COMPLETED,
     FAIL_REASON,
-    FAILED,
     INTERRUPTED,
     MAX_LOGIT,
     MEAN_STEP_MS,
@@ -48,7 +48,6 @@ from geosearch.search.records import (
     RETRIED,
     SEED_OF,
     SEEDS,
-    SPACE,
     STOP_STEP,
     UNSTABLE,
     VAL_LOSSES,
@@ -56,6 +55,7 @@ from geosearch.search.records import (
     trial_status,
 )
 
+from geosearch.search.seeding import max_seeds, study_seed_plan
 from geosearch.search.stats import (
     Comparison,
     MainEffect,
@@ -73,7 +73,6 @@ __all__ = [
     "RankedTrial",
     "Ranking",
     "Score",
-    "SeedPlan",
     "Sensitivity",
     "compare_scores",
     "family_geometry",
@@ -81,8 +80,6 @@ __all__ = [
     "point_scores",
     "rank_scores",
     "rank_study",
-    "seed_plan",
-    "study_seed_plan",
     "trial_label",
     "trial_point",
     "trial_score",
@@ -216,7 +213,7 @@ def rank_study(study: optuna.Study) -> Ranking:
     contenders = [r for r in ranking.rows if r.versus_best in ("best", "tie", "unknown")]
     seeds = ", ".join(f"trial {r.number}: {r.score.n}" for r in contenders)
     state = "stopped" if plan.stop else "not finished"
-    note = (f"adaptive seeds (up to {_max_seeds(study)} per assignment) {state}: {plan.reason}; "
+    note = (f"adaptive seeds (up to {max_seeds(study)} per assignment) {state}: {plan.reason}; "
             f"seeds per contender: {seeds}")
     return dataclasses.replace(ranking, verdict=f"{ranking.verdict}; {note}")
 
@@ -299,101 +296,6 @@ def _verdict(rows: list[RankedTrial], effects: tuple[MainEffect, ...], sensitivi
     if sensitivity is not None:
         extras.append(sensitivity.text())
     return "; ".join([base, *extras])
-
-
-# =========================================================================== adaptive seeds
-@dataclass(frozen=True)
-class SeedPlan:
-    """Which assignments should run one more seed.
-
-    Attributes:
-        rerun: trial numbers to give one more seed: the best and every assignment still
-            within noise of it (tie or unknown), best first; empty when ``stop``.
-        next_seed: trial number -> the seed it should run next (``None`` when the trial
-            recorded no seeds): the first seed another contender ran and it did not, else
-            one past the largest seed any contender ran, so the new runs stay paired.
-        stop: True when no more seeds are needed or allowed.
-        reason: why, in words.
-    """
-
-    rerun: list[int]
-    next_seed: dict[int, int | None]
-    stop: bool
-    reason: str
-
-
-def seed_plan(ranking: Ranking, max_seeds: int) -> SeedPlan:
-    """Decide the next round of adaptive seeds from a ranking (pure: runs nothing).
-
-    Once every point of the space has trained its ``repeats`` seeds, the trial loop
-    (:meth:`geosearch.search.trial_loop.Searcher.run`, through :func:`study_seed_plan`)
-    queues one trial per ``n`` in ``plan.rerun``: the same point with user attrs
-    ``seed_of = n`` and ``seeds = [plan.next_seed[n]]``, trained at the ladder's top rung
-    only (where the ranking is read). A finished Optuna trial takes no new attrs, so the
-    seed is a trial of its own; :func:`point_scores` merges it into trial ``n``'s
-    :class:`Score`. When no seed trial is queued or running, the loop ranks again and plans
-    the next round, until ``plan.stop``. Separated assignments get no more seeds: only the
-    best and those within noise of it.
-
-    Args:
-        ranking: the current ranking (:func:`rank_study`).
-        max_seeds: the most seeds any assignment may run (the budget).
-
-    Returns:
-        ``stop`` when the best is separated from every other assignment, when every
-        contender has ``max_seeds`` seeds, or when nothing completed.
-    """
-    if not ranking.rows:
-        return SeedPlan([], {}, True, "no trial completed")
-    contenders = [r for r in ranking.rows if r.versus_best in ("best", "tie", "unknown")]
-    if len(contenders) == 1:
-        why = ("separated: every other assignment is worse beyond noise" if len(ranking.rows) > 1
-               else "only one assignment completed")
-        return SeedPlan([], {}, True, why)
-    want = [r for r in contenders if r.score.n < max_seeds]
-    if not want:
-        return SeedPlan([], {}, True, f"budget spent: {len(contenders)} assignments are still within "
-                                      f"noise of each other after {max_seeds} seeds each")
-    ran = sorted({s for r in contenders for s in (r.score.seeds or ())})
-    nxt: dict[int, int | None] = {}
-    for r in want:
-        own = r.score.seeds
-        missing = [s for s in ran if own is not None and s not in own]
-        nxt[r.number] = None if own is None else (missing[0] if missing else max(ran) + 1)
-    return SeedPlan([r.number for r in want], nxt, False,
-                    f"{len(contenders) - 1} assignment(s) within noise of the best: one more seed "
-                    f"for trials {', '.join(str(r.number) for r in want)}")
-
-
-def _max_seeds(study: optuna.Study) -> int | None:
-    """The space's ``max_repeats`` (else its ``repeats``) as the study recorded it."""
-    space = study.user_attrs.get(SPACE)
-    if not isinstance(space, dict):
-        return None
-    most = space.get("max_repeats") or space.get("repeats")
-    return most if isinstance(most, int) else None
-
-
-def study_seed_plan(study: optuna.Study, ranking: Ranking | None = None) -> SeedPlan | None:
-    """The next round of adaptive seeds of ``study``: :func:`seed_plan` at the space's
-    ``max_repeats``, less the (point, seed) pairs a seed trial already tried (one that ended
-    unstable or failed is not run again); ``None`` when the space asks for no more seeds
-    than its ``repeats``."""
-    space = study.user_attrs.get(SPACE)
-    most = _max_seeds(study)
-    if most is None or most <= (space.get("repeats") or 1):
-        return None
-    plan = seed_plan(ranking or rank_study(study), most)
-    if plan.stop:
-        return plan
-    tried = {(t.user_attrs.get(SEED_OF), s) for t in study.get_trials(deepcopy=False)
-             if SEED_OF in t.user_attrs and trial_status(t) in (COMPLETED, UNSTABLE, FAILED)
-             for s in (t.user_attrs.get(SEEDS) or [])}
-    rerun = [n for n in plan.rerun if (n, plan.next_seed[n]) not in tried and plan.next_seed[n] is not None]
-    if not rerun:
-        return SeedPlan([], {}, True, f"the next seed of trial(s) {', '.join(map(str, plan.rerun))} "
-                                      "was tried and did not complete")
-    return dataclasses.replace(plan, rerun=rerun, next_seed={n: plan.next_seed[n] for n in rerun})
 
 
 # =========================================================================== trials

@@ -74,7 +74,7 @@ class LossPrunerSpec:
     """``none``, ``median``, ``percentile`` or ``successive_halving``."""
     args: dict[str, Any] = field(default_factory=dict)
     """Its constructor arguments
-    (:data:`~geosearch.search.space_schema.LOSS_PRUNER_ARGS` lists them per type)."""
+    (:data:`~geosearch.search.schema_reader.LOSS_PRUNER_ARGS` lists them per type)."""
 
     def make(self) -> optuna.pruners.BasePruner | None:
         """The Optuna pruner, or ``None`` for ``none``."""

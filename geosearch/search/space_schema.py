@@ -55,9 +55,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, get_args
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from geosearch.assignment import ADAMW, geometry_names
 from geosearch.errors import ConfigError
@@ -74,16 +73,8 @@ from geosearch.modules import (
 from geosearch.proxy.config import TrainConfig
 from geosearch.proxy.specs import HF_PREFIX, PY_PREFIX, default_rules
 from geosearch.search.baselines import parse_extras
-from geosearch.search.pruners import LogitGrowthPruner
-from geosearch.search.sections import (
-    Budget,
-    Hyperparams,
-    LogRange,
-    LossPrunerSpec,
-    PrunerSpec,
-    SamplerSpec,
-    SamplerType,
-)
+from geosearch.search.schema_reader import HYPERPARAMS, SchemaReader, is_int, number
+from geosearch.search.sections import Hyperparams, LogRange
 from geosearch.search.space import (
     SearchSpace,
     SearchSpaceError,
@@ -94,20 +85,6 @@ from geosearch.search.target import parse_horizon
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "name", "rules", "geometries", "hyperparams", "proxy", "repeats",
             "max_repeats", "baselines", "target", "ladder", "budget", "pruner", "sampler")
-# Pruner keys of older spaces: an error says what replaced them.
-REMOVED_PRUNER_KEYS = ("trend_min_logit", "horizon_steps")
-HYPERPARAMS = ("spectral_lr", "lr")
-# Loss pruner -> its Optuna constructor arguments a space may set.
-LOSS_PRUNER_ARGS: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "median": ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials"),
-    "percentile": ("percentile", "n_startup_trials", "n_warmup_steps", "interval_steps",
-                   "n_min_trials"),
-    "successive_halving": ("min_resource", "reduction_factor", "min_early_stopping_rate",
-                           "bootstrap_count"),
-}
-
-
 def parse_space(d: Any, source: str | None = None) -> SearchSpace:
     """Validate a mapping in the YAML schema (see the module docstring) into a space.
 
@@ -156,34 +133,9 @@ def _range_list(r: LogRange) -> list[float]:
     return [r.low, r.high]
 
 
-class _Parser:
-    """Reads one space, collecting every problem instead of stopping at the first."""
-
-    def __init__(self, source: str | None) -> None:
-        self.source = source
-        self.problems: list[ConfigError] = []
-
-    def error(self, key: str, problem: str, allowed: Iterable[object] | None = None) -> None:
-        self.problems.append(ConfigError(problem, key=key or None, allowed=allowed))
-
-    def rekey(self, e: ConfigError, prefix: str) -> None:
-        key = f"{prefix}.{e.key}" if e.key else prefix
-        self.error(key, e.problem, e.allowed)
-
-    def mapping(self, value: Any, key: str, allowed: Sequence[str]) -> dict[str, Any]:
-        """``value`` as a dict (None = empty); unknown keys are problems."""
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            self.error(key, f"expected a mapping, got {type(value).__name__}", allowed)
-            return {}
-        out = {}
-        for k, v in value.items():
-            if k in allowed:
-                out[k] = v
-            else:
-                self.error(_join(key, str(k)), f"unknown key {k!r}", allowed)
-        return out
+class _Parser(SchemaReader):
+    """Reads one space, collecting every problem instead of stopping at the first (the
+    budget, pruner and sampler sections: :class:`~geosearch.search.schema_reader.SchemaReader`)."""
 
     # ------------------------------------------------------------------ the whole file
     def space(self, d: Any) -> SearchSpace:
@@ -205,7 +157,7 @@ class _Parser:
         hyperparams = self.hyperparams(top.get("hyperparams"), geometries)
         proxy = self.proxy(top.get("proxy"))
         repeats = top.get("repeats", 1)
-        if not _is_int(repeats) or repeats < 1:
+        if not is_int(repeats) or repeats < 1:
             self.error("repeats", f"expected a whole number >= 1, got {repeats!r}")
         max_repeats, baselines = parse_extras(self, top.get("max_repeats"), repeats,
                                               top.get("baselines", list(SearchSpace.baselines)))
@@ -337,7 +289,7 @@ class _Parser:
         return Hyperparams(spectral_lr=spectral, lr=lr)
 
     def log_range(self, value: Any, key: str) -> LogRange | None:
-        nums = [_number(x) for x in value] if isinstance(value, (list, tuple)) else []
+        nums = [number(x) for x in value] if isinstance(value, (list, tuple)) else []
         if len(nums) != 2 or any(x is None for x in nums):
             self.error(key, f"expected [low, high] (a log-uniform range), got {value!r}")
             return None
@@ -391,122 +343,3 @@ class _Parser:
                     optim_settings.check(k, v, key=key)
                 except ConfigError as e:
                     self.error(key, e.problem, e.allowed)
-
-    def budget(self, value: Any) -> Budget:
-        d = self.mapping(value, "budget", [f.name for f in dataclasses.fields(Budget)])
-        trials, timeout = d.get("trials"), d.get("timeout")
-        if trials is not None and (not _is_int(trials) or trials < 1):
-            self.error("budget.trials", f"expected a whole number >= 1 or null, got {trials!r}")
-            trials = None
-        if timeout is not None:
-            t = _number(timeout)
-            if t is None or not 0 < t < math.inf:
-                self.error("budget.timeout", f"expected seconds > 0 or null, got {timeout!r}")
-            timeout = t
-        return Budget(trials=trials, timeout=timeout)
-
-    def pruner(self, value: Any) -> PrunerSpec:
-        fields = [f.name for f in dataclasses.fields(PrunerSpec)]
-        for k in [k for k in REMOVED_PRUNER_KEYS if isinstance(value, Mapping) and k in value]:
-            self.error(f"pruner.{k}", "removed: the step-wise logit trend was replaced by a forecast "
-                       "in Σ η to the target (target.steps or --target-steps; pruner.interval and "
-                       "pruner.max_logit_factor tune it)", fields)
-            value = {kk: v for kk, v in value.items() if kk != k}
-        d = self.mapping(value, "pruner", fields)
-        loss = self.loss_pruner(d.pop("loss", None))
-        for k in ("max_logit", "max_logit_factor", "min_entropy", "interval", "max_extrapolation"):
-            if isinstance(d.get(k), str) and _number(d[k]) is not None:
-                d[k] = _number(d[k])  # YAML 1.1 reads 1e3 as a string
-        n_before = len(self.problems)
-        for k, v in d.items():  # one key at a time, so that every bad key is reported
-            try:
-                LogitGrowthPruner(**{k: v})
-            except (ValueError, TypeError) as e:
-                self.error(f"pruner.{k}", str(e).rstrip("."))
-        if len(self.problems) > n_before:
-            return PrunerSpec(loss=loss)
-        return PrunerSpec(loss=loss, **d)
-
-    def loss_pruner(self, value: Any) -> LossPrunerSpec:
-        kinds = list(LOSS_PRUNER_ARGS)
-        if value is None:
-            return LossPrunerSpec()
-        d = {"type": value} if isinstance(value, str) else value
-        if not isinstance(d, Mapping):
-            self.error("pruner.loss", "expected a pruner name or a mapping with 'type'", kinds)
-            return LossPrunerSpec()
-        kind = d.get("type", "none")
-        if kind not in LOSS_PRUNER_ARGS:
-            self.error("pruner.loss.type", f"unknown loss pruner {kind!r}", kinds)
-            return LossPrunerSpec()
-        n_before = len(self.problems)
-        args = self.mapping({k: v for k, v in d.items() if k != "type"}, "pruner.loss",
-                            ["type", *LOSS_PRUNER_ARGS[kind]])
-        for k, v in args.items():
-            if k == "percentile":
-                ok, expected = _number(v) is not None, "a number"
-                args[k] = _number(v)
-            else:
-                ok, expected = _is_int(v) or (k == "min_resource" and v == "auto"), "a whole number"
-            if not ok:
-                self.error(f"pruner.loss.{k}", f"expected {expected}, got {v!r}")
-        if kind == "percentile" and "percentile" not in args:
-            self.error("pruner.loss.percentile", "missing: the percentile pruner needs it "
-                       "(0-100; prune trials worse than this percentile)")
-        if len(self.problems) > n_before:
-            return LossPrunerSpec()
-        spec = LossPrunerSpec(kind, dict(args))
-        try:
-            spec.make()  # Optuna's own range checks
-        except ValueError as e:
-            self.error("pruner.loss", str(e).rstrip("."))
-        return spec
-
-    def sampler(self, value: Any, hyperparams: Hyperparams) -> SamplerSpec:
-        kinds = list(get_args(SamplerType))
-        d = {"type": value} if isinstance(value, str) else value
-        d = self.mapping(d, "sampler", [f.name for f in dataclasses.fields(SamplerSpec)])
-        kind = d.get("type", "auto")
-        if kind not in kinds:
-            self.error("sampler.type", f"unknown sampler {kind!r}", kinds)
-            kind = "auto"
-        if kind == "grid" and hyperparams:
-            names = [n for n in HYPERPARAMS if getattr(hyperparams, n) is not None]
-            self.error("sampler.type", "a grid needs a finite space, but "
-                       f"{', '.join('hyperparams.' + n for n in names)} is continuous",
-                       [k for k in kinds if k != "grid"])
-        seed = d.get("seed", 0)
-        if seed is not None and not _is_int(seed):
-            self.error("sampler.seed", f"expected an integer or null, got {seed!r}")
-            seed = 0
-        startup = d.get("n_startup_trials")
-        if startup is not None:
-            if kind in ("grid", "random"):
-                self.error("sampler.n_startup_trials", f"the {kind} sampler takes no "
-                           "n_startup_trials", ["auto", "tpe", "gp"])
-            elif not _is_int(startup) or startup < 0:
-                self.error("sampler.n_startup_trials", f"expected a whole number >= 0, got "
-                           f"{startup!r}")
-        return SamplerSpec(type=kind, seed=seed, n_startup_trials=startup)
-
-
-# --------------------------------------------------------------------------- helpers
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _number(v: object) -> float | None:
-    """A finite number, also from a numeric string (YAML 1.1 reads ``1e-4`` as a string)."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (numbers.Real, str)):
-        try:
-            x = float(v)  # type: ignore[arg-type]
-        except ValueError:
-            return None
-        return x if math.isfinite(x) else None
-    return None

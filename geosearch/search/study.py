@@ -40,12 +40,12 @@ from geosearch.search.export import export_best, format_ranking
 from geosearch.search.failures import DEFAULT_MAX_RETRIES, requeue_failed
 from geosearch.search.liveness import (
     STALE_AFTER,
-    CommandLock,
     Owner,
     check_no_other_run,
     recover_stale,
     recovered_line,
 )
+from geosearch.search.locks import CommandLock
 from geosearch.search.queue import done_count, done_reason, resolve_budget, top_up_queue
 from geosearch.search.ranking import Ranking, rank_study, trial_line
 from geosearch.search.records import (
@@ -348,7 +348,7 @@ def _search(space: SearchSpace, *, runs_dir: str | os.PathLike, worker_index: in
             out: TextIO | None, **kwargs: Any) -> SearchOutcome:
     """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
     (not one of its workers) checks what would fail every trial, then holds the study's
-    :class:`~geosearch.search.liveness.CommandLock` on this machine while it runs."""
+    :class:`~geosearch.search.locks.CommandLock` on this machine while it runs."""
     if worker_index is not None:  # its command holds the lock
         return _run_study(space, runs_dir=runs_dir, worker_index=worker_index, out=out, **kwargs)
     run_dir = Path(runs_dir) / space.name
@@ -403,8 +403,8 @@ def _run_study(space: SearchSpace, *, runs_dir: str | os.PathLike,
             echo(note)
         owner = Owner(run_dir)
         try:
-            for n, why in recover_stale(study, owner, stale_after):
-                echo(recovered_line(n, why))
+            for recovered in recover_stale(study, owner, stale_after, retries[0]):
+                echo(recovered_line(*recovered))
         finally:
             owner.close()
         if exhaustive:

@@ -9,15 +9,13 @@ trial, not the search: a failure of the environment (out of memory, CUDA, disk, 
 :mod:`geosearch.search.failures`) queues its point again up to ``max_retries`` times in a
 row. Once the space's points are done it trains the baselines and the rounds of adaptive
 seeds (:mod:`geosearch.search.extras`), which never count. A Ctrl-C fails the trial and
-queues its point again. Trial
+queues its point again (:mod:`geosearch.search.interrupts` keeps the signal). Trial
 outcomes, repeats and the ladder are described in ``docs/design.md`` ("The study").
 """
 
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -33,6 +31,7 @@ from geosearch.search.baselines import BASELINES, baseline_suggestion
 from geosearch.search.distributed import RankGroup
 from geosearch.search.extras import extra_plan, queue_extras, seed_twin_of
 from geosearch.search.failures import DEFAULT_MAX_RETRIES, failed_attrs, failure_kind
+from geosearch.search.interrupts import CTRL_C, ctrl_c_latch, sigint_deferred
 from geosearch.search.liveness import (
     HEARTBEAT_EVERY,
     Heartbeat,
@@ -169,7 +168,7 @@ class Searcher:
             Why the loop stopped, in words.
         """
         start = time.monotonic()
-        with _ctrl_c_latch():
+        with ctrl_c_latch():
             try:
                 while True:
                     if timeout is not None and time.monotonic() - start >= timeout:
@@ -193,8 +192,8 @@ class Searcher:
                 self.owner.close()
 
     def _should_stop(self) -> str | None:
-        for n, why in recover_stale(self.study, self.owner, self.stale_after):
-            self.echo(recovered_line(n, why))
+        for recovered in recover_stale(self.study, self.owner, self.stale_after, self.max_retries):
+            self.echo(recovered_line(*recovered))
         return done_reason(self.study, self.budget, self.exhaustive, self.grid_size)
 
     def _frozen(self, number: int) -> FrozenTrial:
@@ -290,7 +289,7 @@ class Searcher:
                 raise TrialLost
         except KeyboardInterrupt:
             # torchrun sends a second SIGINT to every rank on Ctrl-C: record this one first
-            with _sigint_deferred():
+            with sigint_deferred():
                 try:
                     trial.set_user_attr(STATUS, INTERRUPTED)
                     trial.set_user_attr(FAIL_REASON, "interrupted (Ctrl-C); queued again: rerun "
@@ -452,7 +451,7 @@ class Searcher:
         def callback(step: int, metrics: dict) -> str | None:
             if heartbeat.lost.is_set():
                 raise TrialLost
-            if _CTRL_C.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see _ctrl_c_latch)
+            if CTRL_C.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see ctrl_c_latch)
                 raise KeyboardInterrupt
             try:
                 if report and metrics.get("val_loss") is not None:
@@ -469,47 +468,3 @@ class Searcher:
             return why or f"pruned by {type(pruner).__name__} at step {step}"
 
         return callback
-
-
-_CTRL_C = threading.Event()
-
-
-class _ctrl_c_latch:
-    """Remember a Ctrl-C (main thread only) while the loop runs, as well as raising it.
-
-    SIGINT raises KeyboardInterrupt wherever the main thread is; when that is inside a
-    callback Python runs for itself (an import lock's or a weakref's), Python prints
-    "Exception ignored" and the run goes on. The latch keeps the signal, and the trainer's
-    callback raises it again at its next call, where the loop records the interruption.
-    """
-
-    def __enter__(self) -> None:
-        _CTRL_C.clear()
-        self.previous = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        _CTRL_C.set()
-        if callable(self.previous) and self.previous is not self._handle:
-            self.previous(signum, frame)
-        else:
-            raise KeyboardInterrupt
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-        _CTRL_C.clear()
-
-
-class _sigint_deferred:
-    """Hold off SIGINT (main thread only) while a Ctrl-C is being recorded."""
-
-    def __enter__(self) -> None:
-        self.previous = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)

@@ -376,7 +376,7 @@ def second_command(tmp: Path, rng: random.Random) -> Result:
 
 
 REFUSED = "is being run by another process on this machine"
-"""What the command refused by a live run of its study says (``liveness._busy``)."""
+"""What the command refused by a live run of its study says (``locks.busy_error``)."""
 
 
 def simultaneous(tmp: Path, rng: random.Random, runs: int, workers: int = 1) -> Result:

@@ -1,0 +1,59 @@
+"""Ctrl-C while a search trains: keep the signal, and hold it off while it is recorded.
+
+The trial loop runs inside :class:`ctrl_c_latch`, which remembers a Ctrl-C (:data:`CTRL_C`)
+that Python swallowed in a callback of its own, so that the trainer's callback can raise
+it again; :class:`sigint_deferred` ignores SIGINT while the loop records an interrupted
+trial (``torchrun`` sends every rank a second one). Both act in the main thread only.
+How an interrupted trial is recorded is in ``docs/design.md`` ("Trial outcomes").
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+__all__ = ["CTRL_C", "ctrl_c_latch", "sigint_deferred"]
+
+CTRL_C = threading.Event()
+"""Set by a Ctrl-C while a :class:`ctrl_c_latch` is active; cleared when it ends."""
+
+
+class ctrl_c_latch:
+    """Remember a Ctrl-C (main thread only) while the loop runs, as well as raising it.
+
+    SIGINT raises KeyboardInterrupt wherever the main thread is; when that is inside a
+    callback Python runs for itself (an import lock's or a weakref's), Python prints
+    "Exception ignored" and the run goes on. The latch keeps the signal, and the trainer's
+    callback raises it again at its next call, where the loop records the interruption.
+    """
+
+    def __enter__(self) -> None:
+        CTRL_C.clear()
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        CTRL_C.set()
+        if callable(self.previous) and self.previous is not self._handle:
+            self.previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        CTRL_C.clear()
+
+
+class sigint_deferred:
+    """Hold off SIGINT (main thread only) while a Ctrl-C is being recorded."""
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
