@@ -84,12 +84,12 @@ def _commit() -> str:
         return "unknown"
 
 
-def run_truth(model: str, steps: int, eta: float, seeds: list[int]) -> None:
-    """Train every missing ground-truth run and store it."""
+def run_truth(model: str, steps: int, eta: float, seeds: list[int], only: list[str] | None = None) -> None:
+    """Train every missing ground-truth run (of the ``only`` assignments) and store it."""
     DATA.mkdir(parents=True, exist_ok=True)
     print(machine())
     for seed in seeds:
-        for assign in PAPER:
+        for assign in [a for a in PAPER if only is None or a in only]:
             config = truth_config(model, steps, eta, seed)
             path = DATA / f"{run_key(config, assign)}.json"
             if path.exists():
@@ -134,6 +134,9 @@ def show_truth(model: str, steps: int, eta: float) -> None:
 
 
 # ============================================================================ the comparison
+LAW_FRACTIONS = (0.05, 0.1, 0.25, 0.5)
+
+
 def truth_scores(truth: dict[str, list[dict]]) -> dict[str, Score]:
     """assignment -> its long runs' final val losses with their seeds."""
     return {a: Score.of([r["final_val_loss"] for r in recs if r["status"] == "completed"],
@@ -297,6 +300,19 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
               f"- Forecast max logit over real, every forecast above: "
               f"{', '.join(f'{x:.2f}' for x in ratios)}; within ×2: "
               f"{sum(0.5 <= x <= 2 for x in ratios)} of {len(ratios)}."]
+    lines += ["", "The forecast law alone, on each long run's own probes: fitted on the first part of "
+              "the run, forecast to its end; forecast ÷ real max logit at the end (one number a seed).", "",
+              ]
+    reached = {f: probe_sum_eta(truth_config(model, steps, eta, 0), Assignment.parse(next(iter(PAPER))))(
+        int(f * steps)) for f in LAW_FRACTIONS}
+    lines += ["| assignment | " + " | ".join(f"first {f:.0%} (Σ η ×{target_sum_eta / reached[f]:.1f} to go)"
+                                           for f in LAW_FRACTIONS) + " |", "|---|" + "---|" * len(LAW_FRACTIONS)]
+    for a in sorted(PAPER, key=truth_mean.get):
+        cells = []
+        for f in LAW_FRACTIONS:
+            rs = [(_early_forecast(r, f, target_sum_eta), _final_logit(r)) for r in truth[a] if r["status"] == "completed"]
+            cells.append(", ".join("—" if v is None or not real else f"{v / real:.2f}" for v, real in rs))
+        lines.append(f"| {PAPER[a]} | " + " | ".join(cells) + " |")
     text = "\n".join(lines)
     if out is None:
         print(text)
@@ -313,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--eta", type=float, default=0.02, help="peak spectral step size")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--only", nargs="+", choices=list(PAPER), help="with --truth: these assignments only "
+                   "(to share the runs between processes)")
     p.add_argument("--data-dir", type=Path, default=DATA, help="where the ground-truth runs are stored")
     p.add_argument("--compare", metavar="RUN_DIR", help="compare the study in RUN_DIR with the ground truth")
     p.add_argument("--out", type=Path, help="with --compare: also write the table to this file")
@@ -322,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         compare(args.compare, args.model, args.steps, args.eta, args.out)
         return 0
     if args.truth:
-        run_truth(args.model, args.steps, args.eta, args.seeds)
+        run_truth(args.model, args.steps, args.eta, args.seeds, args.only)
     if args.show or args.truth:
         show_truth(args.model, args.steps, args.eta)
     return 0
