@@ -8,25 +8,14 @@ the cumulative spectral step Σ η, not in steps (:mod:`geosearch.search.forecas
 instability rule fires it hands the decision to an ordinary loss-based Optuna pruner, the
 way :class:`optuna.pruners.PatientPruner` wraps one.
 
-What the objective stores on the trial (the pruner only reads; :func:`probe_row` builds a
-row from the trainer's metrics):
-
-- ``trial.user_attrs["probe_history"]``: a list of dicts, one per probe step, with keys
-  ``step`` (int), ``max_logit`` (float, the largest attention logit q·k/√d_head over
-  layers and heads), ``min_entropy`` (float, nats, the lowest attention entropy the probes
-  report), ``train_loss`` (float), ``sum_eta`` (float, Σ η: the manifold groups' spectral
-  step sizes summed over the optimizer steps taken so far, Σ_{s<step} η_s) and
-  ``sigma_max`` (dict, module type -> σ_max, the largest over that type's layers, as the
-  trainer's probes report it). A value may be missing or ``None`` (not measured); a NaN
-  must stay a float NaN (Optuna's storages round-trip it).
-- ``trial.user_attrs["target_sum_eta"]`` (float): Σ η at the end of the user's target run,
-  ``schedule_sum_eta(N, steps=N, ...)`` for a target of N steps; ``"target_steps"`` (int):
-  N, for the message.
-- ``trial.user_attrs["logit_scale"]`` (float): the proxy model's Stiefel logit bound
-  d_model/√d_head (:func:`~geosearch.search.forecast.stiefel_logit_bound`);
-  ``"target_logit_scale"`` (float): the target model's (the proxy's when absent; ignored
-  without ``logit_scale``, since the proxy's logits could not be converted).
-- ``trial.report(val_loss, step)``: the validation losses (``trial.intermediate_values``).
+The pruner only reads what the objective stores on the trial (:func:`probe_row` builds a
+row; the attrs are listed in ``docs/design.md``, "Study and trial attributes"): ``probe_history``
+(per probe step: ``step``, ``max_logit``, ``min_entropy``, ``train_loss``, ``sum_eta`` and
+``sigma_max`` per module type; a missing value is ``None``, a NaN stays a float NaN),
+``target_sum_eta`` and ``target_steps`` (the target run), ``logit_scale`` and
+``target_logit_scale`` (d_model/√d_head of the proxy and of the target model:
+:func:`~geosearch.search.forecast.stiefel_logit_bound`), and the validation losses it
+reports (``trial.intermediate_values``).
 
 Studies written before these keys existed still prune: without ``logit_scale`` the logit
 threshold is the absolute ``max_logit``; without ``target_sum_eta`` (or ``sum_eta`` in the
