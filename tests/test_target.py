@@ -30,10 +30,10 @@ from geosearch.search.target import (
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def ladder_space(rungs=2, target_steps=40, ladder=None, **extra):
+def ladder_space(rungs=2, target_steps=40, ladder=None, target_lr=None, **extra):
     """The tiny test space with a target 4× the proxy's 10 steps and a ladder towards it."""
-    return make_space(target={"steps": target_steps}, ladder={"rungs": rungs, **(ladder or {})},
-                      **extra)
+    return make_space(target={"steps": target_steps, "spectral_lr": target_lr},
+                      ladder={"rungs": rungs, **(ladder or {})}, **extra)
 
 
 # --------------------------------------------------------------------------- the sections
@@ -198,13 +198,27 @@ def test_lower_seeds_trains_the_first_seeds_below_the_top_rung_and_all_at_the_to
     assert f"({each:,} steps each)" in space.summary() and "1 below the top" in space.summary()
 
 
-def test_an_unstable_run_at_a_higher_rung_prunes_naming_the_rung(monkeypatch, tmp_path):
+def test_a_rung_with_a_larger_step_than_the_targets_is_not_judged_on_its_logits(monkeypatch, tmp_path):
     use_train(monkeypatch, FakeTrain(
         logits=lambda key, seed, config: 5e3 if "euclidean" in key and config.spectral_lr > 0.03 else 5.0,
         with_config=True))
     search(ladder_space(repeats=2), tmp_path)
     t = next(t for t in trials_of(tmp_path) if t.params["geometry.attn"] == "euclidean")
-    top = plan_rungs(ladder_space())[-1]
+    # Rule: rung 1 takes a 10x larger step than the target's: its logits (5e3) are recorded,
+    # not judged; the trial completes and is ranked on its loss.
+    assert t.state == TrialState.COMPLETE
+    assert max(r["max_logit"] for r in t.user_attrs["rung_probes"][1]) == 5e3
+
+
+def test_an_unstable_run_at_a_higher_rung_prunes_naming_the_rung(monkeypatch, tmp_path):
+    use_train(monkeypatch, FakeTrain(
+        logits=lambda key, seed, config: 5e3 if "euclidean" in key and config.spectral_lr > 0.03 else 5.0,
+        with_config=True))
+    # the target's own step (1.0) is above every rung's: each rung is judged like the proxy run
+    space = ladder_space(repeats=2, target_lr=1.0)
+    search(space, tmp_path)
+    t = next(t for t in trials_of(tmp_path) if t.params["geometry.attn"] == "euclidean")
+    top = plan_rungs(space)[-1]
     assert t.state == TrialState.PRUNED
     # Rule: the reason names the rung and its Σ η, then the seed and the pruner's rule.
     assert t.user_attrs["prune_reason"].startswith(f"rung 1 (Σ η {top.sum_eta:.3g}), seed 0: max logit 5e+03")

@@ -150,6 +150,7 @@ class Searcher:
         self.owner = Owner(run_dir)
         self.rungs = plan_rungs(space)
         target = resolve_target(space)
+        self.target_lr = target.spectral_lr  # rungs above it are not judged (see _callback)
         # what the pruner's forecast reads on each trial (geosearch.search.pruners)
         self.target_attrs = {
             TARGET_SUM_ETA: target.sum_eta, TARGET_STEPS: target.steps,
@@ -356,7 +357,8 @@ class Searcher:
                 config, assignment = rung_run(self.space, suggestion, r, rung)
                 rows: list[dict] = []
                 callback = self._callback(trial, rows, probe_sum_eta(config, assignment), heartbeat,
-                                          report=rung.index == 0 and r == 0)
+                                          report=rung.index == 0 and r == 0,
+                                          judge=rung.spectral_lr <= self.target_lr * (1 + 1e-9))
                 out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
                 # trackers (proxy.log_with): one run per trial and seed, in the study's project
                 name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
@@ -442,10 +444,13 @@ class Searcher:
         return train(config, assignment, **kwargs)
 
     def _callback(self, trial: optuna.Trial, history: list[dict], sum_eta: Callable[[int], float],
-                  heartbeat: Heartbeat, *, report: bool) -> Callable[[int, dict], str | None]:
+                  heartbeat: Heartbeat, *, report: bool, judge: bool) -> Callable[[int, dict], str | None]:
         """Reports (``report``: the first seed at rung 0 only, as Optuna keeps one value per
         step), probes (appended to ``history``, with their Σ η) and the pruner's verdict for
-        one run."""
+        one run (``judge``: only at a rung whose spectral step is not above the target's; a
+        larger step stands in for Σ η in the loss, but its logits overshoot the long run's at
+        the same Σ η: ``docs/design.md``, "The ladder"). The trainer stops a non-finite run
+        at any rung."""
         pruner = self.study.pruner
 
         def callback(step: int, metrics: dict) -> str | None:
@@ -461,7 +466,7 @@ class Searcher:
                     trial.set_user_attr(PROBE_HISTORY, list(history))
             except optuna.exceptions.UpdateFinishedTrialError:
                 raise TrialLost from None
-            if not trial.should_prune():
+            if not judge or not trial.should_prune():
                 return None
             reason = getattr(pruner, "reason", None)
             why = reason(self.study, trial) if callable(reason) else None
