@@ -196,3 +196,16 @@ def test_point_scores_merge_seed_trials_each_seed_once_and_skip_baselines():
     scores = point_scores([point, extra, again, pruned, base])
     assert set(scores) == {0}
     assert scores[0].seeds == (0, 1, 2) and scores[0].values == pytest.approx((3.0, 3.02, 2.99))
+
+
+def test_the_gap_shown_is_the_one_the_paired_test_judged():
+    # The best has a third (adaptive) seed; the runner-up shares seeds 0 and 1 with it.
+    best = Score((2.4223 - 0.01, 2.4223 + 0.01, 2.4615), (0, 1, 2))
+    other = Score((2.4675 - 0.005, 2.4675 + 0.005), (0, 1))
+    ranking = rank_scores([(0, "best", best), (1, "other", other)])
+    row = ranking.rows[1]
+    # Rule: the gap is the mean per-seed difference on the shared seeds (0.0452), not the
+    # difference of means over unequal seed sets (0.0322), so it is comparable with the
+    # threshold printed beside it.
+    assert row.comparison.test == "paired"
+    assert row.gap == pytest.approx(0.0452) and row.gap != pytest.approx(other.mean - best.mean)

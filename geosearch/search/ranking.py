@@ -115,7 +115,8 @@ class RankedTrial:
         number: Optuna trial number.
         label: the searched point, e.g. ``"attn=stiefel, mlp=dgram"``.
         score: its final val losses over seeds.
-        gap: its mean minus the best mean (0 for the best).
+        gap: the gap to the best that its test judged: the mean per-seed difference on the
+            seeds both ran when paired, else its mean minus the best mean (0 for the best).
         versus_best: ``"best"``, ``"tie"``, ``"separated"`` or ``"unknown"``.
         threshold: the noise threshold of the comparison with the best (``None``: unknown).
         comparison: that comparison in full (test, df, seeds); ``None`` for the best.
@@ -191,7 +192,10 @@ def rank_scores(entries: Iterable[tuple[int, str, Score]],
     rows = [RankedTrial(1, scored[0][0], scored[0][1], best, 0.0, "best", None)]
     for i, (number, label, score) in enumerate(scored[1:], start=2):
         c = compare(best, score)
-        rows.append(RankedTrial(i, number, label, score, score.mean - best.mean, c.verdict, c.threshold, c))
+        # the gap the test judged: on shared seeds when paired (a point with an extra seed has a
+        # mean over more seeds than the pairs the threshold is for)
+        gap = c.diff if c.test == "paired" else score.mean - best.mean
+        rows.append(RankedTrial(i, number, label, score, gap, c.verdict, c.threshold, c))
     tied = [r.number for r in rows if r.versus_best in ("best", "tie")]
     effects = tuple(main_effects((points[n], s) for n, _, s in scored if n in points)) if points else ()
     sensitivity = _sensitivity(rows)
