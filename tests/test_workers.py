@@ -72,6 +72,7 @@ def test_a_worker_is_stopped_like_ctrl_c_when_its_parent_dies(sig, tmp_path):
 
 def test_sigterm_is_ctrl_c_only_inside_the_block():
     code = ("import os, signal\n"
+            "from geosearch.search.interrupts import sigint_deferred\n"
             "from geosearch.search.workers import sigterm_as_ctrl_c\n"
             "before = signal.getsignal(signal.SIGTERM)\n"
             "with sigterm_as_ctrl_c():\n"
@@ -80,8 +81,8 @@ def test_sigterm_is_ctrl_c_only_inside_the_block():
             "        import time; time.sleep(5)\n"
             "    except KeyboardInterrupt:\n"
             "        print('interrupted')\n"
-            "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)  # Ctrl-C held off: so is SIGTERM\n"
+            "    with sigint_deferred():\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)  # Ctrl-C held off: so is SIGTERM\n"
             "print(signal.getsignal(signal.SIGTERM) == before)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["interrupted", "True"], r.stderr

@@ -12,9 +12,11 @@ from __future__ import annotations
 import signal
 import threading
 
-__all__ = ["CTRL_C", "ctrl_c_latch", "sigint_deferred"]
+__all__ = ["CTRL_C", "DEFERRED", "ctrl_c_latch", "sigint_deferred"]
 
 CTRL_C = threading.Event()
+DEFERRED = threading.Event()
+"""Set while :class:`sigint_deferred` holds Ctrl-C off (SIGTERM-as-Ctrl-C waits too)."""
 """Set by a Ctrl-C while a :class:`ctrl_c_latch` is active; cleared when it ends."""
 
 
@@ -52,8 +54,10 @@ class sigint_deferred:
     def __enter__(self) -> None:
         self.previous = None
         if threading.current_thread() is threading.main_thread():
+            DEFERRED.set()
             self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def __exit__(self, *exc: object) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+            DEFERRED.clear()

@@ -32,6 +32,7 @@ from optuna.trial import FrozenTrial
 
 from geosearch.errors import GeosearchError
 from geosearch.search.distributed import launch_world
+from geosearch.search.interrupts import DEFERRED
 from geosearch.search.liveness import PARENT_ENV, STALE_AFTER, Owner
 from geosearch.search.space import SearchSpace
 from geosearch.search.storage import PASSWORD_ENV, SPACE_FILE, WORKERS_DIR, split_password
@@ -70,9 +71,11 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         return
 
     def handle(signum: int, frame: Any) -> None:
-        handler = signal.getsignal(signal.SIGINT)
-        if handler is signal.SIG_IGN:  # Ctrl-C held off (an interruption being recorded)
+        if DEFERRED.is_set():  # Ctrl-C held off (an interruption being recorded)
             return
+        # a SIGINT ignored since the process started (a shell's background job) is not a
+        # hold-off: SIGTERM still stops the run
+        handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
             handler(signal.SIGINT, frame)
         raise KeyboardInterrupt
