@@ -184,12 +184,13 @@ def _search_steps(trial, rungs: list[dict]) -> int:
     """Optimizer steps a trial trained (a pruned run counts to its stop step)."""
     losses = trial.user_attrs.get(RUNG_LOSSES) or []
     indices = trial.user_attrs.get(RUNG_INDICES) or range(len(losses))  # a seed trial: the top rung
-    total = 0
+    total, last = 0, None
     for i, seeds in zip(indices, losses):
         total += rungs[i]["steps"] * len(seeds)
+        last = i
     stop = trial.user_attrs.get(STOP_STEP)
-    if trial.state.name == "PRUNED" and isinstance(stop, int):
-        total += stop  # the run that was stopped is not in rung_losses
+    if trial.state.name == "PRUNED" and isinstance(stop, int) and last is not None:
+        total -= rungs[last]["steps"] - stop  # the stopped run is in rung_losses, to its stop step
     return total
 
 
