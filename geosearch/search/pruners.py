@@ -155,10 +155,10 @@ class LogitGrowthPruner(BasePruner):
     - ``max_extrapolation=4``: the forecast rule acts only once the run's Σ η is at least a
       quarter of the target's (two doublings of Σ η past the data at most). The law is
       fitted on the run so far, and early in a run (warmup, attention learning) logits rise
-      faster than they go on to: ``benchmarks/fidelity.py`` measured forecasts 10–20×
-      too high from 5% of a 2,000-step run (Σ η ×25 short of the end), 0.6–4× from 10%
-      (×11), within 2.2× from 25% (×2.7) and 1.5× from 50% (×1.6), while the prediction
-      interval, which assumes the law holds, stayed narrow. Farther forecasts are still
+      faster than they go on to: ``benchmarks/fidelity.py`` measured DGram attention's
+      forecasts from the first 10% of 2,000-step runs (Σ η ×11 short of the end) 0.6–40×
+      the real value, from 25% (×2.8) within 2.2×, from 50% (×1.4) within 1.6×, while the
+      prediction interval, which assumes the law holds, stayed narrow. Farther forecasts are still
       computed and reported (:meth:`forecast`), never pruned on; the Σ η ladder measures
       instead of extrapolating.
 
