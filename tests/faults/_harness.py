@@ -298,6 +298,10 @@ def signal_parent(tmp: Path, rng: random.Random, sigs: tuple[signal.Signals, ...
         cmd = start(args, tmp, tmp / f"run{i}.log")
         try:
             landed &= mid_trial(cmd, run_dir, rng)
+            # a rerun sees the trials the previous parent left RUNNING at once: wait for this
+            # parent's own workers, so the signal lands mid-search, not in its startup
+            wait_until(lambda: worker_pids(cmd.pid) or cmd.proc.poll() is not None, TIMEOUT,
+                       "the parent's workers")
             pids = worker_pids(cmd.pid)
             before.update(completed(run_dir))
             cmd.proc.send_signal(sig)
