@@ -362,10 +362,12 @@ def signal_single(tmp: Path, rng: random.Random, sig: signal.Signals) -> Result:
 def second_command(tmp: Path, rng: random.Random) -> Result:
     """A second ``geosearch search`` of the same study while the first (``--workers 2``) runs:
     refused with one line; the first finishes alone."""
-    space, run_dir, args, cmd = _begin(tmp, "two", "--workers", "2")
+    # 10x the usual steps: the first command must outlast the second one's start (imports)
+    longer = ("--steps", str(10 * STEPS))
+    space, run_dir, args, cmd = _begin(tmp, "two", "--workers", "2", *longer)
     try:
         landed = mid_trial(cmd, run_dir, rng)
-        code2, out2 = run(_search_args(space), tmp, tmp / "second.log")
+        code2, out2 = run(_search_args(space, *longer), tmp, tmp / "second.log")
         code = cmd.wait()
     finally:
         kill_tree(cmd.pid)
