@@ -48,10 +48,10 @@ from geosearch.proxy.train import TrainConfig, train
 from geosearch.search.forecast import forecast_max_logit
 from geosearch.search.horizon import spearman
 from geosearch.search.pruners import QK_TYPES, LogitGrowthPruner
-from geosearch.search.ranking import family_geometry, rank_scores, rank_study
+from geosearch.search.ranking import family_geometry, rank_scores, rank_study, trial_label
 from geosearch.search.records import BASELINE, ASSIGNMENT, LADDER, PROBE_HISTORY, PRUNE_REASON, PROXY, RUNG_INDICES, RUNG_LOSSES, RUNG_PROBES, STOP_STEP
 from geosearch.search.stats import Point, Score, main_effects
-from geosearch.search.target import probe_sum_eta
+from geosearch.search.target import probe_sum_eta, study_reading
 from geosearch.search.storage import open_run_study
 
 DATA = Path(__file__).parent / "data" / "fidelity"
@@ -232,6 +232,14 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
     # the tool's whole order: ranked ones by their loss, then the pruned ones, tied last
     worst = max((search[a]["mean"] for a in keys), default=0.0) + 1.0
     rho_all = spearman([search[a]["mean"] if a in search else worst for a in PAPER], [truth_mean[a] for a in PAPER])
+    # the order the ladder forecasts at the target (each loss's line in log Σ η through the
+    # rungs; the top rung's own order when it reached the target): not what the verdict ranks on
+    reading = study_reading(study)
+    order = reading.forecast_order if reading is not None else []
+    placed = {a: order.index(trial_label(search[a]["trial"])) for a in keys
+              if trial_label(search[a]["trial"]) in order}
+    rho_fc = (spearman([placed[a] for a in placed], [truth_mean[a] for a in placed])
+              if reading is not None and reading.extrapolated and len(placed) == len(keys) else None)
     truth_effects = main_effects((_point(a), s) for a, s in scores.items())
     s_signs, t_signs = _signs(ranking.effects), _signs(truth_effects)
 
@@ -288,7 +296,10 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
               f"- Spearman over the {len(keys)} ranked assignments: top rung **{rho:.2f}**; rung 0 alone "
               f"(the proxy's own Σ η, what a one-rung search answers) {rho0:.2f}"
               + (f"; over all {len(PAPER)}, the pruned placed last (tied): **{rho_all:.2f}**"
-                 if len(keys) < len(PAPER) else "") + ".",
+                 if len(keys) < len(PAPER) else "")
+              + (f"; the order forecast at the target (lines in log Σ η through the rungs, extrapolated "
+                 f"from Σ η {reading.rungs[-1].sum_eta:.1f}): {rho_fc:.2f}, best "
+                 f"{PAPER[min(placed, key=placed.get)]}" if rho_fc is not None else "") + ".",
               f"- Main effects, truth: {'; '.join(_effects_text(truth_effects).values()) or 'none'}.",
               f"- Main effects, search: {'; '.join(_effects_text(ranking.effects).values()) or 'none'}.",
               "- Same better level: " + ", ".join(
