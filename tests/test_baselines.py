@@ -45,7 +45,7 @@ def test_baselines_are_trained_not_counted_not_exported_and_compared(monkeypatch
     use_train(monkeypatch, timed(f))
     extra = {"budget": {"trials": 2}, "sampler": {"type": "tpe", "seed": 0}} if sampler == "tpe" else {}
     space = make_space(GRID, repeats=2, baselines=["adamw", "muon"], target={"steps": 40},
-                       ladder={"rungs": 2}, **extra)
+                       ladder={"rungs": 2, "max_steps": 20}, **extra)
     rungs = plan_rungs(space)
     out = search(space, tmp_path)
     trials = trials_of(tmp_path)

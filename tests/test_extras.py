@@ -33,7 +33,7 @@ def tied_losses(key, seed, *config):
 
 def test_contenders_get_seeds_at_the_top_rung_merged_into_their_score(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=tied_losses, with_config=True))
-    space = make_space(GRID, repeats=2, max_repeats=4, target={"steps": 40}, ladder={"rungs": 2})
+    space = make_space(GRID, repeats=2, max_repeats=4, target={"steps": 40}, ladder={"rungs": 2, "max_steps": 20})
     top = plan_rungs(space)[-1]
     assert top.index == 1
     out = search(space, tmp_path)

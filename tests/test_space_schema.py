@@ -224,12 +224,12 @@ def test_max_repeats_and_baselines_are_checked_and_round_trip():
 def test_header_prints_the_steps_the_study_trains():
     from geosearch.search.space import apply_overrides, load_space
 
-    # 4 points x (1 seed at rung 0 + 2 at rung 1) x 200 + adamw 1 x 200 (rung 0 only) +
-    # muon (1 + 2) x 200; + 4 x 200 adaptive seeds at the top rung
+    # 4 points x (1 seed x 200 at rung 0 + 2 x 400 at rung 1) + adamw 1 x 200 (rung 0 only) +
+    # muon 200 + 2 x 400; + 4 x 400 adaptive seeds at the top rung
     text = load_space("default").summary()
-    assert "= 3,200 steps; up to 4,000 with adaptive seeds (max_repeats 3" in text
+    assert "= 5,200 steps; up to 6,800 with adaptive seeds (max_repeats 3" in text
     off = apply_overrides(load_space("default"), ["baselines=[]", "max_repeats=2"]).summary()
-    assert "= 2,400 steps" in off and "adaptive" not in off
+    assert "= 4,000 steps" in off and "adaptive" not in off
     every = apply_overrides(load_space("default"), ["ladder.lower_seeds=null", "baselines=[]",
                                                     "max_repeats=2"]).summary()
-    assert "= 3,200 steps" in every
+    assert "= 4,800 steps" in every

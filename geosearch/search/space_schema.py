@@ -35,8 +35,8 @@ optional but ``version`` and ``geometries``::
                                   #   muon_qkclip; [] for none
     target: {steps: 2000, spectral_lr: null, model: null}   # the user's run (null: the proxy's)
     ladder: {rungs: 1, max_spectral_lr: null, max_steps: null, lower_seeds: null}
-                                  #   rungs of growing Σ η towards the target's (null: 10 ×
-                                  #   proxy.spectral_lr, proxy.steps; every seed below the top)
+                                  #   rungs of growing Σ η towards the target's (null: the
+                                  #   proxy's spectral_lr, proxy.steps; every seed below the top)
     budget: {trials: null, timeout: null}   # trials; seconds (null = no limit)
     pruner:                       # LogitGrowthPruner arguments (null disables a rule)
       max_logit: 1000.0           #   absolute, for trials without a logit scale

@@ -44,18 +44,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space import SearchSpace, Suggestion
 
 __all__ = [
-    "LADDER_LR_FACTOR", "LadderSpec", "Target", "TargetSpec", "check_horizon", "horizon_lines",
+    "LadderSpec", "Target", "TargetSpec", "check_horizon", "horizon_lines",
     "horizon_note", "horizon_verdict", "ladder_record", "model_logit_scale", "parse_horizon", "plan_rungs",
     "probe_sum_eta",
     "reading_record",
     "resolve_target", "rung_dir", "rung_means", "rung_run", "run_sum_eta", "study_reading",
     "target_line",
 ]
-
-LADDER_LR_FACTOR = 10.0
-"""A ladder's default ``max_spectral_lr``, as a multiple of the proxy's spectral step: one
-step then moves a unit singular value by at most 10 × the proxy's η (0.2 at η = 0.02)."""
-
 
 # --------------------------------------------------------------------------- the sections
 @dataclass(frozen=True)
@@ -84,8 +79,10 @@ class LadderSpec:
     rungs: int = 1
     """Rungs at most, rung 0 included; 1 = the proxy run only."""
     max_spectral_lr: float | None = None
-    """Largest peak spectral step of a rung; ``None`` = :data:`LADDER_LR_FACTOR` × the
-    proxy's."""
+    """Largest peak spectral step of a rung; ``None`` = the proxy's own: rungs reach Σ η by
+    more steps, never by a larger step (docs/design.md, "The ladder": a larger step inflates
+    the logits and did not rank as the long runs did). A value above the proxy's lets rungs
+    take a larger step instead of more steps."""
     max_steps: int | None = None
     """Most steps of a rung (at least ``proxy.steps``); ``None`` = ``proxy.steps``."""
     lower_seeds: int | None = None
@@ -198,7 +195,7 @@ def plan_rungs(space: SearchSpace) -> list[Rung]:
         return [base]
     return plan_ladder(p.steps, p.spectral_lr, target, rungs=ladder.rungs,
                        schedule_sum=lambda n: run_sum_eta(p, n, 1.0),
-                       max_spectral_lr=ladder.max_spectral_lr or LADDER_LR_FACTOR * p.spectral_lr,
+                       max_spectral_lr=ladder.max_spectral_lr or p.spectral_lr,
                        max_steps=ladder.max_steps or p.steps)
 
 
@@ -365,8 +362,13 @@ def target_line(space: SearchSpace) -> str:
     if t.sum_eta <= base * 1.1:
         return (f"  target: the proxy run itself (Σ η {base:.3g}); --target-steps N ranks for "
                 "a longer run")
-    ladder = (f"{len(rungs)} rungs at Σ η " + ", ".join(f"{r.sum_eta:.3g}" for r in rungs)
-              if len(rungs) > 1 else "1 rung, the proxy run (ladder.rungs >= 2 ranks closer to it)")
+    if len(rungs) > 1:
+        ladder = f"{len(rungs)} rungs at Σ η " + ", ".join(f"{r.sum_eta:.3g}" for r in rungs)
+    elif space.ladder.rungs > 1:  # rungs take the proxy's step, and no more steps than it
+        ladder = (f"1 rung, the proxy run: the ladder's limits reach no further (ladder.max_steps "
+                  f"> proxy.steps {space.proxy.steps} ranks closer to it)")
+    else:
+        ladder = "1 rung, the proxy run (ladder.rungs >= 2 ranks closer to it)"
     return (f"  target: {t.steps} steps at spectral_lr {t.spectral_lr:g}, model {t.model}: "
             f"Σ η {t.sum_eta:.3g} (the proxy's {base:.3g}); ladder: {ladder}")
 
