@@ -18,6 +18,8 @@ Usage::
     python benchmarks/fidelity.py --show --eta 0.02 --steps 2000                 # the table so far
     geosearch search --study fid002 --runs-dir runs                             # the search under test
     python benchmarks/fidelity.py --compare runs/fid002 --eta 0.02 --steps 2000
+    python benchmarks/fidelity.py --truth --eta 0.02 --steps 1000 --seeds 0 1   # a shorter length
+    python benchmarks/fidelity.py --lengths --eta 0.02 --steps 2000             # its order vs 2,000's
 
 The comparison reads the study as the tool does (its ranking at the top rung, its main
 effects, the pruner's forecast at the target) and never uses the ground truth to choose
@@ -332,6 +334,46 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
         publish(text, out)
 
 
+def lengths(model: str, steps: int, eta: float, out: Path | None) -> None:
+    """How the order of completed runs of each shorter stored length agrees with the
+    order at ``steps``: the best assignment, Spearman of the seed means and of each seed
+    alone, and the cost of one seed of the four at that length against the target's
+    2-seed ground truth. No search and no rule of the tool: the ceiling of any ladder whose
+    top rung is a completed run of that length."""
+    target = truth_scores(load_truth(model, steps, eta))
+    if len(target) < len(PAPER):
+        sys.exit(f"the ground truth at {model}/{steps}/{eta} has {len(target)} of {len(PAPER)} "
+                 "assignments: run --truth first")
+    configs = [json.loads(p.read_text(encoding="utf-8"))["config"] for p in DATA.glob("*.json")]
+    found = sorted({c["steps"] for c in configs if (c["model"], c["spectral_lr"]) == (model, eta)
+                    and c["steps"] < steps})
+    keys = list(PAPER)
+    t_mean = [target[a].mean for a in keys]
+    t_best = keys[t_mean.index(min(t_mean))]
+    truth_steps = steps * sum(target[a].n for a in keys)
+    lines = [machine(), "", f"`{model}`, peak spectral step {eta}: the order of completed runs of each length "
+             f"against the order at {steps} steps (seed means; best there: {PAPER[t_best]}).", "",
+             "| steps | best (seed mean) | = best at the target | Spearman, seed mean | Spearman, each seed | "
+             "compute of the four, per seed (÷ the target's ground truth) |", "|---:|---|---|---:|---|---:|"]
+    for n in found:
+        scores = truth_scores(load_truth(model, n, eta))
+        if len(scores) < len(PAPER):
+            continue
+        mean = [scores[a].mean for a in keys]
+        best = keys[mean.index(min(mean))]
+        seeds = sorted(set.intersection(*(set(scores[a].seeds or ()) for a in keys)))
+        per_seed = [spearman([scores[a].values[list(scores[a].seeds).index(sd)] for a in keys], t_mean)
+                    for sd in seeds]
+        lines.append(f"| {n:,} | {PAPER[best]} | {'yes' if best == t_best else 'no'} | "
+                     f"{spearman(mean, t_mean):.2f} | {', '.join(f'{r:.2f}' for r in per_seed)} | "
+                     f"{len(keys) * n / truth_steps:.3f} |")
+    text = "\n".join(lines) + "\n"
+    if out is None:
+        print(text)
+    else:
+        publish(text, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     global DATA
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -345,11 +387,16 @@ def main(argv: list[str] | None = None) -> int:
                    "(to share the runs between processes)")
     p.add_argument("--data-dir", type=Path, default=DATA, help="where the ground-truth runs are stored")
     p.add_argument("--compare", metavar="RUN_DIR", help="compare the study in RUN_DIR with the ground truth")
-    p.add_argument("--out", type=Path, help="with --compare: also write the table to this file")
+    p.add_argument("--lengths", action="store_true", help="how the order of each shorter stored length "
+                   "agrees with the order at --steps")
+    p.add_argument("--out", type=Path, help="with --compare or --lengths: also write the table to this file")
     args = p.parse_args(argv)
     DATA = args.data_dir
     if args.compare:
         compare(args.compare, args.model, args.steps, args.eta, args.out)
+        return 0
+    if args.lengths:
+        lengths(args.model, args.steps, args.eta, args.out)
         return 0
     if args.truth:
         run_truth(args.model, args.steps, args.eta, args.seeds, args.only)
