@@ -367,6 +367,11 @@ def lengths(model: str, steps: int, eta: float, out: Path | None) -> None:
         lines.append(f"| {n:,} | {PAPER[best]} | {'yes' if best == t_best else 'no'} | "
                      f"{spearman(mean, t_mean):.2f} | {', '.join(f'{r:.2f}' for r in per_seed)} | "
                      f"{len(keys) * n / truth_steps:.3f} |")
+    seeds = sorted(set.intersection(*(set(target[a].seeds or ()) for a in keys)))
+    if len(seeds) == 2:  # is the target's order itself beyond seed noise?
+        first, second = ([target[a].values[list(target[a].seeds).index(sd)] for a in keys] for sd in seeds)
+        lines += ["", f"The target's own seeds {seeds[0]} and {seeds[1]} order the four with Spearman "
+                      f"{spearman(first, second):.2f} between them."]
     text = "\n".join(lines) + "\n"
     if out is None:
         print(text)
