@@ -123,6 +123,34 @@ def test_ctrl_c_fails_the_trial_queues_it_and_a_rerun_finishes_it(monkeypatch, t
     assert out.counts == {"completed": 2, "interrupted": 1}
 
 
+
+@pytest.mark.parametrize("at", ["status", "probe_history"])
+def test_ctrl_c_while_the_trial_records_its_start_is_recorded_and_queued(monkeypatch, fake, tmp_path, at):
+    # A Ctrl-C can land between ask and training (the trial's attrs are being written, one
+    # storage write each): the trial is still failed as interrupted and its point queued.
+    real = optuna.Trial.set_user_attr
+    hit = []
+
+    def set_user_attr(self, key, value):
+        if key == at and not hit and (key != "status" or value == "running"):
+            hit.append(self.number)
+            raise KeyboardInterrupt
+        return real(self, key, value)
+
+    monkeypatch.setattr(optuna.Trial, "set_user_attr", set_user_attr)
+    with pytest.raises(KeyboardInterrupt):
+        search(make_space(), tmp_path)
+    trials = trials_of(tmp_path)
+    stopped = next(t for t in trials if t.number == hit[0])
+    assert stopped.state == TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
+    assert fake.calls == []  # it never trained
+    queued = [t for t in trials if t.user_attrs.get("retry_of") == hit[0]]
+    assert len(queued) == 1 and queued[0].state == TrialState.WAITING
+    assert queued[0].user_attrs["queued_params"] == stopped.params
+    monkeypatch.setattr(optuna.Trial, "set_user_attr", real)
+    out = search(make_space(), tmp_path)  # the rerun trains it
+    assert out.counts == {"completed": 2, "interrupted": 1}
+
 def test_forced_unstable_run_is_pruned_by_the_real_pruner(monkeypatch, tmp_path):
     real = trial_loop.train
 

@@ -180,6 +180,9 @@ class Searcher:
                     trial = self.owner.ask(self.study)  # one asker of this machine at a time
                     try:
                         number = self._run_trial(trial)
+                    except KeyboardInterrupt:
+                        self._interrupted(trial)
+                        raise
                     except _Stop as e:
                         return str(e)
                     except (TrialLost, optuna.exceptions.UpdateFinishedTrialError):
@@ -227,6 +230,26 @@ class Searcher:
             return None
         self.duplicates_in_a_row = 0
         return self._train_trial(trial, suggestion)
+
+    def _interrupted(self, trial: optuna.Trial) -> None:
+        """Record a Ctrl-C (or SIGTERM) that landed anywhere between ``ask`` and ``tell``:
+        fail the trial as ``interrupted`` and queue its point again (``retry_of``), so that a
+        rerun trains it. A trial already told, or failed by a worker that took it for dead,
+        is left as it is. torchrun sends every rank a second SIGINT: it waits until this is
+        stored."""
+        with sigint_deferred():
+            if self._frozen(trial.number).state != TrialState.RUNNING:
+                return
+            try:
+                trial.set_user_attr(STATUS, INTERRUPTED)
+                trial.set_user_attr(FAIL_REASON, "interrupted (Ctrl-C); queued again: rerun the "
+                                                 "same command to resume")
+                self._tell(trial, TrialState.FAIL)
+            except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+                return  # failed meanwhile by a worker that took it for dead
+            point = trial_point(trial)
+            if point:
+                enqueue(self.study, point, retry_of=trial.number)
 
     def _run_extra(self, trial: optuna.Trial) -> int | None:
         """Train a baseline or an adaptive seed (queued by :func:`queue_extras`): never
@@ -288,18 +311,6 @@ class Searcher:
                 results, probes = self._train_rungs(trial, suggestion, trial_dir, heartbeat)
             if heartbeat.lost.is_set():
                 raise TrialLost
-        except KeyboardInterrupt:
-            # torchrun sends a second SIGINT to every rank on Ctrl-C: record this one first
-            with sigint_deferred():
-                try:
-                    trial.set_user_attr(STATUS, INTERRUPTED)
-                    trial.set_user_attr(FAIL_REASON, "interrupted (Ctrl-C); queued again: rerun "
-                                                     "the same command to resume")
-                    self._tell(trial, TrialState.FAIL)
-                except (ValueError, RuntimeError):  # already failed by a worker that took it for dead
-                    raise KeyboardInterrupt from None
-                enqueue(self.study, dict(trial.params), retry_of=n)
-            raise
         except TrialLost:
             raise
         except Exception as e:  # noqa: BLE001 - a trial's error must not end the search
