@@ -20,6 +20,8 @@ Usage::
     python benchmarks/fidelity.py --compare runs/fid002 --eta 0.02 --steps 2000
     python benchmarks/fidelity.py --truth --eta 0.02 --steps 1000 --seeds 0 1   # a shorter length
     python benchmarks/fidelity.py --lengths --eta 0.02 --steps 2000             # its order vs 2,000's
+    python benchmarks/fidelity.py --truth --eta 0.02 --steps 2000 --model-arg n_embd=32  # a narrow copy
+    python benchmarks/fidelity.py --widths --eta 0.02 --steps 2000              # its order vs the model's
 
 The comparison reads the study as the tool does (its ranking at the top rung, its main
 effects, the pruner's forecast at the target) and never uses the ground truth to choose
@@ -65,12 +67,13 @@ PAPER = {  # the reference study's four assignments (rule set nanogpt: c_attn is
 }
 
 
-def truth_config(model: str, steps: int, eta: float, seed: int) -> TrainConfig:
+def truth_config(model: str, steps: int, eta: float, seed: int, model_args: dict | None = None) -> TrainConfig:
     """A ground-truth run: the default space's proxy settings at the target length, with a
-    finer final validation (16 fixed batches) and probes every 1% of the run."""
+    finer final validation (16 fixed batches) and probes every 1% of the run; ``model_args``
+    change the model (e.g. ``n_embd`` for a narrower copy)."""
     return TrainConfig(model=model, steps=steps, spectral_lr=eta, seed=seed, batch_size=16,
                        eval_every=max(1, steps // 4), eval_batches=16,
-                       probe_every=max(1, steps // 100), solver="project")
+                       probe_every=max(1, steps // 100), solver="project", model_args=dict(model_args or {}))
 
 
 def run_key(config: TrainConfig, assign: str) -> str:
@@ -86,13 +89,14 @@ def _commit() -> str:
         return "unknown"
 
 
-def run_truth(model: str, steps: int, eta: float, seeds: list[int], only: list[str] | None = None) -> None:
+def run_truth(model: str, steps: int, eta: float, seeds: list[int], only: list[str] | None = None,
+              model_args: dict | None = None) -> None:
     """Train every missing ground-truth run (of the ``only`` assignments) and store it."""
     DATA.mkdir(parents=True, exist_ok=True)
     print(machine())
     for seed in seeds:
         for assign in [a for a in PAPER if only is None or a in only]:
-            config = truth_config(model, steps, eta, seed)
+            config = truth_config(model, steps, eta, seed, model_args)
             path = DATA / f"{run_key(config, assign)}.json"
             if path.exists():
                 print(f"have  {assign} seed {seed}: {path.name}")
@@ -111,20 +115,22 @@ def run_truth(model: str, steps: int, eta: float, seeds: list[int], only: list[s
                   f"{record['wall_s']:.0f} s -> {path.name}")
 
 
-def load_truth(model: str, steps: int, eta: float) -> dict[str, list[dict]]:
-    """assignment -> its stored ground-truth runs (any seeds) at these settings."""
+def load_truth(model: str, steps: int, eta: float, model_args: dict | None = None) -> dict[str, list[dict]]:
+    """assignment -> its stored ground-truth runs (any seeds) at these settings (the
+    model's own sizes unless ``model_args`` are given)."""
     out: dict[str, list[dict]] = {a: [] for a in PAPER}
     for path in sorted(DATA.glob("*.json")):
         rec = json.loads(path.read_text(encoding="utf-8"))
         c = rec["config"]
-        if (c["model"], c["steps"], c["spectral_lr"]) == (model, steps, eta) and rec["assign"] in out:
+        if ((c["model"], c["steps"], c["spectral_lr"]) == (model, steps, eta) and rec["assign"] in out
+                and (c.get("model_args") or {}) == (model_args or {})):
             out[rec["assign"]].append(rec)
     return out
 
 
-def show_truth(model: str, steps: int, eta: float) -> None:
-    truth = load_truth(model, steps, eta)
-    print(f"ground truth: {model}, {steps} steps, spectral lr {eta}")
+def show_truth(model: str, steps: int, eta: float, model_args: dict | None = None) -> None:
+    truth = load_truth(model, steps, eta, model_args)
+    print(f"ground truth: {model}{f' {model_args}' if model_args else ''}, {steps} steps, spectral lr {eta}")
     rows = []
     for assign, recs in truth.items():
         losses = [r["final_val_loss"] for r in recs if r["status"] == "completed"]
@@ -379,6 +385,81 @@ def lengths(model: str, steps: int, eta: float, out: Path | None) -> None:
         publish(text, out)
 
 
+def step_flops(config: TrainConfig, assign: str) -> float:
+    """Floating-point operations of one training step of ``config``'s model with ``assign``:
+    forward, backward and the optimizer step (the msign and retraction products too), as
+    torch's ``FlopCounterMode`` counts them (matrix products), on one random batch. Exact
+    and machine-free, unlike a time: the compute of two model sizes compared like with like."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from geosearch.optim.build import optimizer_from_plan
+    from geosearch.plan import bind
+    from geosearch.proxy.lm import lm_loss
+    from geosearch.proxy.zoo import build_model
+
+    torch.manual_seed(0)
+    built = build_model(config.model, vocab_size=256, model_args=config.model_args)
+    plan = bind(built.model, Assignment.parse(assign), config.optimizer_settings(), source="fidelity")
+    optimizer = optimizer_from_plan(plan, verbose=False)
+    x = torch.randint(0, 256, (config.batch_size, built.block_size))
+    with FlopCounterMode(display=False) as counter:
+        lm_loss(built.model, x, x).backward()
+        optimizer.step()
+    return float(counter.get_total_flops())
+
+
+def widths(model: str, steps: int, eta: float, out: Path | None) -> None:
+    """How narrower copies of the model, trained for the whole target (same steps, same
+    spectral step, same data and seeds), order the four against the model's own order: the
+    best, Spearman of the seed means and of each seed, and the compute of the copy's 2
+    seeds of the four against the ground truth's (training-step FLOPs, :func:`step_flops`).
+    No search and no rule of the tool: whether the spectral step size transfers across
+    width well enough that a narrow copy at the target's length stands in for the model."""
+    target = truth_scores(load_truth(model, steps, eta))
+    if len(target) < len(PAPER):
+        sys.exit(f"the ground truth at {model}/{steps}/{eta} has {len(target)} of {len(PAPER)} "
+                 "assignments: run --truth first")
+    recs = [json.loads(p.read_text(encoding="utf-8")) for p in DATA.glob("*.json")]
+    variants = sorted({json.dumps(r["config"]["model_args"], sort_keys=True) for r in recs
+                       if (r["config"]["model"], r["config"]["steps"], r["config"]["spectral_lr"]) == (model, steps, eta)
+                       and r["config"].get("model_args")})
+    keys = list(PAPER)
+    t_mean = [target[a].mean for a in keys]
+    t_best = keys[t_mean.index(min(t_mean))]
+    base = truth_config(model, steps, eta, 0)
+    base_flops = {a: step_flops(base, a) for a in keys}
+    lines = [machine(), "", f"`{model}`, {steps} steps at peak spectral step {eta}: narrower copies trained "
+             f"for the same steps, against the model's own order (seed means; best: {PAPER[t_best]}).", "",
+             "| model args | best (seed mean) | = the model's best | Spearman, seed mean | Spearman, each seed | "
+             "compute of the four × 2 seeds (÷ the ground truth's, FLOPs) | ms/step ratio (indicative) |",
+             "|---|---|---|---:|---|---:|---:|"]
+    for blob in variants:
+        args = json.loads(blob)
+        found = load_truth(model, steps, eta, args)
+        scores = truth_scores(found)
+        if any(scores[a].n == 0 for a in keys):
+            continue
+        mean = [scores[a].mean for a in keys]
+        best = keys[mean.index(min(mean))]
+        seeds = sorted(set.intersection(*(set(scores[a].seeds or ()) for a in keys)))
+        per_seed = [spearman([scores[a].values[list(scores[a].seeds).index(sd)] for a in keys], t_mean)
+                    for sd in seeds]
+        cfg = truth_config(model, steps, eta, 0, args)
+        flops = sum(step_flops(cfg, a) * scores[a].n for a in keys)
+        truth_flops = sum(base_flops[a] * target[a].n for a in keys)
+        ms = statistics.fmean(r["mean_step_ms"] for a in keys for r in found[a])
+        ms_truth = statistics.fmean(r["mean_step_ms"] for a in keys for r in load_truth(model, steps, eta)[a])
+        label = ", ".join(f"{k}={v}" for k, v in args.items())
+        lines.append(f"| {label} | {PAPER[best]} | {'yes' if best == t_best else 'no'} | "
+                     f"{spearman(mean, t_mean):.2f} | {', '.join(f'{r:.2f}' for r in per_seed)} | "
+                     f"{flops / truth_flops:.3f} | {ms / ms_truth:.2f} |")
+    text = "\n".join(lines) + "\n"
+    if out is None:
+        print(text)
+    else:
+        publish(text, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     global DATA
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -388,25 +469,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--eta", type=float, default=0.02, help="peak spectral step size")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=INT", help="with --truth or "
+                   "--show: a model field changed, e.g. n_embd=32 (a narrower copy); repeatable")
     p.add_argument("--only", nargs="+", choices=list(PAPER), help="with --truth: these assignments only "
                    "(to share the runs between processes)")
     p.add_argument("--data-dir", type=Path, default=DATA, help="where the ground-truth runs are stored")
     p.add_argument("--compare", metavar="RUN_DIR", help="compare the study in RUN_DIR with the ground truth")
     p.add_argument("--lengths", action="store_true", help="how the order of each shorter stored length "
                    "agrees with the order at --steps")
-    p.add_argument("--out", type=Path, help="with --compare or --lengths: also write the table to this file")
+    p.add_argument("--widths", action="store_true", help="how narrower copies trained for --steps (stored "
+                   "with --truth --model-arg n_embd=...) order the four against the model's own order")
+    p.add_argument("--out", type=Path, help="with --compare, --lengths or --widths: also write the table to this file")
     args = p.parse_args(argv)
     DATA = args.data_dir
+    model_args = {}
+    for item in args.model_arg:
+        key, _, value = item.partition("=")
+        if not value.lstrip("-").isdigit():
+            p.error(f"--model-arg {item!r}: expected KEY=INT, e.g. n_embd=32")
+        model_args[key] = int(value)
     if args.compare:
         compare(args.compare, args.model, args.steps, args.eta, args.out)
+        return 0
+    if args.widths:
+        widths(args.model, args.steps, args.eta, args.out)
         return 0
     if args.lengths:
         lengths(args.model, args.steps, args.eta, args.out)
         return 0
     if args.truth:
-        run_truth(args.model, args.steps, args.eta, args.seeds, args.only)
+        run_truth(args.model, args.steps, args.eta, args.seeds, args.only, model_args)
     if args.show or args.truth:
-        show_truth(args.model, args.steps, args.eta)
+        show_truth(args.model, args.steps, args.eta, model_args)
     return 0
 
 
