@@ -20,7 +20,9 @@ Failure modes, and what ends the others:
   ``torchrun`` (and ``accelerate launch``, which runs it) stops them as soon as it sees the
   dead one; under any other launcher the process-group timeout does
   (``GEOSEARCH_DIST_TIMEOUT`` seconds, see :func:`geosearch.proxy.train.get_accelerator`).
-  The trial is left RUNNING and the next run of the study takes it as stale.
+  The trial is left RUNNING and the next run of the study takes it as stale; when the
+  backend tells rank 0 first (gloo: "connection closed by peer"), rank 0 records it as a
+  failure of the environment and queues it again. Either way the point runs again.
 * An error on rank 0 only, raised inside a proxy run (e.g. its storage failing in the
   callback), is broadcast with the verdict: every rank leaves the run together.
 """
