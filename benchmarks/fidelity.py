@@ -146,10 +146,10 @@ LAW_FRACTIONS = (0.05, 0.1, 0.25, 0.5)
 
 
 def truth_scores(truth: dict[str, list[dict]]) -> dict[str, Score]:
-    """assignment -> its long runs' final val losses with their seeds."""
-    return {a: Score.of([r["final_val_loss"] for r in recs if r["status"] == "completed"],
-                        [r["config"]["seed"] for r in recs if r["status"] == "completed"])
-            for a, recs in truth.items() if recs}
+    """assignment -> its long runs' final val losses with their seeds; an assignment with
+    no completed run is left out (so ``len(...) < len(PAPER)`` says the truth is missing)."""
+    return {a: Score.of([r["final_val_loss"] for r in done], [r["config"]["seed"] for r in done])
+            for a, recs in truth.items() if (done := [r for r in recs if r["status"] == "completed"])}
 
 
 def _point(assign: str) -> Point:
@@ -340,6 +340,21 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
         publish(text, out)
 
 
+def _order_cells(scores: dict[str, Score], t_mean: list[float]) -> str:
+    """The table cells of one stand-in's order against the target's (``t_mean``, in
+    :data:`PAPER` order): its best, whether that is the target's, the Spearman of its seed
+    means and of each seed it shares across the four."""
+    keys = list(PAPER)
+    mean = [scores[a].mean for a in keys]
+    best = keys[mean.index(min(mean))]
+    t_best = keys[t_mean.index(min(t_mean))]
+    seeds = sorted(set.intersection(*(set(scores[a].seeds or ()) for a in keys)))
+    per_seed = [spearman([scores[a].values[list(scores[a].seeds).index(sd)] for a in keys], t_mean)
+                for sd in seeds]
+    return (f"{PAPER[best]} | {'yes' if best == t_best else 'no'} | {spearman(mean, t_mean):.2f} | "
+            + ", ".join(f"{r:.2f}" for r in per_seed))
+
+
 def lengths(model: str, steps: int, eta: float, out: Path | None) -> None:
     """How the order of completed runs of each shorter stored length agrees with the
     order at ``steps``: the best assignment, Spearman of the seed means and of each seed
@@ -365,14 +380,7 @@ def lengths(model: str, steps: int, eta: float, out: Path | None) -> None:
         scores = truth_scores(load_truth(model, n, eta))
         if len(scores) < len(PAPER):
             continue
-        mean = [scores[a].mean for a in keys]
-        best = keys[mean.index(min(mean))]
-        seeds = sorted(set.intersection(*(set(scores[a].seeds or ()) for a in keys)))
-        per_seed = [spearman([scores[a].values[list(scores[a].seeds).index(sd)] for a in keys], t_mean)
-                    for sd in seeds]
-        lines.append(f"| {n:,} | {PAPER[best]} | {'yes' if best == t_best else 'no'} | "
-                     f"{spearman(mean, t_mean):.2f} | {', '.join(f'{r:.2f}' for r in per_seed)} | "
-                     f"{len(keys) * n / truth_steps:.3f} |")
+        lines.append(f"| {n:,} | {_order_cells(scores, t_mean)} | {len(keys) * n / truth_steps:.3f} |")
     seeds = sorted(set.intersection(*(set(target[a].seeds or ()) for a in keys)))
     if len(seeds) == 2:  # is the target's order itself beyond seed noise?
         first, second = ([target[a].values[list(target[a].seeds).index(sd)] for a in keys] for sd in seeds)
@@ -415,7 +423,8 @@ def widths(model: str, steps: int, eta: float, out: Path | None) -> None:
     seeds of the four against the ground truth's (training-step FLOPs, :func:`step_flops`).
     No search and no rule of the tool: whether the spectral step size transfers across
     width well enough that a narrow copy at the target's length stands in for the model."""
-    target = truth_scores(load_truth(model, steps, eta))
+    truth = load_truth(model, steps, eta)
+    target = truth_scores(truth)
     if len(target) < len(PAPER):
         sys.exit(f"the ground truth at {model}/{steps}/{eta} has {len(target)} of {len(PAPER)} "
                  "assignments: run --truth first")
@@ -427,7 +436,8 @@ def widths(model: str, steps: int, eta: float, out: Path | None) -> None:
     t_mean = [target[a].mean for a in keys]
     t_best = keys[t_mean.index(min(t_mean))]
     base = truth_config(model, steps, eta, 0)
-    base_flops = {a: step_flops(base, a) for a in keys}
+    truth_flops = sum(step_flops(base, a) * target[a].n for a in keys)
+    ms_truth = statistics.fmean(r["mean_step_ms"] for recs in truth.values() for r in recs)
     lines = [machine(), "", f"`{model}`, {steps} steps at peak spectral step {eta}: narrower copies trained "
              f"for the same steps, against the model's own order (seed means; best: {PAPER[t_best]}).", "",
              "| model args | best (seed mean) | = the model's best | Spearman, seed mean | Spearman, each seed | "
@@ -437,22 +447,14 @@ def widths(model: str, steps: int, eta: float, out: Path | None) -> None:
         args = json.loads(blob)
         found = load_truth(model, steps, eta, args)
         scores = truth_scores(found)
-        if any(scores[a].n == 0 for a in keys):
+        if len(scores) < len(PAPER):
             continue
-        mean = [scores[a].mean for a in keys]
-        best = keys[mean.index(min(mean))]
-        seeds = sorted(set.intersection(*(set(scores[a].seeds or ()) for a in keys)))
-        per_seed = [spearman([scores[a].values[list(scores[a].seeds).index(sd)] for a in keys], t_mean)
-                    for sd in seeds]
         cfg = truth_config(model, steps, eta, 0, args)
         flops = sum(step_flops(cfg, a) * scores[a].n for a in keys)
-        truth_flops = sum(base_flops[a] * target[a].n for a in keys)
         ms = statistics.fmean(r["mean_step_ms"] for a in keys for r in found[a])
-        ms_truth = statistics.fmean(r["mean_step_ms"] for a in keys for r in load_truth(model, steps, eta)[a])
         label = ", ".join(f"{k}={v}" for k, v in args.items())
-        lines.append(f"| {label} | {PAPER[best]} | {'yes' if best == t_best else 'no'} | "
-                     f"{spearman(mean, t_mean):.2f} | {', '.join(f'{r:.2f}' for r in per_seed)} | "
-                     f"{flops / truth_flops:.3f} | {ms / ms_truth:.2f} |")
+        lines.append(f"| {label} | {_order_cells(scores, t_mean)} | {flops / truth_flops:.3f} | "
+                     f"{ms / ms_truth:.2f} |")
     text = "\n".join(lines) + "\n"
     if out is None:
         print(text)
