@@ -79,6 +79,27 @@ def test_trial_of_a_dead_worker_is_failed_and_its_point_run_again(fake, tmp_path
     assert out.counts["completed"] == 2  # budget: the dead trial did not count
 
 
+
+def test_a_dead_trial_whose_worker_queued_its_retry_before_dying_is_queued_once(fake, tmp_path, running_trial):
+    # TrialLoop._fail queues a retried point before it tells: a worker killed in between
+    # leaves a RUNNING trial whose retry is already queued; the next run fails it, once
+    from geosearch.search.queue import enqueue
+
+    search(tmp_path, make_space(sampler="random", budget={"trials": 1}))
+    done = {c[0] for c in fake.calls}
+    params = {"geometry.attn": "euclidean" if "attn=adamw,mlp=adamw" in done else "adamw", "geometry.mlp": "adamw"}
+    lock = tmp_path / "dead.lock"
+    lock.touch()
+    n = running_trial(tmp_path, params, {"host": socket.gethostname(), "pid": 999999, "lock": str(lock)})
+    enqueue(open_run_study(tmp_path / "runs" / "t"), params, retry_of=n)
+    out, printed = search(tmp_path, make_space(sampler="random", budget={"trials": 2}))
+    assert f"trial {n}" in printed and "its point was already queued again" in printed
+    trials = trials_of(tmp_path)
+    assert next(t for t in trials if t.number == n).state == TrialState.FAIL
+    retry = [t for t in trials if t.user_attrs.get("retry_of") == n]
+    assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].params == params
+    assert out.counts["completed"] == 2
+
 @pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
 def test_trial_of_a_live_worker_is_left_alone_and_holds_its_budget_slot(fake, tmp_path, running_trial):
     import fcntl

@@ -34,6 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from geosearch.errors import GeosearchError
 from geosearch.search.failures import DEFAULT_MAX_RETRIES, settle_dead
+from geosearch.search.queue import retried_numbers
 from geosearch.search.locks import (
     ASK_LOCK,
     asked_in,
@@ -233,6 +234,10 @@ def _recover(study: optuna.Study, owner: Owner, stale_after: float,
         try:
             study.tell(t.number, state=TrialState.FAIL)
         except (ValueError, RuntimeError):  # finished meanwhile, e.g. by another worker
+            continue
+        if t.number in retried_numbers(study.get_trials(deepcopy=False)):
+            # its worker queued the point before it could tell (TrialLoop._fail): once is enough
+            recovered.append(Recovered(t.number, why, "marked failed; its point was already queued again"))
             continue
         recovered.append(Recovered(t.number, why, settle_dead(study, t, max_retries)))
     return recovered

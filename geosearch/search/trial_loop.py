@@ -236,7 +236,7 @@ class Searcher:
         fail the trial as ``interrupted`` and queue its point again (``retry_of``), so that a
         rerun trains it. A trial already told, or failed by a worker that took it for dead,
         is left as it is. torchrun sends every rank a second SIGINT: it waits until this is
-        stored."""
+        stored. The point is queued before the trial is told (:meth:`_fail`)."""
         with sigint_deferred():
             if self._frozen(trial.number).state != TrialState.RUNNING:
                 return
@@ -244,12 +244,12 @@ class Searcher:
                 trial.set_user_attr(STATUS, INTERRUPTED)
                 trial.set_user_attr(FAIL_REASON, "interrupted (Ctrl-C); queued again: rerun the "
                                                  "same command to resume")
+                point = trial_point(trial)
+                if point:
+                    enqueue(self.study, point, retry_of=trial.number)
                 self._tell(trial, TrialState.FAIL)
             except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
                 return  # failed meanwhile by a worker that took it for dead
-            point = trial_point(trial)
-            if point:
-                enqueue(self.study, point, retry_of=trial.number)
 
     def _run_extra(self, trial: optuna.Trial) -> int | None:
         """Train a baseline or an adaptive seed (queued by :func:`queue_extras`): never
@@ -382,12 +382,16 @@ class Searcher:
 
     def _fail(self, trial: optuna.Trial, message: str, kind: str, attrs: dict[str, Any]) -> int:
         """Fail a trained trial; a failure of the environment with retries left is ``retried``:
-        its point is queued again (:func:`~geosearch.search.failures.failed_attrs`)."""
+        its point is queued again (:func:`~geosearch.search.failures.failed_attrs`), before
+        the trial is told, so that a process killed in between (torchrun stopping rank 0
+        once a peer died) leaves a RUNNING trial whose retry is queued, which the next run
+        fails without queueing it twice (:func:`~geosearch.search.failures.settle_dead`),
+        never a failed trial whose point is lost."""
         attrs = {**failed_attrs(self.study, trial, message, kind, self.max_retries), **attrs}
-        self._finish(trial, TrialState.FAIL, attrs)
         params = trial_point(trial)
         if attrs[STATUS] == RETRIED and params:
             enqueue(self.study, params, retry_of=trial.number)
+        self._finish(trial, TrialState.FAIL, attrs)
         return self._after_failure(trial.number, message)
 
     def _after_failure(self, number: int, message: str) -> int:
