@@ -126,3 +126,19 @@ def test_a_journal_whose_first_record_is_being_written_is_accepted(tmp_path):
     path.write_bytes(b"hello")  # a file of something else, without a newline
     with pytest.raises(ConfigError, match="not an Optuna journal"):
         check_journal_file(path)
+
+
+def test_the_lock_of_a_journal_named_by_a_relative_path_resolves(monkeypatch, tmp_path):
+    # A writer killed while holding the lock leaves its symlink; Optuna frees it after its
+    # grace period by the mtime of what the link points to, so the link must resolve
+    # (`geosearch search --runs-dir runs` names the journal relative to the working directory).
+    (tmp_path / "runs" / "s").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    journal = SafeJournalFile(os.path.join("runs", "s", "journal.log"))
+    journal.lock.acquire()  # as the killed writer left it
+    try:
+        link = tmp_path / "runs" / "s" / "journal.log.lock"
+        assert link.is_symlink() and link.resolve() == (tmp_path / "runs" / "s" / "journal.log").resolve()
+        assert os.stat(link).st_mtime > 0  # what the grace period reads: no OSError
+    finally:
+        journal.lock.release()

@@ -98,7 +98,10 @@ class SafeJournalFile(JournalFileBackend):
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.fspath(path)
+        # absolute: the lock is a symlink to this path, and Optuna frees a lock left by a
+        # killed writer (its grace period) only when the link resolves; a relative target
+        # would resolve from the link's own directory, dangle, and stall every writer
+        self.path = os.path.abspath(os.fspath(path))
         self.lock = JournalFileSymlinkLock(self.path)  # the lock Optuna's writers take
         super().__init__(self.path, lock_obj=self.lock)
 
