@@ -151,6 +151,30 @@ def test_ctrl_c_while_the_trial_records_its_start_is_recorded_and_queued(monkeyp
     out = search(make_space(), tmp_path)  # the rerun trains it
     assert out.counts == {"completed": 2, "interrupted": 1}
 
+def test_a_point_the_budget_took_is_queued_again_before_its_trial_is_told(monkeypatch, fake, tmp_path):
+    # Another worker took the budget while this one asked for a queued point: the trial is
+    # skipped and the point queued again, before the tell, so a kill in between loses nothing.
+    taken = "the budget of 1 trials was taken by other workers"
+    monkeypatch.setattr(trial_loop, "budget_taken", lambda study, budget, number: taken if number == 1 else None)
+    real_tell = trial_loop.Searcher._tell
+    queued_at_tell = {}
+
+    def tell(self, trial, state, value=None):
+        waiting = [t for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+        queued_at_tell[trial.number] = [t.user_attrs.get("retry_of") for t in waiting]
+        return real_tell(self, trial, state, value)
+
+    monkeypatch.setattr(trial_loop.Searcher, "_tell", tell)
+    search(make_space(), tmp_path)
+    skipped = next(t for t in trials_of(tmp_path) if t.number == 1)
+    assert skipped.state == TrialState.FAIL and skipped.user_attrs["status"] == "skipped"
+    assert skipped.user_attrs["fail_reason"] == taken
+    assert 1 in queued_at_tell[1]  # queued (retry_of 1) before trial 1 was told
+    retry = [t for t in trials_of(tmp_path) if t.user_attrs.get("retry_of") == 1]
+    assert len(retry) == 1 and retry[0].user_attrs["queued_params"] == skipped.params
+    assert retry[0].state == TrialState.COMPLETE  # the same run went on to train it
+
+
 def test_forced_unstable_run_is_pruned_by_the_real_pruner(monkeypatch, tmp_path):
     real = trial_loop.train
 

@@ -236,7 +236,7 @@ def _recover(study: optuna.Study, owner: Owner, stale_after: float,
         except (ValueError, RuntimeError):  # finished meanwhile, e.g. by another worker
             continue
         if t.number in retried_numbers(study.get_trials(deepcopy=False)):
-            # its worker queued the point before it could tell (TrialLoop._fail): once is enough
+            # its worker queued the point before it could tell (Searcher._fail): once is enough
             recovered.append(Recovered(t.number, why, "marked failed; its point was already queued again"))
             continue
         recovered.append(Recovered(t.number, why, settle_dead(study, t, max_retries)))

@@ -274,14 +274,18 @@ class Searcher:
 
     def _not_run(self, trial: optuna.Trial, status: str, why: str, *, requeue: bool = False,
                  duplicate_of: int | None = None) -> None:
+        """Fail a trial that is not trained (skipped, a duplicate). With ``requeue``, its
+        point is queued again (``retry_of`` this trial) before the trial is told, as
+        :meth:`_fail` does, so a process killed in between leaves a queued point, which
+        recovery does not queue twice, never a lost one."""
         trial.set_user_attr(STATUS, status)
         trial.set_user_attr(FAIL_REASON, why)
         if duplicate_of is not None:
             trial.set_user_attr(DUPLICATE_OF, duplicate_of)
-        self._tell(trial, TrialState.FAIL)
         params = trial_point(trial)
         if requeue and params:
-            enqueue(self.study, params)
+            enqueue(self.study, params, retry_of=trial.number)
+        self._tell(trial, TrialState.FAIL)
 
     def _train_trial(self, trial: optuna.Trial, suggestion: Suggestion) -> int:
         n = trial.number
