@@ -11,8 +11,11 @@ import pytest
 
 from geosearch.proxy.train import TrainConfig, _Run
 from geosearch.search.forecast import (
+    LogitForecast,
+    Outlook,
     forecast_max_logit,
     schedule_sum_eta,
+    short_logit,
     stiefel_logit_bound,
     student_t_quantile,
 )
@@ -225,3 +228,22 @@ def test_scaled_multiplies_every_end():
     g = f.scaled(12.0)
     # Rule: a change of logit unit multiplies the value and both ends.
     assert (g.value, g.low, g.high) == pytest.approx((12 * f.value, 12 * f.low, 12 * f.high))
+
+
+def test_an_outlook_is_above_below_or_may_pass_by_its_interval():
+    f = LogitForecast(value=100.0, low=50.0, high=200.0, target_sum_eta=40.0, exponent=2.0,
+                      sigma_exponent=None, sigma0=1.0, points=5, level=0.9)
+    # Rule: "above" needs the whole interval above the threshold, "below" the whole of it below.
+    assert Outlook(f, 40.0, "t", 10.0, 4.0).verdict == "above"
+    assert Outlook(f, 150.0, "t", 10.0, 4.0).verdict == "may pass"
+    assert Outlook(f, 250.0, "t", 10.0, 4.0).verdict == "below"
+    # Rule: acted on only within max_extrapolation of the run's Σ η (None: always).
+    assert Outlook(f, 40.0, "t", 10.0, 4.0).acted_on and Outlook(f, 40.0, "t", 10.0, 4.0).to_go == 4.0
+    assert not Outlook(f, 40.0, "t", 9.9, 4.0).acted_on and Outlook(f, 40.0, "t", 0.1, None).acted_on
+    assert not Outlook(f, 40.0, "t", 0.0, 4.0).acted_on  # nothing reached: infinitely far
+
+
+@pytest.mark.parametrize("x, text", [(3.14159, "3.14"), (999.4, "999"), (2104.0, "2.1e3"),
+                                     (9960.0, "1.0e4"), (math.inf, "inf")])
+def test_short_logit(x, text):
+    assert short_logit(x) == text

@@ -202,6 +202,31 @@ def test_the_forecast_rule_prunes_only_within_max_extrapolation():
         LogitGrowthPruner(max_extrapolation=0.5)
 
 
+def test_the_outlook_is_what_the_forecast_rule_decides_on():
+    # The law of the tests above, 0.1·(1 + Σ η)² tiny logits to Σ η 3.3, judged at a
+    # far target (x165) and a near one (within max_extrapolation 4).
+    history = law(0.1)
+    reached = max(r["sum_eta"] for r in history)
+    study = optuna.create_study()
+    far = LogitGrowthPruner().outlook(study, running(history, **target(50_000)))
+    # Rule: far past the run the forecast is above the threshold but not acted on, and the
+    # rule does not prune; the outlook says so, with the forecast and the threshold.
+    assert far.verdict == "above" and not far.acted_on and not judge(LogitGrowthPruner(), running(
+        history, **target(50_000)))[0]
+    assert far.threshold == 960 and far.to_go == pytest.approx(545.019 / reached, rel=1e-3)
+    assert far.forecast.value == LogitGrowthPruner().forecast(study, running(history, **target(50_000))).value
+    assert far.text().startswith("forecast 3.6e5 (3.6e5–3.6e5) at Σ η 545, above threshold 960 "
+                                 "(10 × d/√d_head 96); Σ η ×166 past the run: a rough guide"), far.text()
+    # Rule: near the run the same verdict is acted on, and the rule prunes.
+    near_steps = next(n for n in range(BUDGET, 50_000, 10)
+                      if schedule_sum_eta(n, steps=n, peak=PEAK) > 3.5 * reached)
+    near = LogitGrowthPruner().outlook(study, running(law(2.0), **target(near_steps)))
+    assert near.verdict == "above" and near.acted_on and "rough guide" not in near.text()
+    assert judge(LogitGrowthPruner(), running(law(2.0), **target(near_steps)))[0]
+    # Rule: no target on the trial, no outlook.
+    assert LogitGrowthPruner().outlook(study, running(history)) is None
+
+
 def test_a_plateau_is_not_pruned_however_long_the_target():
     # Attention learns (fast rise to ~50, 60% of tiny's threshold), then holds with 10%
     # noise: the forecast's lower end must stay below the threshold even 165x further on.

@@ -106,3 +106,22 @@ def test_report_shows_baselines_and_merged_seeds(monkeypatch, tmp_path: Path) ->
     ranking = text.split("## Ranking")[1].split("\n## ")[0]
     assert "baseline" not in ranking
     assert "adaptive seeds (up to 3 per assignment) stopped" in text and "- adaptive seeds: 2 seed trials" in text
+
+
+def test_stability_section_forecasts_each_completed_run(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "st"
+    s = new_study(run, ladder=True)
+    # a run whose max logit grows as 1·(1 + Σ η)² to Σ η 1.8, and one that holds at 3
+    grow = [{"step": k * 4, "max_logit": (1 + 0.18 * k) ** 2, "sum_eta": 0.18 * k} for k in range(1, 11)]
+    flat = [dict(r, max_logit=3.0) for r in grow]
+    target = {"target_sum_eta": 5.4, "logit_scale": 8.0, "target_logit_scale": 8.0}
+    add(s, run, "dgram", "dgram", [3.3], attrs={"probe_history": grow, **target})
+    add(s, run, "stiefel", "stiefel", [3.4], attrs={"probe_history": flat, **target})
+    written = rp.write_report(run, plots=True)
+    assert (run / "plots" / "horizon.png").is_file()  # with each forecast drawn at the target
+    text = written.report.read_text()
+    section = text.split("## Stability at your target")[1].split("\n## ")[0]
+    # Rule: one row a completed run: its last max logit and Σ η, the forecast at the target
+    # ((1 + 5.4)² = 41, 3x past the run: acted on), the threshold 10 × 8 and the verdict.
+    assert row(section, 0, "attn=dgram, mlp=dgram", "7.84 (1.8)", "41 [41, 41]", "80", "below", "×3")
+    assert row(section, 1, "attn=stiefel, mlp=stiefel", "3 (1.8)", "3 [3, 3]", "80", "below", "×3")

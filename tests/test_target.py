@@ -188,9 +188,13 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
         assert ua["target_sum_eta"] == pytest.approx(resolve_target(ladder_space()).sum_eta)
         assert ua["target_steps"] == 40 and ua["logit_scale"] == ua["target_logit_scale"] == 8.0
         # Rule: each probe row carries its run's Σ η and σ_max; rung_probes keeps each rung's.
+        # AdamW query/key weights take no spectral step: their rows have no Σ η.
         for rung, rows in zip(rungs, ua["rung_probes"]):
-            assert [r["sum_eta"] for r in rows] == pytest.approx(
-                [schedule_sum_eta(s, steps=rung.steps, peak=rung.spectral_lr) for s in (5, 10)])
+            if ua["assignment"]["attn_qkv"] == "adamw":
+                assert [r["sum_eta"] for r in rows] == [None, None]
+            else:
+                assert [r["sum_eta"] for r in rows] == pytest.approx(
+                    [schedule_sum_eta(s, steps=rung.steps, peak=rung.spectral_lr) for s in (5, 10)])
             assert all(r["sigma_max"] == {"attn_qkv": 1.0} for r in rows)
         assert ua["probe_history"] == ua["rung_probes"][-1]
     # Rule: the ranking is the top rung's, and the reading names the lead change and marks

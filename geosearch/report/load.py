@@ -27,6 +27,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from geosearch.search.horizon import HorizonReading, Rung
+from geosearch.search.outlook import StabilityRow, stability_rows
 from geosearch.search.pruners import LogitGrowthPruner
 from geosearch.search.ranking import Score, family_geometry, point_scores, trial_label, trial_score
 from geosearch.search.records import (
@@ -134,6 +135,8 @@ class RunData:
             to read (the target is the proxy run).
         baselines: the baseline trials (adamw, muon, ...), never ranked.
         seed_trials: how many adaptive-seed trials were merged into their points' scores.
+        stability: each completed point's and baseline's last max logit and its forecast at
+            the target (:func:`geosearch.search.outlook.stability_rows`), points first.
     """
 
     run_dir: Path
@@ -149,6 +152,7 @@ class RunData:
     reading: HorizonReading | None = None
     baselines: list[TrialRecord] = field(default_factory=list)
     seed_trials: int = 0
+    stability: list[StabilityRow] = field(default_factory=list)
 
     @property
     def study_name(self) -> str:
@@ -340,8 +344,10 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
     points = [_record(t, run_dir, rungs, scores.get(t.number)) for t in ran
               if SEED_OF not in t.user_attrs and BASELINE not in t.user_attrs]
     baselines = [_record(t, run_dir, rungs) for t in ran if BASELINE in t.user_attrs]
+    completed = [r.number for r in points + baselines if r.state == "completed"]
     return RunData(run_dir, where, study, points, threshold, source, attrs,
                    not_run=len(every) - len(ran), target=target if isinstance(target, dict) else None,
                    rungs=rungs, reading=study_reading(study), baselines=baselines,
-                   seed_trials=sum(SEED_OF in t.user_attrs for t in ran))
+                   seed_trials=sum(SEED_OF in t.user_attrs for t in ran),
+                   stability=stability_rows(study, completed))
 

@@ -22,6 +22,7 @@ from geosearch.report.analysis import CostTable, Importance, pareto_trials, stab
 from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
 from geosearch.search.baselines import BaselineTable
+from geosearch.search.forecast import short_logit
 from geosearch.search.ranking import Ranking, Score, format_params
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY
 from geosearch.search.target import horizon_note, horizon_verdict
@@ -104,6 +105,7 @@ def render_markdown(
         _md_header(run, by_state),
         _md_result(ranking, by_state.get("unstable", []), run),
         _md_horizon(run, plots),
+        _md_stability(run),
         _md_ranking(ranking, {t.number: t for t in run.trials}),
         _md_unfinished(by_state),
         *([_md_baselines(baselines)] if baselines is not None else []),
@@ -179,6 +181,32 @@ def _md_horizon(run: RunData, plots: dict[str, str]) -> list[str]:
                   "**Stable:** the leader held at every rung towards the target."]
     if "horizon" in plots:
         lines += ["", f"![{PLOT_NAMES['horizon']}]({plots['horizon']})"]
+    return lines
+
+
+def _md_stability(run: RunData) -> list[str]:
+    lines = ["## Stability at your target", ""]
+    rows = [r for r in run.stability if r.outlook is not None]
+    if not rows:
+        return lines + ["No forecast: no completed trial has enough probes with a Σ η and a target "
+                        "to extrapolate to (an AdamW run takes no spectral step, so it has no Σ η)."]
+    lines.append("The largest attention logit each completed run reached at the top rung, and the "
+                 "stability pruner's forecast of it at your target: a law in log(σ₀ + Σ η) fitted on "
+                 "the run's probes, with its 90% prediction interval, in the target model's logits "
+                 "(docs/design.md, \"The instability signal\"). The pruner acts on a forecast only "
+                 "when it is clearly above the threshold and the target is within "
+                 "`max_extrapolation` of the run's Σ η. Farther forecasts are a rough guide: "
+                 "against 2,000-step runs, forecasts from 5× short were within ×2 for 12 of 20 "
+                 "(docs/benchmarks.md, fidelity.py).")
+    lines += [""] + _table(
+        ["trial", "assignment", "proxy's max logit (Σ η)", "forecast at the target [90%]", "threshold",
+         "verdict", "Σ η to go"],
+        [[r.number, r.label,
+          f"{short_logit(r.max_logit)} ({_fmt(r.sum_eta, '.3g')})" if r.max_logit is not None else "—",
+          f"{short_logit(r.outlook.forecast.value)} [{short_logit(r.outlook.forecast.low)}, "
+          f"{short_logit(r.outlook.forecast.high)}]", short_logit(r.outlook.threshold),
+          r.outlook.verdict + ("" if r.outlook.acted_on else " (rough guide)"),
+          f"×{r.outlook.to_go:.3g}"] for r in rows])
     return lines
 
 

@@ -264,6 +264,17 @@ def _horizon_figure(Figure, run: RunData):
             keep = [(x, y) for x, y in zip(xs, ys) if x > 0 and y > 0]  # log-log
             if keep:
                 ax_logit.plot(*zip(*keep), lw=1.1, alpha=0.5 + 0.5 * (k + 1) / len(logits[t.number]), **style)
+    forecasts = [r for r in run.stability if r.outlook is not None and r.label in colours
+                 and 0 < r.outlook.forecast.low <= r.outlook.forecast.value <= r.outlook.forecast.high]
+    for r in forecasts:  # the pruner's forecast at the target, in the proxy's logits
+        o = r.outlook
+        v, lo, hi = (x / r.scale_ratio for x in (o.forecast.value, o.forecast.low, o.forecast.high))
+        ax_logit.errorbar([o.forecast.target_sum_eta], [v], yerr=[[v - lo], [hi - v]], fmt="D",
+                          color=colours[r.label], ms=5, capsize=3, alpha=1.0 if o.acted_on else 0.5)
+    if forecasts:
+        r = forecasts[0]
+        ax_logit.axhline(r.outlook.threshold / r.scale_ratio, color="tab:red", ls="--", lw=0.9,
+                         label="pruning threshold at the target")
     for c in run.reading.crossings if run.reading is not None else []:
         ax_loss.axvline(c.sum_eta, color="tab:gray", ls=":" if c.measured else "-.", lw=0.9,
                         label="crossing" + ("" if c.measured else " (forecast)"))
@@ -276,5 +287,5 @@ def _horizon_figure(Figure, run: RunData):
     ax_loss.set_ylabel("final validation loss (mean over seeds)")
     ax_logit.set_ylabel("max attention logit")
     ax_loss.set_title("Loss at each rung (dotted: extrapolated to the target)")
-    ax_logit.set_title("Max logit against Σ η, each rung's run (dashed: pruned)")
+    ax_logit.set_title("Max logit vs Σ η (dashed: pruned; ◆: forecast, 90%)")
     return fig

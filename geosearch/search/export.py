@@ -22,10 +22,12 @@ from optuna.trial import TrialState
 from geosearch import __version__
 from geosearch.errors import ConfigError, GeosearchError
 from geosearch.search.baselines import baseline_table, baselines_lines
+from geosearch.search.outlook import stability_lines, stability_record, stability_rows
 from geosearch.search.queue import done_count
 from geosearch.search.ranking import RankedTrial, Ranking, rank_study, trial_line
 from geosearch.search.records import (
     ASSIGNMENT,
+    BASELINE,
     NOT_RUN,
     PROXY,
     RULES,
@@ -71,24 +73,16 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
         lines.append("not ranked:")
         lines += ["  " + trial_line(t) for t in others]
     lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
-    return "\n".join(lines + horizon_lines(reading) + baselines_lines(baseline_table(study, ranking)))
+    outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking)))
+    return "\n".join(lines + horizon_lines(reading) + outlook + baselines_lines(baseline_table(study, ranking)))
 
 
-def _stored_space(space_dict: Any, run_dir: Path) -> SearchSpace | None:
-    """The study's search space as it stored it, read without its model: checking a model
-    imports a ``py:`` model's code, and export runs no user code. The assignment of a
-    point needs the geometries, rules and searched settings only; ``None`` when the stored
-    space does not read (an older schema, say).
-    """
-    if not isinstance(space_dict, dict):
-        return None
-    proxy = space_dict.get("proxy")
-    proxy = {k: v for k, v in proxy.items() if k not in ("model", "model_args")} \
-        if isinstance(proxy, dict) else proxy
-    try:
-        return SearchSpace.from_dict({**space_dict, "proxy": proxy}, source=f"{run_dir} (study attrs)")
-    except (ConfigError, ValueError):
-        return None
+def outlook_numbers(study: optuna.Study, ranking: Ranking) -> list[int]:
+    """The trials whose stability outlook is shown: the ranked ones, then the completed
+    baselines."""
+    baselines = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if t.user_attrs.get(BASELINE)]
+    return [r.number for r in ranking.rows] + baselines
 
 
 def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
@@ -100,7 +94,7 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
     attrs = study.user_attrs
     suggestion: Suggestion | None = None
     settings: dict[str, Any] = {}
-    space = _stored_space(attrs.get(SPACE), run_dir)
+    space = SearchSpace.from_stored(attrs.get(SPACE), f"{run_dir} (study attrs)")
     if space is not None:
         try:
             suggestion = space.suggest(optuna.trial.FixedTrial(dict(trial.params)))
@@ -124,6 +118,7 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
         "proxy": attrs.get(PROXY),
         "target": attrs.get(TARGET),
         "horizon": reading_record(reading) if reading is not None else None,
+        "stability": stability_record(stability_rows(study, [row.number])[0]),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "geosearch_version": __version__,
         "trials": {"completed": len(ranking.rows), "total": done_count(study)},

@@ -27,8 +27,10 @@ from statistics import NormalDist
 
 __all__ = [
     "LogitForecast",
+    "Outlook",
     "forecast_max_logit",
     "schedule_sum_eta",
+    "short_logit",
     "stiefel_logit_bound",
     "student_t_quantile",
 ]
@@ -124,6 +126,68 @@ class LogitForecast:
         logit scale)."""
         return replace(self, value=self.value * factor, low=self.low * factor,
                        high=self.high * factor)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """A run's max logit at its target, judged against the target's threshold.
+
+    What the stability pruner decides on (``LogitGrowthPruner.outlook``), kept for every
+    trial so that the ones it did not prune are reported too.
+
+    Attributes:
+        forecast: The forecast at the target, in the target model's logits.
+        threshold: The target's max-logit threshold, same unit.
+        threshold_text: How the threshold is set, e.g. ``"threshold 230 (10 × d/√d_head 23)"``.
+        reached_sum_eta: Σ η the run reached (the data the forecast extrapolates from).
+        max_extrapolation: How far past the data the pruner acts on a forecast (a multiple
+            of ``reached_sum_eta``); ``None``: any distance.
+    """
+
+    forecast: LogitForecast
+    threshold: float
+    threshold_text: str
+    reached_sum_eta: float
+    max_extrapolation: float | None
+
+    @property
+    def to_go(self) -> float:
+        """The target's Σ η over the run's: how far the forecast extrapolates."""
+        return self.forecast.target_sum_eta / self.reached_sum_eta if self.reached_sum_eta > 0 else math.inf
+
+    @property
+    def acted_on(self) -> bool:
+        """Whether the target is near enough for the pruner to prune on this forecast."""
+        return self.max_extrapolation is None or self.to_go <= self.max_extrapolation
+
+    @property
+    def verdict(self) -> str:
+        """``"above"`` (the interval's lower end is above the threshold), ``"may pass"``
+        (the interval reaches it) or ``"below"``."""
+        if self.forecast.low > self.threshold:
+            return "above"
+        return "may pass" if self.forecast.high > self.threshold else "below"
+
+    def text(self) -> str:
+        """One line, e.g. ``"forecast 2.1e3 (1.4e3–3.0e3) at Σ η 545, above threshold 960
+        (10 × d/√d_head 96); Σ η ×5 past the run: a rough guide, not acted on"``."""
+        f = self.forecast
+        line = (f"forecast {short_logit(f.value)} ({short_logit(f.low)}–{short_logit(f.high)}) at "
+                f"Σ η {f.target_sum_eta:.3g}, {self.verdict} {self.threshold_text}")
+        if not self.acted_on:
+            line += f"; Σ η ×{self.to_go:.3g} past the run: a rough guide, not acted on"
+        return line
+
+
+def short_logit(x: float) -> str:
+    """A logit in a message: 3 significant digits below 1e3, else 2.1e3 style."""
+    if not math.isfinite(x) or abs(x) < 1e3:
+        return f"{x:.3g}"
+    exponent = math.floor(math.log10(abs(x)))
+    mantissa = x / 10**exponent
+    if round(mantissa, 1) >= 10:  # 9.96e3 rounds to 10.0e3
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{mantissa:.1f}e{exponent}"
 
 
 def forecast_max_logit(sum_eta: Sequence[float], max_logit: Sequence[float],

@@ -34,7 +34,7 @@ import optuna
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
-from geosearch.search.forecast import LogitForecast, forecast_max_logit
+from geosearch.search.forecast import LogitForecast, Outlook, forecast_max_logit, short_logit
 from geosearch.search.records import (
     BUDGET_STEPS,
     LOGIT_SCALE,
@@ -327,6 +327,15 @@ class LogitGrowthPruner(BasePruner):
         judged = [p for p in _read_probes(trial) if p.step >= self._n_warmup_steps]
         return self._forecast(judged, trial)
 
+    def outlook(self, study: optuna.study.Study,
+                trial: FrozenTrial | optuna.trial.Trial) -> Outlook | None:
+        """The trial's max logit at its target against the target's threshold: what the
+        forecast rule decides on, also for the trials it did not prune (the report shows
+        every assignment's). ``None`` when :meth:`forecast` is."""
+        if isinstance(trial, optuna.trial.Trial):
+            trial = _frozen(study, trial)
+        return self._outlook([p for p in _read_probes(trial) if p.step >= self._n_warmup_steps], trial)
+
     # ------------------------------------------------------------------ the rules
     def _threshold(self, scale: float | None) -> _Threshold:
         """``max_logit_factor × scale``, or the absolute ``max_logit`` without a scale."""
@@ -360,19 +369,21 @@ class LogitGrowthPruner(BasePruner):
             forecast = forecast.scaled(target_scale / proxy)
         return forecast
 
-    def _forecast_rule(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
+    def _outlook(self, probes: list[_Probe], trial: FrozenTrial) -> Outlook | None:
         forecast = self._forecast(probes, trial)
         if forecast is None:
             return None
         reached = max((p.sum_eta for p in probes if p.sum_eta is not None), default=0.0)
-        if self._max_extrapolation is not None and not (
-            forecast.target_sum_eta <= self._max_extrapolation * reached
-        ):
-            return None  # too far past the data to prune on (see max_extrapolation)
-        proxy, target_scale = _scales(trial)
-        limit = self._threshold(target_scale)
-        if not forecast.low > limit.value:
+        limit = self._threshold(_scales(trial)[1])
+        return Outlook(forecast, limit.value, limit.text, reached, self._max_extrapolation)
+
+    def _forecast_rule(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
+        outlook = self._outlook(probes, trial)
+        # too far past the data to prune on (see max_extrapolation), or not clearly above
+        if outlook is None or not outlook.acted_on or outlook.verdict != "above":
             return None
+        forecast, limit = outlook.forecast, _Threshold(outlook.threshold, outlook.threshold_text)
+        proxy, target_scale = _scales(trial)
         steps = trial.user_attrs.get(TARGET_STEPS_ATTR)
         eta = f"Σ η {forecast.target_sum_eta:.3g}"
         when, notes = (f"by step {steps:,}", [eta]) if _is_int(steps) else (f"at {eta}", [])
@@ -380,8 +391,8 @@ class LogitGrowthPruner(BasePruner):
             notes.append(f"the proxy's logits × {target_scale / proxy:.3g}")
         if notes:
             when += f" ({'; '.join(notes)})"
-        return (f"forecast max logit {_short(forecast.value)} ({_short(forecast.low)}–"
-                f"{_short(forecast.high)}) {when} > {limit.text}")
+        return (f"forecast max logit {short_logit(forecast.value)} ({short_logit(forecast.low)}–"
+                f"{short_logit(forecast.high)}) {when} > {limit.text}")
 
     def _collapsed(self, probes: list[_Probe]) -> str | None:
         if self._min_entropy is None:
@@ -470,17 +481,6 @@ def _scales(trial: FrozenTrial) -> tuple[float | None, float | None]:
     if not _positive(proxy):
         return None, None
     return float(proxy), float(target) if _positive(target) else float(proxy)
-
-
-def _short(x: float) -> str:
-    """A logit in a message: 3 significant digits below 1e3, else 2.1e3 style."""
-    if not math.isfinite(x) or abs(x) < 1e3:
-        return f"{x:.3g}"
-    exponent = math.floor(math.log10(abs(x)))
-    mantissa = x / 10**exponent
-    if round(mantissa, 1) >= 10:  # 9.96e3 rounds to 10.0e3
-        mantissa, exponent = mantissa / 10, exponent + 1
-    return f"{mantissa:.1f}e{exponent}"
 
 
 def _frozen(study: optuna.study.Study, trial: optuna.trial.Trial) -> FrozenTrial:

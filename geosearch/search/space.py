@@ -179,6 +179,22 @@ class SearchSpace:
 
         return parse_space(d, source)
 
+    @classmethod
+    def from_stored(cls, d: Any, source: str) -> SearchSpace | None:
+        """The space a study stored (its ``space`` attr), read without its model: checking a
+        model imports a ``py:`` model's code, and reading a finished study runs no user
+        code. What a stored point needs (geometries, rules, searched settings, pruner) is
+        there; ``None`` when the stored space does not read (an older schema, say)."""
+        if not isinstance(d, dict):
+            return None
+        proxy = d.get("proxy")
+        if isinstance(proxy, dict):
+            proxy = {k: v for k, v in proxy.items() if k not in ("model", "model_args")}
+        try:
+            return cls.from_dict({**d, "proxy": proxy}, source=source)
+        except (ConfigError, ValueError):
+            return None
+
     def to_dict(self) -> dict[str, Any]:
         """Plain YAML-safe data that :meth:`from_dict` turns back into this space."""
         from geosearch.search.space_schema import dump_space  # it imports this module

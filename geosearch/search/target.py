@@ -32,6 +32,7 @@ import optuna
 from optuna.trial import TrialState
 
 from geosearch.errors import ConfigError
+from geosearch.optim.settings import ADAMW
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.forecast import schedule_sum_eta, stiefel_logit_bound
 from geosearch.search.horizon import HorizonReading, Rung, plan_ladder, read_ladder
@@ -228,10 +229,15 @@ def rung_run(space: SearchSpace, suggestion: Suggestion, repeat: int,
     return config, scaled.assignment()
 
 
-def probe_sum_eta(config: TrainConfig, assignment: Assignment) -> Callable[[int], float]:
+def probe_sum_eta(config: TrainConfig, assignment: Assignment) -> Callable[[int], float | None]:
     """``step -> Σ η`` of one run for the attention query/key weights (their own ``lr``
     option when the assignment gives one, else ``config.spectral_lr``): the forecast's
-    abscissa in each ``probe_history`` row."""
+    abscissa in each ``probe_history`` row. ``None`` at every step when every query/key
+    type is trained by AdamW: it takes no spectral step, so its logits have no Σ η clock to
+    be forecast on (the AdamW baseline)."""
+    qk = [g for t, g in assignment.resolve().items() if t in QK_TYPES]
+    if qk and all(g == ADAMW for g in qk):
+        return lambda step: None
     peaks = [o["lr"] for t, o in assignment.resolve_options().items() if t in QK_TYPES and "lr" in o]
     peak = float(max(peaks)) if peaks else config.spectral_lr
     warmup = config.resolved().warmup_steps
