@@ -24,6 +24,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from geosearch.search.horizon import Rung
+from geosearch.search.pruners import finite_or_none
 from geosearch.search.queue import enqueue
 from geosearch.search.ranking import Ranking, Score, rank_study, trial_score
 from geosearch.search.records import (
@@ -213,7 +214,7 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
         rung = indices[-1]
         status = trial_status(b)
         score = trial_score(b) if status == COMPLETED else None
-        step_ms = _finite(b.user_attrs.get(MEAN_STEP_MS))
+        step_ms = finite_or_none(b.user_attrs.get(MEAN_STEP_MS))
         sum_eta = ladder[rung].get("sum_eta") if isinstance(ladder, list) and rung < len(ladder) else None
         info[name] = {"trial": b.number, "status": status, "rung": rung, "sum_eta": sum_eta,
                       "score": score, "step_ms": step_ms,
@@ -226,7 +227,7 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
             if mine is None or not mine.n:
                 continue
             c = compare(score, mine)
-            ms = _finite(trials[r.number].user_attrs.get(MEAN_STEP_MS))
+            ms = finite_or_none(trials[r.number].user_attrs.get(MEAN_STEP_MS))
             rows[name].append(BaselineRow(r.number, r.label, c.diff, c.threshold, c.test,
                                           ms / step_ms if ms is not None and step_ms else None))
     return BaselineTable(info, rows)
@@ -283,7 +284,3 @@ def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
     worst = (f"; up to {total + int(points) * extra:,} with adaptive seeds (max_repeats "
              f"{space.max_repeats}, at the top rung)" if extra else "")
     return f"  trains: {' + '.join(parts)} = {total:,} steps{worst}"
-
-
-def _finite(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None

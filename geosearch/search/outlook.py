@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import optuna
 
 from geosearch.search.forecast import Outlook, short_logit
-from geosearch.search.pruners import LogitGrowthPruner
+from geosearch.search.pruners import LogitGrowthPruner, finite_or_none
 from geosearch.search.ranking import trial_label
 from geosearch.search.records import BASELINE, LOGIT_SCALE, PROBE_HISTORY, SPACE, TARGET_LOGIT_SCALE
 from geosearch.search.space import SearchSpace
@@ -93,13 +92,13 @@ def stability_rows(study: optuna.Study, numbers: Iterable[int],
     for n in numbers:
         t = by_number[n]
         probes = [p for p in t.user_attrs.get(PROBE_HISTORY) or []
-                  if isinstance(p, dict) and _finite(p.get("max_logit")) is not None]
+                  if isinstance(p, dict) and finite_or_none(p.get("max_logit")) is not None]
         last = probes[-1] if probes else {}
         base = t.user_attrs.get(BASELINE)
-        proxy, target = (_finite(t.user_attrs.get(k)) for k in (LOGIT_SCALE, TARGET_LOGIT_SCALE))
+        proxy, target = (finite_or_none(t.user_attrs.get(k)) for k in (LOGIT_SCALE, TARGET_LOGIT_SCALE))
         rows.append(StabilityRow(
             number=n, label=f"baseline {base}" if base else trial_label(t, hyperparams=False),
-            max_logit=_finite(last.get("max_logit")), sum_eta=_finite(last.get("sum_eta")),
+            max_logit=finite_or_none(last.get("max_logit")), sum_eta=finite_or_none(last.get("sum_eta")),
             outlook=pruner.outlook(study, t),
             scale_ratio=target / proxy if proxy and target else 1.0))
     return rows
@@ -124,7 +123,3 @@ def stability_record(row: StabilityRow) -> dict[str, Any]:
                    "threshold": o.threshold, "verdict": o.verdict, "acted_on": o.acted_on,
                    "text": o.text()}
     return record
-
-
-def _finite(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None

@@ -45,7 +45,7 @@ from geosearch.search.records import (
     TARGET_SUM_ETA,
 )
 
-__all__ = ["LogitGrowthPruner", "probe_row"]
+__all__ = ["LogitGrowthPruner", "finite_or_none", "probe_row"]
 
 # Defaults, shared with the search-space schema; LogitGrowthPruner's docstring says why.
 DEFAULT_MAX_LOGIT = 1e3
@@ -382,7 +382,7 @@ class LogitGrowthPruner(BasePruner):
         # too far past the data to prune on (see max_extrapolation), or not clearly above
         if outlook is None or not outlook.acted_on or outlook.verdict != "above":
             return None
-        forecast, limit = outlook.forecast, _Threshold(outlook.threshold, outlook.threshold_text)
+        forecast = outlook.forecast
         proxy, target_scale = _scales(trial)
         steps = trial.user_attrs.get(TARGET_STEPS_ATTR)
         eta = f"Σ η {forecast.target_sum_eta:.3g}"
@@ -392,7 +392,7 @@ class LogitGrowthPruner(BasePruner):
         if notes:
             when += f" ({'; '.join(notes)})"
         return (f"forecast max logit {short_logit(forecast.value)} ({short_logit(forecast.low)}–"
-                f"{short_logit(forecast.high)}) {when} > {limit.text}")
+                f"{short_logit(forecast.high)}) {when} > {outlook.threshold_text}")
 
     def _collapsed(self, probes: list[_Probe]) -> str | None:
         if self._min_entropy is None:
@@ -466,7 +466,7 @@ def _read_probes(trial: FrozenTrial) -> list[_Probe]:
                 max_logit=_optional_float(row.get("max_logit")),
                 min_entropy=_optional_float(row.get("min_entropy")),
                 train_loss=_optional_float(row.get("train_loss")),
-                sum_eta=_finite_or_none(row.get("sum_eta")),
+                sum_eta=finite_or_none(row.get("sum_eta")),
                 qk_sigma=max(qk) if qk else None,
             )
         )
@@ -494,7 +494,8 @@ def _optional_float(v: object) -> float | None:
     return None if v is None else float(v)  # type: ignore[arg-type]
 
 
-def _finite_or_none(v: object) -> float | None:
+def finite_or_none(v: object) -> float | None:
+    """``v`` as a float when it is a finite real number (not a bool), else ``None``."""
     return float(v) if _is_number(v) and math.isfinite(v) else None  # type: ignore[arg-type]
 
 
