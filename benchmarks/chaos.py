@@ -10,7 +10,7 @@ violations. ``--inputs`` runs every case of ``tests/faults/_bad_inputs.py`` and 
 the user sees. ``--write`` puts the table into ``docs/reliability.md`` (between its
 ``<!-- chaos:... -->`` markers), where ``tests/faults/test_bad_inputs.py`` checks the input
 table against a fresh run. The full-disk faults mount a tmpfs (root); the PostgreSQL fault
-starts a throwaway server as ``tests/test_postgres.py`` does (``initdb``); each is left out,
+starts a throwaway server as ``tests/search/runtime/test_postgres.py`` does (``initdb``); each is left out,
 saying why, where it cannot run.
 """
 

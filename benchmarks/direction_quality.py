@@ -35,6 +35,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import datetime
 import math
 import statistics
@@ -49,10 +50,11 @@ from _common import machine, publish  # benchmarks/ is on sys.path when a script
 from optimizer_step import REF_ALPHA, REF_NS, REF_STEPS, reference_direction
 from geosearch.assignment import Assignment
 from geosearch.manifolds import Manifold, get_manifold, polar
-from geosearch.optim import build_optimizer
+from geosearch.build import build_optimizer
 from geosearch.optim.solvers import dual_ascent_direction, project_direction
 from geosearch.proxy.data import get_batch, load_corpus
-from geosearch.proxy.zoo import build_model, lm_loss
+from geosearch.models.lm import lm_loss
+from geosearch.models.zoo import build_model
 
 RESULTS = Path(__file__).parent / "results" / "direction_quality.md"
 ETA = 0.02  # the study's spectral step size
@@ -253,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                                time.perf_counter() - t0))
             for name, solve in solvers(geometry).items():
                 rec = score(M, W, G, solve(M, W, G), A_star)
-                rec["ms"] = _time_ms(lambda: solve(M, W, G), args.repeats)
+                rec["ms"] = _time_ms(functools.partial(solve, M, W, G), args.repeats)
                 per_solver.setdefault(name, []).append(rec)
             if geometry == "dgram":
                 moves.append(("proxy weights", label, retraction_moves(M, W, G)))

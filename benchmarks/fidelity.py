@@ -48,15 +48,16 @@ import torch
 
 from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.assignment import Assignment
-from geosearch.proxy.train import TrainConfig, train
-from geosearch.search.forecast import forecast_max_logit
-from geosearch.search.horizon import spearman
-from geosearch.search.pruners import QK_TYPES, LogitGrowthPruner
-from geosearch.search.ranking import family_geometry, rank_scores, rank_study, trial_label
+from geosearch.proxy.config import TrainConfig
+from geosearch.proxy.train import train
+from geosearch.search.horizon.forecast import forecast_max_logit
+from geosearch.search.horizon.ladder import spearman
+from geosearch.search.horizon.pruner import QK_TYPES, LogitGrowthPruner
+from geosearch.search.stats.ranking import family_geometry, rank_scores, rank_study, trial_label
 from geosearch.search.records import BASELINE, ASSIGNMENT, LADDER, PROBE_HISTORY, PRUNE_REASON, PROXY, RUNG_INDICES, RUNG_LOSSES, RUNG_PROBES, STOP_STEP
-from geosearch.search.stats import Point, Score, main_effects
-from geosearch.search.target import probe_sum_eta, study_reading
-from geosearch.search.storage import open_run_study
+from geosearch.search.stats.scores import Point, Score, main_effects
+from geosearch.search.horizon.target import probe_sum_eta, study_reading
+from geosearch.search.runtime.storage import open_run_study
 
 DATA = Path(__file__).parent / "data" / "fidelity"
 PAPER = {  # the reference study's four assignments (rule set nanogpt: c_attn is one type)
@@ -202,6 +203,86 @@ def _search_steps(trial, rungs: list[dict]) -> int:
     return total
 
 
+def _search_rows(ranking, trials: dict) -> dict[str, dict]:
+    """Assignment -> the top-rung mean, rung-0 mean and trial of its best-ranked point."""
+    search: dict[str, dict] = {}
+    for row in ranking.rows:
+        t = trials[row.number]
+        key = _paper_key(t.user_attrs[ASSIGNMENT])
+        if key in PAPER and key not in search:
+            rung0 = [r for r in (t.user_attrs.get(RUNG_LOSSES) or [[]])[0]]
+            search[key] = {"mean": row.score.mean, "rung0": statistics.fmean(rung0) if rung0 else math.nan,
+                           "trial": t}
+    return search
+
+
+def _pruned_trials(trials: dict) -> dict[str, object]:
+    """Assignment -> the first of its points the search pruned (it calls them unstable)."""
+    pruned: dict[str, object] = {}
+    for t in trials.values():
+        if t.state.name == "PRUNED" and not t.user_attrs.get(BASELINE) and ASSIGNMENT in t.user_attrs:
+            pruned.setdefault(_paper_key(t.user_attrs[ASSIGNMENT]), t)
+    return pruned
+
+
+def _frozen_rung0(t):
+    """A copy of trial ``t`` whose probe history is its first rung's (None without rung probes)."""
+    if t is None or not t.user_attrs.get(RUNG_PROBES):
+        return None
+    attrs = dict(t.user_attrs, **{PROBE_HISTORY: t.user_attrs[RUNG_PROBES][0]})
+    return optuna.trial.create_trial(state=t.state, value=t.value if t.state.name == "COMPLETE"
+                                     else None, params=t.params, distributions=t.distributions,
+                                     user_attrs=attrs, intermediate_values=t.intermediate_values)
+
+
+def _forecast_row(a: str, runs: list[dict], score: Score, search: dict[str, dict], pruned: dict[str, object],
+                  study, pruner, target_sum_eta: float) -> tuple[str, list[float | None]]:
+    """One assignment's row of the search-vs-truth table, with its forecast-over-real ratios."""
+    recs = [r for r in runs if r["status"] == "completed"]
+    real = [v for v in (_final_logit(r) for r in recs) if v is not None]
+    real_mean = statistics.fmean(real) if real else math.nan
+    cells, row_ratios = [], []
+    t = search.get(a, {}).get("trial") or pruned.get(a)
+    frozen_rung0 = _frozen_rung0(t)
+    for f in ([pruner.forecast(study, t) if t is not None else None,
+               pruner.forecast(study, frozen_rung0) if frozen_rung0 is not None else None]):
+        v = None if f is None else f.value
+        cells.append("—" if v is None else f"{v:.1f} [{f.low:.1f}, {f.high:.1f}]")
+        row_ratios.append(None if v is None else v / real_mean)
+    early = [v for v in (_early_forecast(r, 0.1, target_sum_eta) for r in recs) if v is not None]
+    v = statistics.fmean(early) if early else None
+    cells.append("—" if v is None else f"{v:.1f}")
+    row_ratios.append(None if v is None else v / real_mean)
+    line = (f"| {PAPER[a]} | {score.mean:.4f} ({score.n} seeds) | "
+            f"{search[a]['mean']:.4f} | {search[a]['rung0']:.4f} | {' / '.join(cells)} | "
+            f"{real_mean:.1f} | {' / '.join('—' if x is None else f'{x:.2f}' for x in row_ratios)} |"
+            if a in search else
+            f"| {PAPER[a]} | {score.mean:.4f} ({score.n} seeds) | pruned: "
+            f"{(pruned[a].user_attrs.get(PRUNE_REASON) or '') if a in pruned else 'not run'} | | "
+            f"{' / '.join(cells)} | {real_mean:.1f} | "
+            f"{' / '.join('—' if x is None else f'{x:.2f}' for x in row_ratios)} |")
+    return line, row_ratios
+
+
+def _law_lines(truth: dict[str, list[dict]], truth_mean: dict[str, float], model: str, steps: int, eta: float,
+               target_sum_eta: float) -> list[str]:
+    """The table of the forecast law alone, fitted on each long run's first part and read at its end."""
+    lines = ["", "The forecast law alone, on each long run's own probes: fitted on the first part of "
+             "the run, forecast to its end; forecast ÷ real max logit at the end (one number a seed).", "",
+             ]
+    reached = {f: probe_sum_eta(truth_config(model, steps, eta, 0), Assignment.parse(next(iter(PAPER))))(
+        int(f * steps)) for f in LAW_FRACTIONS}
+    lines += ["| assignment | " + " | ".join(f"first {f:.0%} (Σ η ×{target_sum_eta / reached[f]:.1f} to go)"
+                                           for f in LAW_FRACTIONS) + " |", "|---|" + "---|" * len(LAW_FRACTIONS)]
+    for a in sorted(PAPER, key=truth_mean.get):
+        cells = []
+        for f in LAW_FRACTIONS:
+            rs = [(_early_forecast(r, f, target_sum_eta), _final_logit(r)) for r in truth[a] if r["status"] == "completed"]
+            cells.append(", ".join("—" if v is None or not real else f"{v / real:.2f}" for v, real in rs))
+        lines.append(f"| {PAPER[a]} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) -> None:
     """Print (and publish) the search-vs-truth table for the study in ``run_dir``."""
     truth = load_truth(model, steps, eta)
@@ -217,18 +298,8 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
                  f"{proxy.get('batch_size')}, not the ground truth's {model}/{eta}/batch 16")
     ranking = rank_study(study)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    search: dict[str, dict] = {}
-    for row in ranking.rows:
-        t = trials[row.number]
-        key = _paper_key(t.user_attrs[ASSIGNMENT])
-        if key in PAPER and key not in search:
-            rung0 = [r for r in (t.user_attrs.get(RUNG_LOSSES) or [[]])[0]]
-            search[key] = {"mean": row.score.mean, "rung0": statistics.fmean(rung0) if rung0 else math.nan,
-                           "trial": t}
-    pruned: dict[str, object] = {}  # the points the search pruned (it calls them unstable)
-    for t in trials.values():
-        if t.state.name == "PRUNED" and not t.user_attrs.get(BASELINE) and ASSIGNMENT in t.user_attrs:
-            pruned.setdefault(_paper_key(t.user_attrs[ASSIGNMENT]), t)
+    search = _search_rows(ranking, trials)
+    pruned = _pruned_trials(trials)
     truth_rank = rank_scores([(i, PAPER[a], s) for i, (a, s) in enumerate(scores.items())],
                              {i: _point(a) for i, a in enumerate(scores)})
     keys = [a for a in PAPER if a in search]
@@ -268,35 +339,9 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
              "|---|---|---|---|---|---|---|"]
     ratios: list[float] = []
     for a in sorted(PAPER, key=truth_mean.get):
-        recs = [r for r in truth[a] if r["status"] == "completed"]
-        real = [v for v in (_final_logit(r) for r in recs) if v is not None]
-        real_mean = statistics.fmean(real) if real else math.nan
-        cells, row_ratios = [], []
-        t = search.get(a, {}).get("trial") or pruned.get(a)
-        frozen_rung0 = None
-        if t is not None and t.user_attrs.get(RUNG_PROBES):
-            attrs = dict(t.user_attrs, **{PROBE_HISTORY: t.user_attrs[RUNG_PROBES][0]})
-            frozen_rung0 = optuna.trial.create_trial(state=t.state, value=t.value if t.state.name == "COMPLETE"
-                                                     else None, params=t.params, distributions=t.distributions,
-                                                     user_attrs=attrs, intermediate_values=t.intermediate_values)
-        for f in ([pruner.forecast(study, t) if t is not None else None,
-                   pruner.forecast(study, frozen_rung0) if frozen_rung0 is not None else None]):
-            v = None if f is None else f.value
-            cells.append("—" if v is None else f"{v:.1f} [{f.low:.1f}, {f.high:.1f}]")
-            row_ratios.append(None if v is None else v / real_mean)
-        early = [v for v in (_early_forecast(r, 0.1, target_sum_eta) for r in recs) if v is not None]
-        v = statistics.fmean(early) if early else None
-        cells.append("—" if v is None else f"{v:.1f}")
-        row_ratios.append(None if v is None else v / real_mean)
+        line, row_ratios = _forecast_row(a, truth[a], scores[a], search, pruned, study, pruner, target_sum_eta)
         ratios += [x for x in row_ratios if x is not None]
-        lines.append(f"| {PAPER[a]} | {scores[a].mean:.4f} ({scores[a].n} seeds) | "
-                     f"{search[a]['mean']:.4f} | {search[a]['rung0']:.4f} | {' / '.join(cells)} | "
-                     f"{real_mean:.1f} | {' / '.join('—' if x is None else f'{x:.2f}' for x in row_ratios)} |"
-                     if a in search else
-                     f"| {PAPER[a]} | {scores[a].mean:.4f} ({scores[a].n} seeds) | pruned: "
-                     f"{(pruned[a].user_attrs.get(PRUNE_REASON) or '') if a in pruned else 'not run'} | | "
-                     f"{' / '.join(cells)} | {real_mean:.1f} | "
-                     f"{' / '.join('—' if x is None else f'{x:.2f}' for x in row_ratios)} |")
+        lines.append(line)
     lines += ["",
               f"- Winner: truth **{PAPER[truth_best]}** (the long runs' verdict: {truth_rank.verdict}); "
               f"search **{PAPER[search_best]}** (its verdict: {ranking.verdict}). "
@@ -320,19 +365,7 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
               f"- Forecast max logit over real, every forecast above: "
               f"{', '.join(f'{x:.2f}' for x in ratios)}; within ×2: "
               f"{sum(0.5 <= x <= 2 for x in ratios)} of {len(ratios)}."]
-    lines += ["", "The forecast law alone, on each long run's own probes: fitted on the first part of "
-              "the run, forecast to its end; forecast ÷ real max logit at the end (one number a seed).", "",
-              ]
-    reached = {f: probe_sum_eta(truth_config(model, steps, eta, 0), Assignment.parse(next(iter(PAPER))))(
-        int(f * steps)) for f in LAW_FRACTIONS}
-    lines += ["| assignment | " + " | ".join(f"first {f:.0%} (Σ η ×{target_sum_eta / reached[f]:.1f} to go)"
-                                           for f in LAW_FRACTIONS) + " |", "|---|" + "---|" * len(LAW_FRACTIONS)]
-    for a in sorted(PAPER, key=truth_mean.get):
-        cells = []
-        for f in LAW_FRACTIONS:
-            rs = [(_early_forecast(r, f, target_sum_eta), _final_logit(r)) for r in truth[a] if r["status"] == "completed"]
-            cells.append(", ".join("—" if v is None or not real else f"{v / real:.2f}" for v, real in rs))
-        lines.append(f"| {PAPER[a]} | " + " | ".join(cells) + " |")
+    lines += _law_lines(truth, truth_mean, model, steps, eta, target_sum_eta)
     text = "\n".join(lines)
     if out is None:
         print(text)
@@ -400,10 +433,10 @@ def step_flops(config: TrainConfig, assign: str) -> float:
     and machine-free, unlike a time: the compute of two model sizes compared like with like."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from geosearch.optim.build import optimizer_from_plan
+    from geosearch.build import optimizer_from_plan
     from geosearch.plan import bind
-    from geosearch.proxy.lm import lm_loss
-    from geosearch.proxy.zoo import build_model
+    from geosearch.models.lm import lm_loss
+    from geosearch.models.zoo import build_model
 
     torch.manual_seed(0)
     built = build_model(config.model, vocab_size=256, model_args=config.model_args)

@@ -95,7 +95,7 @@ def sizes(device: str, quick: bool) -> Sizes:
 
 # --------------------------------------------------------------------------- child processes
 def _space(size: Sizes, device: str, precision: str):
-    from geosearch.search.space import apply_overrides, load_space
+    from geosearch.search.space.spec import apply_overrides, load_space
 
     sets = [f"proxy.mixed_precision={precision}", f"proxy.eval_every={size.eval_every}",
             f"proxy.probe_every={size.eval_every}", "proxy.eval_batches=2", "proxy.probe_batch_size=2",
@@ -111,7 +111,7 @@ def _space(size: Sizes, device: str, precision: str):
 def child(precision: str, seeds: list[int], search: bool, size: Sizes, device: str) -> dict:
     """In a child process: the bf16 search (if asked) and one proxy run per seed."""
     from geosearch.proxy.train import train
-    from geosearch.search.study import run_search
+    from geosearch.search.study.run import run_search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = _space(size, device, precision)

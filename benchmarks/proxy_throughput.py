@@ -40,10 +40,11 @@ import geosearch.proxy.train as train_mod
 from _common import publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.assignment import Assignment
 from geosearch.manifolds import geometry_names
-from geosearch.optim import build_optimizer
+from geosearch.build import build_optimizer
 from geosearch.proxy.data import get_batch, load_corpus
-from geosearch.proxy.model import GPT, make_config
-from geosearch.proxy.train import TrainConfig, TrainResult, train
+from geosearch.models.model import GPT, make_config
+from geosearch.proxy.config import TrainConfig, TrainResult
+from geosearch.proxy.train import train
 
 RESULTS = Path(__file__).parent / "results" / "proxy_throughput.md"
 ADAMW = "attn=adamw,mlp=adamw"

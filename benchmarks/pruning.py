@@ -26,7 +26,7 @@ trials carry the forecast's inputs: the target's Σ η (``schedule_sum_eta`` of
 runs are seeded, so a pruned run is its unpruned run's prefix and the replay is exact.
 
 - ``none``: nothing pruned (the trainer still stops a non-finite run: it cannot go on);
-- ``logit``: :class:`~geosearch.search.pruners.LogitGrowthPruner` with its defaults
+- ``logit``: :class:`~geosearch.search.horizon.pruner.LogitGrowthPruner` with its defaults
   (max logit and forecast against 10 × d/√d_head, entropy collapse, non-finite);
 - ``median``: Optuna's ``MedianPruner`` on the validation loss alone;
 - ``logit+median``: the first wrapping the second.
@@ -65,19 +65,19 @@ import torch
 from optuna.trial import TrialState, create_trial
 
 from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
-from geosearch.proxy.train import TrainConfig, train
-from geosearch.search.forecast import schedule_sum_eta, stiefel_logit_bound
-from geosearch.search.pruners import (
-    BUDGET_STEPS_ATTR,
-    LOGIT_SCALE_ATTR,
-    PROBE_HISTORY_ATTR,
-    TARGET_LOGIT_SCALE_ATTR,
-    TARGET_STEPS_ATTR,
-    TARGET_SUM_ETA_ATTR,
-    LogitGrowthPruner,
-    probe_row,
+from geosearch.proxy.config import TrainConfig
+from geosearch.proxy.train import train
+from geosearch.search.horizon.forecast import schedule_sum_eta, stiefel_logit_bound
+from geosearch.search.horizon.pruner import LogitGrowthPruner, probe_row
+from geosearch.search.records import (
+    BUDGET_STEPS,
+    LOGIT_SCALE,
+    PROBE_HISTORY,
+    TARGET_LOGIT_SCALE,
+    TARGET_STEPS,
+    TARGET_SUM_ETA,
 )
-from geosearch.search.space import SearchSpace, apply_overrides, load_space
+from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 
 RESULTS = Path(__file__).parent / "results" / "pruning.md"
 MODES = ("none", "logit", "median", "logit+median")
@@ -164,7 +164,7 @@ def train_grid(space: SearchSpace, lr: float, steps: int) -> dict[str, list[Run]
 def logit_scale(space: SearchSpace) -> float:
     """The proxy model's d/√d_head (presets: n_embd, n_head)."""
     from geosearch.proxy.data import load_corpus
-    from geosearch.proxy.zoo import build_meta_model
+    from geosearch.models.zoo import build_meta_model
 
     corpus = load_corpus(space.proxy.data)
     cfg = build_meta_model(space.proxy.model, vocab_size=corpus.vocab_size,
@@ -259,7 +259,7 @@ def replay(pruner: optuna.pruners.BasePruner, runs: dict[str, list[Run]], order:
     out = {}
     for label in order:
         trial = study.ask()
-        for key, value in {**attrs, BUDGET_STEPS_ATTR: runs[label][0].config.steps}.items():
+        for key, value in {**attrs, BUDGET_STEPS: runs[label][0].config.steps}.items():
             trial.set_user_attr(key, value)
         steps, reason = 0, None
         for r, run in enumerate(runs[label]):
@@ -286,7 +286,7 @@ def _replay_seed(study: optuna.Study, trial: optuna.Trial, run: Run,
             trial.report(float(m["val_loss"]), m["step"])
         if m.get("max_logit") is not None:
             rows.append(probe_row(m, sum_eta=run.sum_eta(m["step"])))
-            trial.set_user_attr(PROBE_HISTORY_ATTR, list(rows))
+            trial.set_user_attr(PROBE_HISTORY, list(rows))
         if trial.should_prune():
             why = getattr(study.pruner, "reason", None)
             return m["step"], (why(study, trial) if callable(why) else None) or \
@@ -366,7 +366,7 @@ def forecast_table(proxy: dict[str, list[Run]], target: dict[str, list[Run]], at
             rows = [probe_row(m, sum_eta=run.sum_eta(m["step"])) for m in run.history
                     if m.get("max_logit") is not None and m["step"] <= run.config.steps // part]
             frozen = create_trial(state=TrialState.RUNNING,
-                                  user_attrs={**attrs, PROBE_HISTORY_ATTR: rows})
+                                  user_attrs={**attrs, PROBE_HISTORY: rows})
             f = pruner.forecast(study, frozen)
             cells.append("—" if f is None else f"{f.value:.3g} ({f.low:.3g}–{f.high:.3g})")
             ratio = "—" if f is None else f"{f.value / truth:.2f}"
@@ -389,10 +389,10 @@ def one_step_size(space: SearchSpace, lr: float, args: argparse.Namespace, scale
         raise SystemExit("one seed per assignment: give the seed noise with --noise")
     harm = judge_harm(target, noise)
     t = target[order[0]][0].config.resolved()
-    attrs = {TARGET_SUM_ETA_ATTR: schedule_sum_eta(t.steps, steps=t.steps, peak=lr,
+    attrs = {TARGET_SUM_ETA: schedule_sum_eta(t.steps, steps=t.steps, peak=lr,
                                                    warmup_steps=t.warmup_steps,
                                                    min_lr_ratio=t.min_lr_ratio),
-             TARGET_STEPS_ATTR: t.steps, LOGIT_SCALE_ATTR: scale, TARGET_LOGIT_SCALE_ATTR: scale}
+             TARGET_STEPS: t.steps, LOGIT_SCALE: scale, TARGET_LOGIT_SCALE: scale}
     outcomes = {m: replay(make_pruner(m, args.median_startup), proxy, order, attrs)
                 for m in ["none", *[m for m in args.modes if m != "none"]]}
     rows = summary_rows(outcomes, harm)
@@ -403,7 +403,7 @@ def one_step_size(space: SearchSpace, lr: float, args: argparse.Namespace, scale
                f"unharmed assignment ({logit['best']}).")
     print("  " + verdict, flush=True)
     return "\n".join([
-        f"## Spectral lr {lr:g} (target Σ η {attrs[TARGET_SUM_ETA_ATTR]:.3g}, "
+        f"## Spectral lr {lr:g} (target Σ η {attrs[TARGET_SUM_ETA]:.3g}, "
         f"proxy Σ η {proxy[order[0]][0].sum_eta(args.steps):.3g})\n",
         "Ground truth (unpruned target runs):\n", truth_table(harm, noise),
         "Replayed search, trial order: " + "; ".join(order) + ".\n", summary_table(rows),

@@ -40,8 +40,8 @@ import torch
 
 from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.proxy.train import train
-from geosearch.search.horizon import ranks, spearman
-from geosearch.search.space import SearchSpace, apply_overrides, load_space
+from geosearch.search.horizon.ladder import ranks, spearman
+from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 
 RESULTS = Path(__file__).parent / "results" / "solver_agreement.md"
 SOLVERS = ("project", "dual")

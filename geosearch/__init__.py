@@ -21,13 +21,13 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Assignment": "geosearch.assignment",
     "load_assignment": "geosearch.assignment",
-    "build_optimizer": "geosearch.optim",
+    "build_optimizer": "geosearch.build",
     "ManifoldMuon": "geosearch.optim",
     "get_manifold": "geosearch.manifolds",
     "manifold_names": "geosearch.manifolds",
     "GeosearchError": "geosearch.errors",
     "ConfigError": "geosearch.errors",
-    "objective": "geosearch.search.optimize",
+    "objective": "geosearch.search.study.optimize",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -40,5 +40,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment, load_assignment
     from geosearch.errors import ConfigError, GeosearchError
     from geosearch.manifolds import get_manifold, manifold_names
-    from geosearch.optim import ManifoldMuon, build_optimizer
-    from geosearch.search.optimize import objective
+    from geosearch.build import build_optimizer
+    from geosearch.optim import ManifoldMuon
+    from geosearch.search.study.optimize import objective

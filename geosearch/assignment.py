@@ -54,10 +54,10 @@ from geosearch.modules import (
     rule_set_names,
 )
 from geosearch.optim import settings as catalog
-from geosearch.optim.settings import ADAMW, option_keys
+from geosearch.optim.settings import option_keys
 from geosearch.yaml_io import load_yaml, parse_yaml
 
-__all__ = ["ADAMW", "Assignment", "SCHEMA_VERSION", "geometry_names", "load_assignment", "option_keys"]
+__all__ = ["Assignment", "SCHEMA_VERSION", "geometry_names", "load_assignment"]
 
 
 def geometry_names() -> list[str]:

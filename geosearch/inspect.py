@@ -34,9 +34,9 @@ from geosearch.modules import (
     rule_set_names,
 )
 from geosearch.plan import Plan, bind
-from geosearch.proxy.zoo import BuiltModel, build_meta_model
+from geosearch.models.zoo import BuiltModel, build_meta_model
 from geosearch.rule_inference import infer_rules, rules_fit
-from geosearch.search.space import SearchSpace, load_space
+from geosearch.search.space.spec import SearchSpace, load_space
 
 __all__ = ["ParamRow", "describe_parameters", "fitting_rule_sets", "inspect_model"]
 
@@ -166,30 +166,14 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
     args = dict(searched.proxy.model_args) if searched is not None and model is None else {}
     args.update(model_args or {})
     spec = model or searched.proxy.model
-    if rules is not None:
-        rule_seq, rules_name = get_rule_set(rules), f"rule set {rules!r}"
-    elif searched is not None and not (searched.rules_from_model and model is not None):
-        rule_seq = get_rule_set(searched.rules) if isinstance(searched.rules, str) else searched.rules
-        rules_name = (f"rule set {searched.rules!r}" if isinstance(searched.rules, str)
-                      else "the space's rules")
-    else:
-        rule_seq, rules_name = None, None
+    rule_seq, rules_name = _given_rules(rules, searched, model)
     built = build_meta_model(spec, vocab_size=256, model_args=args)
     fitting = fitting_rule_sets(built.model)
-    if rule_seq is None and isinstance(built.rules, str):
-        rule_seq, rules_name = get_rule_set(built.rules), f"rule set {built.rules!r} (the model's)"
-    elif rule_seq is None and built.rules:  # an hf: model no registered rule set fits
-        rule_seq, rules_name = built.rules, "the rules read off its module names (the model's)"
-    elif rule_seq is None:  # a py: model: show its parameters, so that rules can be written for it
-        rule_seq = ()
+    if rule_seq is None:
+        rule_seq, rules_name = _model_rules(built, rules_name)
 
-    families = family_types(rule_seq)
     if searched is not None:
-        unknown = [k for k in searched.geometries if k not in families and k not in module_types(rule_seq)]
-        if unknown:
-            raise ConfigError(f"module type {unknown[0]!r} of the space is not a type of {rules_name}",
-                              source=searched.source, key=f"geometries.{unknown[0]}",
-                              allowed=[*families, *module_types(rule_seq)])
+        _check_space_types(searched, rule_seq, rules_name)
     try:
         rows = describe_parameters(built, rule_seq, searched.geometries if searched is not None else None)
     except ConfigError as e:  # rules for another family, e.g. nanogpt's nn.Linear rules on hf:gpt2
@@ -197,6 +181,52 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
                           allowed=fitting or e.allowed) from None
     match = match_parameters(built.model, rule_seq)  # for the rules that match nothing
 
+    _print_report(built, spec, rows, searched, rules_name, fitting)
+    empty = empty_rule_error(match, spec, source=rules_name)
+    if empty is not None:
+        raise empty
+    if assign is not None:
+        print()
+        named = rules or (searched.rules if searched is not None and isinstance(searched.rules, str)
+                          else None if searched is not None else built.rules)
+        print(_plan_of(built.model, assign, named or tuple(rule_seq)).describe())
+
+
+def _given_rules(rules: str | None, searched: SearchSpace | None,
+                 model: str | None) -> tuple[Sequence[ModuleRule] | None, str | None]:
+    """The rules ``--rules`` or the space gives, and their name; (None, None) when neither does."""
+    if rules is not None:
+        return get_rule_set(rules), f"rule set {rules!r}"
+    if searched is not None and not (searched.rules_from_model and model is not None):
+        rule_seq = get_rule_set(searched.rules) if isinstance(searched.rules, str) else searched.rules
+        rules_name = (f"rule set {searched.rules!r}" if isinstance(searched.rules, str)
+                      else "the space's rules")
+        return rule_seq, rules_name
+    return None, None
+
+
+def _model_rules(built: BuiltModel, rules_name: str | None) -> tuple[Sequence[ModuleRule], str | None]:
+    """The model's own rules and their name, for a command that named none (``rules_name`` kept if none)."""
+    if isinstance(built.rules, str):
+        return get_rule_set(built.rules), f"rule set {built.rules!r} (the model's)"
+    if built.rules:  # an hf: model no registered rule set fits
+        return built.rules, "the rules read off its module names (the model's)"
+    return (), rules_name  # a py: model: show its parameters, so that rules can be written for it
+
+
+def _check_space_types(searched: SearchSpace, rule_seq: Sequence[ModuleRule], rules_name: str | None) -> None:
+    """Raise ConfigError for a module type of the space's ``geometries`` that the rules do not have."""
+    families = family_types(rule_seq)
+    unknown = [k for k in searched.geometries if k not in families and k not in module_types(rule_seq)]
+    if unknown:
+        raise ConfigError(f"module type {unknown[0]!r} of the space is not a type of {rules_name}",
+                          source=searched.source, key=f"geometries.{unknown[0]}",
+                          allowed=[*families, *module_types(rule_seq)])
+
+
+def _print_report(built: BuiltModel, spec: str, rows: Sequence[ParamRow], searched: SearchSpace | None,
+                  rules_name: str | None, fitting: Sequence[str]) -> None:
+    """Print the inspect table with its header and summary lines, and warn of unassigned weights."""
     print(built.summary())
     if rules_name is None:
         print(f"no rules: model {spec!r} has no default rule set; name one with --rules NAME "
@@ -216,14 +246,6 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
         if r.role == "unassigned" and rules_name is not None:
             print(f"warning: 2-D weight {r.name!r} matches no rule of {rules_name}; it will be trained "
                   "with AdamW", file=sys.stderr)
-    empty = empty_rule_error(match, spec, source=rules_name)
-    if empty is not None:
-        raise empty
-    if assign is not None:
-        print()
-        named = rules or (searched.rules if searched is not None and isinstance(searched.rules, str)
-                          else None if searched is not None else built.rules)
-        print(_plan_of(built.model, assign, named or tuple(rule_seq)).describe())
 
 
 def _plan_of(model: nn.Module, assign: str, rules: str | Sequence[ModuleRule]) -> Plan:

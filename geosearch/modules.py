@@ -98,7 +98,7 @@ def _rule(type_: str, pattern: str, family: str, **kw) -> ModuleRule:
 
 # --------------------------------------------------------------------------- registry
 RULE_SETS: dict[str, tuple[ModuleRule, ...]] = {
-    # nanoGPT (Karpathy) / geosearch.proxy.model.GPT: nn.Linear everywhere. The fused QKV
+    # nanoGPT (Karpathy) / geosearch.models.model.GPT: nn.Linear everywhere. The fused QKV
     # weight is one module type, as in the reference study.
     "nanogpt": (
         _rule("attn_qkv", r"(^|\.)attn\.c_attn\.weight$", "attn"),

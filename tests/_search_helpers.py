@@ -1,6 +1,6 @@
 """Shared by the study tests: a tiny space, a search call, and a fake trainer.
 
-Most study tests replace ``train`` (in :mod:`geosearch.search.trial_loop`, where the trial
+Most study tests replace ``train`` (in :mod:`geosearch.search.study.trial_loop`, where the trial
 loop calls it) by :class:`FakeTrain`, which calls the callback with synthetic metrics and
 returns a TrainResult, so the study logic is tested in milliseconds. Test modules take the
 ``fake`` fixture by importing it.
@@ -12,10 +12,11 @@ import io
 
 import pytest
 
-from geosearch.proxy.train import TrainResult
-from geosearch.search import trial_loop
-from geosearch.search.space import SearchSpace
-from geosearch.search.study import open_run_study, run_search
+from geosearch.proxy.config import TrainResult
+from geosearch.search.study import trial_loop
+from geosearch.search.space.spec import SearchSpace
+from geosearch.search.runtime.storage import open_run_study
+from geosearch.search.study.run import run_search
 
 TINY_PROXY = {"model": "tiny", "steps": 10, "batch_size": 2, "eval_every": 5, "eval_batches": 1,
               "probe_every": 5, "probe_batch_size": 1, "device": "cpu"}

@@ -2,7 +2,7 @@
 
 Names that no registered rule set knows (``blocks.N.mix.qkv``, ``blocks.N.ff.up``...),
 attention that follows the proxy's ``record_qk`` protocol, and a forward that returns
-the logits tensor, as the ``py:`` contract in :mod:`geosearch.proxy.zoo` describes.
+the logits tensor, as the ``py:`` contract in :mod:`geosearch.models.zoo` describes.
 """
 
 from __future__ import annotations

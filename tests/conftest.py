@@ -1,4 +1,5 @@
-"""Suite-wide settings.
+"""Suite-wide settings and the shared fixtures (``fake``: a fake trainer; ``finished``: a
+finished study to report on; ``postgres_url``: a throwaway PostgreSQL database).
 
 One intra-op torch thread for every test (and ``OMP_NUM_THREADS=1`` for the subprocesses
 tests start): the models and matrices here are tiny and gain nothing from threads, while
@@ -12,6 +13,11 @@ import os
 
 import pytest
 import torch
+
+# fixtures shared by many test files, registered here so the files use them by name alone
+from _postgres import postgres_server, postgres_url  # noqa: F401
+from _report_study import finished  # noqa: F401
+from _search_helpers import fake  # noqa: F401
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -32,7 +38,7 @@ def accelerator():
     """The process's one ``accelerate.Accelerator(cpu=True)``: Accelerate keeps its state in
     a process-wide singleton, so tests share the trainer's instead of making and resetting
     their own (a reset would leave the trainer's cached one broken)."""
-    from geosearch.proxy.train import get_accelerator
+    from geosearch.proxy.accelerator import get_accelerator
 
     return get_accelerator("cpu")
 
@@ -45,7 +51,7 @@ def running_trial():
     ``params`` (``geometry.attn`` in {adamw, euclidean}, ``geometry.mlp`` = adamw) is
     queued and taken, with the ``worker`` attr and, if given, a ``heartbeat``.
     """
-    from geosearch.search.study import open_run_study
+    from geosearch.search.runtime.storage import open_run_study
 
     def make(tmp_path, params, worker, heartbeat=None) -> int:
         study = open_run_study(tmp_path / "runs" / "t")

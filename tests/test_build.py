@@ -15,7 +15,8 @@ from geosearch.assignment import Assignment, load_assignment
 from geosearch.errors import ConfigError
 from geosearch.manifolds import get_manifold
 from geosearch.modules import ModuleRule
-from geosearch.optim import ManifoldMuon, build_optimizer, optimizer_summary
+from geosearch.build import build_optimizer, optimizer_summary
+from geosearch.optim import ManifoldMuon
 
 V, T, D, H = 32, 8, 16, 2  # vocab, context, width, heads
 ATOL = 1e-4  # float32 weights

@@ -16,12 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 TORCH_FREE = [
     "geosearch.proxy.config",  # TrainConfig, TrainResult
-    "geosearch.proxy.specs",  # model spec names and default rule sets
-    "geosearch.search.space",  # the search space
-    "geosearch.search.space_schema",  # its YAML parser
-    "geosearch.search.schema_reader",  # the parser's base: problems, budget, pruner, sampler
-    "geosearch.search.seeding",  # the adaptive-seed plan
-    "geosearch.search.locks",  # the command and ask locks
+    "geosearch.models.specs",  # model spec names and default rule sets
+    "geosearch.search.space.spec",  # the search space
+    "geosearch.search.space.schema",  # its YAML parser
+    "geosearch.search.space.reader",  # the parser's base: problems, budget, pruner, sampler
+    "geosearch.search.stats.seeding",  # the adaptive-seed plan
+    "geosearch.search.runtime.locks",  # the command and ask locks
 ]
 
 

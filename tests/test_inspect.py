@@ -10,7 +10,7 @@ import pytest
 
 from geosearch.errors import ConfigError
 from geosearch.inspect import describe_parameters, fitting_rule_sets, inspect_model
-from geosearch.proxy.zoo import build_meta_model
+from geosearch.models.zoo import build_meta_model
 
 HF_REASON = "Hugging Face transformers is not installed (pip install 'geosearch[hf]')"
 

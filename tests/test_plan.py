@@ -8,7 +8,8 @@ from test_build import D, TinyGPT
 
 from geosearch.assignment import Assignment
 from geosearch.errors import ConfigError
-from geosearch.optim import build_optimizer, settings
+from geosearch.build import build_optimizer
+from geosearch.optim import settings
 from geosearch.plan import DECAY, NO_DECAY, RULE, bind
 
 SPLIT = {"attn_q": "stiefel", "attn_k": "dgram", "attn_v": "euclidean", "attn_out": "stiefel", "mlp": "adamw"}

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from geosearch.modules import ModuleRule, get_rule_set, match_parameters, module_types
-from geosearch.proxy.model import GPT, make_config
+from geosearch.models.model import GPT, make_config
 from geosearch.rule_inference import infer_rules, model_rules, rules_fit
 
 HF_REASON = "Hugging Face transformers is not installed (pip install 'geosearch[hf]')"
@@ -16,7 +16,7 @@ SMALL = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, interme
 
 def meta(spec: str, **args) -> nn.Module:
     pytest.importorskip("transformers", reason=HF_REASON)
-    from geosearch.proxy.zoo import build_meta_model
+    from geosearch.models.zoo import build_meta_model
 
     return build_meta_model(spec, vocab_size=256, model_args=args).model
 

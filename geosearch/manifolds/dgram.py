@@ -42,7 +42,7 @@ class DGram(Manifold):
       Off(P' − |W|)`` as ``|W| = diag(d)``; since ``‖|W'| − |W|‖_F ≤ √2·‖W' − W‖_F``
       (Araki–Yamagami), a step moves ``W`` by at most ``(1 + √2)·‖ηA‖_F`` in Frobenius
       norm whatever the norms. In spectral norm, measured: at most about ``2·‖ηA‖_2``
-      (``tests/test_dgram.py`` checks ≤ 2.2 with norms spread 50×).
+      (``tests/manifolds/test_dgram.py`` checks ≤ 2.2 with norms spread 50×).
     * cost and fallback: ``W`` is first scaled to unit RMS column norm (the polar factor
       does not change), so a point with (nearly) equal norms takes ``polar``'s
       near-orthonormal path (one or two Newton–Schulz iterations); spread norms take

@@ -32,13 +32,12 @@ Example:
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from geosearch.checks import is_int, parse_decimal
 from geosearch.errors import ConfigError
 
 __all__ = [
@@ -279,13 +278,13 @@ def _normalise(kind: str, value: Any, choices: tuple[Any, ...]) -> Any:
     if kind == "choice":
         return value if any(value == c and type(value) is type(c) for c in choices) else _BAD
     if kind == "count":
-        return value if not isinstance(value, bool) and isinstance(value, int) and value >= 1 else _BAD
+        return value if is_int(value) and value >= 1 else _BAD
     if kind == "betas":
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
             return _BAD
-        pair = tuple(_number(b) for b in value)
+        pair = tuple(parse_decimal(b) for b in value)
         return pair if all(b is not None and 0 <= b < 1 for b in pair) else _BAD
-    x = _number(value)
+    x = parse_decimal(value)
     if x is None:
         return _NAN
     return x if {"positive": x > 0, "nonnegative": x >= 0, "unit": 0 <= x < 1}[kind] else _BAD
@@ -309,17 +308,3 @@ def check(name: str, value: Any, *, source: str | None = None, key: str | None =
     s = SETTINGS[name]
     raise ConfigError(f"expected {want}, got {value!r}", source=source, key=key or name,
                       allowed=s.choices if s.kind == "choice" else None)
-
-
-_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-
-
-def _number(value: Any) -> float | None:
-    """A finite float from an int/float, or from a string like ``"6e-4"``; None otherwise."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str) and _NUMBER.match(value.strip()):
-        value = float(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    return None

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from geosearch.checks import is_int
 from geosearch.errors import ConfigError
 from geosearch.optim import settings as optim_settings
 
@@ -39,7 +40,7 @@ class TrainConfig:
     model: str = "small"
     """The model to train: a proxy preset name (``tiny``, ``small``, ``gpt2``), ``hf:gpt2``,
     ``hf:llama``, ``hf:MODEL_TYPE``, ``hf:PATH`` (Hugging Face, random weights, no download)
-    or ``py:module:factory`` (your own ``nn.Module``); see :mod:`geosearch.proxy.zoo`."""
+    or ``py:module:factory`` (your own ``nn.Module``); see :mod:`geosearch.models.zoo`."""
     model_args: dict[str, Any] = field(default_factory=dict)
     """Model field overrides: a preset's ``GPTConfig`` fields (``{"n_layer": 2}``), a Hugging
     Face config's fields or their aliases (``{"num_hidden_layers": 2}``), or the factory's
@@ -111,12 +112,20 @@ class TrainConfig:
 
     def _check(self) -> None:
         src = "TrainConfig"
+        self._check_numbers(src)
+        self._check_optimizer_fields(src)
+        self._check_device(src)
+        self._check_model_and_args(src)
+        self._check_run_options(src)
+
+    def _check_numbers(self, src: str) -> None:
+        """Check the counts, the seed and the schedule's numbers; make ``qk_clip`` a float or None."""
         for name in ("steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "probe_every",
                      "probe_batch_size"):
             _positive_int(self, name, src)
         if self.warmup_steps is not None:
             _positive_int(self, "warmup_steps", src, allow_zero=True)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+        if not is_int(self.seed):
             raise ConfigError(f"must be an integer but got {self.seed!r}", source=src, key="seed")
         for name in ("min_lr_ratio", "grad_clip"):
             value = _number(self, name, src)
@@ -126,6 +135,9 @@ class TrainConfig:
         if self.min_lr_ratio > 1:
             raise ConfigError(f"must be in [0, 1] but got {self.min_lr_ratio}", source=src,
                               key="min_lr_ratio")
+
+    def _check_optimizer_fields(self, src: str) -> None:
+        """Check the optimizer settings that are fields of their own; keep their checked values."""
         for name in OPTIMIZER_FIELDS:  # a peak lr of 0 is allowed, as in a bare param group
             value, want = optim_settings.validate(name, getattr(self, name), group=True)
             if want is not None:
@@ -133,6 +145,9 @@ class TrainConfig:
                 raise ConfigError(f"expected {want}, got {value!r}", source=src, key=name,
                                   allowed=setting.choices or None)
             setattr(self, name, value)
+
+    def _check_device(self, src: str) -> None:
+        """Check ``device`` and ``mixed_precision`` (a YAML ``no``, read as false, becomes ``"no"``)."""
         if self.mixed_precision is False:  # YAML 1.1 reads a bare `no` as false
             self.mixed_precision = "no"
         for name, kind in (("device", Device), ("mixed_precision", Precision)):
@@ -140,6 +155,9 @@ class TrainConfig:
                     name == "mixed_precision" and self.mixed_precision is None):
                 raise ConfigError(f"unknown value {getattr(self, name)!r}", source=src, key=name,
                                   allowed=get_args(kind))
+
+    def _check_model_and_args(self, src: str) -> None:
+        """Check the model spec; make ``model_args`` and ``optimizer_args`` checked plain dicts."""
         if not isinstance(self.model, str):
             raise ConfigError(f"must be a model spec (a preset name, hf:NAME or py:MODULE:FACTORY) "
                               f"but got {self.model!r}", source=src, key="model")
@@ -155,6 +173,9 @@ class TrainConfig:
                     f" (it is a field of its own: set {k} directly)" if k in OPTIMIZER_FIELDS else ""),
                     source=src, key=f"optimizer_args.{k}", allowed=others)
             self.optimizer_args[k] = optim_settings.check(k, v, source=src, key=f"optimizer_args.{k}")
+
+    def _check_run_options(self, src: str) -> None:
+        """Check ``compile``, ``data`` and ``tokenizer``; make ``log_with`` a list of tracker names."""
         if not isinstance(self.compile, bool):
             raise ConfigError(f"must be true or false but got {self.compile!r}", source=src,
                               key="compile")
@@ -231,7 +252,7 @@ def check_qk_clip(value: Any, source: str) -> float | None:
 
 def _positive_int(cfg: TrainConfig, name: str, src: str, allow_zero: bool = False) -> None:
     value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+    if not is_int(value) or value < (0 if allow_zero else 1):
         kind = "a non-negative" if allow_zero else "a positive"
         raise ConfigError(f"must be {kind} integer but got {value!r}", source=src, key=name)
 
@@ -284,7 +305,7 @@ class TrainResult:
     @property
     def probe_history(self) -> list[dict]:
         """The probed steps only, with the keys of the logit-growth pruner's rows but Σ η
-        (which the search adds from the schedule: ``geosearch.search.pruners.probe_row``)."""
+        (which the search adds from the schedule: ``geosearch.search.horizon.pruner.probe_row``)."""
         return [{k: m.get(k) for k in ("step", "max_logit", "min_entropy", "train_loss", "sigma_max")}
                 for m in self.history if m.get("max_logit") is not None]
 

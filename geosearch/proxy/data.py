@@ -63,6 +63,7 @@ import numpy as np
 import torch
 import yaml
 
+from geosearch.checks import is_int
 from geosearch.errors import ConfigError
 
 DEFAULT_MAX_BYTES = 4 * 2**20  # cap on the default corpus (train + validation)
@@ -351,7 +352,7 @@ def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None) -> Cor
         raise ConfigError(f"unknown token dtype {dtype_name!r} for train.bin and val.bin",
                           source=str(meta_path), key="dtype", allowed=TOKEN_DTYPES)
     dtype, limit = TOKEN_DTYPES[dtype_name], 2 ** (8 * TOKEN_DTYPES[dtype_name].itemsize)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= limit:
+    if not is_int(vocab_size) or not 1 <= vocab_size <= limit:
         hint = ' (a larger vocabulary needs "dtype": "uint32" in meta.json)' if dtype_name == "uint16" else ""
         raise ConfigError(f"vocab_size must be an integer in [1, {limit}] for {dtype_name} tokens but got "
                           f"{vocab_size!r}{hint}", source=str(p), key="vocab_size")

@@ -41,11 +41,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
+from geosearch.checks import is_int
 from geosearch.errors import ConfigError
 from geosearch.manifolds import ADAMW, geometry_names, get_manifold
 from geosearch.optim.blocks import block_view
 from geosearch.plan import Plan, bind
-from geosearch.proxy.model import CausalSelfAttention
+from geosearch.models.model import CausalSelfAttention
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment
@@ -126,11 +127,11 @@ def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str = "nanogpt
 
     Args:
         model: a model holding :class:`CausalSelfAttention` layers (e.g. the proxy GPT),
-            or any model whose attention :func:`geosearch.proxy.qk.qk_capture` can hook.
+            or any model whose attention :func:`geosearch.models.qk.qk_capture` can hook.
         x: token ids (B, T), T ≥ 2; a fixed batch of a few sequences.
         qk_source: how to get each layer's queries and keys: ``"nanogpt"`` (the proxy's
             ``record_qk`` switch), ``"gpt2"`` or ``"llama"`` (Hugging Face models, hooks;
-            see :mod:`geosearch.proxy.qk`); ``BuiltModel.qk_source`` of a zoo model.
+            see :mod:`geosearch.models.qk`); ``BuiltModel.qk_source`` of a zoo model.
 
     Returns:
         ``max_logit_per_layer``, ``min_entropy_per_layer``, ``mean_entropy_per_layer``
@@ -146,7 +147,7 @@ def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str = "nanogpt
                 model(x)
                 per_layer = [layer_attention_stats(m.last_q, m.last_k) for m in layers]
         else:
-            from geosearch.proxy.qk import qk_capture
+            from geosearch.models.qk import qk_capture
 
             with qk_capture(model, qk_source) as capture:
                 model(x)
@@ -225,7 +226,7 @@ class WeightProbe:
         if sigma not in self.SIGMA_METHODS:
             raise ConfigError(f"unknown sigma method {sigma!r}", source="WeightProbe", key="sigma",
                               allowed=self.SIGMA_METHODS)
-        if isinstance(power_iters, bool) or not isinstance(power_iters, int) or power_iters < 1:
+        if not is_int(power_iters) or power_iters < 1:
             raise ConfigError(f"must be a positive integer but got {power_iters!r}",
                               source="WeightProbe", key="power_iters")
         known = geometry_names()

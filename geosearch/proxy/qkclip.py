@@ -23,7 +23,7 @@ can read a little above τ. Only downscaling happens, which keeps a weight in it
 for AdamW, ``euclidean`` (plain Muon) and ``spectral_ball`` (σ_max cannot grow); it
 would move a weight off a manifold (Stiefel, DGram, sphere, oblique), so :class:`QKClip`
 refuses those. The head maxima are taken inside the capture hooks of
-:mod:`geosearch.proxy.qk` as each layer runs (one matmul per layer) and only the
+:mod:`geosearch.models.qk` as each layer runs (one matmul per layer) and only the
 ``(n_head,)`` vector is kept; the rescale needs no host sync.
 
 Example:
@@ -47,7 +47,7 @@ from geosearch.errors import ConfigError
 from geosearch.manifolds import ADAMW
 from geosearch.plan import ParamPlan, Plan
 from geosearch.proxy.config import check_qk_clip
-from geosearch.proxy.qk import LayerQK, attention_layers, detect_qk_source, qk_capture
+from geosearch.models.qk import LayerQK, attention_layers, detect_qk_source, qk_capture
 
 __all__ = ["CLIP_GEOMETRIES", "HeadBlock", "HeadLayout", "QKClip", "head_layout", "head_max_logits"]
 
@@ -122,7 +122,7 @@ _LAYOUTS = {"nanogpt": _nanogpt_layout, "gpt2": _gpt2_layout, "llama": _llama_la
 
 
 def head_layout(m: nn.Module, qk_source: str) -> HeadLayout:
-    """Where attention module ``m`` (of :data:`~geosearch.proxy.qk.QK_SOURCES` kind
+    """Where attention module ``m`` (of :data:`~geosearch.models.qk.QK_SOURCES` kind
     ``qk_source``) keeps each head's query and key outputs.
 
     Raises:
@@ -172,7 +172,7 @@ class QKClip:
         tau: the cap τ on each head's max logit (Kimi K2 uses 100); None = off.
         alpha: share of ``γ`` taken by the query (``γ^α``) with the rest on the key;
             only used where keys are not shared.
-        qk_source: one of :data:`~geosearch.proxy.qk.QK_SOURCES`; None = detected.
+        qk_source: one of :data:`~geosearch.models.qk.QK_SOURCES`; None = detected.
         plan: the run's plan; when given, the query/key weights' geometries are checked
             against :data:`CLIP_GEOMETRIES`.
         source: where ``tau`` came from, for error messages (key ``qk_clip``).

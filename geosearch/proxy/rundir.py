@@ -28,7 +28,7 @@ from geosearch.yaml_io import plain
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.plan import Plan
     from geosearch.proxy.data import Corpus
-    from geosearch.proxy.zoo import BuiltModel
+    from geosearch.models.zoo import BuiltModel
 
 
 # --------------------------------------------------------------------------- record

@@ -1,6 +1,6 @@
 """One proxy pretraining run: the training loop behind every trial and ``geosearch train``.
 
-:func:`train` builds the model (any spec of :mod:`geosearch.proxy.zoo`), the data and the
+:func:`train` builds the model (any spec of :mod:`geosearch.models.zoo`), the data and the
 optimizer (AdamW and manifold Muon groups in one ``ManifoldMuon``), then runs the loop:
 draw the *global* batch from a seeded generator, keep this rank's rows, forward, backward,
 clip the global gradient norm, step (then QK-clip when ``qk_clip`` is set:
@@ -41,19 +41,19 @@ import torch
 
 from geosearch.assignment import Assignment, load_assignment
 from geosearch.errors import ConfigError, GeosearchError
-from geosearch.optim import optimizer_from_plan
+from geosearch.build import optimizer_from_plan
 from geosearch.plan import bind
-from geosearch.proxy.accelerator import DIST_TIMEOUT_ENV, get_accelerator
+from geosearch.proxy.accelerator import get_accelerator
 from geosearch.proxy.config import TrainConfig, TrainResult
 from geosearch.proxy.data import get_batch, load_corpus
 from geosearch.proxy.probes import WeightProbe, attention_stats
 from geosearch.proxy.qkclip import QKClip
 from geosearch.proxy.rundir import Progress, RunWriter, describe_run
 from geosearch.proxy.trackers import Trackers, check_trackers
-from geosearch.proxy.lm import lm_loss
-from geosearch.proxy.zoo import build_model
+from geosearch.models.lm import lm_loss
+from geosearch.models.zoo import build_model
 
-__all__ = ["DIST_TIMEOUT_ENV", "TrainConfig", "TrainResult", "VAL_SEED", "get_accelerator", "train"]
+__all__ = ["VAL_SEED", "train"]
 
 Callback = Callable[[int, dict], "str | None"]
 
@@ -120,6 +120,15 @@ def train(
         # references too, runs gc.collect() and empties the CUDA cache: the next run of
         # this process starts clean.
         accelerator.free_memory()
+
+
+def _non_finite(train_loss: float, grad_norm: float, fp16: bool) -> str | None:
+    """The reason a step's loss or grad norm stops the run (fp16's inf grad norm is the scaler's), else None."""
+    # fp16: an inf gradient norm is the loss scaler's business, not instability
+    if not math.isfinite(train_loss) or (not fp16 and not math.isfinite(grad_norm)):
+        what = "loss" if not math.isfinite(train_loss) else "gradient norm"
+        return f"non-finite {what} ({train_loss:.3g}, grad norm {grad_norm:.3g})"
+    return None
 
 
 class _CallbackError(Exception):
@@ -220,34 +229,15 @@ class _Run:
         try:
             for step in range(1, cfg.steps + 1):
                 t0 = time.perf_counter()
-                x, y = self.shard(*get_batch(self.corpus.train, cfg.batch_size,
-                                             self.block_size, self.generator))  # (B/N, T)
-                with self.qk_clip.observe():  # each head's max logit, when QK-clip is on
-                    loss = self.forward_backward(x, y)  # (), the mean over the micro-batches
-                grad_norm = acc.clip_grad_norm_(self.model.parameters(), max_norm)
-                # The one host sync of a step: the global mean loss and the grad norm.
-                # (grad_norm is already global: DDP averaged the gradients.)
-                both = torch.stack([loss.detach().float(), torch.as_tensor(grad_norm).float()])  # (2,)
-                train_loss, gnorm = acc.reduce(both, "mean").tolist()
+                train_loss, gnorm = self.train_step(max_norm)
                 lr = cfg.lr * self.lr_factor(step - 1)
-                # fp16: an inf gradient norm is the loss scaler's business, not instability
-                if not math.isfinite(train_loss) or (not fp16 and not math.isfinite(gnorm)):
-                    what = "loss" if not math.isfinite(train_loss) else "gradient norm"
-                    status, stop_step = "unstable", step
-                    reason = f"non-finite {what} ({train_loss:.3g}, grad norm {gnorm:.3g})"
+                bad = _non_finite(train_loss, gnorm, fp16)
+                if bad is not None:
+                    status, stop_step, reason = "unstable", step, bad
                     history.append(self.record(step, train_loss, gnorm, lr, None))
                     self.emit(history[-1])
                     break
-                if self.optimizer.scaler is not None:  # fp16: Accelerate's wrapper runs the
-                    self.optimizer.step()  # loss scaler, which skips steps with inf gradients
-                    stepped = not self.optimizer.step_was_skipped
-                else:  # the wrapper would only add package look-ups (accelerate 1.x) per call
-                    self.raw_optimizer.step()
-                    stepped = True
-                if stepped:
-                    self.qk_clip.apply()  # shrink W_q/W_k of heads whose max logit passed τ
-                    self.scheduler.step()
-                self.raw_optimizer.zero_grad(set_to_none=True)
+                self.optimizer_step()
                 since_record += 1
                 do_eval = step % cfg.eval_every == 0 or step == cfg.steps
                 do_probe = step % cfg.probe_every == 0 or step == cfg.steps
@@ -265,9 +255,7 @@ class _Run:
                 history.append(metrics)
                 self.emit(metrics)
                 bar.record(metrics)
-                stop = self.ask(callback, step, metrics)
-                if not stop and do_eval and not math.isfinite(metrics["val_loss"]):
-                    stop = f"non-finite validation loss ({metrics['val_loss']})"
+                stop = self.verdict(callback, step, metrics, do_eval)
                 if stop:
                     status, reason, stop_step = "unstable", stop, step
                     break
@@ -280,12 +268,54 @@ class _Run:
             if self.writer:
                 self.writer.write_traceback(traceback.format_exc())
         finally:
-            bar.close()
-            if self.writer:
-                self.writer.close()
-            if self.trackers:
-                self.trackers.finish()
+            self.close(bar)
+        return self.result(status, reason, stop_step, history, step_s, tokens)
 
+    def train_step(self, max_norm: float) -> tuple[float, float]:
+        """One step's batch, forward/backward and gradient clip: the global mean loss and grad norm."""
+        acc = self.accelerator
+        x, y = self.shard(*get_batch(self.corpus.train, self.config.batch_size,
+                                     self.block_size, self.generator))  # (B/N, T)
+        with self.qk_clip.observe():  # each head's max logit, when QK-clip is on
+            loss = self.forward_backward(x, y)  # (), the mean over the micro-batches
+        grad_norm = acc.clip_grad_norm_(self.model.parameters(), max_norm)
+        # The one host sync of a step: the global mean loss and the grad norm.
+        # (grad_norm is already global: DDP averaged the gradients.)
+        both = torch.stack([loss.detach().float(), torch.as_tensor(grad_norm).float()])  # (2,)
+        train_loss, gnorm = acc.reduce(both, "mean").tolist()
+        return train_loss, gnorm
+
+    def optimizer_step(self) -> None:
+        """The optimizer step, then QK-clip and the schedule (unless fp16 skipped it); zero the grads."""
+        if self.optimizer.scaler is not None:  # fp16: Accelerate's wrapper runs the
+            self.optimizer.step()  # loss scaler, which skips steps with inf gradients
+            stepped = not self.optimizer.step_was_skipped
+        else:  # the wrapper would only add package look-ups (accelerate 1.x) per call
+            self.raw_optimizer.step()
+            stepped = True
+        if stepped:
+            self.qk_clip.apply()  # shrink W_q/W_k of heads whose max logit passed τ
+            self.scheduler.step()
+        self.raw_optimizer.zero_grad(set_to_none=True)
+
+    def verdict(self, callback: Callback | None, step: int, metrics: dict, do_eval: bool) -> str | None:
+        """Why the run stops after this record (the callback's reason, else a non-finite val loss)."""
+        stop = self.ask(callback, step, metrics)
+        if not stop and do_eval and not math.isfinite(metrics["val_loss"]):
+            stop = f"non-finite validation loss ({metrics['val_loss']})"
+        return stop
+
+    def close(self, bar: Progress) -> None:
+        """Close the progress bar, the run's files and its trackers."""
+        bar.close()
+        if self.writer:
+            self.writer.close()
+        if self.trackers:
+            self.trackers.finish()
+
+    def result(self, status: str, reason: str | None, stop_step: int | None, history: list[dict],
+               step_s: list[float], tokens: int) -> TrainResult:
+        """The run's :class:`TrainResult`, also written to ``result.json``."""
         vals = [m["val_loss"] for m in history if m.get("val_loss") is not None]
         finite = [v for v in vals if math.isfinite(v)]
         # the first steps allocate and pick kernels: leave them out of the speed

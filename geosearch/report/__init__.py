@@ -2,10 +2,10 @@
 
 ``geosearch report runs/<study>`` reads only the run directory: the Optuna storage
 (``study.db`` or ``journal.log``, opened as ``geosearch export`` opens it, see
-:mod:`geosearch.search.storage`) and the per-trial ``metrics.jsonl`` files. It writes
+:mod:`geosearch.search.runtime.storage`) and the per-trial ``metrics.jsonl`` files. It writes
 ``report.md`` and, when matplotlib is installed (``pip install 'geosearch[report]'``),
 ``plots/*.png``. The ranking and its verdict are the search's own
-(:mod:`geosearch.search.ranking`: mean ± std over seeds, ties by a paired t-test on shared seeds at 5%), so
+(:mod:`geosearch.search.stats.ranking`: mean ± std over seeds, ties by a paired t-test on shared seeds at 5%), so
 the report and the ranking printed after ``geosearch search`` always agree. Trials that
 never trained (``duplicate`` and ``skipped`` bookkeeping trials) are left out; a trial whose
 worker died or was stopped shows as ``interrupted``. The work is split into pure steps so
@@ -39,8 +39,8 @@ from geosearch.report.analysis import (
 from geosearch.report.load import RunData, TrialRecord, load_run, read_metrics
 from geosearch.report.markdown import dashboard_paragraph, render_markdown
 from geosearch.report.plots import PLOT_NAMES, PLOTS_HINT, make_plots
-from geosearch.search.baselines import baseline_table
-from geosearch.search.ranking import rank_study
+from geosearch.search.study.baselines import baseline_table
+from geosearch.search.stats.ranking import rank_study
 
 __all__ = [
     "CostRow",

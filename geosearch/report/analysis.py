@@ -7,7 +7,7 @@ geometry, how many trials ended unstable or failed; :func:`cost_table` gives ste
 throughput as ratios to an AdamW or Muon baseline; :func:`pareto_front` and
 :func:`pareto_trials` find the completed trials no other beats on both loss and time. The
 ranking and its verdict are not here: they are the search's own
-(:func:`geosearch.search.ranking.rank_study`), so the report and the search agree.
+(:func:`geosearch.search.stats.ranking.rank_study`), so the report and the search agree.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Read a run directory into the records the report is built from.
 
 :func:`load_run` opens the run's Optuna storage the way ``geosearch export`` does
-(:func:`geosearch.search.storage.open_run_study`) and turns every trial that trained into a
+(:func:`geosearch.search.runtime.storage.open_run_study`) and turns every trial that trained into a
 :class:`TrialRecord`: its outcome word (:func:`geosearch.search.records.trial_status`), the
 searched geometries, the score over seeds, the step it stopped at and why, its speed, the
 ``metrics.jsonl`` records of each seed (at the last rung it reached), and its losses and
 probes at each rung of the Σ η ladder, whose reading towards the target
-(:func:`geosearch.search.target.study_reading`) the run keeps too. The user attrs are read
+(:func:`geosearch.search.horizon.target.study_reading`) the run keeps too. The user attrs are read
 through the constants of :mod:`geosearch.search.records`; missing or truncated files give
 what can be read, never an error. Duplicate and skipped bookkeeping trials are counted, not loaded;
 a point's adaptive-seed trials are merged into its score, and baselines are kept apart
@@ -26,10 +26,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from geosearch.search.horizon import HorizonReading, Rung
-from geosearch.search.outlook import StabilityRow, stability_rows
-from geosearch.search.pruners import LogitGrowthPruner
-from geosearch.search.ranking import Score, family_geometry, point_scores, trial_label, trial_score
+from geosearch.search.horizon.ladder import HorizonReading, Rung
+from geosearch.search.horizon.outlook import StabilityRow, stability_rows
+from geosearch.search.space.spec import study_pruner
+from geosearch.search.horizon.pruner import LogitGrowthPruner
+from geosearch.search.stats.ranking import family_geometry, point_scores, trial_label, trial_score
+from geosearch.search.stats.scores import Score
 from geosearch.search.records import (
     ASSIGNMENT,
     BUDGET_STEPS,
@@ -50,8 +52,8 @@ from geosearch.search.records import (
     SEED_OF,
     trial_status,
 )
-from geosearch.search.storage import mask_url, open_run_study, resolve_storage
-from geosearch.search.target import rung_means, study_reading
+from geosearch.search.runtime.storage import mask_url, open_run_study, resolve_storage
+from geosearch.search.horizon.target import rung_means, study_reading
 
 __all__ = ["RunData", "TrialRecord", "as_finite", "load_run", "mean_finite", "read_metrics"]
 
@@ -136,7 +138,7 @@ class RunData:
         baselines: the baseline trials (adamw, muon, ...), never ranked.
         seed_trials: how many adaptive-seed trials were merged into their points' scores.
         stability: each completed point's and baseline's last max logit and its forecast at
-            the target (:func:`geosearch.search.outlook.stability_rows`), points first.
+            the target (:func:`geosearch.search.horizon.outlook.stability_rows`), points first.
     """
 
     run_dir: Path
@@ -329,7 +331,7 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
     Raises:
         ConfigError: no such directory, no storage or both storages in it, no study, or
             several studies and no ``study_name`` (see
-            :func:`geosearch.search.storage.open_run_study`).
+            :func:`geosearch.search.runtime.storage.open_run_study`).
     """
     run_dir = Path(run_dir)
     study = open_run_study(run_dir, study_name=study_name, storage=storage)
@@ -349,5 +351,5 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
                    not_run=len(every) - len(ran), target=target if isinstance(target, dict) else None,
                    rungs=rungs, reading=study_reading(study), baselines=baselines,
                    seed_trials=sum(SEED_OF in t.user_attrs for t in ran),
-                   stability=stability_rows(study, completed))
+                   stability=stability_rows(study, completed, study_pruner(study)))
 

@@ -21,11 +21,12 @@ from typing import Any
 from geosearch.report.analysis import CostTable, Importance, pareto_trials, stability_table
 from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
-from geosearch.search.baselines import BaselineTable
-from geosearch.search.forecast import short_logit
-from geosearch.search.ranking import Ranking, Score, format_params
+from geosearch.search.study.baselines import BaselineTable
+from geosearch.search.horizon.forecast import short_logit
+from geosearch.search.stats.ranking import Ranking, format_params
+from geosearch.search.stats.scores import Score
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY
-from geosearch.search.target import horizon_note, horizon_verdict
+from geosearch.search.horizon.target import horizon_note, horizon_verdict
 
 __all__ = ["dashboard_paragraph", "render_markdown"]
 
@@ -89,13 +90,13 @@ def render_markdown(
 
     Args:
         run: the loaded run.
-        ranking: from :func:`geosearch.search.ranking.rank_study` on ``run.study``.
+        ranking: from :func:`geosearch.search.stats.ranking.rank_study` on ``run.study``.
         importance: from :func:`~geosearch.report.analysis.geometry_importances`.
         cost: from :func:`~geosearch.report.analysis.cost_table`.
         plots: plot name -> path relative to the run directory, for the plots written.
         plots_note: why some or all plots are missing (e.g.
             :data:`~geosearch.report.plots.PLOTS_HINT`).
-        baselines: from :func:`geosearch.search.baselines.baseline_table` (no section
+        baselines: from :func:`geosearch.search.study.baselines.baseline_table` (no section
             without it).
     """
     by_state: dict[str, list[TrialRecord]] = {}

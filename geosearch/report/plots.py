@@ -20,7 +20,7 @@ from typing import Any
 
 from geosearch.report.analysis import Importance, geometry_importances, pareto_trials
 from geosearch.report.load import RunData, TrialRecord, as_finite
-from geosearch.search.horizon import forecast_at
+from geosearch.search.horizon.ladder import forecast_at
 
 __all__ = ["PLOTS_HINT", "PLOT_NAMES", "make_plots"]
 
@@ -115,7 +115,6 @@ def make_plots(
     plots_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     skipped: list[str] = []
-    trials = run.trials
 
     def save(fig, name: str) -> None:
         path = plots_dir / f"{name}.png"
@@ -123,118 +122,136 @@ def make_plots(
         fig.savefig(path, dpi=110)
         written[name] = path
 
-    # max attention logit, coloured by attention geometry, threshold drawn, log scale
-    series = {t.number: _logit_series(t) for t in trials}
-    if any(series.values()):
-        colours = _palette(t.family_geometry("attn") for t in trials if series[t.number])
-        fig = Figure(figsize=(8, 4.5))
-        ax = fig.add_subplot()
-        for t in trials:
-            for k, (xs, ys) in enumerate(series[t.number]):
-                ys = [max(y, 1e-3) for y in ys]  # log scale
-                c = colours[t.family_geometry("attn")]
-                ax.plot(xs, ys, color=c, alpha=0.85 if k == 0 else 0.35, lw=1.2,
-                        ls="--" if t.state == "unstable" else "-", label=f"attn={t.family_geometry('attn')}")
-                if t.state == "unstable" and k == 0:
-                    ax.plot(xs[-1], ys[-1], "x", color=c, ms=8)
-        if run.threshold is not None:
-            ax.axhline(run.threshold, color="black", ls=":", lw=1.2,
-                       label=f"prune threshold {run.threshold:g}")
-        ax.set_yscale("log")
-        ax.set_xlabel("step")
-        ax.set_ylabel("max attention logit")
-        ax.set_title("Max attention logit (dashed + x: pruned as unstable)")
-        _legend(ax)
-        save(fig, "max_logit")
-    else:
-        skipped.append("max_logit: no trial recorded max_logit")
+    def keep(fig, name: str, missing: str) -> None:
+        """Save ``fig`` as plot ``name``, or note ``missing`` when there is no figure."""
+        if fig is None:
+            skipped.append(f"{name}: {missing}")
+        else:
+            save(fig, name)
 
-    # sigma_max per module type, coloured by that type's geometry
-    types = sorted({k for t in trials for m in t.metrics for r in m for k in (r.get("sigma_max") or {})})
-    if types:
-        colours = _palette(_type_geometry(t, ty) for t in trials for ty in types)
-        ncol = min(2, len(types))
-        nrow = math.ceil(len(types) / ncol)
-        fig = Figure(figsize=(5 * ncol, 3.2 * nrow))
-        for k, ty in enumerate(types):
-            ax = fig.add_subplot(nrow, ncol, k + 1)
-            for t in trials:
-                g = _type_geometry(t, ty)
-                for j, m in enumerate(t.metrics):
-                    points = [{"step": r.get("step"), "v": (r.get("sigma_max") or {}).get(ty)} for r in m]
-                    xs, ys = _series(points, "v")
-                    if xs:
-                        ax.plot(xs, ys, color=colours[g], alpha=0.85 if j == 0 else 0.35, lw=1.1,
-                                ls="--" if t.state == "unstable" else "-", label=g)
-            ax.set_yscale("log")
-            ax.set_title(f"σ_max: {ty}")
-            ax.set_xlabel("step")
-            _legend(ax)
-        save(fig, "sigma_max")
-    else:
-        skipped.append("sigma_max: no trial recorded sigma_max")
-
-    # validation loss curves
-    val = {t.number: [r for r in (_series(m, "val_loss") for m in t.metrics) if r[0]] for t in trials}
-    if any(val.values()):
-        colours = _palette(t.label for t in trials if val[t.number])
-        fig = Figure(figsize=(8, 4.5))
-        ax = fig.add_subplot()
-        for t in trials:
-            for j, (xs, ys) in enumerate(val[t.number]):
-                ax.plot(xs, ys, color=colours[t.label], alpha=0.85 if j == 0 else 0.35, lw=1.2,
-                        ls="--" if t.state == "unstable" else "-", label=t.label)
-        ax.set_xlabel("step")
-        ax.set_ylabel("validation loss")
-        ax.set_title("Validation loss (dashed: pruned as unstable)")
-        _legend(ax)
-        save(fig, "val_loss")
-    else:
-        skipped.append("val_loss: no trial recorded val_loss")
-
-    # loss versus time, Pareto front
-    pts, front = pareto_trials(trials)
-    if pts:
-        fig = Figure(figsize=(7, 4.5))
-        ax = fig.add_subplot()
-        xs = [t.time_s() for t in pts]
-        ys = [t.loss.mean for t in pts]
-        err = [t.loss.std if t.loss.n >= 2 else 0.0 for t in pts]
-        ax.errorbar(xs, ys, yerr=err, fmt="o", color="tab:gray", alpha=0.7, label="completed trial")
-        fx = [xs[i] for i in front]
-        fy = [ys[i] for i in front]
-        ax.step(fx, fy, where="post", color="tab:red", lw=1.5, label="Pareto front")
-        ax.plot(fx, fy, "o", color="tab:red")
-        for t, x, y in zip(pts, xs, ys):
-            ax.annotate(str(t.number), (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
-        ax.set_xlabel("training time (s)")
-        ax.set_ylabel("final validation loss")
-        ax.set_title("Loss versus time (numbers: trials)")
-        _legend(ax)
-        save(fig, "pareto")
-    else:
-        skipped.append("pareto: no completed trial with a val loss and a time")
-
+    keep(_max_logit_figure(Figure, run), "max_logit", "no trial recorded max_logit")
+    keep(_sigma_max_figure(Figure, run), "sigma_max", "no trial recorded sigma_max")
+    keep(_val_loss_figure(Figure, run), "val_loss", "no trial recorded val_loss")
+    keep(_pareto_figure(Figure, run), "pareto", "no completed trial with a val loss and a time")
     importance = importance if importance is not None else geometry_importances(run.study)
-    if importance.values:
-        names = [p.removeprefix("geometry.") for p in importance.values][::-1]
-        fig = Figure(figsize=(6, 0.5 * len(names) + 1.5))
-        ax = fig.add_subplot()
-        ax.barh(names, list(importance.values.values())[::-1], color="tab:blue")
-        ax.set_xlabel("importance (PED-ANOVA, normalised)")
-        ax.set_title("Which module type's geometry matters most")
-        save(fig, "importance")
-    else:
-        skipped.append(f"importance: {importance.note}")
-    fig = _horizon_figure(Figure, run)
-    if fig is not None:
-        save(fig, "horizon")
-    else:
-        skipped.append("horizon: the study records no target, or no trial a loss or probe with Σ η")
+    keep(_importance_figure(Figure, importance), "importance", importance.note)
+    keep(_horizon_figure(Figure, run), "horizon",
+         "the study records no target, or no trial a loss or probe with Σ η")
     for name in PLOT_NAMES.keys() - written.keys():  # a stale plot from an earlier report would mislead
         (plots_dir / f"{name}.png").unlink(missing_ok=True)
     return written, skipped
 
+
+def _max_logit_figure(Figure, run: RunData):
+    """Max attention logit over steps by attention geometry, threshold drawn; ``None`` without data."""
+    trials = run.trials
+    series = {t.number: _logit_series(t) for t in trials}
+    if not any(series.values()):
+        return None
+    colours = _palette(t.family_geometry("attn") for t in trials if series[t.number])
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.add_subplot()
+    for t in trials:
+        for k, (xs, ys) in enumerate(series[t.number]):
+            ys = [max(y, 1e-3) for y in ys]  # log scale
+            c = colours[t.family_geometry("attn")]
+            ax.plot(xs, ys, color=c, alpha=0.85 if k == 0 else 0.35, lw=1.2,
+                    ls="--" if t.state == "unstable" else "-", label=f"attn={t.family_geometry('attn')}")
+            if t.state == "unstable" and k == 0:
+                ax.plot(xs[-1], ys[-1], "x", color=c, ms=8)
+    if run.threshold is not None:
+        ax.axhline(run.threshold, color="black", ls=":", lw=1.2,
+                   label=f"prune threshold {run.threshold:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("max attention logit")
+    ax.set_title("Max attention logit (dashed + x: pruned as unstable)")
+    _legend(ax)
+    return fig
+
+
+def _sigma_max_figure(Figure, run: RunData):
+    """σ_max over steps, one panel per module type, coloured by its geometry; ``None`` without data."""
+    trials = run.trials
+    types = sorted({k for t in trials for m in t.metrics for r in m for k in (r.get("sigma_max") or {})})
+    if not types:
+        return None
+    colours = _palette(_type_geometry(t, ty) for t in trials for ty in types)
+    ncol = min(2, len(types))
+    nrow = math.ceil(len(types) / ncol)
+    fig = Figure(figsize=(5 * ncol, 3.2 * nrow))
+    for k, ty in enumerate(types):
+        ax = fig.add_subplot(nrow, ncol, k + 1)
+        for t in trials:
+            g = _type_geometry(t, ty)
+            for j, m in enumerate(t.metrics):
+                points = [{"step": r.get("step"), "v": (r.get("sigma_max") or {}).get(ty)} for r in m]
+                xs, ys = _series(points, "v")
+                if xs:
+                    ax.plot(xs, ys, color=colours[g], alpha=0.85 if j == 0 else 0.35, lw=1.1,
+                            ls="--" if t.state == "unstable" else "-", label=g)
+        ax.set_yscale("log")
+        ax.set_title(f"σ_max: {ty}")
+        ax.set_xlabel("step")
+        _legend(ax)
+    return fig
+
+
+def _val_loss_figure(Figure, run: RunData):
+    """Validation loss curves over steps, one colour per trial; ``None`` without data."""
+    trials = run.trials
+    val = {t.number: [r for r in (_series(m, "val_loss") for m in t.metrics) if r[0]] for t in trials}
+    if not any(val.values()):
+        return None
+    colours = _palette(t.label for t in trials if val[t.number])
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.add_subplot()
+    for t in trials:
+        for j, (xs, ys) in enumerate(val[t.number]):
+            ax.plot(xs, ys, color=colours[t.label], alpha=0.85 if j == 0 else 0.35, lw=1.2,
+                    ls="--" if t.state == "unstable" else "-", label=t.label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss")
+    ax.set_title("Validation loss (dashed: pruned as unstable)")
+    _legend(ax)
+    return fig
+
+
+def _pareto_figure(Figure, run: RunData):
+    """Final validation loss versus training time with the Pareto front; ``None`` without data."""
+    pts, front = pareto_trials(run.trials)
+    if not pts:
+        return None
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    xs = [t.time_s() for t in pts]
+    ys = [t.loss.mean for t in pts]
+    err = [t.loss.std if t.loss.n >= 2 else 0.0 for t in pts]
+    ax.errorbar(xs, ys, yerr=err, fmt="o", color="tab:gray", alpha=0.7, label="completed trial")
+    fx = [xs[i] for i in front]
+    fy = [ys[i] for i in front]
+    ax.step(fx, fy, where="post", color="tab:red", lw=1.5, label="Pareto front")
+    ax.plot(fx, fy, "o", color="tab:red")
+    for t, x, y in zip(pts, xs, ys):
+        ax.annotate(str(t.number), (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("final validation loss")
+    ax.set_title("Loss versus time (numbers: trials)")
+    _legend(ax)
+    return fig
+
+
+def _importance_figure(Figure, importance: Importance):
+    """The importance of each module type's geometry as bars; ``None`` when there is none."""
+    if not importance.values:
+        return None
+    names = [p.removeprefix("geometry.") for p in importance.values][::-1]
+    fig = Figure(figsize=(6, 0.5 * len(names) + 1.5))
+    ax = fig.add_subplot()
+    ax.barh(names, list(importance.values.values())[::-1], color="tab:blue")
+    ax.set_xlabel("importance (PED-ANOVA, normalised)")
+    ax.set_title("Which module type's geometry matters most")
+    return fig
 
 
 def _horizon_figure(Figure, run: RunData):
@@ -264,17 +281,7 @@ def _horizon_figure(Figure, run: RunData):
             keep = [(x, y) for x, y in zip(xs, ys) if x > 0 and y > 0]  # log-log
             if keep:
                 ax_logit.plot(*zip(*keep), lw=1.1, alpha=0.5 + 0.5 * (k + 1) / len(logits[t.number]), **style)
-    forecasts = [r for r in run.stability if r.outlook is not None and r.label in colours
-                 and 0 < r.outlook.forecast.low <= r.outlook.forecast.value <= r.outlook.forecast.high]
-    for r in forecasts:  # the pruner's forecast at the target, in the proxy's logits
-        o = r.outlook
-        v, lo, hi = (x / r.scale_ratio for x in (o.forecast.value, o.forecast.low, o.forecast.high))
-        ax_logit.errorbar([o.forecast.target_sum_eta], [v], yerr=[[v - lo], [hi - v]], fmt="D",
-                          color=colours[r.label], ms=5, capsize=3, alpha=1.0 if o.acted_on else 0.5)
-    if forecasts:
-        r = forecasts[0]
-        ax_logit.axhline(r.outlook.threshold / r.scale_ratio, color="tab:red", ls="--", lw=0.9,
-                         label="pruning threshold at the target")
+    _draw_forecasts(ax_logit, run, colours)
     for c in run.reading.crossings if run.reading is not None else []:
         ax_loss.axvline(c.sum_eta, color="tab:gray", ls=":" if c.measured else "-.", lw=0.9,
                         label="crossing" + ("" if c.measured else " (forecast)"))
@@ -289,3 +296,18 @@ def _horizon_figure(Figure, run: RunData):
     ax_loss.set_title("Loss at each rung (dotted: extrapolated to the target)")
     ax_logit.set_title("Max logit vs Σ η (dashed: pruned; ◆: forecast, 90%)")
     return fig
+
+
+def _draw_forecasts(ax_logit, run: RunData, colours: dict[str, Any]) -> None:
+    """The pruner's forecasts at the target (in the proxy's logits) and its threshold there."""
+    forecasts = [r for r in run.stability if r.outlook is not None and r.label in colours
+                 and 0 < r.outlook.forecast.low <= r.outlook.forecast.value <= r.outlook.forecast.high]
+    for r in forecasts:  # the pruner's forecast at the target, in the proxy's logits
+        o = r.outlook
+        v, lo, hi = (x / r.scale_ratio for x in (o.forecast.value, o.forecast.low, o.forecast.high))
+        ax_logit.errorbar([o.forecast.target_sum_eta], [v], yerr=[[v - lo], [hi - v]], fmt="D",
+                          color=colours[r.label], ms=5, capsize=3, alpha=1.0 if o.acted_on else 0.5)
+    if forecasts:
+        r = forecasts[0]
+        ax_logit.axhline(r.outlook.threshold / r.scale_ratio, color="tab:red", ls="--", lw=0.9,
+                         label="pruning threshold at the target")

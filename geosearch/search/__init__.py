@@ -1,4 +1,12 @@
-"""The Optuna side of geosearch: search spaces, the logit-growth pruner, the study.
+"""The Optuna side of geosearch, in rooms of one job each (``docs/design.md``, "Layers").
+
+- :mod:`geosearch.search.records`: the names of the attrs a study writes (the vocabulary).
+- :mod:`geosearch.search.stats`: scores, paired tests, main effects, the ranking, the seed plan.
+- :mod:`geosearch.search.horizon`: Σ η, the ladder, the forecast, the logit-growth pruner,
+  stability at the target.
+- :mod:`geosearch.search.space`: the search-space file (space, schema, sections).
+- :mod:`geosearch.search.runtime`: storage, journal, locks, heartbeats, interrupts, workers.
+- :mod:`geosearch.search.study`: the study itself (run, ask → tell loop, queue, export).
 
 Example:
     >>> import optuna
@@ -6,69 +14,52 @@ Example:
     >>> space = load_space("default")
     >>> study = optuna.create_study(sampler=space.make_sampler(), pruner=space.make_pruner())
 
-``run_search`` lives in :mod:`geosearch.search.study` and ``objective`` (for
-``study.optimize``) in :mod:`geosearch.search.optimize`; both import the proxy trainer
-(and so torch): they are imported on first use, so that reading a space, ranking or exporting
-a study stays light. The study's rooms (storage, records, liveness, queue, trial loop,
-workers, export) are listed in ``docs/design.md`` ("The study").
+Every name below is imported on first use, so importing a room (the statistics, say) loads
+neither Optuna's storages nor torch.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-from geosearch.search.export import export_best
-from geosearch.search.pruners import LogitGrowthPruner
-from geosearch.search.ranking import Ranking, Score, rank_study
-from geosearch.search.space import (
-    Budget,
-    Hyperparams,
-    LogRange,
-    LossPrunerSpec,
-    PrunerSpec,
-    SamplerSpec,
-    SearchSpace,
-    SearchSpaceError,
-    Suggestion,
-    apply_overrides,
-    load_space,
-    space_names,
-)
-from geosearch.search.storage import open_run_study
+from geosearch.lazy import lazy_getattr
 
-_LAZY = {"run_search": "geosearch.search.study", "objective": "geosearch.search.optimize"}
+_EXPORTS = {
+    "Budget": "geosearch.search.space.sections",
+    "Hyperparams": "geosearch.search.space.sections",
+    "LogRange": "geosearch.search.space.sections",
+    "LogitGrowthPruner": "geosearch.search.horizon.pruner",
+    "LossPrunerSpec": "geosearch.search.space.sections",
+    "PrunerSpec": "geosearch.search.space.sections",
+    "Ranking": "geosearch.search.stats.ranking",
+    "SamplerSpec": "geosearch.search.space.sections",
+    "Score": "geosearch.search.stats.scores",
+    "SearchSpace": "geosearch.search.space.spec",
+    "SearchSpaceError": "geosearch.search.space.reader",
+    "Suggestion": "geosearch.search.space.spec",
+    "apply_overrides": "geosearch.search.space.spec",
+    "export_best": "geosearch.search.study.export",
+    "load_space": "geosearch.search.space.spec",
+    "objective": "geosearch.search.study.optimize",
+    "open_run_study": "geosearch.search.runtime.storage",
+    "rank_study": "geosearch.search.stats.ranking",
+    "run_search": "geosearch.search.study.run",
+    "space_names": "geosearch.search.space.spec",
+}
 
-__all__ = [
-    "Budget",
-    "Hyperparams",
-    "LogRange",
-    "LogitGrowthPruner",
-    "LossPrunerSpec",
-    "PrunerSpec",
-    "Ranking",
-    "SamplerSpec",
-    "Score",
-    "SearchSpace",
-    "SearchSpaceError",
-    "Suggestion",
-    "apply_overrides",
-    "export_best",
-    "load_space",
-    "objective",
-    "open_run_study",
-    "rank_study",
-    "run_search",
-    "space_names",
-]
+__all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'geosearch.search' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from geosearch.search.optimize import objective
-    from geosearch.search.study import run_search
+    from geosearch.search.horizon.pruner import LogitGrowthPruner
+    from geosearch.search.runtime.storage import open_run_study
+    from geosearch.search.space.sections import Budget, Hyperparams, LogRange, LossPrunerSpec, PrunerSpec, SamplerSpec
+    from geosearch.search.space.reader import SearchSpaceError
+    from geosearch.search.space.spec import SearchSpace, Suggestion, apply_overrides, load_space, space_names
+    from geosearch.search.stats.ranking import Ranking, rank_study
+    from geosearch.search.stats.scores import Score
+    from geosearch.search.study.export import export_best
+    from geosearch.search.study.optimize import objective
+    from geosearch.search.study.run import run_search

@@ -3,7 +3,7 @@
 Every user attr the search writes and every reader of a run directory uses the constants
 below instead of string literals; each is defined once, named as its attr upper-cased
 (``VAL_LOSS_MEAN = "val_loss_mean"``). :func:`trial_status` turns a trial into one word of
-its outcome (:func:`geosearch.search.ranking.trial_line` is the line the search prints). Torch-free: reading a
+its outcome (:func:`geosearch.search.stats.ranking.trial_line` is the line the search prints). Torch-free: reading a
 study needs no trainer. The meaning of each attr, and the outcomes, are in
 ``docs/design.md`` ("The study").
 """
@@ -49,7 +49,7 @@ NUM_PROCESSES = "num_processes"
 STATUS = "status"
 PRUNE_REASON = "prune_reason"
 FAIL_REASON = "fail_reason"
-FAILURE_KIND = "failure_kind"  # environment / assignment (geosearch.search.failures)
+FAILURE_KIND = "failure_kind"  # environment / assignment (geosearch.search.study.failures)
 RETRIES = "retries"  # environment failures of the point, in a row, before this trial
 STOP_STEP = "stop_step"
 PRUNED_SEED = "pruned_seed"
@@ -88,7 +88,7 @@ TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE
 
 PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")
 """The keys of one ``probe_history`` row: metrics of the proxy run at a probe step, and Σ η
-after that step (``geosearch.search.pruners.probe_row`` builds one)."""
+after that step (``geosearch.search.horizon.pruner.probe_row`` builds one)."""
 
 # --------------------------------------------------------------------------- outcomes
 COMPLETED = "completed"

@@ -155,7 +155,7 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 # --------------------------------------------------------------------------- the study
 def study_trials(run_dir: Path, storage: str | None = None) -> list[optuna.trial.FrozenTrial]:
     """The trials of the run directory's study (or of ``storage``), as stored now."""
-    from geosearch.search.storage import open_run_study
+    from geosearch.search.runtime.storage import open_run_study
 
     return open_run_study(run_dir, storage=storage).get_trials(deepcopy=False)
 
@@ -210,18 +210,46 @@ def violations(run_dir: Path, before: dict[int, float], storage: str | None = No
                pids: list[int] = ()) -> list[str]:
     """Every broken invariant (see the module docstring) after a fault and the rerun."""
     from geosearch.cli import main
-    from geosearch.search.records import FINISHED, trial_status
 
     out = []
     try:
         trials = study_trials(run_dir, storage)
     except Exception as e:  # noqa: BLE001 - the study does not read: everything is broken
         return [f"the study does not read: {type(e).__name__}: {e}"]
+    out += _lost_trials(trials, before)
+    out += _verdict_problems(trials)
+    running = [t.number for t in trials if t.state == TrialState.RUNNING]
+    if running:
+        out.append(f"trials left RUNNING: {running}")
+    out += _shared_metrics(run_dir)
+    extra = ["--storage", storage] if storage else []
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        if main(["export", str(run_dir), "-o", str(run_dir / "exported.yaml"), *extra]) != 0:
+            out.append(f"export failed: {err.getvalue().strip()[:300]}")
+        if main(["report", str(run_dir), "--no-plots", *extra]) != 0:
+            out.append(f"report failed: {err.getvalue().strip()[:300]}")
+    left = [p for p in pids if alive(p)]
+    if left:
+        out.append(f"processes of the study still alive: {left}")
+    return out
+
+
+def _lost_trials(trials: list[optuna.trial.FrozenTrial], before: dict[int, float]) -> list[str]:
+    """Invariant 1: each trial completed before the fault, lost or with another value."""
     by_number = {t.number: t for t in trials}
+    out = []
     for n, value in before.items():
         t = by_number.get(n)
         if t is None or t.state != TrialState.COMPLETE or t.value != value:
             out.append(f"completed trial {n} ({value}) lost or changed")
+    return out
+
+
+def _verdict_problems(trials: list[optuna.trial.FrozenTrial]) -> list[str]:
+    """Invariants 2 and 4: the points with more than one verdict, and those with none."""
+    from geosearch.search.records import FINISHED, trial_status
+
+    out = []
     verdicts: dict[tuple[str, str], int] = {}
     for t in trials:
         if trial_status(t) in FINISHED:
@@ -232,9 +260,12 @@ def violations(run_dir: Path, before: dict[int, float], storage: str | None = No
     missing = POINTS - set(verdicts)
     if missing:
         out.append(f"budget not met: no verdict for {sorted(missing)}")
-    running = [t.number for t in trials if t.state == TrialState.RUNNING]
-    if running:
-        out.append(f"trials left RUNNING: {running}")
+    return out
+
+
+def _shared_metrics(run_dir: Path) -> list[str]:
+    """Invariant 2: each ``metrics.jsonl`` whose steps do not strictly increase (two writers)."""
+    out = []
     for metrics in sorted((run_dir / "trials").glob("**/metrics.jsonl")):
         steps = []
         for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -242,15 +273,6 @@ def violations(run_dir: Path, before: dict[int, float], storage: str | None = No
                 steps.append(json.loads(line)["step"])
         if any(b <= a for a, b in zip(steps, steps[1:])):
             out.append(f"{metrics.relative_to(run_dir)} written by two processes (steps {steps})")
-    extra = ["--storage", storage] if storage else []
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
-        if main(["export", str(run_dir), "-o", str(run_dir / "exported.yaml"), *extra]) != 0:
-            out.append(f"export failed: {err.getvalue().strip()[:300]}")
-        if main(["report", str(run_dir), "--no-plots", *extra]) != 0:
-            out.append(f"report failed: {err.getvalue().strip()[:300]}")
-    left = [p for p in pids if alive(p)]
-    if left:
-        out.append(f"processes of the study still alive: {left}")
     return out
 
 
@@ -300,7 +322,7 @@ def signal_parent(tmp: Path, rng: random.Random, sigs: tuple[signal.Signals, ...
             landed &= mid_trial(cmd, run_dir, rng)
             # a rerun sees the trials the previous parent left RUNNING at once: wait for this
             # parent's own workers, so the signal lands mid-search, not in its startup
-            wait_until(lambda: worker_pids(cmd.pid) or cmd.proc.poll() is not None, TIMEOUT,
+            wait_until(lambda cmd=cmd: worker_pids(cmd.pid) or cmd.proc.poll() is not None, TIMEOUT,
                        "the parent's workers")
             pids = worker_pids(cmd.pid)
             before.update(completed(run_dir))
@@ -474,7 +496,7 @@ def dropped_connection(tmp: Path, rng: random.Random, server: str) -> Result:
         landed = mid_trial(cmd, run_dir, rng, url, spread=0.0)
         before = completed(run_dir, url)
         # Both drops inside the trial that is training (a drop in the instant between a
-        # trial's ask() and its first attrs is the ask record's case, tests/test_liveness.py).
+        # trial's ask() and its first attrs is the ask record's case, tests/search/runtime/test_liveness.py).
         time.sleep(rng.uniform(0.1, 0.8))
         for _ in range(2):
             conn = psycopg2.connect(url)

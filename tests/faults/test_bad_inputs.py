@@ -10,7 +10,7 @@ import pytest
 import torch
 from _bad_inputs import CASES, run_case, table
 
-from geosearch.search.space import load_space, space_names
+from geosearch.search.space.spec import load_space, space_names
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "reliability.md"

@@ -23,7 +23,6 @@ from _harness import (
     trial_failures,
 )
 from _small_fs import small_filesystem
-from test_postgres import postgres_server  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the faults are injected through Linux /proc and mount")

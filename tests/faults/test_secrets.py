@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from _harness import alive, run, start, wait_until, worker_pids, write_space
-from test_postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 
 SECRET = "s3cret-pw"
 

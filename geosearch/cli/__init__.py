@@ -1,0 +1,98 @@
+"""The ``geosearch`` command.
+
+Each subcommand is a module of this package (:mod:`geosearch.cli.train`,
+:mod:`geosearch.cli.search`, ...) with two functions, ``add(parser)`` declaring its flags and
+``run(args) -> int`` handing them to the code that does the work
+(:func:`geosearch.cli.train.train_once`, :func:`geosearch.inspect.inspect_model`, ...),
+listed once in ``_COMMANDS``; what several commands share is in :mod:`geosearch.cli._args`.
+User errors (:class:`geosearch.errors.GeosearchError`) end as one line on stderr with exit
+code 2; Ctrl-C ends with exit code 130 and nothing lost (studies resume on rerun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from geosearch import __version__
+from geosearch.cli import export, geometries, inspect, report, search, train
+from geosearch.errors import GeosearchError
+
+_COMMANDS: list[tuple[str, str, ModuleType]] = [
+    ("geometries", "list the geometries a module type can take", geometries),
+    ("train", "train the proxy once with one assignment and report", train),
+    ("report", "write report.md and plots for a run directory", report),
+    ("search", "search which geometry each module type should use (an Optuna study)", search),
+    ("export", "write the best assignment(s) of a run directory as YAML", export),
+    ("inspect", "list a model's parameters, their module types and candidate geometries", inspect),
+]
+"""The subcommands: name, one-line help, and the module with their ``add`` and ``run``."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="geosearch",
+        description="Find which weight-space geometry each transformer module type should use.",
+    )
+    parser.add_argument("--version", action="version", version=f"geosearch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_, command in _COMMANDS:
+        p = sub.add_parser(name, help=help_, description=help_)
+        command.add(p)
+        p.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if any("://" in a and "@" in a for a in sys.argv):  # a run's config.yaml records sys.argv
+        from geosearch.search.runtime.storage import mask_url
+
+        sys.argv[:] = [mask_url(a) for a in sys.argv]
+    if not hasattr(args, "_run"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except GeosearchError as e:
+        print(f"geosearch {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"geosearch {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `geosearch inspect | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return _disk_full(args.command, e)
+
+
+def _disk_full(command: str, e: OSError) -> int:
+    """A full disk: what is stored is whole (see docs/reliability.md), the rerun resumes."""
+    where = f" ({e.filename})" if e.filename else ""
+    print(f"geosearch {command}: error: {e.strerror}{where}; free some space, then rerun "
+          "the same command to resume", file=sys.stderr)
+    return 2
+
+
+def entry() -> None:
+    """The ``geosearch`` command (and ``python -m geosearch``): :func:`main`, then exit.
+
+    After a Ctrl-C whose KeyboardInterrupt Python swallowed somewhere it runs code of its
+    own (an import lock's or a weakref's callback), CPython still ends the process by
+    SIGINT at exit, whatever :func:`main` returned; the interruption was recorded and its
+    line printed, so exit with the 130 that says so.
+    """
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    raise SystemExit(code)

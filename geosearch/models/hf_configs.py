@@ -1,0 +1,292 @@
+"""Configs of the Hugging Face models ``hf:<model_type>`` and ``hf:PATH`` build, offline.
+
+Besides the families with their own entry (:data:`geosearch.models.specs.HF_MODELS`:
+``gpt2``, ``llama``), ``hf:<model_type>`` takes any decoder-only causal LM that the
+installed ``transformers`` ships (:func:`causal_lm_types`: ``mistral``, ``qwen2``,
+``gemma``, ``phi3``, ...; encoders such as BERT and encoder-decoders such as BART are left
+out), made from its config class at the ``small`` proxy's size while keeping the family's
+own proportions (:func:`small_kwargs`); ``hf:PATH`` takes a local directory holding a
+``config.json`` (a checkpoint's, say) and builds that architecture as written. Either way
+the weights are random and nothing is downloaded. :class:`HFSource` is what
+:mod:`geosearch.models.zoo` needs from either to make the config and the model, and
+:func:`check_heads` checks the head counts of any of them; :func:`checked_args`,
+:func:`check_sizes` and :func:`make_hf_config` check a ``model_args`` and make the config.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from geosearch.checks import is_int
+from geosearch.errors import ConfigError
+
+SMALL_SIZE: dict[str, int] = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4}
+"""``hf:<model_type>`` defaults: the ``small`` proxy's width, depth and heads (standard
+config names, mapped through each config's ``attribute_map``)."""
+
+BLOCK_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
+                "context_length")
+"""Config fields that may hold the context length, first found wins."""
+
+SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size", "head_dim", "vocab_size")
+"""Standard fields checked to be positive integers when a config has them."""
+
+CONFIG_FILE = "config.json"
+_SOURCE = "--model"
+
+
+@dataclass
+class HFSource:
+    """Where an ``hf:`` config comes from, and how to make it.
+
+    Attributes:
+        label: the config class name, or the directory.
+        config_class: the ``transformers`` config class.
+        model_class: name of its causal-LM class in ``transformers``.
+        model_type: the config's ``model_type`` (the :class:`BuiltModel` family).
+        base: the config a directory holds (empty for a model type: :func:`small_kwargs`).
+        directory: the directory of ``hf:PATH``, None for a model type.
+        fields: the config's fields (its defaults, and what ``config.json`` sets).
+        block_field: the field holding the context length, None when there is none.
+    """
+
+    label: str
+    config_class: Any
+    model_class: str
+    model_type: str
+    base: dict[str, Any] = field(default_factory=dict)
+    directory: str | None = None
+    fields: frozenset[str] = frozenset()
+    block_field: str | None = None
+
+    def real_name(self, name: str) -> str | None:
+        """A standard field name (``hidden_size``) as this config spells it (``n_embd``), or
+        None when it has no such field."""
+        real = getattr(self.config_class, "attribute_map", {}).get(name, name)
+        return real if real in self.fields else None
+
+
+def is_path(target: str) -> bool:
+    """``hf:PATH`` rather than ``hf:<model_type>``: the text has a path separator or starts
+    with ``.`` or ``~`` (``hf:./my_model`` for a directory in the current one)."""
+    return "/" in target or os.sep in target or target.startswith((".", "~"))
+
+
+def causal_lm_types() -> list[str]:
+    """The model types ``hf:<model_type>`` takes: causal LMs that are neither masked-LM
+    encoders (BERT, ...) nor sequence-to-sequence models (BART, ...)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    causal = set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    return sorted(causal - set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+                  - set(auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES))
+
+
+def hf_source(spec: str, target: str, transformers: Any, allowed: list[str]) -> HFSource:
+    """The :class:`HFSource` of ``hf:<model_type>`` or ``hf:PATH``.
+
+    Raises:
+        ConfigError: an unknown model type (with close matches), a directory without a
+            readable ``config.json``, or one whose model type is not a causal LM.
+    """
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    types = causal_lm_types()
+    base: dict[str, Any] = {}
+    label = None
+    if is_path(target):
+        path = Path(target).expanduser()
+        base = _read_config_json(spec, path)
+        model_type = base.pop("model_type", None)
+        label = str(path)
+        if model_type not in types:
+            raise ConfigError(f"model {spec!r}: {path / CONFIG_FILE} has model_type {model_type!r}, which "
+                              f"is not a decoder-only causal LM of transformers {transformers.__version__}",
+                              source=_SOURCE, key="model", allowed=types)
+    else:
+        model_type = target
+        if model_type not in types:
+            near = difflib.get_close_matches(model_type, types, n=3)
+            hint = f" (did you mean {', '.join('hf:' + t for t in near)}?)" if near else ""
+            raise ConfigError(f"unknown Hugging Face model {spec!r}{hint}: hf:MODEL_TYPE takes a decoder-only "
+                              f"causal LM type of transformers {transformers.__version__} (e.g. mistral, "
+                              "qwen2, gemma, phi3), hf:PATH a directory holding config.json (hf:./DIR for one here)",
+                              source=_SOURCE, key="model", allowed=allowed)
+    config_class = CONFIG_MAPPING[model_type]
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+    fields = frozenset(default_config(config_class).to_dict()) | frozenset(base)
+    source = HFSource(label or config_class.__name__, config_class, model_class, model_type, base, label, fields)
+    source.block_field = next((f for f in map(source.real_name, BLOCK_FIELDS) if f is not None), None)
+    return source
+
+
+@functools.lru_cache(maxsize=None)
+def default_config(config_class: Any) -> Any:
+    """``config_class()``, made once and only read, without the warnings ``transformers``
+    logs about its own defaults (Starcoder2's BOS id lies outside its default vocabulary)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return config_class()
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _read_config_json(spec: str, path: Path) -> dict[str, Any]:
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        raise ConfigError(f"model {spec!r}: no {CONFIG_FILE} in {path}; hf:PATH takes a directory holding "
+                          "a Hugging Face config.json", source=_SOURCE, key="model")
+    try:
+        data = json.loads(config_file.read_text())
+    except ValueError as e:
+        raise ConfigError(f"cannot parse it: {e}", source=str(config_file)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a JSON object", source=str(config_file))
+    return data
+
+
+def small_kwargs(source: HFSource, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Config fields for ``hf:<model_type>`` that ``args`` (real field names) leave unset.
+
+    The ``small`` proxy's width, depth and heads (:data:`SMALL_SIZE`); the family's own
+    ratios for what follows from them: key-value heads (``num_key_value_heads`` ×
+    heads / the default heads, rounded down to a divisor of the heads), every
+    ``*intermediate_size`` (× width / the default width), ``head_dim`` = width / heads;
+    dropout off; no BOS/EOS/padding id (no tokenizer is assumed). No KV cache.
+    """
+    default = default_config(source.config_class)
+    defaults = default.to_dict()
+    out: dict[str, Any] = {}
+
+    def put(std: str, value: Any) -> None:
+        name = source.real_name(std)
+        if name is not None and name not in args:
+            out[name] = value
+
+    def final(std: str) -> Any:
+        name = source.real_name(std)
+        return args.get(name, out.get(name, getattr(default, std, None)))
+
+    for std, value in SMALL_SIZE.items():
+        put(std, value)
+    width, heads = final("hidden_size"), final("num_attention_heads")
+    width0, heads0 = getattr(default, "hidden_size", None), getattr(default, "num_attention_heads", None)
+    if all(isinstance(v, int) and v > 0 for v in (width, heads, width0, heads0)):
+        kv0 = getattr(default, "num_key_value_heads", None) or heads0
+        put("num_key_value_heads", _kv_heads(heads, kv0, heads0))
+        if width % heads == 0:
+            put("head_dim", width // heads)
+        out.update(_intermediate_sizes(defaults, args, width, width0))
+    out.update(_quiet_kwargs(defaults, args))
+    if "use_cache" in defaults:
+        out["use_cache"] = False
+    return out
+
+
+def _kv_heads(heads: int, kv0: int, heads0: int) -> int:
+    """Key-value heads in the family's ratio ``kv0 / heads0``, rounded down to a divisor of ``heads``."""
+    kv = max(1, heads * kv0 // heads0)
+    while heads % kv:
+        kv -= 1
+    return kv
+
+
+def _intermediate_sizes(defaults: Mapping[str, Any], args: Mapping[str, Any], width: int,
+                        width0: int) -> dict[str, int]:
+    """Every ``*intermediate_size`` that ``args`` leave unset, its default × ``width / width0`` (rounded)."""
+    return {name: max(1, round(value * width / width0)) for name, value in defaults.items()
+            if name.endswith("intermediate_size") and isinstance(value, int) and name not in args}
+
+
+def _quiet_kwargs(defaults: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+    """Dropout off and no BOS/EOS/padding id, for the fields that ``args`` leave unset."""
+    out: dict[str, Any] = {}
+    for name, value in defaults.items():
+        if name in args:
+            continue
+        if ("dropout" in name or "pdrop" in name) and isinstance(value, float) and value > 0:
+            out[name] = 0.0
+        elif name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            out[name] = None
+    return out
+
+
+def directory_kwargs(source: HFSource, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Config fields for ``hf:PATH``: its ``config.json`` as written, no KV cache. When
+    ``args`` change the depth, the file's per-layer lists (``layer_types``, ...: lists as
+    long as its ``num_hidden_layers``) are left out, so the config derives them again."""
+    base = dict(source.base)
+    depth = source.real_name("num_hidden_layers")
+    if depth in args and isinstance(base.get(depth), int):
+        base = {k: v for k, v in base.items() if not (isinstance(v, list) and len(v) == base[depth])}
+    return {**base, "use_cache": False}
+
+
+def check_heads(spec: str, config: Any, explicit_head_dim: bool) -> None:
+    """Width and head counts that fit together (the configs do not check this themselves)."""
+    width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if not isinstance(width, int) or not isinstance(heads, int) or heads < 1:
+        return  # no attention heads (a state-space model, say): nothing to check
+    if not explicit_head_dim and width % heads:
+        raise ConfigError(f"model {spec!r}: width {width} is not a multiple of {heads} heads",
+                          source=_SOURCE, key="model_args")
+    kv = getattr(config, "num_key_value_heads", None)
+    if kv is not None and (kv < 1 or heads % kv):
+        raise ConfigError(f"model {spec!r}: {heads} attention heads do not split into groups for "
+                          f"num_key_value_heads={kv}; it must divide the heads", source=_SOURCE,
+                          key="model_args.num_key_value_heads")
+
+
+def checked_args(spec: str, model_args: dict[str, Any], allowed: list[str], label: str, config_class: Any,
+             block_field: str | None) -> tuple[dict[str, Any], Any]:
+    """``model_args`` checked, by the config's own names, and the context a config without a block field takes."""
+    for key in model_args:
+        if key not in allowed:
+            raise ConfigError(f"unknown field {key!r} for model {spec!r} ({label})",
+                              source=_SOURCE, key=f"model_args.{key}", allowed=allowed)
+    aliases = getattr(config_class, "attribute_map", {})
+    args = {aliases.get(k, k): v for k, v in model_args.items()}  # hidden_size -> n_embd for GPT-2
+    context = args.pop("block_size", None) if block_field is None else None  # no such field: only T
+    if "block_size" in args:
+        block = args.pop("block_size")
+        if block_field in args and args[block_field] != block:
+            raise ConfigError(f"model {spec!r}: block_size={block} and {block_field}="
+                              f"{args[block_field]} disagree; give one", source=_SOURCE,
+                              key="model_args.block_size")
+        args[block_field] = block
+    return args, context
+
+
+def check_sizes(spec: str, kwargs: Mapping[str, Any], size_fields: tuple[str, ...] | list[str]) -> None:
+    """Raise ConfigError for a size field of ``kwargs`` that is not a positive integer."""
+    for key in size_fields:
+        value = kwargs.get(key)
+        if not is_int(value) or value < 1:
+            raise ConfigError(f"model {spec!r}: {key} must be a positive integer but got {value!r}",
+                              source=_SOURCE, key=f"model_args.{key}")
+
+
+def make_hf_config(spec: str, label: str, config_class: Any, kwargs: dict[str, Any]) -> Any:
+    """``config_class(**kwargs)``; ConfigError when it rejects them or the model is an encoder-decoder."""
+    try:
+        config = config_class(**kwargs)
+    except Exception as e:  # noqa: BLE001 - configs raise TypeError, ValueError or their own
+        first = (str(e).strip().splitlines() or [type(e).__name__])[-1].strip()
+        raise ConfigError(f"model {spec!r}: {label} rejected the arguments: {first}",
+                          source=_SOURCE, key="model_args") from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise ConfigError(f"model {spec!r} is an encoder-decoder; geosearch trains decoder-only causal LMs",
+                          source=_SOURCE, key="model")
+    return config

@@ -1,0 +1,466 @@
+"""Build the models a search can train: the proxy presets, Hugging Face models, your own.
+
+:func:`build_model` turns a model spec (:mod:`geosearch.models.specs`: ``tiny``, ``small``,
+``gpt2``, ``hf:gpt2``, ``hf:llama``, ``hf:<model_type>``, ``hf:PATH``,
+``py:MODULE:FACTORY``) and its ``model_args`` into a randomly initialised ``nn.Module`` with
+what the rest of geosearch needs to know about it (:class:`BuiltModel`: its default rules,
+how the probes capture its queries and keys, its context length); :func:`check_model_spec`
+checks a spec without building it, :func:`build_meta_model` builds it on the meta device,
+and :func:`lm_loss` is the next-token loss of any of them. Hugging Face models
+(``pip install 'geosearch[hf]'``) are built from their config with random weights: no
+download, no tokenizer, nothing read from the network. ``hf:<model_type>`` (any decoder-only
+causal LM of ``transformers``: ``mistral``, ``qwen2``, ``gemma``, ``phi3``, ...) and
+``hf:PATH`` (a directory holding ``config.json``) are made by
+:mod:`geosearch.models.hf_configs`; their rules are the first registered rule set that fits,
+else rules read off their module names (:func:`geosearch.rule_inference.model_rules`). A
+model whose queries and keys the probes cannot hook is built with a warning (logged once
+per spec, and kept in :attr:`BuiltModel.warnings`, hence in each run's ``config.yaml``): its
+runs report no attention logits, and the logit-growth pruner has nothing to go on. A ``py:`` factory (``py:package.module:factory`` or ``py:path/to/file.py:factory``)
+is called as ``factory(vocab_size=..., block_size=..., **model_args)`` and must return an
+``nn.Module`` whose ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab_size), an
+object with ``.logits``, or a tuple starting with them; it has no default rule set
+(:func:`geosearch.inspect.fitting_rule_sets` lists the registered ones that fit), and its
+attention is probed when its modules are Hugging Face GPT-2/LLaMA-style or follow the
+proxy's ``record_qk`` protocol (:mod:`geosearch.models.qk`); otherwise ``qk_source`` is None
+and its runs report no attention logits.
+
+Example:
+    >>> built = build_model("hf:llama", vocab_size=256, block_size=None, model_args={"num_hidden_layers": 2})
+    >>> built.rules, built.qk_source, built.block_size
+    ('llama', 'llama', 128)
+    >>> loss = lm_loss(built.model, x, y)          # x, y: (B, T) token ids
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from geosearch.checks import is_int
+from geosearch.errors import ConfigError, GeosearchError
+from geosearch.modules import ModuleRule
+from geosearch.models.hf_configs import (
+    SIZE_FIELDS,
+    HFSource,
+    check_heads,
+    check_sizes,
+    checked_args,
+    default_config,
+    directory_kwargs,
+    hf_source,
+    make_hf_config,
+    small_kwargs,
+)
+from geosearch.models.model import GPT, make_config
+from geosearch.models.qk import QK_SOURCES, detect_qk_source
+from geosearch.rule_inference import model_rules
+from geosearch.models.specs import (  # the spec names live without torch
+    DEFAULT_BLOCK_SIZE,
+    HF_MODELS,
+    HF_PREFIX,
+    PRESETS,
+    PY_PREFIX,
+    PY_SPEC_HELP,
+    HFFamily,
+    model_spec_names,
+    preset_rules,
+)
+from geosearch.yaml_io import plain
+
+__all__ = [
+    "BuiltModel", "build_meta_model", "build_model", "check_model_spec", "default_rules",
+    "hf_config_fields",
+]
+
+_SOURCE = "--model"
+# Config fields that describe the checkpoint, not the architecture: not overridable.
+_HF_INTERNAL = frozenset({"_name_or_path", "transformers_version", "architectures", "model_type",
+                          "id2label", "label2id", "return_dict", "output_hidden_states",
+                          "output_attentions", "torchscript", "problem_type"})
+
+
+# --------------------------------------------------------------------------- result
+@dataclass
+class BuiltModel:
+    """A freshly initialised model and what geosearch needs to know about it.
+
+    Attributes:
+        model: the ``nn.Module`` (on the CPU).
+        spec: the spec it was built from.
+        family: ``"nanogpt"`` (presets), the Hugging Face model type (``"gpt2"``,
+            ``"llama"``, ``"phi3"``, ...) or ``"py"``.
+        rules: its default rules: a registered rule set's name, or rules read off its module
+            names (``hf:`` models no registered set fits); ``None`` for ``py:`` models (the
+            search space or assignment names them).
+        block_size: context length T it was built for.
+        vocab_size: its vocabulary size (``None`` when unknown, for ``py:`` models).
+        qk_source: how the attention probes capture its queries and keys (a
+            :data:`geosearch.models.qk.QK_SOURCES` name), ``None`` when they cannot.
+        config: the resolved architecture, YAML-safe (a preset's ``GPTConfig``, a Hugging
+            Face config's non-default fields, or a factory and its arguments).
+        warnings: what a user should know about this model (no attention probes), one line
+            each; logged when the model is built.
+    """
+
+    model: nn.Module
+    spec: str
+    family: str
+    rules: str | tuple[ModuleRule, ...] | None
+    block_size: int
+    vocab_size: int | None
+    qk_source: str | None
+    config: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def num_params(self) -> int:
+        """Parameters, shared (tied) tensors counted once."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def describe(self) -> dict[str, Any]:
+        """YAML-safe summary for ``config.yaml`` and ``geosearch inspect``."""
+        rules = self.rules if not isinstance(self.rules, tuple) else plain(
+            [dataclasses.asdict(r) for r in self.rules])
+        return {"spec": self.spec, "family": self.family, "class": type(self.model).__name__,
+                "rules": rules, "qk_source": self.qk_source, "block_size": self.block_size,
+                "vocab_size": self.vocab_size, "parameters": self.num_params(), "config": self.config,
+                "warnings": list(self.warnings)}
+
+    def summary(self) -> str:
+        """One line for people: spec, class, size, default rules."""
+        rules = (f"rule set {self.rules!r}" if isinstance(self.rules, str)
+                 else "rules read off its module names" if self.rules else "no default rule set")
+        probes = f"attention probes via {self.qk_source}" if self.qk_source else "no attention probes"
+        return (f"{self.spec}: {type(self.model).__name__}, {self.num_params():,} parameters, "
+                f"T={self.block_size}; {rules}; {probes}")
+
+
+# --------------------------------------------------------------------------- build
+def build_model(spec: str, *, vocab_size: int, block_size: int | None = None,
+                model_args: Mapping[str, Any] | None = None) -> BuiltModel:
+    """Build a randomly initialised model from a spec (see the module docstring).
+
+    Seed torch before calling for a reproducible initialisation.
+
+    Args:
+        spec: ``tiny``/``small``/``gpt2``, ``hf:gpt2``, ``hf:llama``, ``hf:<model_type>``,
+            ``hf:PATH`` or ``py:package.module:factory`` (:func:`model_spec_names`).
+        vocab_size: the data's vocabulary size; ``model_args["vocab_size"]`` may raise it.
+        block_size: context length when ``model_args`` does not set one; None = the
+            preset's, else :data:`DEFAULT_BLOCK_SIZE`.
+        model_args: field overrides: a preset's :class:`~geosearch.models.model.GPTConfig`
+            fields, a Hugging Face config's fields or their aliases (``n_layer=2`` for
+            GPT-2, ``num_hidden_layers=2`` for LLaMA), or the factory's keyword arguments;
+            ``block_size`` works for every kind (for Hugging Face models it sets
+            ``n_positions`` / ``max_position_embeddings``).
+
+    Returns:
+        A :class:`BuiltModel`.
+
+    Raises:
+        ConfigError: an unknown spec, a Hugging Face spec without ``transformers``
+            installed, an unknown model field, a bad size, a module that cannot be
+            imported, a missing factory or one that does not take the arguments or does
+            not return an ``nn.Module``; each message names the spec and what is allowed.
+    """
+    return _plan(spec, vocab_size, block_size, dict(model_args or {}))()
+
+
+def check_model_spec(spec: str, model_args: Mapping[str, Any] | None = None, *,
+                     vocab_size: int = 256) -> None:
+    """Check a spec and its ``model_args`` without building the model (cheap).
+
+    Presets and Hugging Face specs are checked completely (their config is made);
+    ``py:`` specs are imported and their factory's signature is checked against the
+    arguments, but the factory is not called.
+
+    Raises:
+        ConfigError: as :func:`build_model`.
+    """
+    _plan(spec, vocab_size, None, dict(model_args or {}))
+
+
+def default_rules(spec: str, model_args: Mapping[str, Any] | None = None) -> str | tuple | None:
+    """The default rules of a spec: ``nanogpt`` for presets, the family's rule set for
+    :data:`~geosearch.models.specs.HF_MODELS` (both without building anything:
+    :func:`~geosearch.models.specs.preset_rules`); for other ``hf:`` specs, the rules of the
+    model built on the meta device with ``model_args`` (a registered rule set that fits,
+    else a tuple of :class:`~geosearch.modules.ModuleRule` read off its module names; needs
+    ``transformers``); None for ``py:`` specs and unknown or unbuildable ones.
+
+    Use it to parse an inline assignment for a model (``Assignment.parse(text,
+    rules=default_rules(spec) or "nanogpt")``) before the model exists.
+    """
+    known = preset_rules(spec)
+    if known is not None or not isinstance(spec, str) or not spec.startswith(HF_PREFIX):
+        return known
+    try:
+        return build_meta_model(spec, vocab_size=256, model_args=model_args).rules
+    except ConfigError:
+        return None
+
+
+def build_meta_model(spec: str, *, vocab_size: int, block_size: int | None = None,
+                     model_args: Mapping[str, Any] | None = None) -> BuiltModel:
+    """:func:`build_model` on the meta device: parameter names, shapes and module classes
+    without memory or initialisation, to look at a model (``geosearch inspect``, the search
+    preflight) without paying for it. A model whose construction fails on the meta device
+    (a ``py:`` factory that computes with its tensors, say) is built for real on the CPU.
+
+    Raises:
+        ConfigError: as :func:`build_model`.
+    """
+    build = _plan(spec, vocab_size, block_size, dict(model_args or {}))
+    try:
+        with torch.device("meta"):
+            return build()
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - cannot be built on meta: build it for real
+        return build()
+
+
+_Build = Callable[[], BuiltModel]
+"""What ``_plan_*`` return: the checked spec, built on call."""
+
+
+def _plan(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    build = _plan_kind(spec, vocab_size, block_size, model_args)
+
+    def build_and_warn() -> BuiltModel:
+        built = build()
+        if built.qk_source is None:
+            built.warnings.append(
+                f"model {spec!r}: the attention probes cannot hook the queries and keys of "
+                f"{type(built.model).__name__} (known kinds: {', '.join(QK_SOURCES)}); its runs "
+                "report no attention logits and the logit-growth pruner has no signal")
+        for line in built.warnings:
+            _warn_once(line)
+        return built
+    return build_and_warn
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(line: str) -> None:
+    """Log ``line`` as a warning the first time this process sees it (one line on stderr
+    when logging is not configured)."""
+    if line not in _WARNED:
+        _WARNED.add(line)
+        logging.getLogger("geosearch").warning(line)
+
+
+def _plan_kind(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    if not isinstance(spec, str):
+        raise ConfigError(f"a model spec must be a string, got {spec!r}", source=_SOURCE, key="model",
+                          allowed=model_spec_names())
+    if spec in PRESETS:
+        return _plan_preset(spec, vocab_size, block_size, model_args)
+    if spec.startswith(HF_PREFIX):
+        return _plan_hf(spec, vocab_size, block_size, model_args)
+    if spec.startswith(PY_PREFIX):
+        return _plan_py(spec, vocab_size, block_size, model_args)
+    raise ConfigError(f"unknown model {spec!r}", source=_SOURCE, key="model", allowed=model_spec_names())
+
+
+def _check_vocab(spec: str, data_vocab: int, model_vocab: Any) -> None:
+    if is_int(model_vocab) and model_vocab < data_vocab:
+        raise ConfigError(f"model {spec!r}: vocab_size {model_vocab} is smaller than the data's {data_vocab}",
+                          source=_SOURCE, key="model_args.vocab_size")
+
+
+# presets ---------------------------------------------------------------------------
+def _plan_preset(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    base = {"vocab_size": vocab_size, **({"block_size": block_size} if block_size is not None else {})}
+    try:
+        config = make_config(spec, **{**base, **model_args})
+    except ConfigError as e:
+        raise ConfigError(f"model {spec!r}: {e.problem}", source=_SOURCE, key=f"model_args.{e.key}",
+                          allowed=e.allowed) from None
+    _check_vocab(spec, vocab_size, config.vocab_size)
+
+    def build() -> BuiltModel:
+        return BuiltModel(GPT(config), spec, "nanogpt", "nanogpt", config.block_size, config.vocab_size,
+                          "nanogpt", dataclasses.asdict(config))
+    return build
+
+
+# Hugging Face ----------------------------------------------------------------------
+def _transformers(spec: str) -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(f"model {spec!r} needs Hugging Face transformers, which is not installed; "
+                          "install it with: pip install 'geosearch[hf]'", source=_SOURCE, key="model") from None
+    return transformers
+
+
+def hf_config_fields(name: str) -> list[str]:
+    """The ``model_args`` keys ``hf:<name>`` accepts: its config's fields, their aliases,
+    ``block_size`` and ``attn_implementation`` (``eager``, ``sdpa``, ...). ``name`` is a
+    family of :data:`HF_MODELS`, another model type, or a directory holding ``config.json``."""
+    return _hf_fields(HF_MODELS.get(name) or _hf_source(HF_PREFIX + name))
+
+
+def _hf_source(spec: str) -> HFSource:
+    return hf_source(spec, spec[len(HF_PREFIX):], _transformers(spec), model_spec_names())
+
+
+def _hf_fields(where: HFFamily | HFSource) -> list[str]:
+    if isinstance(where, HFFamily):
+        config_class = getattr(_transformers(where.config_class), where.config_class)
+        fields = set(default_config(config_class).to_dict())
+    else:
+        config_class, fields = where.config_class, set(where.fields)
+    keys = (fields - _HF_INTERNAL) | set(getattr(config_class, "attribute_map", {}))
+    return sorted(keys | {"block_size", "attn_implementation"})
+
+
+def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    """``hf:<family>`` (:data:`HF_MODELS`), ``hf:<model_type>`` or ``hf:PATH``
+    (:mod:`geosearch.models.hf_configs`): check the arguments, make the config."""
+    name = spec[len(HF_PREFIX):]
+    transformers = _transformers(spec)
+    family = HF_MODELS.get(name)
+    source = None if family is not None else _hf_source(spec)
+    config_class = getattr(transformers, family.config_class) if family else source.config_class
+    label = family.config_class if family else source.label
+    block_field = family.block_field if family else source.block_field
+    args, context = checked_args(spec, model_args, _hf_fields(family or source), label, config_class, block_field)
+    kwargs, size_fields = _hf_kwargs(family, source, args, vocab_size, block_size, block_field)
+    check_sizes(spec, kwargs, size_fields)
+    config = make_hf_config(spec, label, config_class, kwargs)
+    _check_vocab(spec, vocab_size, getattr(config, "vocab_size", None))
+    check_heads(spec, config, "head_dim" in args or "head_dim" in (source.base if source else {}))
+    if context is None and block_field is not None:
+        context = int(getattr(config, block_field))
+        if source is not None and source.directory and block_field not in args and not block_size:
+            context = min(context, DEFAULT_BLOCK_SIZE)  # config.json's positions: the model's reach
+    context = context or block_size or DEFAULT_BLOCK_SIZE
+
+    def build() -> BuiltModel:
+        model_class = family.model_class if family else source.model_class
+        try:
+            model = getattr(transformers, model_class)(config)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model {spec!r}: {model_class} rejected its config: {e}",
+                              source=_SOURCE, key="model_args") from None
+        if family is not None:
+            rules, qk_source, kind = family.rules, family.qk_source, name
+        else:
+            rules, qk_source, kind = model_rules(model), detect_qk_source(model), source.model_type
+        return BuiltModel(model, spec, kind, rules, int(context), int(config.vocab_size), qk_source,
+                          plain(config.to_diff_dict()))
+    return build
+
+
+def _hf_kwargs(family: HFFamily | None, source: HFSource | None, args: dict[str, Any], vocab_size: int,
+               block_size: int | None, block_field: str | None) -> tuple[dict[str, Any], tuple[str, ...] | list[str]]:
+    """The config's keyword arguments (the defaults, the proxy's sizes, ``args``) and its size fields."""
+    if family is not None:
+        kwargs = {**family.defaults, family.block_field: block_size or DEFAULT_BLOCK_SIZE,
+                  "vocab_size": vocab_size, "use_cache": False, **args}
+        return kwargs, family.size_fields
+    own = {block_field: block_size or DEFAULT_BLOCK_SIZE} if block_field else {}
+    if source.directory:  # a directory's config.json, as written; T the proxy's unless given
+        own = {block_field: block_size} if block_field and block_size else {}
+        kwargs = {**directory_kwargs(source, args), **own, **args}
+    else:
+        kwargs = {**small_kwargs(source, args), "vocab_size": vocab_size, **own, **args}
+    return kwargs, [f for f in (*map(source.real_name, SIZE_FIELDS), block_field) if f in kwargs]
+
+
+# your own --------------------------------------------------------------------------
+def _plan_py(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+    target, colon, name = spec[len(PY_PREFIX):].rpartition(":")
+    if not colon or not target or not name.isidentifier():
+        raise ConfigError(f"model {spec!r}: expected {PY_SPEC_HELP}, e.g. py:mypackage.models:make_model",
+                          source=_SOURCE, key="model", allowed=model_spec_names())
+    module = _import(spec, target)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        found = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v)
+                       and getattr(v, "__module__", None) == module.__name__)
+        raise ConfigError(f"model {spec!r}: module {target!r} has no factory {name!r}", source=_SOURCE,
+                          key="model", allowed=found or None)
+    kwargs = {"vocab_size": vocab_size, "block_size": block_size or DEFAULT_BLOCK_SIZE, **model_args}
+    _check_vocab(spec, vocab_size, kwargs["vocab_size"])
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as e:
+            raise ConfigError(f"model {spec!r}: {name}() does not take the arguments "
+                              f"{', '.join(kwargs)} ({e})", source=_SOURCE, key="model_args",
+                              allowed=list(signature.parameters)) from None
+
+    def build() -> BuiltModel:
+        try:
+            model = factory(**kwargs)
+        except GeosearchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's code: any error, as one line
+            if torch.empty(0).is_meta:  # build_meta_model builds it again on the CPU
+                raise
+            raise ConfigError(f"model {spec!r}: {name}() raised {_one_line(e)}", source=_SOURCE,
+                              key="model") from e
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model {spec!r}: {name}() returned a {type(model).__name__}, not a "
+                              "torch.nn.Module", source=_SOURCE, key="model")
+        vocab = kwargs["vocab_size"]
+        return BuiltModel(model, spec, "py", None, int(kwargs["block_size"]), vocab, detect_qk_source(model),
+                          {"factory": f"{target}:{name}", "kwargs": plain(kwargs)})
+    return build
+
+
+def _import(spec: str, target: str) -> Any:
+    """The module ``target``: a dotted module name, or a ``.py`` file path.
+
+    Raises:
+        ConfigError: no such file or module, or its code fails on import (a syntax error,
+            an exception): one line with the error's type and message.
+    """
+    if target.endswith(".py") or os.sep in target or "/" in target:
+        if not os.path.isfile(target):
+            raise ConfigError(f"model {spec!r}: no file {target!r}", source=_SOURCE, key="model")
+        mod_name = "_geosearch_user_model_" + os.path.splitext(os.path.basename(target))[0]
+        try:
+            file_spec = importlib.util.spec_from_file_location(mod_name, target)
+            module = importlib.util.module_from_spec(file_spec)
+            file_spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - the user's code: any error, as one line
+            raise ConfigError(f"model {spec!r}: cannot import {target!r} ({_one_line(e)})",
+                              source=_SOURCE, key="model") from None
+        return module
+    try:
+        return importlib.import_module(target)
+    except ImportError as e:
+        raise ConfigError(f"model {spec!r}: cannot import module {target!r} ({type(e).__name__}: {e}); "
+                          "is it installed or on PYTHONPATH?", source=_SOURCE, key="model") from None
+    except Exception as e:  # noqa: BLE001 - the module's own code failed on import
+        raise ConfigError(f"model {spec!r}: cannot import module {target!r} ({_one_line(e)})",
+                          source=_SOURCE, key="model") from None
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    """``Type: message`` on one line, at most ``limit`` characters of message; a syntax
+    error says where."""
+    text = " ".join(str(e).split())
+    if isinstance(e, SyntaxError) and e.lineno is not None:
+        text = f"{' '.join(str(e.msg).split())} at line {e.lineno}"
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

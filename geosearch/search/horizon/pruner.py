@@ -1,0 +1,491 @@
+"""Prune trials whose attention logits are on their way to a divergence at the user's target.
+
+:class:`LogitGrowthPruner` is an Optuna pruner that reads the attention probes the
+objective stores on each trial and stops an assignment when its max attention logit is
+already too large, or is forecast to be too large by the end of the training run the user
+will actually do (the target), usually long before the loss shows it. The forecast is in
+the cumulative spectral step Σ η, not in steps (:mod:`geosearch.search.horizon.forecast`). When no
+instability rule fires it hands the decision to an ordinary loss-based Optuna pruner, the
+way :class:`optuna.pruners.PatientPruner` wraps one.
+
+The pruner only reads what the objective stores on the trial (:func:`probe_row` builds a
+row; the attrs are listed in ``docs/design.md``, "Study and trial attributes"): ``probe_history``
+(per probe step: ``step``, ``max_logit``, ``min_entropy``, ``train_loss``, ``sum_eta`` and
+``sigma_max`` per module type; a missing value is ``None``, a NaN stays a float NaN),
+``target_sum_eta`` and ``target_steps`` (the target run), ``logit_scale`` and
+``target_logit_scale`` (d_model/√d_head of the proxy and of the target model:
+:func:`~geosearch.search.horizon.forecast.stiefel_logit_bound`), and the validation losses it
+reports (``trial.intermediate_values``).
+
+Studies written before these keys existed still prune: without ``logit_scale`` the logit
+threshold is the absolute ``max_logit``; without ``target_sum_eta`` (or ``sum_eta`` in the
+rows) the forecast rule is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import optuna
+from optuna.pruners import BasePruner
+from optuna.trial import FrozenTrial, TrialState
+
+from geosearch.checks import finite_or_none, is_number, is_positive, is_whole
+from geosearch.search.horizon.forecast import LogitForecast, Outlook, forecast_max_logit, short_logit
+from geosearch.search.records import (
+    LOGIT_SCALE,
+    PROBE_FIELDS,
+    PROBE_HISTORY,
+    TARGET_LOGIT_SCALE,
+    TARGET_STEPS,
+    TARGET_SUM_ETA,
+)
+
+__all__ = ["LogitGrowthPruner", "probe_row"]
+
+# Defaults, shared with the search-space schema; LogitGrowthPruner's docstring says why.
+DEFAULT_MAX_LOGIT = 1e3
+DEFAULT_MAX_LOGIT_FACTOR = 10.0
+DEFAULT_MIN_ENTROPY = 0.01
+DEFAULT_WINDOW = 5
+DEFAULT_INTERVAL = 0.9
+DEFAULT_MAX_EXTRAPOLATION = 4.0
+DEFAULT_TREND_MIN_LOGIT = 100.0  # the step-wise trend rule's, kept for older spaces
+
+# Module types whose σ_max bounds the attention logits (the fused and the split query/key
+# weights of geosearch.modules' rule sets); the forecast's σ route reads the largest.
+QK_TYPES = ("attn_qkv", "attn_q", "attn_k")
+PROBE_KEYS = tuple(k for k in PROBE_FIELDS if k != "sum_eta")  # a row's keys from the metrics
+
+
+def probe_row(metrics: Mapping, *, sum_eta: float | None) -> dict:
+    """One ``probe_history`` row from a probe step's trainer metrics and its Σ η.
+
+    Args:
+        metrics: The trainer's metrics at a probe step (``geosearch.proxy.train``).
+        sum_eta: Σ η after ``metrics["step"]`` optimizer steps (e.g. from
+            :func:`~geosearch.search.horizon.forecast.schedule_sum_eta`), or ``None``.
+    """
+    row = {k: metrics.get(k) for k in PROBE_KEYS}
+    row["sum_eta"] = sum_eta
+    return row
+
+
+@dataclass(frozen=True)
+class _Probe:
+    step: int
+    max_logit: float | None
+    min_entropy: float | None
+    train_loss: float | None
+    sum_eta: float | None
+    qk_sigma: float | None  # largest σ_max over QK_TYPES
+
+
+@dataclass(frozen=True)
+class _Threshold:
+    """A logit threshold in a model's units, and how to say it."""
+
+    value: float
+    text: str
+
+
+class LogitGrowthPruner(BasePruner):
+    """Prune a trial whose attention logits are, or will be by the target, too large.
+
+    After ``n_warmup_steps`` the trial is pruned when any of these holds (probe points at
+    earlier steps are ignored by these rules):
+
+    1. **max logit**: a probed max attention logit is above the threshold;
+    2. **forecast**: the max logit forecast at the target's Σ η
+       (:func:`~geosearch.search.horizon.forecast.forecast_max_logit` on the probes' Σ η, max
+       logit and query/key σ_max, at least ``window`` points) is above the target's
+       threshold *at the lower end of its ``interval`` prediction interval*, so a plateau
+       or a noisy curve is not pruned on its point forecast alone;
+    3. **entropy collapse**: a probed min attention entropy is below ``min_entropy``.
+
+    At any step, warmup included, it is pruned when a probed ``max_logit``,
+    ``min_entropy`` or ``train_loss``, or a reported validation loss, is NaN or infinite.
+
+    **Thresholds in the model's own unit.** With LayerNorm'd inputs and Stiefel Q and K
+    the logit is at most S = d_model/√d_head (8 tiny, 23 small, 96 GPT-2 small); under
+    other geometries σ_max is free and the logit can pass S by the factor σ_Q·σ_K. The
+    threshold is ``max_logit_factor × S`` of the model the logit belongs to: the proxy's
+    for rule 1, the target's for rule 2, whose forecast is converted to the target model
+    by the ratio of the two S (same σ growth and alignment, larger bound). Without a
+    ``logit_scale`` on the trial the threshold is the absolute ``max_logit``.
+
+    Why these defaults (the anchors are in docs/design.md, "The instability signal"):
+
+    - ``max_logit_factor=10``. Wortsman et al. 2023 (arXiv 2309.14322) see the loss
+      degrade once max logits reach about 1e3 and divergence follow above 1e4. These are
+      absolute logits; read at the scale of GPT-2 small (S = 96, the model of the
+      published geometry runs) they are about 10 S and 100 S. That their models' S is of
+      this order is an assumption, not a measurement: the factor carries the anchors to
+      other widths, it was not fitted to any run. The factor is the lower, harm anchor,
+      so the threshold is where harm is documented, not where the run is already lost.
+      Kimi K2's QK-Clip caps logits at τ = 100, about 0.2 S for its d_model 7168 and
+      query/key head dimension 192 (S ≈ 517): a ceiling a stable recipe *enforces*, well
+      inside the bound, not a sign of failure, so it is not a pruning threshold.
+    - ``max_logit=1e3``: the same anchor in absolute units, for trials that do not store
+      their model's S (studies from before it was stored).
+    - ``interval=0.9``: the forecast rule prunes when the 5% one-sided lower end is above
+      the threshold, i.e. when growth is clear, not merely possible.
+    - ``window=5`` probe points: the fewest that give the fit (two parameters) a usable
+      residual spread (3 degrees of freedom).
+    - ``min_entropy=0.01`` nats. Zhai et al. 2023 (arXiv 2303.06296) find attention
+      entropy collapsing towards zero in diverging runs. 0.01 nats means the average query
+      puts about 99.9% of its weight on one key (T = 128): a saturated softmax, not merely
+      a sharp head (previous-token and attention-sink heads are sharp and healthy).
+      ``min_entropy`` is the probes' lowest per-head entropy, averaged over rows. It
+      usually fires after the logit rules; it catches collapse that the max logit misses.
+    - ``n_warmup_steps=0``, as in Optuna's pruners: the max-logit and entropy thresholds
+      need no warmup, and the forecast's interval is wide while it has few points.
+    - ``max_extrapolation=4``: the forecast rule acts only once the run's Σ η is at least a
+      quarter of the target's (two doublings of Σ η past the data at most). The law is
+      fitted on the run so far, and early in a run (warmup, attention learning) logits rise
+      faster than they go on to: ``benchmarks/fidelity.py`` measured DGram attention's
+      forecasts from the first 10% of 2,000-step runs (Σ η ×11 short of the end) 0.6–40×
+      the real value, from 25% (×2.8) within 2.2×, from 50% (×1.4) within 1.6×, while the
+      prediction interval, which assumes the law holds, stayed narrow. Farther forecasts are still
+      computed and reported (:meth:`forecast`), never pruned on; the Σ η ladder measures
+      instead of extrapolating.
+
+    Args:
+        wrapped: A loss-based pruner (e.g. ``optuna.pruners.MedianPruner()``) that decides
+            when none of the rules fire, or ``None``. Its decision for a given trial and
+            set of reported values is remembered, so :meth:`prune` and :meth:`reason`
+            agree even for pruners that record state while pruning (successive halving).
+        max_logit: Largest acceptable attention logit when the trial stores no
+            ``logit_scale``; positive.
+        max_logit_factor: Largest acceptable attention logit as a multiple of the model's
+            d_model/√d_head; positive.
+        min_entropy: Smallest acceptable attention entropy in nats, or ``None`` to turn
+            the entropy rule off; non-negative.
+        n_warmup_steps: Steps before the logit, forecast and entropy rules apply;
+            non-negative.
+        window: Fewest probe points (with Σ η) the forecast is fitted on; at least 3.
+        interval: Coverage of the forecast's prediction interval, between 0 and 1;
+            ``None`` turns the forecast rule off.
+        max_extrapolation: Largest ratio of the target's Σ η to the last probe's at which
+            the forecast rule may prune; at least 1; ``None``: any.
+        trend_min_logit: Deprecated, no effect: it belonged to the step-wise trend rule the
+            forecast replaced. Still checked (positive, below ``max_logit``) so that older
+            search spaces load; a value other than the old default warns.
+        horizon_steps: Deprecated, no effect: the target is read from the trial
+            (``target_sum_eta``). Still checked (at least 1); a value warns.
+
+    Example:
+        >>> import optuna
+        >>> pruner = LogitGrowthPruner(wrapped=optuna.pruners.MedianPruner())
+        >>> study = optuna.create_study(pruner=pruner)
+        >>> trial = study.ask()
+        >>> trial.set_user_attr("logit_scale", 96.0)
+        >>> trial.set_user_attr("probe_history", [
+        ...     {"step": 10, "max_logit": 2.5e3, "min_entropy": 0.8, "train_loss": 4.1}])
+        >>> trial.should_prune()
+        True
+        >>> pruner.reason(study, trial)
+        'max logit 2.5e+03 at step 10 > threshold 960 (10 × d/√d_head 96)'
+    """
+
+    def __init__(
+        self,
+        wrapped: BasePruner | None = None,
+        *,
+        max_logit: float = DEFAULT_MAX_LOGIT,
+        max_logit_factor: float = DEFAULT_MAX_LOGIT_FACTOR,
+        min_entropy: float | None = DEFAULT_MIN_ENTROPY,
+        n_warmup_steps: int = 0,
+        window: int = DEFAULT_WINDOW,
+        interval: float | None = DEFAULT_INTERVAL,
+        max_extrapolation: float | None = DEFAULT_MAX_EXTRAPOLATION,
+        trend_min_logit: float | None = None,
+        horizon_steps: int | None = None,
+    ) -> None:
+        if wrapped is not None and not isinstance(wrapped, BasePruner):
+            raise TypeError(
+                f"wrapped must be an optuna.pruners.BasePruner or None but got {wrapped!r}."
+            )
+        if not is_positive(max_logit):
+            raise ValueError(f"max_logit must be positive and finite but got {max_logit}.")
+        if not is_positive(max_logit_factor):
+            raise ValueError(
+                f"max_logit_factor must be positive and finite but got {max_logit_factor}."
+            )
+        if min_entropy is not None and not (
+            is_number(min_entropy) and math.isfinite(min_entropy) and min_entropy >= 0
+        ):
+            raise ValueError(f"min_entropy must be non-negative or None but got {min_entropy}.")
+        if not (is_whole(n_warmup_steps) and n_warmup_steps >= 0):
+            raise ValueError(f"n_warmup_steps cannot be negative but got {n_warmup_steps}.")
+        if not (is_whole(window) and window >= 3):
+            raise ValueError(f"window must be an integer of at least 3 but got {window}.")
+        if interval is not None and not (is_number(interval) and 0 < interval < 1):
+            raise ValueError(f"interval must be between 0 and 1 or None but got {interval}.")
+        if max_extrapolation is not None and not (
+            is_number(max_extrapolation) and 1 <= max_extrapolation < math.inf
+        ):
+            raise ValueError(
+                f"max_extrapolation must be at least 1 or None but got {max_extrapolation}."
+            )
+        _check_removed(max_logit, trend_min_logit, horizon_steps)
+
+        self._wrapped = wrapped
+        self._max_logit = float(max_logit)
+        self._factor = float(max_logit_factor)
+        self._min_entropy = None if min_entropy is None else float(min_entropy)
+        self._n_warmup_steps = n_warmup_steps
+        self._window = window
+        self._interval = None if interval is None else float(interval)
+        self._max_extrapolation = None if max_extrapolation is None else float(max_extrapolation)
+        # (study name, trial number) -> (reported values, wrapped pruner's decision)
+        self._wrapped_decisions: dict[tuple[str, int], tuple[tuple, bool]] = {}
+
+    @property
+    def wrapped(self) -> BasePruner | None:
+        """The loss-based pruner consulted when no instability rule fires."""
+        return self._wrapped
+
+    def prune(self, study: optuna.study.Study, trial: FrozenTrial) -> bool:
+        """Whether to prune ``trial``: :meth:`reason` is not ``None``.
+
+        Called by Optuna from ``trial.should_prune()``.
+        """
+        return self.reason(study, trial) is not None
+
+    def reason(
+        self, study: optuna.study.Study, trial: FrozenTrial | optuna.trial.Trial
+    ) -> str | None:
+        """Why ``trial`` is (or would be) pruned, or ``None`` if it is not.
+
+        Same decision as :meth:`prune`, from the trial's stored values only.
+
+        Args:
+            study: The trial's study.
+            trial: The trial, frozen or live (a live ``optuna.trial.Trial`` is looked up
+                in ``study``).
+
+        Returns:
+            One line naming the rule, the measured or forecast value and the threshold,
+            e.g. ``"forecast max logit 2.1e3 (1.4e3–3.0e3) by step 50,000 (Σ η 545) >
+            threshold 960 (10 × d/√d_head 96)"``; ``None`` when no rule fires and the
+            wrapped pruner (if any) does not prune.
+        """
+        if isinstance(trial, optuna.trial.Trial):
+            trial = _frozen(study, trial)
+        probes = _read_probes(trial)
+        why = _non_finite(probes, trial.intermediate_values)
+        if why is not None:
+            return why
+
+        # Warmup: the instability rules only see probe points at steps >= n_warmup_steps.
+        judged = [p for p in probes if p.step >= self._n_warmup_steps]
+        why = (self._too_large(judged, trial) or self._forecast_rule(judged, trial)
+               or self._collapsed(judged))
+        if why is not None:
+            return why
+        return self._wrapped_reason(study, trial)
+
+    def forecast(self, study: optuna.study.Study,
+                 trial: FrozenTrial | optuna.trial.Trial) -> LogitForecast | None:
+        """The trial's max logit forecast at its target, in the target model's logits.
+
+        ``None`` when the trial stores no target, or has fewer than ``window`` probe
+        points (after warmup) with Σ η and a max logit. Used by the forecast rule; callable
+        on its own, e.g. to report the forecast of trials that were not pruned.
+        """
+        if isinstance(trial, optuna.trial.Trial):
+            trial = _frozen(study, trial)
+        judged = [p for p in _read_probes(trial) if p.step >= self._n_warmup_steps]
+        return self._forecast(judged, trial)
+
+    def outlook(self, study: optuna.study.Study,
+                trial: FrozenTrial | optuna.trial.Trial) -> Outlook | None:
+        """The trial's max logit at its target against the target's threshold: what the
+        forecast rule decides on, also for the trials it did not prune (the report shows
+        every assignment's). ``None`` when :meth:`forecast` is."""
+        if isinstance(trial, optuna.trial.Trial):
+            trial = _frozen(study, trial)
+        return self._outlook([p for p in _read_probes(trial) if p.step >= self._n_warmup_steps], trial)
+
+    # ------------------------------------------------------------------ the rules
+    def _threshold(self, scale: float | None) -> _Threshold:
+        """``max_logit_factor × scale``, or the absolute ``max_logit`` without a scale."""
+        if scale is None:
+            return _Threshold(self._max_logit, f"max_logit {self._max_logit:.3g}")
+        value = self._factor * scale
+        text = f"threshold {value:.3g} ({self._factor:g} × d/√d_head {scale:.3g})"
+        return _Threshold(value, text)
+
+    def _too_large(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
+        limit = self._threshold(_scales(trial)[0])
+        for p in probes:
+            if p.max_logit is not None and p.max_logit > limit.value:
+                return f"max logit {p.max_logit:.3g} at step {p.step} > {limit.text}"
+        return None
+
+    def _forecast(self, probes: list[_Probe], trial: FrozenTrial) -> LogitForecast | None:
+        target = trial.user_attrs.get(TARGET_SUM_ETA)
+        if self._interval is None or not (is_number(target) and math.isfinite(target)):
+            return None
+        points = [p for p in probes if p.sum_eta is not None and p.max_logit is not None]
+        if len(points) < self._window:
+            return None
+        sigma = [p.qk_sigma for p in points]
+        forecast = forecast_max_logit(
+            [p.sum_eta for p in points], [p.max_logit for p in points], float(target),
+            sigma=None if None in sigma else sigma, min_points=self._window,
+            level=self._interval)
+        proxy, target_scale = _scales(trial)
+        if forecast is not None and proxy is not None:
+            forecast = forecast.scaled(target_scale / proxy)
+        return forecast
+
+    def _outlook(self, probes: list[_Probe], trial: FrozenTrial) -> Outlook | None:
+        forecast = self._forecast(probes, trial)
+        if forecast is None:
+            return None
+        reached = max((p.sum_eta for p in probes if p.sum_eta is not None), default=0.0)
+        limit = self._threshold(_scales(trial)[1])
+        return Outlook(forecast, limit.value, limit.text, reached, self._max_extrapolation)
+
+    def _forecast_rule(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
+        outlook = self._outlook(probes, trial)
+        # too far past the data to prune on (see max_extrapolation), or not clearly above
+        if outlook is None or not outlook.acted_on or outlook.verdict != "above":
+            return None
+        forecast = outlook.forecast
+        proxy, target_scale = _scales(trial)
+        steps = trial.user_attrs.get(TARGET_STEPS)
+        eta = f"Σ η {forecast.target_sum_eta:.3g}"
+        when, notes = (f"by step {steps:,}", [eta]) if is_whole(steps) else (f"at {eta}", [])
+        if proxy != target_scale:
+            notes.append(f"the proxy's logits × {target_scale / proxy:.3g}")
+        if notes:
+            when += f" ({'; '.join(notes)})"
+        return (f"forecast max logit {short_logit(forecast.value)} ({short_logit(forecast.low)}–"
+                f"{short_logit(forecast.high)}) {when} > {outlook.threshold_text}")
+
+    def _collapsed(self, probes: list[_Probe]) -> str | None:
+        if self._min_entropy is None:
+            return None
+        for p in probes:
+            if p.min_entropy is not None and p.min_entropy < self._min_entropy:
+                return (
+                    f"attention entropy collapse: min entropy {p.min_entropy:.3g} at step "
+                    f"{p.step} < min_entropy {self._min_entropy:.3g}"
+                )
+        return None
+
+    def _wrapped_reason(self, study: optuna.study.Study, trial: FrozenTrial) -> str | None:
+        if self._wrapped is None or trial.last_step is None:
+            return None
+        values = tuple(sorted(trial.intermediate_values.items()))
+        key = (study.study_name, trial.number)
+        remembered = self._wrapped_decisions.get(key)
+        if remembered is not None and remembered[0] == values:
+            decision = remembered[1]
+        else:
+            decision = bool(self._wrapped.prune(study, trial))
+            self._wrapped_decisions[key] = (values, decision)
+        if not decision:
+            return None
+        step = trial.last_step
+        return (
+            f"loss pruner {type(self._wrapped).__name__}: val loss "
+            f"{trial.intermediate_values[step]:.4g} at step {step}"
+        )
+
+
+# ---------------------------------------------------------------------- helpers
+def _check_removed(max_logit: float, trend_min_logit: float | None, horizon_steps: int | None) -> None:
+    """Check the two settings of the removed step-wise trend rule, and warn that a value
+    other than their old default has no effect."""
+    if trend_min_logit is not None and not (
+        is_number(trend_min_logit) and 0 < trend_min_logit < max_logit
+    ):
+        raise ValueError(
+            f"trend_min_logit must be between 0 and max_logit ({max_logit}) "
+            f"or None but got {trend_min_logit}."
+        )
+    if horizon_steps is not None and not (is_whole(horizon_steps) and horizon_steps >= 1):
+        raise ValueError(f"horizon_steps must be at least 1 or None but got {horizon_steps}.")
+    for name, value, old in (("trend_min_logit", trend_min_logit, DEFAULT_TREND_MIN_LOGIT),
+                             ("horizon_steps", horizon_steps, None)):
+        if value is not None and value != old:
+            warnings.warn(
+                f"LogitGrowthPruner's {name} has no effect any more: the step-wise trend "
+                "rule was replaced by a forecast in Σ η to the target the trial stores "
+                f"({TARGET_SUM_ETA}); remove {name} from the pruner settings.",
+                DeprecationWarning, stacklevel=3)
+
+
+def _non_finite(probes: list[_Probe], values: Mapping[int, float]) -> str | None:
+    for p in probes:
+        for name in ("train_loss", "max_logit", "min_entropy"):
+            v = getattr(p, name)
+            if v is not None and not math.isfinite(v):
+                return f"non-finite {name} ({v}) at step {p.step}"
+    for step in sorted(values):
+        if not math.isfinite(values[step]):
+            return f"non-finite val loss ({values[step]}) at step {step}"
+    return None
+
+
+def _read_probes(trial: FrozenTrial) -> list[_Probe]:
+    history = trial.user_attrs.get(PROBE_HISTORY, [])
+    if not isinstance(history, (list, tuple)):
+        raise ValueError(
+            f"trial.user_attrs[{PROBE_HISTORY!r}] must be a list of dicts "
+            f"but got {type(history).__name__}."
+        )
+    probes = []
+    for i, row in enumerate(history):
+        if not isinstance(row, Mapping) or not is_whole(row.get("step")):
+            raise ValueError(
+                f"trial.user_attrs[{PROBE_HISTORY!r}][{i}] must be a dict with an "
+                f"integer 'step' but got {row!r}."
+            )
+        sigma = row.get("sigma_max")
+        if sigma is not None and not isinstance(sigma, Mapping):
+            raise ValueError(
+                f"trial.user_attrs[{PROBE_HISTORY!r}][{i}]['sigma_max'] must be a dict "
+                f"of module type -> sigma_max but got {sigma!r}."
+            )
+        qk = [float(sigma[t]) for t in QK_TYPES if sigma and sigma.get(t) is not None]
+        qk = [v for v in qk if math.isfinite(v)]
+        probes.append(
+            _Probe(
+                step=int(row["step"]),
+                max_logit=_optional_float(row.get("max_logit")),
+                min_entropy=_optional_float(row.get("min_entropy")),
+                train_loss=_optional_float(row.get("train_loss")),
+                sum_eta=finite_or_none(row.get("sum_eta")),
+                qk_sigma=max(qk) if qk else None,
+            )
+        )
+    probes.sort(key=lambda p: p.step)
+    return probes
+
+
+def _scales(trial: FrozenTrial) -> tuple[float | None, float | None]:
+    """(the proxy's, the target's) d/√d_head stored on the trial: the target's defaults to
+    the proxy's, and without the proxy's neither is used (the logits cannot be converted)."""
+    proxy, target = (trial.user_attrs.get(a) for a in (LOGIT_SCALE, TARGET_LOGIT_SCALE))
+    if not is_positive(proxy):
+        return None, None
+    return float(proxy), float(target) if is_positive(target) else float(proxy)
+
+
+def _frozen(study: optuna.study.Study, trial: optuna.trial.Trial) -> FrozenTrial:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number == trial.number:
+            return t
+    raise ValueError(f"trial {trial.number} is not a running trial of study {study.study_name!r}.")
+
+
+def _optional_float(v: object) -> float | None:
+    return None if v is None else float(v)  # type: ignore[arg-type]

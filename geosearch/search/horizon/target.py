@@ -1,0 +1,397 @@
+"""The user's target run and the Σ η ladder towards it: a space's ``target:`` and ``ladder:``.
+
+A study answers for a *target*: the training run the user will do (its steps, peak
+spectral step and model), on the proxy's schedule shape (its warmup fraction and its
+cosine floor). What moves a ranking with the length of training is the cumulative spectral
+step Σ η (docs/design.md, "Horizon"), so the target becomes a Σ η, and the ladder's rungs
+(:func:`geosearch.search.horizon.ladder.plan_ladder`) become proxy runs of growing Σ η towards it.
+This module holds the two sections (:class:`TargetSpec`, :class:`LadderSpec`), resolves
+them against the proxy (:func:`resolve_target`, :func:`plan_rungs`, :func:`rung_run`),
+gives each run's Σ η at a step (:func:`run_sum_eta`), a model's logit scale d/√d_head
+(:func:`model_logit_scale`, which builds the model on the meta device: the only use of
+torch here) and reads a study's ladder back (:func:`study_reading`, :func:`horizon_note`).
+
+Example:
+    >>> from geosearch.search.space.spec import load_space
+    >>> space = load_space("default")
+    >>> [round(r.sum_eta, 1) for r in plan_rungs(space)], round(resolve_target(space).sum_eta, 1)
+    ([2.2, 21.8], 21.8)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from geosearch.checks import is_number, is_whole, parse_number
+from geosearch.errors import ConfigError
+from geosearch.optim.settings import ADAMW
+from geosearch.proxy.config import TrainConfig
+from geosearch.search.horizon.forecast import schedule_sum_eta, stiefel_logit_bound
+from geosearch.search.horizon.ladder import HorizonReading, Rung, plan_ladder, read_ladder
+from geosearch.search.horizon.pruner import QK_TYPES
+from geosearch.search.stats.ranking import trial_label
+from geosearch.search.records import LADDER, RUNG_LOSSES, TARGET, is_extra
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.assignment import Assignment
+    from geosearch.search.space.spec import SearchSpace, Suggestion
+
+__all__ = [
+    "LadderSpec", "Target", "TargetSpec", "check_horizon", "horizon_lines",
+    "horizon_note", "horizon_verdict", "ladder_record", "model_logit_scale", "parse_horizon", "plan_rungs",
+    "probe_sum_eta",
+    "reading_record",
+    "resolve_target", "rung_dir", "rung_means", "rung_run", "run_sum_eta", "study_reading",
+    "target_line",
+]
+
+# --------------------------------------------------------------------------- the sections
+@dataclass(frozen=True)
+class TargetSpec:
+    """The run the user will do (``target:``); each field ``None`` = the proxy's."""
+
+    steps: int | None = None
+    """Optimizer steps of the target run (``--target-steps``)."""
+    spectral_lr: float | None = None
+    """Its peak spectral step size (``--target-spectral-lr``)."""
+    model: str | None = None
+    """Its model spec (``--target-model``), for the logit scale d/√d_head; ``None`` = the
+    proxy's model with its ``model_args``."""
+
+    def __post_init__(self) -> None:
+        _check_fields(self, whole=("steps",), positive=("spectral_lr",))
+        if self.model is not None and not isinstance(self.model, str):
+            raise ConfigError(f"expected a model spec (a preset, hf:NAME or py:MODULE:FACTORY) "
+                              f"or null, got {self.model!r}", key="model")
+
+
+@dataclass(frozen=True)
+class LadderSpec:
+    """The rungs of growing Σ η each trial trains (``ladder:``); rung 0 is the proxy run."""
+
+    rungs: int = 1
+    """Rungs at most, rung 0 included; 1 = the proxy run only."""
+    max_spectral_lr: float | None = None
+    """Largest peak spectral step of a rung; ``None`` = the proxy's own: rungs reach Σ η by
+    more steps, never by a larger step (docs/design.md, "The ladder": a larger step inflates
+    the logits and did not rank as the long runs did). A value above the proxy's lets rungs
+    take a larger step instead of more steps."""
+    max_steps: int | None = None
+    """Most steps of a rung (at least ``proxy.steps``); ``None`` = ``proxy.steps``."""
+    lower_seeds: int | None = None
+    """Seeds each rung below the top trains (the first of the trial's); ``None`` = all of
+    them. The ranking is read at the top rung, which always trains every seed."""
+
+    def __post_init__(self) -> None:
+        _check_fields(self, whole=("rungs", "max_steps", "lower_seeds"), positive=("max_spectral_lr",))
+        if self.rungs is None:
+            raise ConfigError("expected a whole number >= 1, got None", key="rungs")
+
+
+class _Parser(Protocol):
+    """What :func:`parse_horizon` needs of the schema's parser."""
+
+    problems: list[ConfigError]
+
+    def mapping(self, value: Any, key: str, allowed: Sequence[str]) -> dict[str, Any]: ...
+
+    def error(self, key: str, problem: str, allowed: Iterable[object] | None = None) -> None: ...
+
+
+def parse_horizon(parser: _Parser, target: Any, ladder: Any,
+                  proxy: TrainConfig) -> tuple[TargetSpec, LadderSpec]:
+    """The ``target:`` and ``ladder:`` sections of a space, read for the schema's parser
+    (:mod:`geosearch.search.space.schema`): each field is checked by its dataclass, one key
+    at a time so that every bad key is reported, then the sections against the proxy
+    (:func:`check_horizon`, when nothing else is wrong). Problems go to ``parser``."""
+    specs = []
+    for value, key, cls in ((target, "target", TargetSpec), (ladder, "ladder", LadderSpec)):
+        d = parser.mapping(value, key, [f.name for f in dataclasses.fields(cls)])
+        n_before = len(parser.problems)
+        for k, v in d.items():
+            try:
+                cls(**{k: v})
+            except ConfigError as e:
+                parser.error(f"{key}.{k}", e.problem, e.allowed)
+        specs.append(cls(**d) if len(parser.problems) == n_before else cls())
+    target_spec, ladder_spec = specs
+    if not parser.problems:
+        parser.problems.extend(check_horizon(target_spec, ladder_spec, proxy))
+    return target_spec, ladder_spec
+
+
+def check_horizon(target: TargetSpec, ladder: LadderSpec, proxy: TrainConfig) -> list[ConfigError]:
+    """The problems between the two sections and the proxy, each keyed by its path: an
+    unknown target model, a ladder whose ``max_steps`` is below the proxy's steps."""
+    problems = []
+    if target.model is not None:
+        from geosearch.models.zoo import check_model_spec  # torch: only when a model is named
+
+        try:
+            check_model_spec(target.model)
+        except ConfigError as e:
+            problems.append(ConfigError(e.problem, key=f"target.{e.key or 'model'}", allowed=e.allowed))
+    if ladder.max_steps is not None and ladder.max_steps < proxy.steps:
+        problems.append(ConfigError(f"expected at least proxy.steps ({proxy.steps}), got "
+                                    f"{ladder.max_steps}: rung 0 is the proxy run", key="ladder.max_steps"))
+    return problems
+
+
+# --------------------------------------------------------------------------- Σ η
+@dataclass(frozen=True)
+class Target:
+    """The target resolved against the proxy: every field known, and its Σ η."""
+
+    steps: int
+    spectral_lr: float
+    model: str
+    model_args: dict[str, Any]
+    sum_eta: float
+
+    def record(self) -> dict[str, Any]:
+        """What a study and an exported assignment record of it."""
+        return {"steps": self.steps, "spectral_lr": self.spectral_lr, "model": self.model,
+                "sum_eta": self.sum_eta}
+
+
+def run_sum_eta(proxy: TrainConfig, steps: int, peak: float, step: int | None = None) -> float:
+    """Σ η after ``step`` steps (default: all) of a run of ``steps`` steps at peak ``peak``,
+    on the proxy's schedule shape: its warmup stretched to ``steps``, its ``min_lr_ratio``."""
+    return schedule_sum_eta(steps if step is None else step, steps=steps, peak=peak,
+                            warmup_steps=_warmup(proxy, steps), min_lr_ratio=proxy.min_lr_ratio)
+
+
+def _warmup(proxy: TrainConfig, steps: int) -> int | None:
+    """The proxy's warmup as a share of ``steps``; ``None`` (10% of any run) stays ``None``."""
+    if proxy.warmup_steps is None:
+        return None
+    return min(steps, round(proxy.warmup_steps * steps / proxy.steps))
+
+
+def resolve_target(space: SearchSpace) -> Target:
+    """The space's target with the proxy's values for what it leaves out, and its Σ η."""
+    p, t = space.proxy, space.target
+    steps = t.steps if t.steps is not None else p.steps
+    lr = t.spectral_lr if t.spectral_lr is not None else p.spectral_lr
+    model = t.model if t.model is not None else p.model
+    args = dict(p.model_args) if model == p.model else {}
+    return Target(steps, lr, model, args, run_sum_eta(p, steps, lr))
+
+
+def plan_rungs(space: SearchSpace) -> list[Rung]:
+    """The ladder's rungs for ``space`` (:func:`~geosearch.search.horizon.ladder.plan_ladder` on the
+    proxy's schedule shape); the proxy run alone when it takes no spectral step."""
+    p, ladder = space.proxy, space.ladder
+    base = Rung(0, p.steps, p.spectral_lr, run_sum_eta(p, p.steps, p.spectral_lr))
+    target = resolve_target(space).sum_eta
+    if ladder.rungs == 1 or not (base.sum_eta > 0 and target > 0):
+        return [base]
+    return plan_ladder(p.steps, p.spectral_lr, target, rungs=ladder.rungs,
+                       schedule_sum=lambda n: run_sum_eta(p, n, 1.0),
+                       max_spectral_lr=ladder.max_spectral_lr or p.spectral_lr,
+                       max_steps=ladder.max_steps or p.steps)
+
+
+def rung_seeds(seeds: Sequence[int], rung: Rung, top: Rung, lower: int | None) -> list[int]:
+    """The seeds a trial trains at ``rung``: all of ``seeds`` at the ladder's ``top`` rung,
+    the first ``lower`` below it (``None``: all)."""
+    return list(seeds) if rung.index >= top.index or lower is None else list(seeds[:lower])
+
+
+def ladder_record(rungs: Sequence[Rung]) -> list[dict[str, Any]]:
+    """The rungs as a study records them (``ladder``)."""
+    return [dataclasses.asdict(r) for r in rungs]
+
+
+def rung_run(space: SearchSpace, suggestion: Suggestion, repeat: int,
+             rung: Rung) -> tuple[TrainConfig, Assignment]:
+    """The config and assignment of one seed's run at ``rung``: rung 0 is the proxy run as
+    the space makes it; a higher rung takes the rung's steps (the warmup stretched with
+    them) and multiplies every spectral step of the trial (the searched ones too) by the
+    rung's over the proxy's."""
+    if rung.index == 0:
+        return space.train_config(suggestion, repeat=repeat), suggestion.assignment()
+    factor = rung.spectral_lr / space.proxy.spectral_lr
+    options = {k: {**o, "lr": o["lr"] * factor} if "lr" in o else dict(o)
+               for k, o in suggestion.options.items()}
+    scaled = dataclasses.replace(suggestion, options=options)
+    config = space.train_config(scaled, repeat=repeat)
+    config = dataclasses.replace(config, steps=rung.steps, spectral_lr=config.spectral_lr * factor,
+                                 warmup_steps=_warmup(space.proxy, rung.steps))
+    return config, scaled.assignment()
+
+
+def probe_sum_eta(config: TrainConfig, assignment: Assignment) -> Callable[[int], float | None]:
+    """``step -> Σ η`` of one run for the attention query/key weights (their own ``lr``
+    option when the assignment gives one, else ``config.spectral_lr``): the forecast's
+    abscissa in each ``probe_history`` row. ``None`` at every step when every query/key
+    type is trained by AdamW: it takes no spectral step, so its logits have no Σ η clock to
+    be forecast on (the AdamW baseline)."""
+    qk = [g for t, g in assignment.resolve().items() if t in QK_TYPES]
+    if qk and all(g == ADAMW for g in qk):
+        return lambda step: None
+    peaks = [o["lr"] for t, o in assignment.resolve_options().items() if t in QK_TYPES and "lr" in o]
+    peak = float(max(peaks)) if peaks else config.spectral_lr
+    warmup = config.resolved().warmup_steps
+    return lambda step: schedule_sum_eta(min(step, config.steps), steps=config.steps, peak=peak,
+                                         warmup_steps=warmup, min_lr_ratio=config.min_lr_ratio)
+
+
+def rung_dir(trial_dir: Path, rung: int, rungs: int, seed: int, seeds: int) -> Path:
+    """``trials/<n>[/rung<k>][/seed<s>]``: a level only where there is more than one."""
+    out = trial_dir if rungs == 1 else trial_dir / f"rung{rung}"
+    return out if seeds == 1 else out / f"seed{seed}"
+
+
+# --------------------------------------------------------------------------- logit scale
+def model_logit_scale(model: str, model_args: dict[str, Any] | None = None) -> float | None:
+    """d_model/√d_head of a model spec (:func:`~geosearch.search.horizon.forecast.stiefel_logit_bound`),
+    read from its config once built on the meta device; ``None`` when the config does not
+    say (a ``py:`` model).
+
+    Raises:
+        ConfigError: an unknown or bad model spec.
+    """
+    from geosearch.models.zoo import build_meta_model  # torch
+
+    args = dict(model_args or {})
+    vocab = args.get("vocab_size", 256)
+    built = build_meta_model(model, vocab_size=vocab if is_whole(vocab) else 256, model_args=args)
+    if built.family == "nanogpt":
+        width, heads, head_dim = built.config.get("n_embd"), built.config.get("n_head"), None
+    else:
+        config = getattr(built.model, "config", None)
+        width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+        head_dim = getattr(config, "head_dim", None)
+    if not (is_whole(width) and is_whole(heads)) or width < 1 or heads < 1:
+        return None
+    return stiefel_logit_bound(width, head_dim if is_whole(head_dim) else max(1, width // heads))
+
+
+# --------------------------------------------------------------------------- reading
+def rung_means(value: Any) -> list[float] | None:
+    """Each rung's mean final val loss over its seeds (NaN where none is finite) from a
+    ``rung_losses`` attr, or ``None`` when it is not a list of lists."""
+    if not isinstance(value, list) or not all(isinstance(v, list) for v in value):
+        return None
+    out = []
+    for losses in value:
+        finite = [float(x) for x in losses if is_number(x) and math.isfinite(x)]
+        out.append(sum(finite) / len(finite) if finite and len(finite) == len(losses) else math.nan)
+    return out
+
+
+def study_reading(study: optuna.Study) -> HorizonReading | None:
+    """The ladder's reading over the completed trials of ``study`` (labelled by their
+    points), or ``None`` when there is nothing to read: a study from before targets, or
+    one rung whose Σ η is the target's (within 10%)."""
+    attrs = study.user_attrs
+    ladder, target = attrs.get(LADDER), attrs.get(TARGET)
+    if not (isinstance(ladder, list) and ladder and isinstance(target, dict)
+            and is_number(target.get("sum_eta")) and target["sum_eta"] > 0):
+        return None
+    rungs = [Rung(**r) for r in ladder]
+    losses: dict[str, list[float]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if is_extra(t):  # baselines and adaptive seeds are not points of the ladder's reading
+            continue
+        means = rung_means(t.user_attrs.get(RUNG_LOSSES))
+        if means is not None and len(means) == len(rungs):
+            label = trial_label(t)
+            losses[label if label not in losses else f"{label} (trial {t.number})"] = means
+    reading = read_ladder(rungs, losses, float(target["sum_eta"]))
+    return reading if len(rungs) > 1 or reading.extrapolated else None
+
+
+def horizon_note(reading: HorizonReading | None) -> str | None:
+    """What the verdict must add about the target: ``None`` when the ladder's order held
+    up to the target, else why the ranking is not known to hold there."""
+    if reading is None or not reading.leaders:
+        return None
+    target = f"your target is Σ η {reading.target_sum_eta:.3g}"
+    if len(reading.rungs) == 1:
+        return (f"ranked at Σ η {reading.rungs[0].sum_eta:.3g} only; {target}: the order there is "
+                "not measured (ladder.rungs >= 2 ranks closer to it)")
+    if reading.stable:
+        return None
+    if reading.lead_changes:
+        lo, hi, _, _ = reading.lead_changes[-1]
+        why = f"the lead changed between Σ η {lo:.3g} and {hi:.3g}"
+    else:
+        c = next(c for c in reading.crossings if not c.measured)
+        why = f"{c.second} is forecast to overtake {c.first} near Σ η {c.sum_eta:.3g}"
+    return f"not yet stable: {why}; {target}"
+
+
+def horizon_verdict(verdict: str, reading: HorizonReading | None) -> str:
+    """A ranking's verdict, marked with :func:`horizon_note` when it may not hold at the
+    target (``"... (not yet stable: the lead changed ...)"``)."""
+    note = horizon_note(reading)
+    return verdict if note is None else f"{verdict} ({note})"
+
+
+def horizon_lines(reading: HorizonReading | None) -> list[str]:
+    """The reading as the search prints it: a heading and its lines, or nothing."""
+    if reading is None:
+        return []
+    return ["horizon (the ranking at each rung of the Σ η ladder, towards your target):",
+            *(f"  {line}" for line in reading.lines)]
+
+
+def reading_record(reading: HorizonReading) -> dict[str, Any]:
+    """The reading as an exported assignment's provenance records it (YAML-safe)."""
+    return {
+        "target_sum_eta": reading.target_sum_eta,
+        "rungs": ladder_record(reading.rungs),
+        "leaders": list(reading.leaders),
+        "lead_changes": [{"from_sum_eta": lo, "to_sum_eta": hi, "from": a, "to": b}
+                         for lo, hi, a, b in reading.lead_changes],
+        "spearman_ends": reading.spearman_ends if math.isfinite(reading.spearman_ends) else None,
+        "stable": reading.stable and len(reading.rungs) > 1,
+        "extrapolated": reading.extrapolated,
+        "lines": list(reading.lines),
+    }
+
+
+def target_line(space: SearchSpace) -> str:
+    """One line of the search header: the target, its Σ η, and the ladder's rungs."""
+    t, rungs = resolve_target(space), plan_rungs(space)
+    base = rungs[0].sum_eta
+    if t.sum_eta <= base * 1.1:
+        return (f"  target: the proxy run itself (Σ η {base:.3g}); --target-steps N ranks for "
+                "a longer run")
+    if len(rungs) > 1:
+        ladder = f"{len(rungs)} rungs at Σ η " + ", ".join(f"{r.sum_eta:.3g}" for r in rungs)
+    elif space.ladder.rungs > 1:  # rungs take the proxy's step, and no more steps than it
+        ladder = (f"1 rung, the proxy run: the ladder's limits reach no further (ladder.max_steps "
+                  f"> proxy.steps {space.proxy.steps} ranks closer to it)")
+    else:
+        ladder = "1 rung, the proxy run (ladder.rungs >= 2 ranks closer to it)"
+    return (f"  target: {t.steps} steps at spectral_lr {t.spectral_lr:g}, model {t.model}: "
+            f"Σ η {t.sum_eta:.3g} (the proxy's {base:.3g}); ladder: {ladder}")
+
+
+# --------------------------------------------------------------------------- helpers
+def _check_fields(spec: Any, *, whole: Sequence[str], positive: Sequence[str]) -> None:
+    """Whole numbers >= 1 and positive numbers (numeric strings too: YAML 1.1 reads ``1e-2``
+    as one) or ``None``; raises a ConfigError keyed by the field."""
+    for name in whole:
+        v = getattr(spec, name)
+        if v is not None and not (is_whole(v) and v >= 1):
+            raise ConfigError(f"expected a whole number >= 1 or null, got {v!r}", key=name)
+    for name in positive:
+        v = getattr(spec, name)
+        if v is None:
+            continue
+        x = parse_number(v)
+        if x is None or not x > 0:
+            raise ConfigError(f"expected a number > 0 or null, got {v!r}", key=name)
+        object.__setattr__(spec, name, x)

@@ -1,0 +1,5 @@
+"""What a study runs on: storage URLs and the journal (:mod:`.storage`, :mod:`.journal`), locks
+(:mod:`.locks`), heartbeats and liveness (:mod:`.liveness`), interrupts (:mod:`.interrupts`),
+worker processes (:mod:`.workers`), ranks (:mod:`.distributed`) and artifacts
+(:mod:`.artifacts`). Knows nothing of what a trial trains.
+"""

@@ -1,0 +1,295 @@
+"""The run directory's storage: its file names, and opening the Optuna storage and study in it.
+
+A study lives in ``<runs-dir>/<study>/``: an SQLite file (``study.db``, one worker) or an
+Optuna journal file (``journal.log``, several workers), or any storage URL given with
+``--storage`` (PostgreSQL for workers on several machines). This module names those files,
+picks the storage a run directory uses, opens it (with the retries that processes racing
+to create one need) and loads its study for export, report and inspection; it checks
+study names (a safe alphabet and length, since each names a directory) and keeps a
+storage URL's password out of messages and of the command lines of worker processes
+(:func:`split_password`). Torch-free. The layout of a run directory is in
+``docs/design.md`` ("The study").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from geosearch.errors import ConfigError
+from geosearch.search.runtime.journal import check_journal_file, open_journal
+
+__all__ = [
+    "BEST_FILE",
+    "MAX_STUDY_NAME",
+    "PASSWORD_ENV",
+    "DB_FILE",
+    "JOURNAL_FILE",
+    "LOCKS_DIR",
+    "SPACE_FILE",
+    "TOP_DIR",
+    "TRACEBACK_FILE",
+    "TRIALS_DIR",
+    "WORKERS_DIR",
+    "check_dir",
+    "make_dir",
+    "mask_url",
+    "open_run_study",
+    "open_storage",
+    "resolve_storage",
+    "split_password",
+    "study_name_problem",
+]
+
+DB_FILE = "study.db"
+"""The SQLite storage of a study run by one worker."""
+JOURNAL_FILE = "journal.log"
+"""The journal-file storage of a study run by ``--workers N``."""
+BEST_FILE = "best_assignment.yaml"
+"""The exported winner (``load_assignment`` / ``build_optimizer`` read it)."""
+SPACE_FILE = "space.yaml"
+"""The resolved search space the study runs."""
+TRIALS_DIR = "trials"
+"""``trials/<n>/``: config, metrics (and per-seed folders) of trial ``n``."""
+TRACEBACK_FILE = "traceback.txt"
+"""In a failed trial's folder: the traceback of its exception."""
+LOCKS_DIR = ".locks"
+"""One lock file per live worker process (see :mod:`geosearch.search.runtime.liveness`)."""
+WORKERS_DIR = "workers"
+"""``workers/worker<i>.log``: the output of each ``--workers N`` process."""
+TOP_DIR = "top"
+"""Where ``geosearch export --top K`` writes by default."""
+MAX_STUDY_NAME = 100
+"""The longest study name (it names the run directory)."""
+PASSWORD_ENV = "GEOSEARCH_STORAGE_PASSWORD"
+"""The storage URL's password, for a URL that names a user and no password (worker
+processes get it so, not on their command line)."""
+
+_STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+_SHOWN = 40  # characters of a refused name shown in its message
+
+
+def study_name_problem(name: object) -> str | None:
+    """What is wrong with a study name, or ``None``: letters, digits, ``_ . + -``, not
+    starting with ``.``, ``+`` or ``-``, at most :data:`MAX_STUDY_NAME` characters."""
+    if not isinstance(name, str) or not name:
+        return f"expected a study name, got {name!r}"[:2 * _SHOWN]
+    shown = repr(name if len(name) <= _SHOWN else name[:_SHOWN] + "...")
+    if len(name) > MAX_STUDY_NAME:
+        return f"a study name has at most {MAX_STUDY_NAME} characters, got {len(name)} ({shown})"
+    if not _STUDY_NAME.fullmatch(name):
+        return (f"expected a study name of letters, digits and _ . + - (not first: . + -), "
+                f"got {shown}")
+    return None
+
+
+def mask_url(url: str) -> str:
+    """A storage URL with its password masked, fit to print: ``postgresql://me:***@db/x``."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """``(the URL without its password, the password)``; ``(url, None)`` when it has none.
+
+    Worker processes get the first on their command line (which every user of the
+    machine can read with ``ps``) and the password in :data:`PASSWORD_ENV`.
+    """
+    m = re.match(r"([^:/]+://[^:/@]*):([^@/]*)@", url)
+    if m is None:
+        return url, None
+    return m.group(1) + "@" + url[m.end():], m.group(2)
+
+
+def _with_password(url: str) -> str:
+    """``url`` with the password of :data:`PASSWORD_ENV` when it names a user and no password."""
+    password = os.environ.get(PASSWORD_ENV)
+    m = re.match(r"[^:/]+://[^:/@]+@", url)
+    if not password or m is None:
+        return url
+    return url[: m.end() - 1] + ":" + password + url[m.end() - 1:]
+
+
+def _redact(text: str, url: str) -> str:
+    """``text`` (a driver's message) with the URL's password masked wherever it shows."""
+    password = split_password(url)[1]
+    text = mask_url(text)
+    return text.replace(password, "***") if password else text
+
+
+def resolve_storage(
+    run_dir: str | os.PathLike, storage: str | None = None, *, workers: int = 1, create: bool = True
+) -> str:
+    """The storage URL or journal file path a run directory uses (nothing is opened).
+
+    Args:
+        run_dir: ``<runs-dir>/<study>``.
+        storage: an explicit URL or journal path: returned as is.
+        workers: processes that will share a new storage (several: a journal file).
+        create: whether a storage that does not exist yet may be named.
+
+    Raises:
+        ConfigError: both storage files exist (which one is current cannot be told); none
+            exists and ``create`` is false.
+    """
+    if storage is not None:
+        return storage
+    run_dir = Path(run_dir)
+    db, journal = run_dir / DB_FILE, run_dir / JOURNAL_FILE
+    if db.is_file() and journal.is_file():
+        raise ConfigError(f"holds both {DB_FILE} and {JOURNAL_FILE}; pass --storage with the "
+                          "one to use", source=str(run_dir))
+    if journal.is_file() or (not db.is_file() and workers > 1):
+        return str(journal)
+    if db.is_file() or create:
+        return f"sqlite:///{db.resolve()}"
+    raise ConfigError(f"no study storage here ({DB_FILE} or {JOURNAL_FILE})", source=str(run_dir))
+
+
+def open_storage(
+    run_dir: str | os.PathLike, storage: str | None = None, *, workers: int = 1, create: bool = True
+) -> tuple[optuna.storages.BaseStorage, str]:
+    """The Optuna storage of a run directory.
+
+    Args:
+        run_dir: ``<runs-dir>/<study>``.
+        storage: an Optuna RDB URL (``sqlite:///...``, ``postgresql://...``) or the path of
+            a journal file; ``None`` = the run directory's ``journal.log`` or ``study.db``,
+            whichever exists, else a new one (journal for several workers, SQLite for one).
+        workers: processes that will share it (picks the kind of a new storage).
+        create: whether a missing run-directory storage may be created.
+
+    Returns:
+        The storage and a description for messages (URL with the password masked, or
+        ``"journal file PATH"``).
+
+    Raises:
+        ConfigError: the URL cannot be opened; both storage files exist; none exists and
+            ``create`` is false.
+    """
+    if storage is None and create:
+        make_dir(run_dir)
+    storage = resolve_storage(run_dir, storage, workers=workers, create=create)
+    if "://" not in storage:
+        path = Path(storage)
+        if not path.is_file() and not create:
+            raise ConfigError("journal file not found", source=storage)
+        check_journal_file(path)
+        make_dir(path.parent)
+        try:
+            journal = open_journal(path)  # replays the file
+        except Exception as e:  # noqa: BLE001 - OSError, or a corrupt file
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ConfigError(f"cannot read the journal file: {first}", source=storage) from None
+        return journal, f"journal file {path}"
+    kwargs: dict[str, Any] = {}
+    if storage.startswith("sqlite"):
+        # several processes on one SQLite file wait for each other's writes
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    elif storage.startswith(("postgresql", "mysql")):
+        # a trial can outlast a server's or a firewall's idle timeout: test connections
+        # before use instead of failing on a dropped one
+        kwargs["engine_kwargs"] = {"pool_pre_ping": True}
+    url = _with_installed_driver(_with_password(storage))
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, **kwargs), mask_url(storage)
+        except ImportError:
+            raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: its database driver "
+                              "is not installed (PostgreSQL: pip install 'geosearch[postgres]')",
+                              source="--storage") from None
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors of many kinds
+            # Two processes creating the schema of a new database at once: one of them
+            # fails on the version table (IntegrityError) or a lock (OperationalError).
+            # (PostgreSQL: ProgrammingError "relation already exists")
+            if attempt < 2 and type(e).__name__ in ("IntegrityError", "OperationalError",
+                                                    "ProgrammingError"):
+                time.sleep(0.5 + random.random())
+                continue
+            first = _redact((str(e).strip().splitlines() or [type(e).__name__])[0][:200], url)
+            raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: {first}",
+                              source="--storage") from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def make_dir(path: str | os.PathLike) -> None:
+    """``mkdir -p path``, or a one-line error when it is a file or cannot be written.
+
+    Raises:
+        ConfigError: naming the path and the reason.
+    """
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError("is a file, expected a directory", source=os.fspath(path)) from None
+    except OSError as e:
+        raise ConfigError(f"cannot create the directory ({e.strerror or e})",
+                          source=os.fspath(path)) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("the directory is not writable", source=os.fspath(path))
+
+
+def check_dir(path: str | os.PathLike, *, source: str) -> None:
+    """Check, writing nothing, that ``path`` is or can be made a writable directory: it, or
+    its nearest existing ancestor, is a directory this process may write to.
+
+    Raises:
+        ConfigError: naming ``source`` (the flag) and the path.
+    """
+    p = Path(path)
+    while not p.exists():
+        if p.is_symlink():  # a dangling link
+            raise ConfigError(f"{os.fspath(p)!r} is a broken symbolic link", source=source)
+        if p.parent == p:
+            break
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        what = "is a file" if os.fspath(p) == os.fspath(path) else f"is below the file {os.fspath(p)!r}"
+        raise ConfigError(f"{os.fspath(path)!r} {what}, expected a directory", source=source)
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ConfigError(f"{os.fspath(path)!r} cannot be written ({os.fspath(p)!r} is read-only "
+                          "to this user)", source=source)
+
+
+def _with_installed_driver(url: str) -> str:
+    """``postgresql://`` with the driver that is installed: SQLAlchemy 2.1 takes it as
+    psycopg 3, 2.0 as psycopg2 (``geosearch[postgres]`` installs psycopg2-binary)."""
+    if not url.startswith("postgresql://"):
+        return url
+    for module, scheme in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return scheme + url[len("postgresql"):]
+    return url
+
+
+def open_run_study(
+    run_dir: str | os.PathLike, *, study_name: str | None = None, storage: str | None = None
+) -> optuna.Study:
+    """Load the study of an existing run directory (for export, report, inspection).
+
+    Raises:
+        ConfigError: no storage, no study, or several studies and no ``study_name``.
+    """
+    run_dir = Path(run_dir)
+    if storage is None and not run_dir.is_dir():
+        raise ConfigError("no such run directory", source=str(run_dir))
+    backend, desc = open_storage(run_dir, storage, create=False)
+    names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
+    if not names:
+        raise ConfigError(f"{desc} holds no study", source=str(run_dir))
+    if study_name is None:
+        if len(names) > 1:
+            raise ConfigError(f"{desc} holds {len(names)} studies; pick one with --study",
+                              source=str(run_dir), allowed=sorted(names))
+        study_name = names[0]
+    elif study_name not in names:
+        raise ConfigError(f"no study {study_name!r} in {desc}", source=str(run_dir),
+                          allowed=sorted(names))
+    return optuna.load_study(study_name=study_name, storage=backend)
+

@@ -1,0 +1,270 @@
+"""``--workers N``: run a study's trials in N processes of the same command on this machine.
+
+The launching process has created the study and queued its points; :func:`run_workers`
+starts N ``python -m geosearch search ... --worker-index i`` processes, each on GPU
+``i mod #GPUs`` or, without GPUs, on ``cpu_count // N`` threads, with their output
+appended to ``workers/worker<i>.log``. It hands each trial to a callback as it finishes,
+forwards Ctrl-C (and SIGTERM, taken as Ctrl-C by :func:`sigterm_as_ctrl_c`) once, and
+fails with a worker's last log line when one exits with an error. The workers share one
+process group apart from the terminal's, and follow their parent (:func:`follow_parent`):
+when it dies, even by SIGKILL, they get SIGTERM, record their trial as interrupted and
+exit. A storage URL's password reaches them in the environment, not on their command
+line. How the workers share the study is in ``docs/design.md`` ("Workers").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime as _dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from geosearch.errors import GeosearchError
+from geosearch.search.runtime.distributed import launch_world
+from geosearch.search.runtime.interrupts import DEFERRED
+from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER, Owner
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.search.space.spec import SearchSpace
+from geosearch.search.runtime.storage import PASSWORD_ENV, SPACE_FILE, WORKERS_DIR, split_password
+
+__all__ = ["follow_parent", "run_workers", "share_cpu", "sigterm_as_ctrl_c"]
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_STOP_WAIT = 60.0  # seconds the workers get to record an interrupted trial
+_LOG_HEADER = "--- geosearch worker log, "  # starts each run's part of a worker log
+
+
+def _cpu_share(workers: int) -> int:
+    """CPU threads per worker when ``workers`` processes share this machine."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def share_cpu(workers: int) -> None:
+    """In a worker process: take this process's share of the CPU threads."""
+    import torch
+
+    torch.set_num_threads(_cpu_share(workers))
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """While in this block, take SIGTERM as Ctrl-C (main thread only): the running trial is
+    recorded as interrupted and queued again, and the command exits 130.
+
+    The handler calls the SIGINT handler in place at the time of the signal, so that the
+    trial loop's own Ctrl-C handling applies. Under a distributed launch the launcher owns
+    SIGTERM (it stops every rank when one dies; the next run finds the trial dead through
+    its lock): nothing changes there.
+    """
+    if threading.current_thread() is not threading.main_thread() or launch_world()[1] > 1:
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        if DEFERRED.is_set():  # Ctrl-C held off (an interruption being recorded)
+            return
+        # a SIGINT ignored since the process started (a shell's background job) is not a
+        # hold-off: SIGTERM still stops the run
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def follow_parent() -> None:
+    """In a worker process: get SIGTERM when the ``--workers`` command that started it dies.
+
+    On Linux through the kernel (``prctl(PR_SET_PDEATHSIG)``), elsewhere through a thread
+    that looks at the parent pid every second. Nothing happens outside a worker process
+    (no :data:`~geosearch.search.runtime.liveness.PARENT_ENV`).
+    """
+    parent = os.environ.get(PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+    parent_pid = int(parent)
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if not armed:
+        def watch() -> None:
+            while os.getppid() == parent_pid:
+                time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+    elif os.getppid() != parent_pid:  # it died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _stop(procs: list[tuple[int, subprocess.Popen, Path]]) -> None:
+    """Ctrl-C every live worker once; kill those still running after :data:`_STOP_WAIT` s."""
+    for _, p, _ in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + _STOP_WAIT
+    for _, p, _ in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers: int,
+                study: optuna.Study, on_trial: Callable[[FrozenTrial], None],
+                echo: Callable[[str], None], stale_after: float = STALE_AFTER,
+                max_retries: int | None = None) -> str:
+    """Start ``workers`` processes on the study, hand on their trials as they finish, wait.
+
+    Args:
+        space: the search space (its ``space.yaml`` in ``run_dir`` is what they run).
+        run_dir: ``<runs-dir>/<study>``.
+        storage: the ``--storage`` the workers share, ``None`` for the run directory's.
+        workers: how many processes.
+        study: the study, to watch.
+        on_trial: called with each trial that finishes while the workers run.
+        echo: prints one line.
+        stale_after: passed on to the workers.
+        max_retries: passed on to the workers (``None``: their default).
+
+    Returns:
+        Why the search stopped, in words.
+
+    Raises:
+        GeosearchError: a worker exited with an error (its last log line).
+        KeyboardInterrupt: Ctrl-C, forwarded once to every worker (each fails and
+            re-queues its trial), then raised here. Any other exception here stops the
+            workers the same way before it is raised.
+    """
+    gpus = _worker_gpus(space)
+    logs = run_dir / WORKERS_DIR
+    logs.mkdir(parents=True, exist_ok=True)
+    if gpus and workers > len(gpus):
+        echo(f"note: {workers} workers share {len(gpus)} GPUs")
+    cmd, password = _worker_command(space, run_dir, storage, workers, stale_after, max_retries)
+    procs: list[tuple[int, subprocess.Popen, Path]] = []
+    threads = _cpu_share(workers)
+    owner = Owner(run_dir)  # a later command sees this run as live until the workers are done
+    try:
+        for i in range(workers):
+            env = _worker_env(i, gpus, password, threads)
+            log = logs / f"worker{i}.log"
+            procs.append((i, _start_worker(i, cmd, env, log, procs), log))
+        where = "GPUs " + ", ".join(gpus[:workers]) if gpus else f"{threads} CPU threads each"
+        echo(f"started {workers} workers ({where}); logs in {logs}")
+        _hand_on_trials(study, procs, on_trial)
+    except BaseException:
+        _stop(procs)
+        raise
+    finally:
+        owner.close()
+    _check_exits(procs)
+    return f"all {workers} workers finished"
+
+
+def _worker_gpus(space: SearchSpace) -> list[str]:
+    """The GPUs the workers take in turn (``CUDA_VISIBLE_DEVICES``, else all); none for CPU runs."""
+    import torch
+
+    gpus: list[str] = []
+    if space.proxy.device != "cpu" and torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = [g for g in visible.split(",") if g.strip()] if visible else \
+            [str(i) for i in range(torch.cuda.device_count())]
+    return gpus
+
+
+def _worker_command(space: SearchSpace, run_dir: Path, storage: str | None, workers: int,
+                    stale_after: float, max_retries: int | None) -> tuple[list[str], str | None]:
+    """Every worker's command line (without ``--worker-index``) and the storage password it leaves out."""
+    cmd = [sys.executable, "-m", "geosearch", "search", "--space", str(run_dir / SPACE_FILE),
+           "--study", space.name, "--runs-dir", str(run_dir.parent), "--workers", str(workers)]
+    password = None
+    if storage is not None:
+        storage, password = split_password(storage)  # `ps` shows command lines to everyone
+        cmd += ["--storage", storage]
+    if stale_after != STALE_AFTER:
+        cmd += ["--stale-after", repr(stale_after)]
+    if max_retries is not None:
+        cmd += ["--max-retries", str(max_retries)]
+    return cmd, password
+
+
+def _worker_env(i: int, gpus: list[str], password: str | None, threads: int) -> dict[str, str]:
+    """Worker ``i``'s environment: its parent's pid, the password, and its GPU or CPU threads."""
+    env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})
+    if password is not None:
+        env[PASSWORD_ENV] = password
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+    else:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _start_worker(i: int, cmd: list[str], env: dict[str, str], log: Path,
+                  procs: list[tuple[int, subprocess.Popen, Path]]) -> subprocess.Popen:
+    """Start worker ``i``, its output appended to ``log`` after a header line."""
+    with open(log, "a", encoding="utf-8") as f:  # a rerun keeps the earlier runs' logs
+        f.write(f"{_LOG_HEADER}{_dt.datetime.now().isoformat(timespec='seconds')}: worker {i} of "
+                f"parent pid {os.getpid()}\n")
+        f.flush()
+        return subprocess.Popen([*cmd, "--worker-index", str(i)], stdout=f,
+                                stderr=subprocess.STDOUT, env=env, **_group(procs))
+
+
+def _hand_on_trials(study: optuna.Study, procs: list[tuple[int, subprocess.Popen, Path]],
+                    on_trial: Callable[[FrozenTrial], None]) -> None:
+    """Call ``on_trial`` with each trial that finishes until every worker has exited."""
+    seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+    while True:
+        running = [p for _, p, _ in procs if p.poll() is None]
+        for t in study.get_trials(deepcopy=False):
+            if t.state.is_finished() and t.number not in seen:
+                seen.add(t.number)
+                on_trial(t)
+        if not running:
+            break
+        time.sleep(0.5)
+
+
+def _check_exits(procs: list[tuple[int, subprocess.Popen, Path]]) -> None:
+    """Raise GeosearchError with the last log line of the first worker that exited with an error."""
+    bad = [(i, p.returncode, log) for i, p, log in procs if p.returncode not in (0,)]
+    if bad:
+        i, code, log = bad[0]
+        this_run = log.read_text(encoding="utf-8", errors="replace").rsplit(_LOG_HEADER, 1)[-1]
+        tail = [ln for ln in this_run.splitlines()[1:] if ln.strip()]  # after the header line
+        how = (f"was stopped by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+               else f"exited with code {code}")
+        raise GeosearchError(f"worker {i} {how}" + (f": {tail[-1][:300]}" if tail else "")
+                             + f" (log: {log}); rerun the same command to resume")
+
+
+def _group(procs: list[tuple[int, subprocess.Popen, Path]]) -> dict[str, Any]:
+    """Popen arguments that put the workers in one process group of their own, apart from
+    the terminal's: a terminal's Ctrl-C reaches the parent only, which forwards it once."""
+    if sys.version_info < (3, 11):  # no process_group argument: a session each
+        return {"start_new_session": True}
+    return {"process_group": procs[0][1].pid if procs else 0}

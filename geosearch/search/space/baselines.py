@@ -1,0 +1,119 @@
+"""The baselines a space may name (:data:`BASELINES`): the optimizers people use today, trained
+beside the assignments and never exported (``docs/design.md``, "Baselines").
+
+``adamw`` gives every module type the space assigns the geometry ``adamw`` (plain AdamW at the
+proxy's ``lr``), ``muon`` gives them ``euclidean`` (unconstrained Muon at the proxy's
+``spectral_lr``) and ``muon_qkclip`` the same with Kimi K2's QK-clip (the proxy's ``qk_clip``
+at τ = 100); none is tuned separately. This module reads a space's ``baselines:`` and
+``max_repeats:`` and plans the steps they take; the study queues and scores them
+(:mod:`geosearch.search.study.baselines`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from geosearch.checks import is_whole
+from geosearch.search.horizon.ladder import Rung
+from geosearch.search.horizon.target import rung_seeds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.search.space.spec import SearchSpace
+
+__all__ = ["BASELINES", "KIMI_QK_CLIP", "BaselineSpec", "baseline_rungs", "parse_extras", "plan_line"]
+
+KIMI_QK_CLIP = 100.0
+"""Kimi K2's τ: the cap on each head's max attention logit that QK-clip enforces."""
+
+
+@dataclass(frozen=True)
+class BaselineSpec:
+    """One baseline: the geometry every assigned module type gets, the proxy fields it
+    changes, and whether it trains at rung 0 only (no spectral step, so no Σ η)."""
+
+    geometry: str
+    train_overrides: dict[str, float] = field(default_factory=dict)
+    rung0_only: bool = False
+    text: str = ""
+
+
+BASELINES: dict[str, BaselineSpec] = {
+    "adamw": BaselineSpec("adamw", rung0_only=True, text="AdamW (every assigned type adamw)"),
+    "muon": BaselineSpec("euclidean", text="Muon (every assigned type euclidean)"),
+    "muon_qkclip": BaselineSpec("euclidean", {"qk_clip": KIMI_QK_CLIP},
+                                text=f"Muon with QK-clip (euclidean, qk_clip {KIMI_QK_CLIP:g})"),
+}
+"""The baselines a space may name, by name."""
+
+
+class _Parser(Protocol):
+    """What :func:`parse_extras` needs of the schema's parser."""
+
+    def error(self, key: str, problem: str, allowed: Iterable[object] | None = None) -> None: ...
+
+
+def parse_extras(parser: _Parser, max_repeats: Any, repeats: Any,
+                 baselines: Any) -> tuple[int | None, tuple[str, ...]]:
+    """A space's ``max_repeats`` (null, or a whole number >= ``repeats``) and ``baselines``
+    (names of :data:`BASELINES`; null = none), read for the schema's parser
+    (:mod:`geosearch.search.space.schema`); problems go to ``parser``."""
+    whole = is_whole(max_repeats)
+    if max_repeats is not None and not (whole and max_repeats >= 1):
+        parser.error("max_repeats", f"expected a whole number >= 1 or null, got {max_repeats!r}")
+        max_repeats = None
+    elif whole and isinstance(repeats, int) and max_repeats < repeats:
+        parser.error("max_repeats", f"expected at least repeats ({repeats}), got {max_repeats}")
+        max_repeats = None
+    names = list(BASELINES)
+    items = [] if baselines is None else [baselines] if isinstance(baselines, str) else baselines
+    if not isinstance(items, Sequence):
+        parser.error("baselines", f"expected a list of baselines, got {baselines!r}", names)
+        return max_repeats, ()
+    bad = [b for b in items if not isinstance(b, str) or b not in BASELINES]
+    if bad:
+        parser.error("baselines", f"unknown baseline(s) {', '.join(map(repr, bad))}", names)
+    elif len(set(items)) != len(items):
+        parser.error("baselines", "a baseline is listed twice", names)
+    return max_repeats, tuple(b for b in items if isinstance(b, str) and b in BASELINES)
+
+
+def baseline_rungs(name: str, rungs: Sequence[Rung]) -> list[Rung]:
+    """The rungs baseline ``name`` trains: rung 0 only for AdamW, else every rung."""
+    return list(rungs[:1]) if BASELINES[name].rung0_only else list(rungs)
+
+
+def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
+    """One line of the search header: what the study trains and its steps in total, worst
+    case with adaptive seeds (every point given ``max_repeats`` seeds at the top rung)."""
+    size = space.grid_size()
+    points = space.budget.trials if space.budget.trials is not None and space.budget.trials < size else size
+    seeds = space.repeats
+    lower = space.ladder.lower_seeds
+
+    def steps(own: Sequence[Rung]) -> int:  # one trial's, each rung with its seeds
+        return sum(r.steps * len(rung_seeds(range(seeds), r, rungs[-1], lower)) for r in own)
+
+    each = steps(rungs)
+    known = points != math.inf
+    below = "" if len(rungs) == 1 or lower is None or lower >= seeds else f", {lower} below the top"
+    parts = [f"{int(points) if known else 'N'} assignments x {seeds} seed(s){below} x {len(rungs)} "
+             f"rung(s) ({each:,} steps each)"]
+    fixed, runs = 0, []
+    for name in space.baselines:
+        own = baseline_rungs(name, rungs)
+        fixed += steps(own)
+        runs.append(f"{name} {steps(own):,}")
+    if runs:
+        parts.append(f"baselines (reported, never exported) {', '.join(runs)}")
+    extra = max(0, (space.max_repeats or seeds) - seeds) * rungs[-1].steps
+    if not known:
+        total = f"{each:,} steps an assignment + {fixed:,}"
+        worst = f" (+{extra:,} an assignment with adaptive seeds)" if extra else ""
+        return f"  trains: {' + '.join(parts)} = {total} steps{worst}; N is set by budget.timeout"
+    total = int(points) * each + fixed
+    worst = (f"; up to {total + int(points) * extra:,} with adaptive seeds (max_repeats "
+             f"{space.max_repeats}, at the top rung)" if extra else "")
+    return f"  trains: {' + '.join(parts)} = {total:,} steps{worst}"

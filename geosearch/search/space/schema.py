@@ -1,0 +1,369 @@
+"""The search-space YAML schema (version 1): reading a file into a SearchSpace, and back.
+
+:func:`parse_space` validates a mapping as read from YAML and builds the
+:class:`~geosearch.search.space.spec.SearchSpace` tree, collecting every problem of the file
+before it raises (one :class:`~geosearch.search.space.reader.SearchSpaceError` naming the file, the
+key path and the allowed values of each). When ``rules`` is not set, the space takes the
+default rule set of ``proxy.model`` (:func:`geosearch.models.zoo.default_rules`), so a space
+written for the proxy searches LLaMA's module types under ``--model hf:llama``. The proxy
+section is checked field by field against :class:`~geosearch.proxy.config.TrainConfig`
+(:meth:`_Parser.proxy`); :func:`dump_space` writes a space back. The schema, every key
+optional but ``version`` and ``geometries``::
+
+    version: 1
+    name: default                 # study name (runs/<name>/); default: the file's stem
+    rules: nanogpt                # rule-set name, or a list of {type, pattern, family,
+                                  #   split, layout} as in assignment files; default: the
+                                  #   model's rule set (nanogpt for the presets, gpt2 for
+                                  #   hf:gpt2, llama for hf:llama; py: models must name one)
+    geometries:                   # one Optuna categorical per key: a module type of the
+      attn: [stiefel, dgram]      #   rules, or a family shorthand (attn, mlp) covering its
+      mlp: [stiefel, dgram]       #   types; every module type covered exactly once
+    hyperparams:                  # optional continuous parameters, log-uniform [low, high]
+      spectral_lr: [0.005, 0.05]  #   or per geometry: {stiefel: [..], dgram: [..]}
+      lr: [1.0e-4, 3.0e-3]        #   AdamW lr (embeddings, head, norms, adamw types)
+    proxy:                        # the proxy run: any geosearch.proxy.config.TrainConfig field
+      model: small                #   tiny | small | gpt2 | hf:gpt2 | hf:llama | py:MODULE:FACTORY
+      model_args: {}              #   model fields, e.g. {n_layer: 2} (geosearch.models.zoo)
+      data: null                  #   corpus path; null = the built-in text
+      steps: 200
+      ...
+    repeats: 1                    # seeds per assignment (proxy.seed, proxy.seed + 1, ...)
+    max_repeats: null             # adaptive seeds: contenders get one more seed a round up
+                                  #   to this many (null: repeats, i.e. off)
+    baselines: [adamw, muon]      # trained beside, reported, never exported: adamw | muon |
+                                  #   muon_qkclip; [] for none
+    target: {steps: 2000, spectral_lr: null, model: null}   # the user's run (null: the proxy's)
+    ladder: {rungs: 1, max_spectral_lr: null, max_steps: null, lower_seeds: null}
+                                  #   rungs of growing Σ η towards the target's (null: the
+                                  #   proxy's spectral_lr, proxy.steps; every seed below the top)
+    budget: {trials: null, timeout: null}   # trials; seconds (null = no limit)
+    pruner:                       # LogitGrowthPruner arguments (null disables a rule)
+      max_logit: 1000.0           #   absolute, for trials without a logit scale
+      max_logit_factor: 10.0      #   × the model's d/√d_head
+      min_entropy: 0.01
+      n_warmup_steps: 0
+      window: 5
+      interval: 0.9               #   of the max-logit forecast in Σ η to the target
+      max_extrapolation: 4.0      #   prune on it only once the run's Σ η >= target's / 4
+      loss: none                  # none | median | percentile | successive_halving, or
+                                  #   {type: median, n_startup_trials: 2, ...}
+    sampler: {type: auto, seed: 0}  # auto | grid | tpe | random | gp (+ n_startup_trials)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from geosearch.assignment import geometry_names
+from geosearch.checks import is_whole, parse_number
+from geosearch.errors import ConfigError
+from geosearch.optim import settings as optim_settings
+from geosearch.optim.settings import ADAMW
+from geosearch.modules import (
+    ModuleRule,
+    check_rules,
+    family_types,
+    get_rule_set,
+    module_types,
+    rule_from_mapping,
+    rule_set_names,
+)
+from geosearch.proxy.config import TrainConfig
+from geosearch.models.specs import HF_PREFIX, PY_PREFIX, preset_rules
+from geosearch.search.space.baselines import parse_extras
+from geosearch.search.space.reader import HYPERPARAMS, SchemaReader, SearchSpaceError
+from geosearch.search.space.sections import Hyperparams, LogRange
+from geosearch.search.runtime.storage import study_name_problem
+from geosearch.search.horizon.target import parse_horizon
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.search.space.spec import SearchSpace
+
+SCHEMA_VERSION = 1
+TOP_KEYS = ("version", "name", "rules", "geometries", "hyperparams", "proxy", "repeats",
+            "max_repeats", "baselines", "target", "ladder", "budget", "pruner", "sampler")
+def parse_space(cls: type[SearchSpace], d: Any, source: str | None = None) -> SearchSpace:
+    """Validate a mapping in the YAML schema (see the module docstring) into a ``cls``
+    (:class:`~geosearch.search.space.spec.SearchSpace`, whose ``from_dict`` calls this).
+
+    Raises:
+        SearchSpaceError: every problem found, each naming ``source``, the key path and
+            the allowed values.
+    """
+    return _Parser(source, cls).space(d)
+
+
+def dump_space(space: SearchSpace) -> dict[str, Any]:
+    """Plain YAML-safe data in the schema, which :func:`parse_space` turns back into ``space``."""
+    rules: Any = space.rules
+    if not isinstance(rules, str):
+        rules = [{"type": r.type, "pattern": r.pattern, "family": r.family,
+                  "split": list(r.split), "layout": r.layout} for r in rules]
+    hp: dict[str, Any] = {}
+    if isinstance(space.hyperparams.spectral_lr, LogRange):
+        hp["spectral_lr"] = _range_list(space.hyperparams.spectral_lr)
+    elif space.hyperparams.spectral_lr:
+        hp["spectral_lr"] = {g: _range_list(r) for g, r in space.hyperparams.spectral_lr.items()}
+    if space.hyperparams.lr is not None:
+        hp["lr"] = _range_list(space.hyperparams.lr)
+    pruner = {f.name: getattr(space.pruner, f.name)
+              for f in dataclasses.fields(space.pruner) if f.name != "loss"}
+    pruner["loss"] = {"type": space.pruner.loss.type, **space.pruner.loss.args}
+    return {
+        "version": SCHEMA_VERSION,
+        "name": space.name,
+        "rules": rules,
+        "geometries": {k: list(v) for k, v in space.geometries.items()},
+        "hyperparams": hp,
+        "proxy": space.proxy.to_dict(),
+        "repeats": space.repeats,
+        "max_repeats": space.max_repeats,
+        "baselines": list(space.baselines),
+        "target": dataclasses.asdict(space.target),
+        "ladder": dataclasses.asdict(space.ladder),
+        "budget": dataclasses.asdict(space.budget),
+        "pruner": pruner,
+        "sampler": dataclasses.asdict(space.sampler),
+    }
+
+
+def _range_list(r: LogRange) -> list[float]:
+    return [r.low, r.high]
+
+
+class _Parser(SchemaReader):
+    """Reads one space, collecting every problem instead of stopping at the first (the
+    budget, pruner and sampler sections: :class:`~geosearch.search.space.reader.SchemaReader`)
+    into a ``make`` (the space class)."""
+
+    def __init__(self, source: str | None, make: type[SearchSpace]) -> None:
+        super().__init__(source)
+        self.make = make
+
+    # ------------------------------------------------------------------ the whole file
+    def space(self, d: Any) -> SearchSpace:
+        if d is None:
+            d = {}
+        top = self.mapping(d, "", TOP_KEYS)
+        if isinstance(d, Mapping) or d is None:
+            if "version" not in top:
+                self.error("version", "missing schema version (add 'version: 1')", [SCHEMA_VERSION])
+            elif top["version"] != SCHEMA_VERSION or isinstance(top["version"], bool):
+                self.error("version", f"unsupported schema version {top['version']!r}",
+                           [SCHEMA_VERSION])
+        name = top.get("name", "search")
+        if study_name_problem(name):  # it names the run directory
+            self.error("name", study_name_problem(name))
+        rules_from_model = "rules" not in top
+        rules = self.model_rules(top.get("proxy")) if rules_from_model else self.rules(top["rules"])
+        geometries = self.geometries(top.get("geometries"), rules)
+        hyperparams = self.hyperparams(top.get("hyperparams"), geometries)
+        proxy = self.proxy(top.get("proxy"))
+        repeats = top.get("repeats", 1)
+        if not is_whole(repeats) or repeats < 1:
+            self.error("repeats", f"expected a whole number >= 1, got {repeats!r}")
+        max_repeats, baselines = parse_extras(self, top.get("max_repeats"), repeats,
+                                              top.get("baselines", list(self.make.baselines)))
+        target, ladder = parse_horizon(self, top.get("target"), top.get("ladder"), proxy)
+        budget = self.budget(top.get("budget"))
+        pruner = self.pruner(top.get("pruner"))
+        sampler = self.sampler(top.get("sampler"), hyperparams)
+
+        if self.problems:
+            raise SearchSpaceError(self.problems, self.source)
+        assert rules is not None  # else a problem was recorded
+        space = self.make(
+            geometries=geometries, proxy=proxy, rules=rules, hyperparams=hyperparams,
+            repeats=repeats, max_repeats=max_repeats, baselines=baselines, budget=budget, pruner=pruner, sampler=sampler, name=name,
+            source=self.source, rules_from_model=rules_from_model, target=target, ladder=ladder,
+        )
+        if budget.trials is None and budget.timeout is None and space.sampler_type() != "grid":
+            self.error("budget", f"a {space.sampler_type()} search never ends by itself: set "
+                       "budget.trials or budget.timeout")
+            raise SearchSpaceError(self.problems, self.source)
+        return space
+
+    # ------------------------------------------------------------------ sections
+    def model_rules(self, proxy: Any) -> str | tuple[ModuleRule, ...] | None:
+        """The default rule set of ``proxy.model``, for a space that sets no rules; None when
+        it has none (a problem for ``py:`` models; an unknown model is ``proxy``'s problem)."""
+        model = proxy.get("model", TrainConfig.model) if isinstance(proxy, Mapping) else TrainConfig.model
+        args = proxy.get("model_args") if isinstance(proxy, Mapping) else None
+        name = preset_rules(model)
+        if name is None and isinstance(model, str) and model.startswith(HF_PREFIX):
+            from geosearch.models.zoo import default_rules  # torch: an hf: model of no known family
+
+            name = default_rules(model, args if isinstance(args, Mapping) else None)
+        if name is None and isinstance(model, str) and model.startswith((PY_PREFIX, HF_PREFIX)):
+            self.error("rules", f"missing: model {model!r} has no default rule set; name one, or "
+                       "write rules matching its parameter names (geosearch inspect --model "
+                       f"{model} --rules NAME shows how a rule set fits)", rule_set_names())
+        return name
+
+    def rules(self, value: Any) -> str | tuple[ModuleRule, ...] | None:
+        """The rules, or None when they are wrong (the problems are recorded)."""
+        if isinstance(value, str):
+            if value not in rule_set_names():
+                self.error("rules", f"unknown rule set {value!r}", rule_set_names())
+                return None
+            return value
+        if isinstance(value, Mapping) or not isinstance(value, Sequence) or not value:
+            self.error("rules", "expected a rule-set name or a non-empty list of rules",
+                       rule_set_names())
+            return None
+        out = []
+        for i, r in enumerate(value):  # each rule on its own, so that every bad one is reported
+            try:
+                out.append(rule_from_mapping(r, key=f"rules[{i}]"))
+            except ConfigError as e:
+                self.error(e.key, e.problem, e.allowed)
+        if len(out) < len(value):
+            return None
+        try:
+            check_rules(out)
+        except ConfigError as e:
+            self.error(e.key or "rules", e.problem, e.allowed)
+            return None
+        return tuple(out)
+
+    def geometries(
+        self, value: Any, rules: str | tuple[ModuleRule, ...] | None
+    ) -> dict[str, tuple[str, ...]]:
+        known = geometry_names()
+        if value is None:
+            self.error("geometries", "missing: which geometries may each module type take?")
+            return {}
+        if not isinstance(value, Mapping) or not value:
+            self.error("geometries", "expected a mapping of module type (or attn/mlp) -> list "
+                       "of geometries")
+            return {}
+        # Without valid rules the keys cannot be checked; the geometries still are.
+        rule_list = get_rule_set(rules) if isinstance(rules, str) else rules or ()
+        families, types = family_types(rule_list), module_types(rule_list)
+        out: dict[str, tuple[str, ...]] = {}
+        for k, v in value.items():
+            key = f"geometries.{k}"
+            if types and k not in types and k not in families:
+                self.error(key, f"unknown module type {k!r}", [*families, *types])
+            choices = self._choices(key, v, known)
+            if choices is not None:
+                out[str(k)] = choices
+        if types:
+            self._check_coverage(out, families, types)
+        return out
+
+    def _choices(self, key: str, v: Any, known: Sequence[str]) -> tuple[str, ...] | None:
+        """One module type's geometries (a name or a list of names), checked against
+        ``known``; None when they are not a name or a non-empty list."""
+        choices = [v] if isinstance(v, str) else v
+        if not isinstance(choices, Sequence) or not choices:
+            self.error(key, "expected a geometry or a non-empty list of geometries", known)
+            return None
+        for c in choices:
+            if c not in known:
+                self.error(key, f"unknown geometry {c!r}", known)
+        if len(set(map(str, choices))) != len(choices):
+            self.error(key, "a geometry is listed twice")
+        return tuple(str(c) for c in choices)
+
+    def _check_coverage(self, out: dict[str, tuple[str, ...]], families: Mapping[str, Sequence[str]],
+                        types: Sequence[str]) -> None:
+        """Every module type covered by exactly one entry, and no entry named like a
+        hyperparameter."""
+        covered: dict[str, str] = {}
+        for k in out:
+            for t in families.get(k, [k] if k in types else []):
+                if t in covered:
+                    self.error(f"geometries.{k}", f"module type {t!r} is also covered by "
+                               f"{covered[t]!r}; give each type one entry")
+                covered[t] = k
+        missing = [t for t in types if t not in covered]
+        if missing:
+            self.error("geometries", "no geometries for module type(s) "
+                       f"{', '.join(missing)}", [*families, *types])
+        clash = [k for k in out if k in HYPERPARAMS or k.startswith("spectral_lr.")]
+        for k in clash:
+            self.error(f"geometries.{k}", "a module type may not share a name with a "
+                       "hyperparameter", HYPERPARAMS)
+
+    def hyperparams(self, value: Any, geometries: dict[str, tuple[str, ...]]) -> Hyperparams:
+        h = self.mapping(value, "hyperparams", HYPERPARAMS)
+        spectral: LogRange | dict[str, LogRange] | None = None
+        if h.get("spectral_lr") is not None:
+            v = h["spectral_lr"]
+            if isinstance(v, Mapping):
+                used = sorted({g for gs in geometries.values() for g in gs if g != ADAMW})
+                spectral = {}
+                for g, r in v.items():
+                    if g not in used:
+                        self.error(f"hyperparams.spectral_lr.{g}", f"{g!r} is not a manifold "
+                                   "geometry of this space", used)
+                    rng = self.log_range(r, f"hyperparams.spectral_lr.{g}")
+                    if rng is not None:
+                        spectral[str(g)] = rng
+            else:
+                spectral = self.log_range(v, "hyperparams.spectral_lr")
+        lr = None
+        if h.get("lr") is not None:
+            lr = self.log_range(h["lr"], "hyperparams.lr")
+        return Hyperparams(spectral_lr=spectral, lr=lr)
+
+    def log_range(self, value: Any, key: str) -> LogRange | None:
+        nums = [parse_number(x) for x in value] if isinstance(value, (list, tuple)) else []
+        if len(nums) != 2 or any(x is None for x in nums):
+            self.error(key, f"expected [low, high] (a log-uniform range), got {value!r}")
+            return None
+        low, high = nums
+        if not 0 < low < high or not math.isfinite(high):
+            self.error(key, f"expected 0 < low < high, got [{low}, {high}]")
+            return None
+        return LogRange(low, high)
+
+    def proxy(self, value: Any) -> TrainConfig:
+        fields = [f.name for f in dataclasses.fields(TrainConfig)]
+        d = self.mapping(value, "proxy", fields)
+        n_before = len(self.problems)
+        for k, v in d.items():  # one at a time, so that every bad key is reported
+            if k == "optimizer_args":
+                continue  # checked key by key below
+            try:
+                TrainConfig.from_dict({k: v})
+            except ConfigError as e:
+                self.error(f"proxy.{k}", e.problem, e.allowed)
+        model, model_args = d.get("model", TrainConfig.model), d.get("model_args") or {}
+        if isinstance(model, str) and isinstance(model_args, Mapping):
+            # Checking a spec makes its model config (torch, transformers for hf:, the
+            # factory's module for py:): imported here, so that importing a space is light.
+            from geosearch.models.zoo import check_model_spec
+
+            try:  # a preset, hf:gpt2, hf:llama or py:module:factory; nothing is built
+                check_model_spec(model, model_args)
+            except ConfigError as e:
+                self.rekey(e, "proxy")  # e.key: model, or model_args.<field>
+        if isinstance(d.get("optimizer_args"), Mapping):
+            self.optimizer_args(d["optimizer_args"], fields)
+        if len(self.problems) > n_before:
+            return TrainConfig()
+        try:
+            return TrainConfig.from_dict(d)
+        except ConfigError as e:
+            self.rekey(e, "proxy")
+            return TrainConfig()
+
+    def optimizer_args(self, args: Mapping[str, Any], train_fields: list[str]) -> None:
+        allowed = [k for k in optim_settings.names("global") if k not in train_fields]
+        for k, v in args.items():
+            key = f"proxy.optimizer_args.{k}"
+            if k in train_fields:
+                self.error(key, f"set it as proxy.{k}")
+            elif k not in allowed:
+                self.error(key, f"unknown optimizer setting {k!r}", allowed)
+            else:
+                try:
+                    optim_settings.check(k, v, key=key)
+                except ConfigError as e:
+                    self.error(key, e.problem, e.allowed)

@@ -1,0 +1,369 @@
+"""The statistics behind the ranking: seed scores, paired and Welch comparisons, factor
+main effects, and the smallest gap a study can detect.
+
+Every assignment of a study is trained with the same seeds (common random numbers), so two
+assignments are compared by their per-seed differences: a paired t-test on the seeds both
+ran, which removes the seed's own effect (init, data order) that a Welch test counts as
+noise; Welch's test is the fallback when fewer than two seeds are shared. A module type's
+*main effect* (e.g. attention Stiefel vs DGram) is estimated from matched pairs of trials
+that differ only in that factor, within seeds, and averaged over the other factors' levels.
+Quantiles are exact Student-t quantiles at fractional degrees of freedom (scipy), and the
+minimum detectable difference uses the exact noncentral-t power. scipy and numpy are
+imported on first use so that reading a ranking's fields stays light. Nothing here knows
+Optuna: :mod:`geosearch.search.stats.ranking` turns trials into :class:`Score` and :class:`Point`.
+
+Example:
+    >>> best = Score((3.00, 3.50, 2.60), seeds=(0, 1, 2))
+    >>> other = Score((3.05, 3.54, 2.66), seeds=(0, 1, 2))
+    >>> c = compare(best, other)
+    >>> c.test, c.verdict, round(c.diff, 3)
+    ('paired', 'separated', 0.05)
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any, Hashable
+
+__all__ = [
+    "Comparison",
+    "MainEffect",
+    "Noise",
+    "Point",
+    "Score",
+    "compare",
+    "detectable_gap",
+    "main_effects",
+    "seed_noise",
+    "t_quantile",
+    "welch_df",
+]
+
+ALPHA = 0.05  # two-sided level of every test and interval
+POWER = 0.80  # the power at which the detectable gap is stated
+_FACTOR_NAMES = {"attn": "attention", "mlp": "the MLP"}
+
+
+# =========================================================================== scores
+@dataclass(frozen=True)
+class Score:
+    """Final validation losses of one trial over its seeds.
+
+    Attributes:
+        values: the finite final val losses.
+        seeds: the seed of each value, in the same order (``None``: not recorded, so the
+            score cannot be paired with another).
+
+    Example:
+        >>> s = Score((3.0, 3.2))
+        >>> round(s.mean, 3), round(s.std, 4), s.n
+        (3.1, 0.1414, 2)
+    """
+
+    values: tuple[float, ...]
+    seeds: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, values: Iterable[Any], seeds: Sequence[Any] | None = None) -> Score:
+        """The finite values among ``values`` (``None``, NaN and inf are dropped, with their
+        seed); ``seeds`` are kept only when there is one distinct seed per value."""
+        values = list(values)
+        if seeds is not None and (len(seeds) != len(values) or len(set(seeds)) != len(seeds)):
+            seeds = None
+        kept = []
+        for i, v in enumerate(values):
+            try:
+                x = float(v)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(x):
+                kept.append((x, i))
+        return cls(tuple(x for x, _ in kept),
+                   None if seeds is None else tuple(int(seeds[i]) for _, i in kept))
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        # statistics computes exactly, then rounds: equal seeds give exactly that value
+        return statistics.mean(self.values) if self.values else math.nan
+
+    @property
+    def std(self) -> float | None:
+        """Sample standard deviation (ddof=1); ``None`` with fewer than two seeds."""
+        return statistics.stdev(self.values) if self.n >= 2 else None
+
+    @property
+    def se(self) -> float | None:
+        """Standard error of the mean; ``None`` with fewer than two seeds."""
+        return None if self.std is None else self.std / math.sqrt(self.n)
+
+    def differences(self, other: Score) -> list[float]:
+        """``other - self`` at each seed both have, by seed; ``[]`` when either has no seeds."""
+        if self.seeds is None or other.seeds is None:
+            return []
+        mine = dict(zip(self.seeds, self.values))
+        return [v - mine[s] for s, v in sorted(zip(other.seeds, other.values)) if s in mine]
+
+    def text(self) -> str:
+        """``"3.3100 ± 0.0100 (n=3)"``; the mean alone with one seed, ``"—"`` with none."""
+        if self.n == 0:
+            return "—"
+        if self.std is None:
+            return f"{self.mean:.4f}"
+        return f"{self.mean:.4f} ± {self.std:.4f} (n={self.n})"
+
+
+# =========================================================================== quantiles
+def t_quantile(df: float, p: float = 1 - ALPHA / 2) -> float:
+    """The exact ``p`` quantile of Student's t at ``df`` degrees of freedom (fractional df
+    allowed; infinite df gives the normal quantile)."""
+    from scipy import stats
+
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive but got {df}")
+    return float(stats.norm.ppf(p) if math.isinf(df) else stats.t.ppf(p, df))
+
+
+def welch_df(a: Score, b: Score) -> float:
+    """Welch–Satterthwaite degrees of freedom of ``mean(a) - mean(b)`` (both n ≥ 2, not
+    both without spread): (v₁ + v₂)² / (v₁²/(n₁-1) + v₂²/(n₂-1)), vᵢ = seᵢ²."""
+    v1, v2 = a.se ** 2, b.se ** 2
+    return (v1 + v2) ** 2 / (v1 ** 2 / (a.n - 1) + v2 ** 2 / (b.n - 1))
+
+
+def detectable_gap(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest true gap that a two-sided t-test at level ``alpha`` detects with
+    probability ``power``, for a difference estimated with standard error ``se`` and ``df``
+    degrees of freedom: λ·se, where the noncentral t with noncentrality λ exceeds the
+    critical value t₁₋α/₂(df) in absolute value with probability ``power``."""
+    from scipy import optimize, stats
+
+    if se == 0:
+        return 0.0
+    crit = t_quantile(df, 1 - alpha / 2)
+
+    def shortfall(lam: float) -> float:
+        # P(T < -crit | λ) = P(T > crit | -λ): scipy's nct.cdf far in the lower tail can be NaN
+        return float(stats.nct.sf(crit, df, lam) + stats.nct.sf(crit, df, -lam)) - power
+
+    hi = crit + 2.0
+    while shortfall(hi) < 0:
+        hi *= 2
+    return float(optimize.brentq(shortfall, 0.0, hi, xtol=1e-10)) * se
+
+
+# =========================================================================== comparisons
+@dataclass(frozen=True)
+class Comparison:
+    """How a trial compares with the best.
+
+    Attributes:
+        verdict: ``"tie"`` (not shown worse than the best at 5%), ``"separated"`` (worse
+            beyond noise) or ``"unknown"`` (no spread to judge by).
+        test: ``"paired"`` (per-seed differences), ``"welch"`` or ``"none"``.
+        diff: the estimated gap, other minus best (paired: the mean per-seed difference).
+        threshold: t₀.₉₇₅(df)·se, the half-width of the gap's 95% interval (``None``: unknown).
+        df: the test's degrees of freedom (``None``: no test).
+        n: the seeds the test used (paired: shared seeds; Welch: the smaller count).
+    """
+
+    verdict: str
+    test: str
+    diff: float
+    threshold: float | None
+    df: float | None
+    n: int
+
+
+def compare(best: Score, other: Score) -> Comparison:
+    """Compare ``other`` with ``best``: a paired t-test on the seeds both ran when they share
+    at least two, else a Welch t-test, else ``"unknown"``.
+
+    The gap counts as ``"separated"`` only when ``other`` is worse: its per-seed differences
+    (paired) or its mean (Welch) exceed ``threshold``; an exact zero gap is a tie even when
+    there is no spread at all.
+    """
+    d = best.differences(other)
+    if len(d) >= 2:
+        n = len(d)
+        diff = statistics.mean(d)
+        sd = _above_rounding(statistics.stdev(d), best.values + other.values)
+        threshold = t_quantile(n - 1) * sd / math.sqrt(n)
+        return Comparison(_judge(diff, threshold), "paired", diff, threshold, n - 1, n)
+    diff = other.mean - best.mean
+    n = min(best.n, other.n)
+    if best.se is None or other.se is None:
+        return Comparison("tie" if diff == 0 else "unknown", "none", diff, None, None, n)
+    if _above_rounding(math.hypot(best.se, other.se), best.values + other.values) == 0:
+        return Comparison(_judge(diff, 0.0), "welch", diff, 0.0, None, n)
+    df = welch_df(best, other)
+    threshold = t_quantile(df) * math.hypot(best.se, other.se)
+    return Comparison(_judge(diff, threshold), "welch", diff, threshold, df, n)
+
+
+def _above_rounding(sd: float, values: Sequence[float]) -> float:
+    """``sd``, or 0 when it is at the level of float rounding of ``values`` (a per-seed
+    difference that is the same in every seed up to the last bits has no noise)."""
+    return 0.0 if sd <= 1e-12 * max(map(abs, values), default=0.0) else sd
+
+
+def _judge(diff: float, threshold: float) -> str:
+    """Worse beyond the threshold (so with no noise, any positive gap) is separated."""
+    return "separated" if diff > threshold else "tie"
+
+
+# =========================================================================== noise
+@dataclass(frozen=True)
+class Noise:
+    """The seed-to-seed noise of one run, pooled over the trials.
+
+    Attributes:
+        sd: residual standard deviation of one run's final loss.
+        df: its degrees of freedom.
+        blocked: True when the seeds' shared effect was removed (trial + seed model); a
+            paired difference then has standard deviation sd·√2.
+    """
+
+    sd: float
+    df: int
+    blocked: bool
+
+
+def seed_noise(scores: Sequence[Score]) -> Noise | None:
+    """The pooled noise of ``scores``: the residual of the additive model
+    loss = trial + seed + ε fitted by least squares when every score has seeds (the seed
+    effect, common to all trials, is not noise for paired comparisons), else the pooled
+    within-trial spread. ``None`` when no residual degree of freedom is left."""
+    import numpy as np
+
+    scores = [s for s in scores if s.n]
+    blocked = bool(scores) and all(s.seeds is not None for s in scores)
+    if not blocked:
+        df = sum(s.n - 1 for s in scores)
+        rss = sum((s.n - 1) * s.std ** 2 for s in scores if s.n >= 2)
+        return Noise(math.sqrt(rss / df), df, False) if df else None
+    seeds = sorted({x for s in scores for x in s.seeds})
+    col = {x: len(scores) + j for j, x in enumerate(seeds)}
+    rows, y = [], []
+    for i, s in enumerate(scores):
+        for x, v in zip(s.seeds, s.values):
+            row = np.zeros(len(scores) + len(seeds))
+            row[i] = row[col[x]] = 1.0
+            rows.append(row)
+            y.append(v)
+    design, y = np.array(rows), np.array(y)
+    df = len(y) - int(np.linalg.matrix_rank(design))
+    if df <= 0:
+        return None
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    rss = float(np.sum((y - design @ coef) ** 2))
+    return Noise(_above_rounding(math.sqrt(rss / df), y.tolist()), df, True)
+
+
+# =========================================================================== main effects
+@dataclass(frozen=True)
+class Point:
+    """What a trial searched, split for factorial contrasts.
+
+    Attributes:
+        levels: factor -> level, e.g. ``{"attn": "stiefel", "mlp": "dgram"}``.
+        rest: everything else that was searched (hyperparameters), compared as a whole.
+    """
+
+    levels: Mapping[str, str]
+    rest: Hashable = ()
+
+
+@dataclass(frozen=True)
+class MainEffect:
+    """The effect of one factor's level on the final loss, averaged over the others.
+
+    Attributes:
+        factor: ``"attn"``, ``"mlp"`` or a module type.
+        better, worse: the two levels compared; ``effect`` ≥ 0 is worse minus better.
+        effect: mean over matched pairs of the mean per-seed difference.
+        half_width: of its 95% interval (``None``: no pair has two seeds).
+        df: degrees of freedom of the interval.
+        seeds: the number of seeds of each matched pair.
+    """
+
+    factor: str
+    better: str
+    worse: str
+    effect: float
+    half_width: float | None
+    df: int
+    seeds: tuple[int, ...]
+
+    @property
+    def decisive(self) -> bool:
+        """True when the 95% interval excludes zero."""
+        return self.half_width is not None and self.effect > self.half_width
+
+    def text(self) -> str:
+        """``"attention's geometry: stiefel better than dgram by 0.0800 ± 0.0200 (95% CI,
+        2 seeds × 2 pairs)"``, or says that the interval covers zero."""
+        name = f"{_FACTOR_NAMES.get(self.factor, self.factor)}'s geometry"
+        lo, hi = min(self.seeds), max(self.seeds)
+        p = len(self.seeds)
+        design = f"{lo if lo == hi else f'{lo}–{hi}'} seed{'s' * (hi > 1)} × {p} pair{'s' * (p > 1)}"
+        if self.half_width is None:
+            return (f"{name}: {self.better} ahead of {self.worse} by {self.effect:.4f}, "
+                    f"spread unknown ({design})")
+        ci = f"{self.effect:.4f} ± {self.half_width:.4f} (95% CI, {design})"
+        if self.decisive:
+            return f"{name}: {self.better} better than {self.worse} by {ci}"
+        return f"{name}: {self.better} and {self.worse} within noise: {self.better} ahead by {ci}"
+
+
+def main_effects(cells: Iterable[tuple[Point, Score]]) -> list[MainEffect]:
+    """Main effects of every factor whose level varies, for each pair of its levels.
+
+    A matched pair is two trials whose points differ only in that factor's level (a, b);
+    its per-seed differences loss(b) − loss(a) remove the seed effect. The effect is the
+    mean over pairs of each pair's mean difference (each level combination of the other
+    factors weighs the same, as in a factorial contrast); its variance is estimated from
+    the spread of the differences within pairs, pooled (df = Σ(seeds − 1)), taking
+    differences of different pairs as independent. Pairs are disjoint when each point has
+    one trial; a point with several keeps the one with the most seeds (the first listed).
+    Levels with no matched pair give no effect; the result lists factors in name order.
+    """
+    cells = [(p, s) for p, s in cells if s.n]
+    out: list[MainEffect] = []
+    for factor in sorted({f for p, _ in cells for f in p.levels}):
+        levels = sorted({p.levels[factor] for p, _ in cells if factor in p.levels})
+        for a, b in combinations(levels, 2):
+            groups: dict[Hashable, dict[str, Score]] = {}
+            for p, s in cells:
+                level = p.levels.get(factor)
+                if level not in (a, b):
+                    continue
+                key = (tuple(sorted((k, v) for k, v in p.levels.items() if k != factor)), p.rest)
+                slot = groups.setdefault(key, {})
+                if level not in slot or s.n > slot[level].n:
+                    slot[level] = s
+            pairs = [g[a].differences(g[b]) for g in groups.values() if len(g) == 2]
+            pairs = [d for d in pairs if d]
+            if pairs:
+                out.append(_effect(factor, a, b, pairs))
+    return out
+
+
+def _effect(factor: str, a: str, b: str, pairs: list[list[float]]) -> MainEffect:
+    means = [statistics.mean(d) for d in pairs]
+    effect = statistics.mean(means)
+    df = sum(len(d) - 1 for d in pairs)
+    half = None
+    if df:
+        var = sum((x - m) ** 2 for d, m in zip(pairs, means) for x in d) / df
+        se = math.sqrt(var * sum(1 / len(d) for d in pairs)) / len(pairs)
+        half = t_quantile(df) * se
+    better, worse = (a, b) if effect >= 0 else (b, a)
+    return MainEffect(factor, better, worse, abs(effect), half, df, tuple(len(d) for d in pairs))

@@ -1,0 +1,187 @@
+"""What a search hands out: the best assignments as YAML files, and the ranking as a table.
+
+:func:`export_best` writes the winner (or the ``top`` best) of a study as assignment files
+that :func:`geosearch.load_assignment` and :func:`geosearch.build_optimizer` read, each with
+its provenance (study, proxy, target, score and spread, tie verdict, the ladder's reading
+towards the target, date, version); :func:`format_ranking` is the table the search prints
+at its end. Export reads what the study stored and runs no user code (a ``py:`` model is
+not imported). Torch-free until an
+assignment is built. The ranking rules are in ``docs/design.md`` ("The study").
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import TrialState
+
+from geosearch import __version__
+from geosearch.errors import ConfigError, GeosearchError
+from geosearch.search.study.baselines import baseline_table, baselines_lines
+from geosearch.search.horizon.outlook import stability_lines, stability_record, stability_rows
+from geosearch.search.study.queue import done_count
+from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study, trial_line
+from geosearch.search.records import (
+    ASSIGNMENT,
+    BASELINE,
+    NOT_RUN,
+    PROXY,
+    RULES,
+    SEEDS,
+    SPACE,
+    TARGET,
+    trial_status,
+)
+from geosearch.search.space.spec import SearchSpace, Suggestion, study_pruner
+from geosearch.search.runtime.storage import BEST_FILE, TOP_DIR, open_run_study
+from geosearch.search.horizon.target import horizon_lines, horizon_verdict, reading_record, study_reading
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.assignment import Assignment
+
+__all__ = ["export_best", "export_summary", "format_ranking"]
+
+
+def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
+    """The ranked table of completed trials, the pruned/failed ones, the verdict (marked
+    when the ladder says it may not hold at the target), the ladder's reading and the
+    baselines (each assignment's Δ loss and ms/step ratio against each)."""
+    ranking = ranking or rank_study(study)
+    reading = study_reading(study)
+    lines = []
+    if ranking.rows:
+        width = max(len(r.label) for r in ranking.rows)
+        lines.append(f"{'rank':>4}  {'trial':>5}  {'assignment':<{width}}  {'val loss':<26}  vs best")
+        for r in ranking.rows:
+            if r.versus_best == "best":
+                vs = "best"
+            elif r.versus_best == "unknown":
+                vs = f"{r.gap:+.4f} (no spread: can't judge)"
+            elif r.threshold is None:  # identical losses: a tie without a noise estimate
+                vs = f"{r.gap:+.4f}: tie"
+            else:
+                vs = (f"{r.gap:+.4f} {'<' if r.versus_best == 'tie' else '>'} noise "
+                      f"{r.threshold:.4f}: {'tie' if r.versus_best == 'tie' else 'worse'}")
+            lines.append(f"{r.rank:>4}  {r.number:>5}  {r.label:<{width}}  {r.score.text():<26}  {vs}")
+    others = [t for t in study.get_trials(deepcopy=False)
+              if t.state in (TrialState.PRUNED, TrialState.FAIL) and trial_status(t) not in NOT_RUN]
+    if others:
+        lines.append("not ranked:")
+        lines += ["  " + trial_line(t) for t in others]
+    lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
+    outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking), study_pruner(study)))
+    return "\n".join(lines + horizon_lines(reading) + outlook + baselines_lines(baseline_table(study, ranking)))
+
+
+def outlook_numbers(study: optuna.Study, ranking: Ranking) -> list[int]:
+    """The trials whose stability outlook is shown: the ranked ones, then the completed
+    baselines."""
+    baselines = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if t.user_attrs.get(BASELINE)]
+    return [r.number for r in ranking.rows] + baselines
+
+
+def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
+                       run_dir: Path) -> Assignment:
+    """The Assignment of one ranked trial, with provenance."""
+    from geosearch.assignment import Assignment
+
+    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == row.number)
+    attrs = study.user_attrs
+    suggestion: Suggestion | None = None
+    settings: dict[str, Any] = {}
+    space = SearchSpace.from_stored(attrs.get(SPACE), f"{run_dir} (study attrs)")
+    if space is not None:
+        try:
+            suggestion = space.suggest(optuna.trial.FixedTrial(dict(trial.params)))
+            # every global optimizer setting the trial trained with, searched ones included:
+            # build_optimizer(model, load_assignment(file)) then builds the trial's optimizer
+            settings = space.train_config(suggestion).optimizer_settings()
+        except (ConfigError, ValueError):
+            suggestion = None
+    score = row.score
+    reading = study_reading(study)
+    provenance: dict[str, Any] = {
+        "study": study.study_name,
+        "run_dir": str(run_dir),
+        "trial": row.number,
+        "rank": row.rank,
+        "score": {"metric": "final validation loss (mean over seeds)", "mean": score.mean,
+                  "std": score.std, "n_seeds": score.n, "values": list(score.values),
+                  "seeds": list(score.seeds) if score.seeds is not None else trial.user_attrs.get(SEEDS)},
+        "tied_with": [n for n in ranking.tied if n != row.number] if row.number in ranking.tied else [],
+        "verdict": horizon_verdict(ranking.verdict, reading),
+        "proxy": attrs.get(PROXY),
+        "target": attrs.get(TARGET),
+        "horizon": reading_record(reading) if reading is not None else None,
+        "stability": stability_record(stability_rows(study, [row.number], study_pruner(study))[0]),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "geosearch_version": __version__,
+        "trials": {"completed": len(ranking.rows), "total": done_count(study)},
+    }
+    if suggestion is not None:
+        return suggestion.assignment(provenance, settings=settings)
+    geometry = trial.user_attrs.get(ASSIGNMENT) or {}
+    return Assignment(geometry=dict(geometry), rules=attrs.get(RULES, "nanogpt"),
+                      provenance=provenance)
+
+
+def export_best(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    top: int = 1,
+    study: optuna.Study | None = None,
+    study_name: str | None = None,
+    storage: str | None = None,
+) -> list[Path]:
+    """Write the best (or the ``top`` best) assignments of a run as YAML.
+
+    ``top == 1`` writes one file, ``out`` or ``<run_dir>/best_assignment.yaml``. ``top > 1``
+    writes one file per rank, ``rank<k>-trial<n>.yaml``, into the directory ``out`` (default
+    ``<run_dir>/top``): each loads with :func:`geosearch.load_assignment`. Each file's
+    provenance holds the study, proxy, score with its spread, the tie verdict, date and
+    geosearch version.
+
+    Raises:
+        GeosearchError: no trial completed.
+        ConfigError: no study in ``run_dir`` (or ``storage``).
+    """
+    run_dir = Path(run_dir)
+    if top < 1:
+        raise ConfigError(f"expected a whole number >= 1, got {top}", source="--top")
+    study = study or open_run_study(run_dir, study_name=study_name, storage=storage)
+    ranking = rank_study(study)
+    if not ranking.rows:
+        raise GeosearchError(f"{run_dir}: no trial of study {study.study_name!r} completed, so "
+                             "there is nothing to export")
+    rows = ranking.rows[:top]
+    if top == 1:
+        path = Path(out) if out is not None else run_dir / BEST_FILE
+        return [_export_assignment(study, rows[0], ranking, run_dir).save(path)]
+    folder = Path(out) if out is not None else run_dir / TOP_DIR
+    return [_export_assignment(study, r, ranking, run_dir).save(folder / f"rank{r.rank}-trial{r.number}.yaml")
+            for r in rows]
+
+
+def export_summary(paths: list[Path]) -> str:
+    """What ``geosearch export`` prints: a line per file (trial, score, geometry) and the verdict."""
+    from geosearch.assignment import load_assignment
+
+    lines = []
+    for path in paths:
+        a = load_assignment(path)
+        score = a.provenance.get("score", {})
+        spread = f" ± {score['std']:.4f}" if score.get("std") is not None else " (one seed)"
+        lines.append(f"{path}: trial {a.provenance.get('trial')}, val loss {score.get('mean'):.4f}{spread}, "
+                     + ", ".join(f"{t}={g}" for t, g in a.geometry.items()))
+    first = load_assignment(paths[0])
+    lines.append(f"verdict: {first.provenance.get('verdict')}")
+    if first.settings:
+        lines.append("the file holds the trial's optimizer settings too: build_optimizer(model, "
+                     "load_assignment(file)) builds the optimizer the trial trained with")
+    return "\n".join(lines)

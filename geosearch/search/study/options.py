@@ -1,0 +1,69 @@
+"""How :func:`~geosearch.search.study.run.run_search` runs a study: where, on what storage,
+in how many processes, and the Optuna objects handed in (``None``: the space's own).
+
+Everything about *what* is searched lives in the space; these are the run-time settings
+that may change between runs of one study (``docs/design.md``, "The study").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TextIO
+
+import optuna
+
+from geosearch.checks import is_int
+from geosearch.errors import ConfigError
+from geosearch.search.runtime.artifacts import ArtifactStore
+from geosearch.search.runtime.liveness import STALE_AFTER
+from geosearch.search.study.failures import DEFAULT_MAX_RETRIES
+
+__all__ = ["SearchOptions"]
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """The run-time options of :func:`~geosearch.search.study.run.run_search` (its
+    docstring says what each one does). :meth:`check` raises on a bad value or on objects
+    that do not go together."""
+
+    runs_dir: str | os.PathLike = "runs"
+    storage: str | optuna.storages.BaseStorage | None = None
+    workers: int = 1
+    worker_index: int | None = None
+    stale_after: float = STALE_AFTER
+    export: bool = True
+    out: TextIO | None = None
+    progress: bool | None = None
+    study: optuna.Study | None = None
+    sampler: optuna.samplers.BaseSampler | None = None
+    pruner: optuna.pruners.BasePruner | None = None
+    artifact_store: ArtifactStore | None = None
+    max_retries: int = DEFAULT_MAX_RETRIES
+    retry_failed: bool = False
+
+    def check(self) -> None:
+        """Raise a :class:`~geosearch.errors.ConfigError` naming the flag or argument at
+        fault: a bad number, both a study and a storage, or process-local objects with
+        ``workers`` > 1."""
+        if self.workers < 1:
+            raise ConfigError(f"expected a whole number >= 1, got {self.workers}", source="--workers")
+        retries = self.max_retries
+        if not is_int(retries) or retries < 0:
+            raise ConfigError(f"expected a whole number >= 0, got {retries!r}", source="--max-retries")
+        if not self.stale_after > 0:
+            raise ConfigError(f"expected a positive number of seconds, got {self.stale_after}",
+                              source="--stale-after")
+        if self.study is not None and self.storage is not None:
+            raise ConfigError("pass either a study (which has its storage) or a storage, not both",
+                              source="run_search", key="storage")
+        given = {"study": self.study, "sampler": self.sampler, "pruner": self.pruner,
+                 "artifact_store": self.artifact_store,
+                 "storage": None if isinstance(self.storage, str) else self.storage}
+        named = [k for k, v in given.items() if v is not None]
+        if self.workers > 1 and named:
+            raise ConfigError(f"{named[0]}= is an object of this process, which the {self.workers} "
+                              "worker processes cannot share; with workers > 1 pass a storage URL and "
+                              "put the sampler and pruner in the search space",
+                              source="run_search", key=named[0])

@@ -1,0 +1,467 @@
+"""Run a geometry search: start or resume the study of a space, run its trials, export the best.
+
+One trial = one point of a :class:`~geosearch.search.space.spec.SearchSpace` (an assignment of
+geometries to module types, plus any searched hyperparameters) trained as a short proxy
+run, once per seed. :func:`run_search` checks what would fail every trial, opens or
+resumes the study in ``<runs-dir>/<study>/`` (a resumed study must measure the same
+thing: :mod:`~geosearch.search.study.resume`), queues the points of an exhaustive space, runs
+the trials here (:mod:`~geosearch.search.study.trial_loop`), in ``--workers N`` processes
+(:mod:`~geosearch.search.runtime.workers`) or data parallel on every rank of a distributed launch
+(:mod:`~geosearch.search.runtime.distributed`), prints the ranking and exports the winner
+(:mod:`~geosearch.search.study.export`). Optuna's own objects plug in: an ``optuna.Study``, a
+storage, a sampler, a pruner, an artifact store for each trial's files
+(:mod:`~geosearch.search.runtime.artifacts`); :mod:`~geosearch.search.study.optimize` offers the same
+trial to ``study.optimize``. The run directory, the trial records, outcomes, budget and
+liveness rules are described in ``docs/design.md`` ("The study").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial
+
+from geosearch import __version__
+from geosearch.errors import ConfigError
+from geosearch.proxy.accelerator import check_device
+from geosearch.proxy.accelerator import get_accelerator
+from geosearch.proxy.train import train
+from geosearch.search.runtime.artifacts import ArtifactStore, TrialFiles, default_store
+from geosearch.search.runtime.distributed import RankGroup, follow, launch_world
+from geosearch.search.study.export import export_best, format_ranking
+from geosearch.search.study.failures import DEFAULT_MAX_RETRIES, requeue_failed
+from geosearch.search.study.options import SearchOptions
+from geosearch.search.study.recovery import recover_stale, recovered_line
+from geosearch.search.runtime.liveness import (
+    STALE_AFTER,
+    Owner,
+    check_no_other_run,
+)
+from geosearch.search.runtime.locks import CommandLock
+from geosearch.search.study.queue import done_count, done_reason, resolve_budget, top_up_queue
+from geosearch.search.stats.ranking import Ranking, rank_study, trial_line
+from geosearch.search.records import (
+    GEOSEARCH_VERSION,
+    LADDER,
+    NOT_RUN,
+    PROXY,
+    RULES,
+    SPACE,
+    TARGET,
+    trial_status,
+)
+from geosearch.search.study.resume import check_identity
+from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
+from geosearch.search.runtime.storage import SPACE_FILE, open_storage
+from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_target
+from geosearch.search.study.trial_loop import Searcher, trial_seeds
+from geosearch.search.runtime.workers import run_workers, share_cpu
+
+__all__ = ["SearchOutcome", "bind_study", "preflight", "run_search", "write_space_file"]
+
+
+
+@dataclass
+class SearchOutcome:
+    """What :func:`run_search` did.
+
+    Attributes:
+        study_name: the study.
+        run_dir: ``<runs-dir>/<study>``.
+        storage: the storage, in words.
+        stopped: why the search stopped, in words.
+        ranking: the completed trials ranked (over every run of the study).
+        counts: trials per ``status`` (completed, unstable, failed, interrupted...).
+        exported: the best assignment file, ``None`` when no trial completed.
+        rank: the process's rank in a distributed launch; on ranks other than 0 (which
+            never open the study) ``ranking`` is empty and ``counts`` too.
+    """
+
+    study_name: str
+    run_dir: Path
+    storage: str
+    stopped: str
+    ranking: Ranking
+    counts: dict[str, int]
+    exported: Path | None = None
+    rank: int = 0
+
+
+def _study_attrs(space: SearchSpace) -> dict[str, Any]:
+    """The study attrs of a new study: its space, version, rules, proxy run, target, rungs."""
+    d = space.to_dict()
+    proxy = dict(d["proxy"])
+    proxy.update(repeats=space.repeats, seeds=trial_seeds(space))
+    return {SPACE: d, GEOSEARCH_VERSION: __version__, RULES: d["rules"], PROXY: proxy,
+            TARGET: resolve_target(space).record(), LADDER: ladder_record(plan_rungs(space))}
+
+
+def preflight(space: SearchSpace) -> None:
+    """Errors that would fail every trial, found before the study is touched: a device this
+    machine does not have, the data, the model (a zoo spec, built on the meta device), a
+    context the data cannot fill, and rules that do not fit the model, match nothing or leave a hidden weight without a
+    geometry: the plan (:func:`geosearch.plan.bind`) of the space's first assignment, with
+    the proxy's optimizer settings. ``space.rules`` are the rules every trial's assignment
+    carries: the space's, or the model's default rule set when the space names none."""
+    from geosearch.assignment import Assignment
+    from geosearch.modules import empty_rule_error, get_rule_set, match_parameters
+    from geosearch.plan import bind
+    from geosearch.proxy.data import load_corpus
+    from geosearch.models.zoo import build_meta_model
+
+    proxy = space.proxy
+    where = space.source or "the search space"
+    check_device(proxy.device, source=where, key="proxy.device")
+    corpus = load_corpus(proxy.data, tokenizer=proxy.tokenizer)
+    built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
+    corpus.check_block_size(built.block_size)
+    rules = get_rule_set(space.rules) if isinstance(space.rules, str) else space.rules
+    try:
+        match = match_parameters(built.model, rules)
+    except ConfigError as e:  # e.g. nanogpt's nn.Linear rules on hf:gpt2's Conv1D weights
+        raise ConfigError(e.problem, source=where, key=e.key, allowed=e.allowed) from None
+    empty = empty_rule_error(match, proxy.model, source=where)
+    if empty is not None:
+        raise empty
+    first = Assignment(geometry={k: v[0] for k, v in space.geometries.items()},
+                       rules=space.rules if isinstance(space.rules, str) else list(space.rules))
+    try:  # what the trials' optimizers will be built from: unassigned hidden weights, ...
+        bind(built.model, first, proxy.optimizer_settings(), source=where)
+    except ConfigError as e:
+        raise ConfigError(e.problem, source=where, key=e.key, allowed=e.allowed) from None
+
+
+def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: str) -> list[str]:
+    """Make ``study`` the study of ``space``: it must minimise and, when it already holds
+    a space, measure the same thing; a new one gets the space's study attrs.
+
+    Returns:
+        One note per run-time setting (:data:`RUN_TIME_KEYS`) that differs from the study's.
+
+    Raises:
+        ConfigError: the study maximises, or was created with other settings.
+    """
+    if study.direction != optuna.study.StudyDirection.MINIMIZE:
+        raise ConfigError(f"study {study.study_name!r} maximises; geosearch studies minimise the val "
+                          "loss", source=source)
+    notes = check_identity(study, space, run_dir)
+    if SPACE not in study.user_attrs:
+        for k, v in _study_attrs(space).items():
+            study.set_user_attr(k, v)
+    return notes
+
+
+def write_space_file(space: SearchSpace, run_dir: Path) -> None:
+    """Write the resolved space the study runs to ``<run_dir>/space.yaml``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / SPACE_FILE).write_text(yaml.safe_dump(space.to_dict(), sort_keys=False),
+                                      encoding="utf-8")
+
+
+def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.BaseSampler,
+                 objects: SearchOptions) -> tuple[optuna.Study, str, bool, list[str]]:
+    """Create or load the study of ``space`` (or take the given one, with the given sampler
+    and pruner if any): ``(study, storage in words, whether it existed, notes on its changed
+    run-time settings)``."""
+    pruner = objects.pruner
+    if objects.study is not None:
+        study, desc = objects.study, "the given study's storage"
+        existed = SPACE in study.user_attrs or bool(study.get_trials(deepcopy=False))
+        if objects.sampler is not None:
+            study.sampler = objects.sampler
+        if pruner is not None:
+            study.pruner = pruner
+    else:
+        storage = objects.storage
+        if isinstance(storage, optuna.storages.BaseStorage):
+            backend, desc = storage, f"the given {type(storage).__name__}"
+        else:
+            backend, desc = open_storage(run_dir, storage, workers=objects.workers)
+        existed = space.name in [s.study_name for s in
+                                 optuna.get_all_study_summaries(backend, include_best_trial=False)]
+        study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
+                                    pruner=pruner or space.make_pruner(), direction="minimize",
+                                    load_if_exists=True)
+    notes = bind_study(study, space, run_dir, desc)
+    return study, desc, existed, notes
+
+
+def run_search(
+    space: SearchSpace | str | os.PathLike,
+    *,
+    runs_dir: str | os.PathLike = "runs",
+    storage: str | optuna.storages.BaseStorage | None = None,
+    workers: int = 1,
+    worker_index: int | None = None,
+    stale_after: float = STALE_AFTER,
+    export: bool = True,
+    out: TextIO | None = None,
+    progress: bool | None = None,
+    study: optuna.Study | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    artifact_store: ArtifactStore | None = None,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    retry_failed: bool = False,
+) -> SearchOutcome:
+    """Run (or resume) the study of ``space`` and export its best assignment.
+
+    Every setting (study name = ``space.name``, proxy, repeats, budget, pruner, sampler)
+    comes from the space, unless given as an Optuna object below: apply command-line flags with
+    :func:`~geosearch.search.space.spec.apply_overrides` first. Rerunning with the same space
+    resumes the study (``docs/design.md`` says what counts towards the budget).
+
+    Args:
+        space: the search space, or its file / shipped name.
+        runs_dir: parent of the run directory ``<runs_dir>/<space.name>``.
+        storage: an Optuna storage URL, a journal file path or an
+            ``optuna.storages.BaseStorage`` instead of the run directory's own.
+        workers: processes on this machine; more than one starts that many worker
+            processes (``python -m geosearch search ... --worker-index i``), each on its
+            own GPU when there are GPUs, else on a share of the CPU threads; this process
+            then only watches and prints.
+        worker_index: set in those worker processes (not by users).
+        stale_after: seconds without a heartbeat after which a trial of a worker on
+            another host is taken as dead (its worker writes one every
+            ``min(30, stale_after / 4)`` s). Use the same value on every machine.
+        export: write ``best_assignment.yaml`` at the end (not in worker processes).
+        out: where progress lines go (default stdout).
+        progress: a progress bar on stderr (default: when stderr is a terminal).
+        study: run this ``optuna.Study`` (its storage, name, sampler and pruner) instead
+            of the space's; the run directory is ``<runs_dir>/<study.study_name>``. It
+            must minimise; a study holding another space's trials is refused.
+        sampler: an Optuna sampler instead of the space's; it proposes every point (a
+            grid space's points are then not queued).
+        pruner: an Optuna pruner instead of the space's ``LogitGrowthPruner`` (wrap a
+            loss pruner in ``LogitGrowthPruner(loss_pruner=...)`` to keep the logit checks).
+        artifact_store: where each trial's files go as Optuna artifacts (default: an
+            ``optuna.artifacts.FileSystemArtifactStore`` in ``<run_dir>/artifacts``).
+        max_retries: times in a row a trial that failed because of its environment (out
+            of memory, CUDA, disk, storage: :mod:`~geosearch.search.study.failures`) runs its
+            point again; it counts towards the budget only once it stays failed.
+        retry_failed: first queue the study's failed points again, once each.
+
+    Objects (a study, a storage object, a sampler, a pruner, an artifact store) live in
+    this process: with ``workers`` > 1 pass a storage URL and the space's settings instead.
+
+    Under ``torchrun`` / ``accelerate launch`` (``WORLD_SIZE`` > 1) every process trains
+    each trial on its share of the batch and rank 0 alone runs the study
+    (:mod:`geosearch.search.runtime.distributed`); ``workers`` must then be 1.
+
+    Returns:
+        A :class:`SearchOutcome`.
+
+    Raises:
+        ConfigError: bad space, data, storage URL, or a resumed study created with other
+            settings; ``workers`` > 1 in a distributed launch or with Optuna objects; both
+            ``study`` and ``storage``; a ``study`` that maximises.
+        GeosearchError: several trials in a row failed (likely a problem every trial has);
+            on ranks other than 0: rank 0 stopped with an error.
+        KeyboardInterrupt: Ctrl-C; the interrupted trial is failed and queued again.
+    """
+    if not isinstance(space, SearchSpace):
+        space = load_space(space)
+    options = SearchOptions(
+        runs_dir=runs_dir, storage=storage, workers=workers, worker_index=worker_index,
+        stale_after=stale_after, export=export, out=out, progress=progress, study=study,
+        sampler=sampler, pruner=pruner, artifact_store=artifact_store, max_retries=max_retries,
+        retry_failed=retry_failed)
+    options.check()
+    if study is not None:
+        space = apply_overrides(space, name=study.study_name)
+    world = launch_world()[1]
+    if world == 1:
+        return _search(space, options)
+
+    # Data parallel: checked on every rank before any message, so all stop alike.
+    if workers > 1 or worker_index is not None:
+        raise ConfigError(
+            f"--workers {workers} runs that many one-process trials at once, while this "
+            f"distributed launch ({world} processes) runs each trial on all of them: pick one "
+            "(drop --workers, or start `geosearch search --workers N` without torchrun/accelerate "
+            "launch)", source="--workers")
+    if space.proxy.batch_size % world:
+        raise ConfigError(f"global batch {space.proxy.batch_size} does not split over the "
+                          f"{world} processes of this launch", source=space.source or "search space",
+                          key="proxy.batch_size")
+    group = RankGroup(get_accelerator(space.proxy.device, space.proxy.mixed_precision))
+    if group.rank != 0:
+        stopped = follow(group, train)
+        return SearchOutcome(space.name, Path(runs_dir) / space.name, "the storage of rank 0",
+                             stopped, Ranking([], [], "ranked by rank 0"), {}, rank=group.rank)
+    try:
+        outcome = _search(space, options, group)
+    except Exception as e:
+        group.fail(e)  # the other ranks end with the same message
+        raise
+    group.stop(outcome.stopped)
+    return outcome
+
+
+def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None = None) -> SearchOutcome:
+    """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
+    (not one of its workers) checks what would fail every trial, then holds the study's
+    :class:`~geosearch.search.runtime.locks.CommandLock` on this machine while it runs."""
+    if options.worker_index is not None:  # its command holds the lock
+        return _run_study(space, options, group)
+    run_dir = Path(options.runs_dir) / space.name
+    echo = functools.partial(print, file=options.out or sys.stdout, flush=True)
+
+    check_no_other_run(run_dir, space.name, echo)  # at once, before the preflight's work
+    preflight(space)
+    with contextlib.ExitStack() as held:
+        def claim() -> None:  # once the storage opened (a bad one writes nothing), before any ask
+            held.enter_context(CommandLock(run_dir, space.name))  # of two commands, one runs
+            check_no_other_run(run_dir, space.name, echo)  # workers of a dead command stopping
+
+        return _run_study(space, options, group, claim)
+
+
+def _run_study(space: SearchSpace, objects: SearchOptions, group: RankGroup | None = None,
+               claim: Callable[[], None] | None = None) -> SearchOutcome:
+    """:func:`_search` (``claim``: called once the study is open, to hold it)."""
+    out = objects.out or sys.stdout
+    workers, worker_index = objects.workers, objects.worker_index
+
+    def echo(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    run_dir = Path(objects.runs_dir) / space.name
+    exhaustive = objects.sampler is None and space.sampler_type() == "grid"
+    budget = resolve_budget(space, exhaustive)
+    if worker_index is not None:
+        share_cpu(workers)
+    study, desc, existed, notes = _start_study(space, run_dir, _sampler(space, objects, exhaustive), objects)
+    if claim is not None:
+        claim()
+    if worker_index is None:
+        _prepare(study, space, objects, run_dir, notes, echo)
+        if exhaustive:
+            top_up_queue(study, space, budget)
+        _retry_failed(study, objects, echo)
+        done = done_count(study)
+        echo(f"study {space.name!r} in {desc}: "
+             + (f"resuming, {done} trials done" if existed else "new")
+             + (f", budget {budget} trials" if budget is not None else "")
+             + (f", timeout {space.budget.timeout:g} s" if space.budget.timeout else "")
+             + (f"; each trial on {group.world} processes (data parallel)" if group else ""))
+
+    bar = _TrialBar(budget, study, enabled=objects.progress if objects.progress is not None else
+                    (sys.stderr.isatty() and worker_index is None), echo=echo)
+
+    def on_trial(t: FrozenTrial) -> None:
+        if trial_status(t) not in NOT_RUN:
+            bar.write(trial_line(t))
+        bar.update()
+
+    try:
+        if workers > 1 and worker_index is None:
+            stopped = run_workers(space, run_dir, objects.storage, workers, study, on_trial, echo,
+                                  objects.stale_after, max_retries=objects.max_retries)
+            stopped = done_reason(study, budget, exhaustive, space.grid_size()) or stopped
+        else:
+            store = objects.artifact_store or default_store(run_dir)
+            searcher = Searcher(space, study, run_dir, exhaustive=exhaustive, budget=budget,
+                                stale_after=objects.stale_after, echo=echo, group=group,
+                                store_files=TrialFiles(store, echo), max_retries=objects.max_retries)
+            stopped = searcher.run(space.budget.timeout, on_trial)
+    finally:
+        bar.close()
+    outcome = SearchOutcome(space.name, run_dir, desc, stopped, rank_study(study), _status_counts(study))
+    return _conclude(study, objects, outcome, echo)
+
+
+def _sampler(space: SearchSpace, objects: SearchOptions, exhaustive: bool) -> optuna.samplers.BaseSampler:
+    """The given sampler, else the space's (a worker's seed offset by its index). Exhaustive:
+    points come from the queue; the sampler only fills a trial asked for in a race on the
+    last point (and that trial is not run). See docs/design.md."""
+    seed = space.sampler.seed
+    if objects.worker_index is not None:
+        seed = None if seed is None else seed + objects.worker_index
+    if objects.sampler is not None:
+        return objects.sampler
+    return optuna.samplers.RandomSampler(seed=seed) if exhaustive else space.make_sampler(seed)
+
+
+def _prepare(study: optuna.Study, space: SearchSpace, objects: SearchOptions, run_dir: Path,
+             notes: list[str], echo: Callable[[str], None]) -> None:
+    """A command's start: write ``space.yaml``, print the space and the notes, recover the
+    trials of dead workers."""
+    write_space_file(space, run_dir)
+    echo(space.summary())
+    for note in notes:
+        echo(note)
+    owner = Owner(run_dir)
+    try:
+        for recovered in recover_stale(study, owner, objects.stale_after, objects.max_retries):
+            echo(recovered_line(*recovered))
+    finally:
+        owner.close()
+
+
+def _retry_failed(study: optuna.Study, objects: SearchOptions, echo: Callable[[str], None]) -> None:
+    """``--retry-failed``: queue the failed points again, once each, and say which."""
+    if not objects.retry_failed:
+        return
+    again = requeue_failed(study)
+    echo(f"--retry-failed: the points of failed trials {', '.join(map(str, again))} are "
+         "queued again" if again else "--retry-failed: no failed point to queue again")
+
+
+def _status_counts(study: optuna.Study) -> dict[str, int]:
+    """Trials per ``status`` word, in the order the statuses first occur."""
+    counts: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        s = trial_status(t)
+        counts[s] = counts.get(s, 0) + 1
+    return counts
+
+
+def _conclude(study: optuna.Study, objects: SearchOptions, outcome: SearchOutcome,
+              echo: Callable[[str], None]) -> SearchOutcome:
+    """A command's end: print why it stopped and the ranking, export the best assignment."""
+    if objects.worker_index is None:
+        echo(f"stopped: {outcome.stopped}")
+        echo(format_ranking(study, outcome.ranking))
+        if objects.export and outcome.ranking.rows:
+            outcome.exported = export_best(outcome.run_dir, study=study)[0]
+            echo(f"best assignment: {outcome.exported}")
+    return outcome
+
+
+class _TrialBar:
+    """A tqdm bar over counted trials (an Optuna dependency), or plain lines."""
+
+    def __init__(self, budget: int | None, study: optuna.Study, enabled: bool,
+                 echo: Callable[[str], None]) -> None:
+        self.bar = None
+        self.study, self.echo = study, echo
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=budget, initial=done_count(study), unit="trial",
+                            dynamic_ncols=True, file=sys.stderr)
+
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            with self.bar.external_write_mode():
+                self.echo(line)
+        else:
+            self.echo(line)
+
+    def update(self) -> None:
+        if self.bar is not None:
+            self.bar.update(max(0, done_count(self.study) - self.bar.n))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,497 @@
+"""The trial loop of one process: ask for a trial, guard it, train each rung and seed, tell.
+
+:class:`Searcher` asks the study for a trial, skips it when the budget is taken or it
+repeats a scored point, trains the proxy run once per seed at each rung of the Σ η ladder
+(:mod:`geosearch.search.horizon.target`; one rung unless the space asks for more), reporting
+validation losses, recording probes with their Σ η and asking the pruner at each record,
+and tells the study the outcome with its user attrs; a trial's exception fails that
+trial, not the search: a failure of the environment (out of memory, CUDA, disk, storage:
+:mod:`geosearch.search.study.failures`) queues its point again up to ``max_retries`` times in a
+row. Once the space's points are done it trains the baselines and the rounds of adaptive
+seeds (:mod:`geosearch.search.study.extras`), which never count. A Ctrl-C fails the trial and
+queues its point again (:mod:`geosearch.search.runtime.interrupts` keeps the signal). Trial
+outcomes, repeats and the ladder are described in ``docs/design.md`` ("The study").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from geosearch.errors import GeosearchError
+from geosearch.proxy.config import TrainResult
+from geosearch.proxy.train import train
+from geosearch.search.space.baselines import BASELINES
+from geosearch.search.study.baselines import baseline_suggestion
+from geosearch.search.runtime.distributed import RankGroup
+from geosearch.search.study.extras import extra_plan, queue_extras, seed_twin_of
+from geosearch.search.study.failures import DEFAULT_MAX_RETRIES, failed_attrs, failure_kind
+from geosearch.search.runtime.interrupts import CTRL_C, ctrl_c_latch, sigint_deferred
+from geosearch.search.study.recovery import recover_stale, recovered_line
+from geosearch.search.runtime.liveness import (
+    HEARTBEAT_EVERY,
+    Heartbeat,
+    Owner,
+    TrialLost,
+)
+from geosearch.search.study.queue import budget_taken, done_reason, enqueue, trial_params, twin_of
+from geosearch.search.stats.scores import Score
+from geosearch.search.records import (
+    ASSIGNMENT,
+    ASSIGNMENT_KEY,
+    BASELINE,
+    BUDGET_STEPS,
+    COMPLETED,
+    DUPLICATE,
+    DUPLICATE_OF,
+    FAIL_REASON,
+    HEARTBEAT,
+    INTERRUPTED,
+    LOGIT_SCALE,
+    MAX_LOGIT,
+    MEAN_STEP_MS,
+    NUM_PROCESSES,
+    PROBE_HISTORY,
+    PRUNE_REASON,
+    PRUNED_RUNG,
+    PRUNED_SEED,
+    QUEUED,
+    RETRIED,
+    RUNG_INDICES,
+    RUNG_LOSSES,
+    RUNG_PROBES,
+    RUNNING,
+    SEED_OF,
+    SEEDS,
+    SIGMA_MAX,
+    SKIPPED,
+    STATUS,
+    STOP_STEP,
+    TARGET_LOGIT_SCALE,
+    TARGET_STEPS,
+    TARGET_SUM_ETA,
+    TOKENS_PER_S,
+    TRIAL_DIR,
+    UNSTABLE,
+    VAL_LOSS_MEAN,
+    VAL_LOSS_STD,
+    VAL_LOSSES,
+    WORKER,
+    is_extra,
+    json_safe,
+)
+from geosearch.search.horizon.pruner import probe_row
+from geosearch.search.space.spec import SearchSpace, Suggestion
+from geosearch.search.runtime.storage import TRACEBACK_FILE, TRIALS_DIR
+from geosearch.search.horizon.target import (
+    model_logit_scale,
+    plan_rungs,
+    probe_sum_eta,
+    resolve_target,
+    rung_dir,
+    rung_run,
+    rung_seeds,
+)
+
+__all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_FAILURES_IN_A_ROW", "Searcher", "StopSearch", "trial_seeds"]
+
+MAX_FAILURES_IN_A_ROW = 5
+"""Failed trials in a row after which the search stops (the problem is not the point)."""
+MAX_DUPLICATES_IN_A_ROW = 100
+"""Already scored proposals in a row after which the space is taken as exhausted."""
+
+
+def trial_seeds(space: SearchSpace) -> list[int]:
+    """The seeds each trial trains, one proxy run per seed: ``proxy.seed + r``."""
+    return [space.proxy.seed + r for r in range(space.repeats)]
+
+
+class StopSearch(Exception):
+    """Ends the trial loop with a reason (not an error): raised by :meth:`Searcher.run_trial`
+    when the space looks exhausted; its message is why the search stopped."""
+
+
+class Searcher:
+    """The trial loop of one process: ask, guard, train each seed, tell.
+
+    Args:
+        space: the search space (points, proxy run, seeds).
+        study: the study, opened by this process.
+        run_dir: ``<runs-dir>/<study>``; trials write into ``trials/<n>/``.
+        exhaustive: points come from the queue only (a grid space).
+        budget: counted trials to run to, ``None`` for no limit.
+        stale_after: seconds without a heartbeat after which another host's trial is dead.
+        echo: prints one line.
+        group: in a data-parallel launch, the ranks that train each run with this one.
+        store_files: called with each trained trial and its folder before its outcome is
+            told (:class:`~geosearch.search.runtime.artifacts.TrialFiles` stores them as artifacts).
+        max_retries: times in a row a failure of the environment queues its point again.
+    """
+
+    def __init__(self, space: SearchSpace, study: optuna.Study, run_dir: Path, *, exhaustive: bool,
+                 budget: int | None, stale_after: float, echo: Callable[[str], None],
+                 group: RankGroup | None = None,
+                 store_files: Callable[[optuna.Trial, Path], None] | None = None,
+                 max_retries: int = DEFAULT_MAX_RETRIES) -> None:
+        self.space, self.study, self.run_dir = space, study, run_dir
+        self.exhaustive, self.budget, self.stale_after = exhaustive, budget, stale_after
+        self.echo = echo
+        self.group = group  # data parallel: the other ranks train each run with this one
+        self.store_files = store_files
+        self.max_retries = max_retries
+        self.grid_size = space.grid_size()
+        self.failures_in_a_row = 0
+        self.duplicates_in_a_row = 0
+        self.owner = Owner(run_dir)
+        self.rungs = plan_rungs(space)
+        target = resolve_target(space)
+        self.target_lr = target.spectral_lr  # rungs above it are not judged (see _callback)
+        # what the pruner's forecast reads on each trial (geosearch.search.horizon.pruner)
+        self.target_attrs = {
+            TARGET_SUM_ETA: target.sum_eta, TARGET_STEPS: target.steps,
+            LOGIT_SCALE: model_logit_scale(space.proxy.model, space.proxy.model_args),
+            TARGET_LOGIT_SCALE: model_logit_scale(target.model, target.model_args)}
+
+    # ------------------------------------------------------------------ loop
+    def run(self, timeout: float | None, on_trial: Callable[[FrozenTrial], None]) -> str:
+        """Run trials until the budget, the space or ``timeout`` (seconds) is used up.
+
+        Args:
+            timeout: seconds for this call; ``None`` = no limit.
+            on_trial: called with each trial this process trained, once it is told.
+
+        Returns:
+            Why the loop stopped, in words.
+        """
+        start = time.monotonic()
+        with ctrl_c_latch():
+            try:
+                while True:
+                    if timeout is not None and time.monotonic() - start >= timeout:
+                        return f"timeout of {timeout:g} s reached"
+                    why = self._should_stop()
+                    if why and not queue_extras(self.study, self.space, self.echo):
+                        return why
+                    trial = self.owner.ask(self.study)  # one asker of this machine at a time
+                    try:
+                        number = self.run_trial(trial)
+                    except KeyboardInterrupt:
+                        self._interrupted(trial)
+                        raise
+                    except StopSearch as e:
+                        return str(e)
+                    except (TrialLost, optuna.exceptions.UpdateFinishedTrialError):
+                        self.echo(f"trial {trial.number} was taken for dead by another worker (no "
+                                  f"heartbeat for {self.stale_after:g} s?), which queued its point "
+                                  "again: this worker drops it")
+                        continue
+                    if number is not None:
+                        on_trial(self._frozen(number))
+            finally:
+                self.owner.close()
+
+    def _should_stop(self) -> str | None:
+        for recovered in recover_stale(self.study, self.owner, self.stale_after, self.max_retries):
+            self.echo(recovered_line(*recovered))
+        return done_reason(self.study, self.budget, self.exhaustive, self.grid_size)
+
+    def _frozen(self, number: int) -> FrozenTrial:
+        return next(t for t in self.study.get_trials(deepcopy=False) if t.number == number)
+
+    # ------------------------------------------------------------------ one trial
+    def run_trial(self, trial: optuna.Trial) -> int | None:
+        """Guard, train and tell one asked trial; returns its number if it was trained. The seam
+        ``objective`` runs a trial through; raises :class:`StopSearch` on a run of duplicates."""
+        attrs = trial.user_attrs
+        trial.set_user_attr(WORKER, self.owner.attr())
+        trial.set_user_attr(HEARTBEAT, time.time())
+        if self.exhaustive and not attrs.get(QUEUED):
+            self._not_run(trial, SKIPPED, "the queue was empty when this worker asked (another "
+                                          "worker took the last point)")
+            return None
+        if is_extra(trial):
+            return self._run_extra(trial)
+        suggestion = self.space.suggest(trial)
+        why = budget_taken(self.study, self.budget, trial.number)
+        if why:
+            self._not_run(trial, SKIPPED, why, requeue=bool(attrs.get(QUEUED)))
+            return None
+        twin = twin_of(self.study, trial.number, trial.params)
+        if twin is not None:
+            self._not_run(trial, DUPLICATE, f"same point as trial {twin}", duplicate_of=twin)
+            self.duplicates_in_a_row += 1
+            if self.duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+                raise StopSearch(f"the sampler proposed {MAX_DUPLICATES_IN_A_ROW} already scored points "
+                            "in a row; the space looks exhausted")
+            return None
+        self.duplicates_in_a_row = 0
+        return self._train_trial(trial, suggestion)
+
+    def _interrupted(self, trial: optuna.Trial) -> None:
+        """Record a Ctrl-C (or SIGTERM) that landed anywhere between ``ask`` and ``tell``:
+        fail the trial as ``interrupted`` and queue its point again (``retry_of``), so that a
+        rerun trains it. A trial already told, or failed by a worker that took it for dead,
+        is left as it is. torchrun sends every rank a second SIGINT: it waits until this is
+        stored. The point is queued before the trial is told (:meth:`_fail`)."""
+        with sigint_deferred():
+            if self._frozen(trial.number).state != TrialState.RUNNING:
+                return
+            try:
+                trial.set_user_attr(STATUS, INTERRUPTED)
+                trial.set_user_attr(FAIL_REASON, "interrupted (Ctrl-C); queued again: rerun the "
+                                                 "same command to resume")
+                point = trial_params(trial)
+                if point:
+                    enqueue(self.study, point, retry_of=trial.number)
+                self._tell(trial, TrialState.FAIL)
+            except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+                return  # failed meanwhile by a worker that took it for dead
+
+    def _run_extra(self, trial: optuna.Trial) -> int | None:
+        """Train a baseline or an adaptive seed (queued by :func:`queue_extras`): never
+        budget-checked, never a duplicate of a point; a (point, seed) trains once."""
+        ua = trial.user_attrs
+        if ua.get(BASELINE) is not None:
+            if ua[BASELINE] not in BASELINES:
+                self._not_run(trial, SKIPPED, f"unknown baseline {ua[BASELINE]!r}")
+                return None
+            return self._train_trial(trial, baseline_suggestion(self.space, ua[BASELINE]))
+        suggestion = self.space.suggest(trial)  # the point's params, fixed when queued
+        twin = seed_twin_of(self.study, trial)
+        if twin is not None:
+            self._not_run(trial, DUPLICATE, f"seed {ua.get(SEEDS)} of trial {ua.get(SEED_OF)} "
+                                            f"is trial {twin}'s", duplicate_of=twin)
+            return None
+        return self._train_trial(trial, suggestion)
+
+    def _plan_of(self, trial: optuna.Trial) -> tuple[list[int], list]:
+        """The seeds and rungs ``trial`` trains (:func:`extra_plan`)."""
+        return extra_plan(trial, trial_seeds(self.space), self.rungs)
+
+    def _not_run(self, trial: optuna.Trial, status: str, why: str, *, requeue: bool = False,
+                 duplicate_of: int | None = None) -> None:
+        """Fail a trial that is not trained (skipped, a duplicate). With ``requeue``, its
+        point is queued again (``retry_of`` this trial) before the trial is told, as
+        :meth:`_fail` does, so a process killed in between leaves a queued point, which
+        recovery does not queue twice, never a lost one."""
+        trial.set_user_attr(STATUS, status)
+        trial.set_user_attr(FAIL_REASON, why)
+        if duplicate_of is not None:
+            trial.set_user_attr(DUPLICATE_OF, duplicate_of)
+        params = trial_params(trial)
+        if requeue and params:
+            enqueue(self.study, params, retry_of=trial.number)
+        self._tell(trial, TrialState.FAIL)
+
+    def _train_trial(self, trial: optuna.Trial, suggestion: Suggestion) -> int:
+        n = trial.number
+        resolved = suggestion.assignment().resolve()
+        seeds, rungs = self._plan_of(trial)
+        trial_dir = self.run_dir / TRIALS_DIR / str(n)
+        for key, value in {
+            # the reason first: a worker killed between the two writes leaves a reason
+            FAIL_REASON: "interrupted before it finished (its worker was killed or crashed); "
+                         "rerun the same command to run this point again",
+            STATUS: RUNNING,
+            ASSIGNMENT: resolved,
+            ASSIGNMENT_KEY: ",".join(f"{t}={g}" for t, g in sorted(resolved.items())),
+            BUDGET_STEPS: self.space.proxy.steps,
+            SEEDS: seeds,
+            RUNG_INDICES: [r.index for r in rungs],
+            TRIAL_DIR: f"{TRIALS_DIR}/{n}",
+            PROBE_HISTORY: [],
+            NUM_PROCESSES: self.group.world if self.group else 1,
+            **self.target_attrs,
+        }.items():
+            trial.set_user_attr(key, value)
+
+        heartbeat = Heartbeat(trial, min(HEARTBEAT_EVERY, self.stale_after / 4))
+        try:
+            with heartbeat:
+                results, probes = self._train_rungs(trial, suggestion, trial_dir, heartbeat)
+            if heartbeat.lost.is_set():
+                raise TrialLost
+        except TrialLost:
+            raise
+        except Exception as e:  # noqa: BLE001 - a trial's error must not end the search
+            message = str(e) if isinstance(e, GeosearchError) else f"{type(e).__name__}: {e}"
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            (trial_dir / TRACEBACK_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+            return self._fail(trial, message, failure_kind(e), {})
+
+        last, rung, seed = results[-1][-1], rungs[len(results) - 1], seeds[len(results[-1]) - 1]
+        where = ([f"rung {rung.index} (Σ η {rung.sum_eta:.3g})"] if len(rungs) > 1 else []) + (
+            [f"seed {seed}"] if len(seeds) > 1 else [])
+        prefix = ", ".join(where) + ": " if where else ""
+        common = self._run_attrs(results, probes)
+        if last.status == "unstable":
+            if len(seeds) > 1:
+                common[PRUNED_SEED] = seed
+            if len(rungs) > 1:
+                common[PRUNED_RUNG] = rung.index
+            common[PROBE_HISTORY] = probes[-1][-1]  # the pruned run's
+            self._finish(trial, TrialState.PRUNED, {
+                STATUS: UNSTABLE, PRUNE_REASON: prefix + (last.reason or "unstable"),
+                STOP_STEP: last.stop_step, **common})
+            self.failures_in_a_row = 0
+            return n
+        if last.status == "failed":
+            return self._fail(trial, prefix + (last.reason or "failed"),
+                              failure_kind(last.reason or ""), {STOP_STEP: last.stop_step, **common})
+        losses = [r.final_val_loss for r in results[-1]]  # the top rung's
+        if any(v is None or not math.isfinite(v) for v in losses):
+            self._finish(trial, TrialState.PRUNED, {
+                STATUS: UNSTABLE, PRUNE_REASON: "no finite final validation loss", **common})
+            return n
+        score = Score(tuple(float(v) for v in losses))
+        self._finish(trial, TrialState.COMPLETE, {
+            STATUS: COMPLETED, VAL_LOSSES: list(score.values), VAL_LOSS_MEAN: score.mean,
+            VAL_LOSS_STD: score.std, **common}, value=score.mean)
+        self.failures_in_a_row = 0
+        return n
+
+    def _train_rungs(self, trial: optuna.Trial, suggestion: Suggestion, trial_dir: Path,
+                     heartbeat: Heartbeat) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
+        """Train each seed at each rung, lowest first, until a run does not complete.
+
+        Returns:
+            Per rung reached, per seed run: its result, and the probe rows it recorded.
+        """
+        results: list[list[TrainResult]] = []
+        probes: list[list[list[dict]]] = []
+        seeds, rungs = self._plan_of(trial)
+        for rung in rungs:
+            results.append([])
+            probes.append([])
+            for seed in rung_seeds(seeds, rung, self.rungs[-1], self.space.ladder.lower_seeds):
+                r = seed - self.space.proxy.seed  # the repeat: a seed trial's may be past repeats
+                config, assignment = rung_run(self.space, suggestion, r, rung)
+                rows: list[dict] = []
+                callback = self._callback(trial, rows, probe_sum_eta(config, assignment), heartbeat,
+                                          report=rung.index == 0 and r == 0,
+                                          judge=rung.spectral_lr <= self.target_lr * (1 + 1e-9))
+                out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
+                # trackers (proxy.log_with): one run per trial and seed, in the study's project
+                name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
+                results[-1].append(self._train(config, assignment, callback=callback, out_dir=out_dir,
+                                               project=self.study.study_name, run_name=f"{name} seed {seed}"))
+                probes[-1].append(rows)
+                if results[-1][-1].status != "completed":  # TrainResult.status
+                    return results, probes
+        return results, probes
+
+    def _fail(self, trial: optuna.Trial, message: str, kind: str, attrs: dict[str, Any]) -> int:
+        """Fail a trained trial; a failure of the environment with retries left is ``retried``:
+        its point is queued again (:func:`~geosearch.search.study.failures.failed_attrs`), before
+        the trial is told, so that a process killed in between (torchrun stopping rank 0
+        once a peer died) leaves a RUNNING trial whose retry is queued, which the next run
+        fails without queueing it twice (:func:`~geosearch.search.study.failures.settle_dead`),
+        never a failed trial whose point is lost."""
+        attrs = {**failed_attrs(self.study, trial, message, kind, self.max_retries), **attrs}
+        params = trial_params(trial)
+        if attrs[STATUS] == RETRIED and params:
+            enqueue(self.study, params, retry_of=trial.number)
+        self._finish(trial, TrialState.FAIL, attrs)
+        return self._after_failure(trial.number, message)
+
+    def _after_failure(self, number: int, message: str) -> int:
+        self.failures_in_a_row += 1
+        if self.failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
+            raise GeosearchError(
+                f"{MAX_FAILURES_IN_A_ROW} trials in a row failed, the last (trial {number}) with: "
+                f"{message}; see {self.run_dir / TRIALS_DIR / str(number)}")
+        return number
+
+    def _run_attrs(self, results: list[list[TrainResult]],
+                   probes: list[list[list[dict]]]) -> dict[str, Any]:
+        """The attrs of a trained trial whatever its outcome: the first seed's probes at the
+        last rung it reached (and at every rung), speed, last max logit, losses per rung."""
+        first = results[-1][0]
+        probed = [m for m in first.history if m.get("max_logit") is not None]
+        runs = [r for rung in results for r in rung]
+        speeds = [r.mean_step_ms for r in runs if math.isfinite(r.mean_step_ms)]
+        tokens = [r.tokens_per_s for r in runs if math.isfinite(r.tokens_per_s)]
+        return {
+            PROBE_HISTORY: probes[-1][0],
+            MEAN_STEP_MS: sum(speeds) / len(speeds) if speeds else None,
+            TOKENS_PER_S: sum(tokens) / len(tokens) if tokens else None,
+            MAX_LOGIT: probed[-1]["max_logit"] if probed else None,
+            SIGMA_MAX: probed[-1].get("sigma_max") if probed else None,
+            RUNG_LOSSES: [[r.final_val_loss for r in rung] for rung in results],
+            RUNG_PROBES: [rung[0] for rung in probes],
+        }
+
+    def _finish(self, trial: optuna.Trial, state: TrialState, attrs: dict[str, Any], *,
+                value: float | None = None) -> None:
+        """Write a trained trial's final attrs and tell its outcome."""
+        attrs.setdefault(PRUNE_REASON, None)
+        attrs.setdefault(STOP_STEP, None)
+        if state != TrialState.FAIL:
+            attrs.setdefault(FAIL_REASON, None)
+        try:
+            if self.store_files is not None:
+                self.store_files(trial, self.run_dir / TRIALS_DIR / str(trial.number))
+            for key, v in attrs.items():
+                trial.set_user_attr(key, json_safe(v))
+            self._tell(trial, state, value)
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            if self._frozen(trial.number).state != TrialState.RUNNING:
+                raise TrialLost from None  # failed meanwhile by a worker that took it for dead
+            raise
+
+    def _tell(self, trial: optuna.Trial, state: TrialState, value: float | None = None) -> None:
+        """Tell the study how ``trial`` ended (``study.optimize``'s objective records it instead).
+
+        A sampler that has run out of points (Optuna's grid and brute-force samplers) calls
+        ``study.stop()``, which raises outside ``study.optimize`` once the trial is stored:
+        the loop's own stopping rules end the search then.
+        """
+        try:
+            self.study.tell(trial, value, state=state)
+        except RuntimeError as e:
+            if "Study.stop" not in str(e):
+                raise
+
+    def _train(self, config: Any, assignment: Any, **kwargs: Any) -> TrainResult:
+        """One proxy run: here, or on every rank of a distributed launch."""
+        if self.group is not None:
+            return self.group.train(train, config, assignment, **kwargs)
+        return train(config, assignment, **kwargs)
+
+    def _callback(self, trial: optuna.Trial, history: list[dict], sum_eta: Callable[[int], float],
+                  heartbeat: Heartbeat, *, report: bool, judge: bool) -> Callable[[int, dict], str | None]:
+        """Reports (``report``: the first seed at rung 0 only, as Optuna keeps one value per
+        step), probes (appended to ``history``, with their Σ η) and the pruner's verdict for
+        one run (``judge``: only at a rung whose spectral step is not above the target's; a
+        larger step stands in for Σ η in the loss, but its logits overshoot the long run's at
+        the same Σ η: ``docs/design.md``, "The ladder"). The trainer stops a non-finite run
+        at any rung."""
+        pruner = self.study.pruner
+
+        def callback(step: int, metrics: dict) -> str | None:
+            if heartbeat.lost.is_set():
+                raise TrialLost
+            if CTRL_C.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see ctrl_c_latch)
+                raise KeyboardInterrupt
+            try:
+                if report and metrics.get("val_loss") is not None:
+                    trial.report(float(metrics["val_loss"]), step)
+                if metrics.get("max_logit") is not None:
+                    history.append(json_safe(probe_row(metrics, sum_eta=sum_eta(step))))
+                    trial.set_user_attr(PROBE_HISTORY, list(history))
+            except optuna.exceptions.UpdateFinishedTrialError:
+                raise TrialLost from None
+            if not judge or not trial.should_prune():
+                return None
+            reason = getattr(pruner, "reason", None)
+            why = reason(self.study, trial) if callable(reason) else None
+            return why or f"pruned by {type(pruner).__name__} at step {step}"
+
+        return callback

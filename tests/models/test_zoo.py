@@ -1,0 +1,463 @@
+"""Model specs: the proxy presets, Hugging Face GPT-2 / LLaMA, other Hugging Face model types
+and config directories (``hf:<model_type>``, ``hf:PATH``), and a user's own model."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from geosearch.assignment import Assignment
+from geosearch.errors import ConfigError
+from geosearch.inspect import describe_parameters
+from geosearch.modules import get_rule_set, match_parameters, module_types
+from geosearch.build import build_optimizer
+from geosearch.models.model import GPT, make_config
+from geosearch.proxy.probes import WeightProbe, attention_stats
+from geosearch.models.lm import lm_logits, lm_loss
+from geosearch.models.specs import model_spec_names
+from geosearch.models.zoo import (
+    BuiltModel,
+    build_meta_model,
+    build_model,
+    check_model_spec,
+    default_rules,
+)
+
+HF_REASON = "Hugging Face transformers is not installed (pip install 'geosearch[hf]')"
+TESTS = Path(__file__).resolve().parents[1]
+T = 16
+TINY = {
+    "hf:gpt2": dict(n_layer=2, n_head=2, n_embd=32),
+    "hf:llama": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=96),
+}
+# hf:<model_type> beyond the two registered families: 2 layers, width 64, 4 heads
+TYPES = {
+    f"hf:{t}": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=kv,
+                    intermediate_size=96)
+    for t, kv in (("mistral", 2), ("qwen2", 2), ("gemma", 1), ("phi3", 4))
+}
+LLAMA_TYPES = ["attn_q", "attn_k", "attn_v", "attn_out", "mlp_gate", "mlp_in", "mlp_out"]
+ASSIGN = "attn=stiefel,mlp=dgram"
+
+
+@pytest.fixture
+def hf():
+    return pytest.importorskip("transformers", reason=HF_REASON)
+
+
+@pytest.fixture
+def user_model(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    import _user_model
+
+    return _user_model
+
+
+def _batch(n: int = 4, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(256, (n, T), generator=g), torch.randint(256, (n, T), generator=g)
+
+
+def _tiny(spec: str, **extra) -> BuiltModel:
+    torch.manual_seed(0)
+    return build_model(spec, vocab_size=256, block_size=T, model_args={**{**TINY, **TYPES}[spec], **extra})
+
+
+def _offline(monkeypatch) -> None:
+    def no_network(*args, **kwargs):
+        raise OSError("network access attempted while building a model")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+
+
+# --------------------------------------------------------------------------- Hugging Face
+@pytest.mark.parametrize("spec", list(TINY))
+def test_hf_models_build_offline_and_start_at_uniform_loss(spec, hf, monkeypatch):
+    _offline(monkeypatch)
+    built = _tiny(spec)
+    family = spec.split(":")[1]
+    # Rule: the family's rule set and qk source, the data's vocabulary and context length.
+    assert (built.family, built.rules, built.qk_source) == (family, family, family)
+    assert built.vocab_size == 256 and built.block_size == T
+    assert built.model.config.vocab_size == 256 and not built.model.config.use_cache
+    x, y = _batch()
+    logits = lm_logits(built.model, x)
+    assert logits.shape == (4, T, 256)
+    # Rule: at a small random init the model predicts ~uniformly: loss ≈ ln 256.
+    assert lm_loss(built.model, x, y).item() == pytest.approx(math.log(256), abs=0.1)
+    # Rule: describe() is YAML-safe and names the spec, class and sizes.
+    import yaml
+
+    d = yaml.safe_load(yaml.safe_dump(built.describe()))
+    assert d["spec"] == spec and d["class"] == type(built.model).__name__ and d["parameters"] > 0
+
+
+def test_hf_defaults_are_the_small_proxy_size(hf):
+    gpt2 = build_model("hf:gpt2", vocab_size=256, block_size=None, model_args={}).model.config
+    llama = build_model("hf:llama", vocab_size=256, block_size=None, model_args={}).model.config
+    # Rule: width 128, 4 layers, 4 heads, T=128 (the `small` preset); LLaMA with 2 KV heads.
+    assert (gpt2.n_embd, gpt2.n_layer, gpt2.n_head, gpt2.n_positions) == (128, 4, 4, 128)
+    assert (llama.hidden_size, llama.num_hidden_layers, llama.num_attention_heads,
+            llama.num_key_value_heads, llama.intermediate_size, llama.max_position_embeddings) == (
+        128, 4, 4, 2, 344, 128)
+    # Rule: dropout off for proxy runs.
+    assert gpt2.resid_pdrop == gpt2.embd_pdrop == gpt2.attn_pdrop == 0.0
+
+
+def test_block_size_and_aliases(hf):
+    # Rule: `block_size` in model_args sets the HF context-length field; aliases resolve.
+    built = build_model("hf:gpt2", vocab_size=256, block_size=64,
+                        model_args={"block_size": 16, "num_hidden_layers": 1, "hidden_size": 32, "n_head": 2})
+    cfg = built.model.config
+    assert (built.block_size, cfg.n_positions, cfg.n_layer, cfg.n_embd) == (16, 16, 1, 32)
+    # Rule: the block_size argument is the default when model_args do not set it.
+    assert build_model("hf:llama", vocab_size=256, block_size=48, model_args=TINY["hf:llama"]).block_size == 48
+    # Rule: a larger vocab_size may be asked for, a smaller one is an error.
+    assert _tiny("hf:gpt2", vocab_size=300).vocab_size == 300
+    with pytest.raises(ConfigError, match="smaller than the data's 256"):
+        _tiny("hf:gpt2", vocab_size=100)
+
+
+@pytest.mark.parametrize("spec", list(TINY))
+def test_hf_rules_cover_every_hidden_weight_and_the_optimizer_keeps_constraints(spec, hf):
+    built = _tiny(spec)
+    model = built.model
+    match = match_parameters(model, built.rules)
+    # Rule: every 2-D hidden weight has a module type; every rule finds weights.
+    assert match.unmatched_hidden == [] and match.empty_rules == []
+    assert len(match.matched) == 2 * (4 if spec == "hf:gpt2" else 7)
+    _check_training_keeps_constraints(built)
+
+
+def _check_training_keeps_constraints(built: BuiltModel) -> None:
+    model = built.model
+    assignment = Assignment.parse(ASSIGN, rules=built.rules)
+    opt = build_optimizer(model, assignment, verbose=False)
+    # Rule: every parameter is in exactly one group.
+    grouped = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(grouped) == len(set(grouped)) == len(list(model.parameters()))
+    probe = WeightProbe.from_assignment(model, assignment)
+    x, y = _batch()
+    losses = []
+    for _ in range(5):
+        loss = lm_loss(model, x, y)
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    # Rule: after the steps every constrained type is still on its manifold ...
+    errors = probe.measure()["constraint_error"]
+    assert set(errors) == set(assignment.resolve()) and max(errors.values()) < 1e-3, errors
+    # ... and the loss on the repeated batch went down.
+    assert losses[-1] < losses[0]
+
+
+# --------------------------------------------------------------------------- hf:<model_type>, hf:PATH
+@pytest.mark.parametrize("spec", list(TYPES))
+def test_hf_model_types_build_offline_with_rules_probes_and_constraints(spec, hf, monkeypatch):
+    _offline(monkeypatch)
+    built = _tiny(spec)
+    model_type = spec.split(":")[1]
+    # Rule: the family is the model type; the data's vocabulary and context; no KV cache.
+    assert built.family == model_type and built.model.config.model_type == model_type
+    assert built.vocab_size == built.model.config.vocab_size == 256 and built.block_size == T
+    assert not built.model.config.use_cache
+    # Rule: LLaMA-like families take the registered llama rule set; Phi-3 (fused qkv_proj and
+    # gate_up_proj) gets rules read off its names with the same module types, split blocks.
+    if model_type == "phi3":
+        assert isinstance(built.rules, tuple) and module_types(built.rules) == LLAMA_TYPES
+        assert {r.type: r.split for r in built.rules if r.split} == {
+            "attn_qkv": ("attn_q", "attn_k", "attn_v"), "mlp_gate_up": ("mlp_gate", "mlp_in")}
+    else:
+        assert built.rules == "llama"
+    # Rule: their attention is probed (q, k hooked), so no warning is attached.
+    assert built.qk_source == "llama" and built.warnings == []
+    stats = attention_stats(built.model, _batch()[0], built.qk_source)
+    assert len(stats["max_logit_per_layer"]) == 2 and math.isfinite(stats["max_logit"])
+    import yaml
+
+    d = yaml.safe_load(yaml.safe_dump(built.describe()))  # Rule: describe() stays YAML-safe
+    assert d["family"] == model_type and d["warnings"] == []
+    _check_training_keeps_constraints(built)
+
+
+def test_hf_model_type_defaults_are_small_with_the_familys_ratios(hf):
+    def config(spec):
+        return build_meta_model(spec, vocab_size=256).model.config
+
+    mistral, phi3, gemma, opt = (config(f"hf:{t}") for t in ("mistral", "phi3", "gemma", "opt"))
+    # Rule: the small proxy's width, depth, heads and context; the data's vocabulary.
+    for c in (mistral, phi3, gemma):
+        assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings,
+                c.vocab_size) == (128, 4, 4, 128, 256)
+    # Rule: key-value heads and MLP width keep the family's ratios: Mistral 8 of 32 heads and
+    # 14336 / 4096; Phi-3 all heads and 8192 / 3072; Gemma's head_dim follows the width.
+    assert (mistral.num_key_value_heads, mistral.intermediate_size) == (1, 448)
+    assert (phi3.num_key_value_heads, phi3.intermediate_size) == (4, 341)
+    assert gemma.head_dim == 32 and gemma.intermediate_size == 1024
+    # Rule: dropout off (OPT's default is 0.1), no token ids, no KV cache.
+    assert opt.dropout == 0.0 and mistral.bos_token_id is None and mistral.eos_token_id is None
+    assert not mistral.use_cache
+    # Rule: what model_args set wins, and the ratios follow it.
+    c = build_meta_model("hf:mistral", vocab_size=256, model_args={"hidden_size": 64, "num_attention_heads": 8}).model.config
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size) == (
+        64, 8, 2, 8, 224)
+
+
+def test_hf_path_builds_the_config_json_as_written(hf, tmp_path, monkeypatch):
+    _offline(monkeypatch)
+    hf.Qwen2Config(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=80, vocab_size=300, max_position_embeddings=512).save_pretrained(tmp_path)
+    spec = f"hf:{tmp_path}"
+    built = build_model(spec, vocab_size=256)
+    c = built.model.config
+    # Rule: the architecture is the file's (width 48, vocabulary 300), random weights.
+    assert (built.family, type(built.model).__name__) == ("qwen2", "Qwen2ForCausalLM")
+    assert (c.hidden_size, c.num_hidden_layers, c.num_key_value_heads, c.intermediate_size, c.vocab_size) == (
+        48, 2, 2, 80, 300)
+    # Rule: the model reaches 512 positions; the proxy trains on the default context (128).
+    assert c.max_position_embeddings == 512 and built.block_size == 128
+    assert built.rules == "llama" and built.qk_source == "llama"
+    # Rule: model_args override the file; block_size sets both the field and the context.
+    other = build_model(spec, vocab_size=256, model_args={"num_hidden_layers": 1, "block_size": 64})
+    assert (other.model.config.num_hidden_layers, other.model.config.max_position_embeddings,
+            other.block_size) == (1, 64, 64)
+    # Rule: the data's vocabulary must fit the file's.
+    with pytest.raises(ConfigError, match="vocab_size 300 is smaller than the data's 512"):
+        build_model(spec, vocab_size=512)
+    # Rule: a directory without config.json, or of a model that is no causal LM, is named.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"no config.json in .*empty; hf:PATH takes a directory"):
+        check_model_spec(f"hf:{tmp_path / 'empty'}")
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ConfigError, match="has model_type 'bert', which is not a decoder-only causal LM"):
+        check_model_spec(f"hf:{tmp_path / 'bert'}")
+
+
+def test_unknown_and_encoder_decoder_types_are_refused(hf):
+    # Rule: a near miss names the close model types.
+    with pytest.raises(ConfigError, match=r"unknown Hugging Face model 'hf:mistrall' \(did you mean hf:mistral"):
+        check_model_spec("hf:mistrall")
+    # Rule: unknown fields list the config's own fields, as for the registered families.
+    with pytest.raises(ConfigError, match=r"unknown field 'n_layers' for model 'hf:qwen2' \(Qwen2Config\)") as e:
+        check_model_spec("hf:qwen2", {"n_layers": 2})
+    assert "num_hidden_layers" in e.value.allowed and "block_size" in e.value.allowed
+    with pytest.raises(ConfigError, match="num_key_value_heads=3; it must divide the heads"):
+        check_model_spec("hf:mistral", {"num_key_value_heads": 3})
+
+
+def test_a_model_the_probes_cannot_hook_is_built_with_a_warning(hf, caplog, monkeypatch):
+    from geosearch.models import zoo
+
+    monkeypatch.setattr(zoo, "_WARNED", set())  # as in a fresh process
+    args = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                intermediate_size=64)
+    with caplog.at_level(logging.WARNING, logger="geosearch"):
+        first = build_model("hf:gemma2", vocab_size=256, block_size=T, model_args=args)
+        again = build_meta_model("hf:gemma2", vocab_size=256, block_size=T, model_args=args)
+    # Rule: Gemma 2 soft-caps its attention logits: no q/k capture, and one warning line per
+    # process that says what is lost; the built model carries it (config.yaml records it).
+    assert first.qk_source is None and again.qk_source is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "geosearch"]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "cannot hook the queries and keys of Gemma2ForCausalLM" in lines[0]
+    assert "logit-growth pruner has no signal" in lines[0]
+    assert first.warnings == again.warnings == lines and first.describe()["warnings"] == lines
+
+
+def test_default_rules_of_hf_model_types(hf):
+    # Rule: registered families answer without building; others are built on the meta device.
+    assert default_rules("hf:llama") == "llama" and default_rules("hf:mistral") == "llama"
+    phi3 = default_rules("hf:phi3")
+    assert module_types(phi3) == LLAMA_TYPES
+    # Rule: grouped-query Phi-3 keeps qkv_proj whole (K, V narrower than Q): one type, attn_qkv.
+    gqa = default_rules("hf:phi3", {"num_key_value_heads": 2})
+    assert module_types(gqa) == ["attn_qkv", "attn_out", "mlp_gate", "mlp_in", "mlp_out"]
+    assert default_rules("hf:no_such_type") is None
+    assert module_types(get_rule_set(default_rules("hf:qwen2"))) == LLAMA_TYPES
+
+
+def test_nanogpt_rules_refuse_hf_gpt2_conv1d(hf):
+    built = _tiny("hf:gpt2")
+    # Rule: the nn.Linear rule set on Conv1D weights is an error naming the layout problem.
+    with pytest.raises(ConfigError, match="Conv1D.*'in_out'"):
+        match_parameters(built.model, "nanogpt")
+
+
+# --------------------------------------------------------------------------- Conv1D orientation
+def _proxy_and_hf_twins():
+    """The proxy GPT and HF GPT-2 computing the same function (HF Conv1D = Linear weight ᵀ)."""
+    torch.manual_seed(0)
+    proxy = GPT(make_config("tiny", block_size=T)).double()
+    hf = build_model("hf:gpt2", vocab_size=256, block_size=T,
+                     model_args={**TINY["hf:gpt2"], "activation_function": "gelu"}).model.double()
+    src = dict(proxy.named_parameters())
+    modules = dict(hf.named_modules())
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            conv = type(modules[name.rpartition(".")[0]]).__name__ == "Conv1D" and p.dim() == 2
+            p.copy_(src[name].mT if conv else src[name])
+    return proxy, hf
+
+
+def _hidden(model, rules):
+    return {m.name: m.param for m in match_parameters(model, rules).matched}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+def test_conv1d_weights_are_constrained_like_the_proxy_linear_ones(split, hf):
+    proxy, hf_model = _proxy_and_hf_twins()
+    x, y = _batch()
+    torch.testing.assert_close(lm_logits(hf_model, x), lm_logits(proxy, x))  # the same function
+    if split:
+        rules = ("nanogpt_split", "gpt2_split")
+        text = "attn_q=stiefel,attn_k=dgram,attn_v=oblique,attn_out=dgram,mlp_in=oblique,mlp_out=stiefel"
+    else:
+        rules = ("nanogpt", "gpt2")
+        text = "attn_qkv=stiefel,attn_out=dgram,mlp_in=oblique,mlp_out=stiefel"
+    opts = [build_optimizer(m, Assignment.parse(text, rules=r), verbose=False)
+            for m, r in zip((proxy, hf_model), rules)]
+    a, b = _hidden(proxy, rules[0]), _hidden(hf_model, rules[1])
+    assert a.keys() == b.keys()
+    # Rule: placing the weights on their manifolds gives the HF weights = the proxy's ᵀ,
+    # including square DGram blocks (attn_out), whose Gram matrix is orientation-sensitive.
+    for name in a:
+        torch.testing.assert_close(b[name].detach().mT, a[name].detach(), rtol=0, atol=1e-6)
+    # Rule: Stiefel c_attn: WᵀW = I on the proxy's (out, in) weight, W Wᵀ = I on HF's (in, out).
+    C = 32
+    c_attn = "transformer.h.0.attn.c_attn.weight"
+    W_proxy, W_hf = a[c_attn].detach(), b[c_attn].detach()  # (3C, C) and (C, 3C)
+    q_proxy, q_hf = (W_proxy[:C], W_hf[:, :C]) if split else (W_proxy, W_hf)  # attn_q block / whole
+    eye = torch.eye(C, dtype=torch.float64)
+    torch.testing.assert_close(q_proxy.mT @ q_proxy, eye, atol=1e-5, rtol=0)
+    torch.testing.assert_close(q_hf @ q_hf.mT, eye, atol=1e-5, rtol=0)
+    for _ in range(3):  # the same batch and steps on both
+        losses = []
+        for model, opt in zip((proxy, hf_model), opts):
+            loss = lm_loss(model, x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    # Rule: the two layouts follow one trajectory.
+    for name in a:
+        torch.testing.assert_close(b[name].detach().mT, a[name].detach(), rtol=0, atol=1e-5)
+    # Rule: the weight probe measures the same σ_max and constraint errors on both.
+    geometry_p = WeightProbe.from_assignment(proxy, Assignment.parse(text, rules=rules[0])).measure()
+    geometry_h = WeightProbe.from_assignment(hf_model, Assignment.parse(text, rules=rules[1])).measure()
+    assert geometry_h["sigma_max"] == pytest.approx(geometry_p["sigma_max"], rel=1e-5)
+    assert max(geometry_h["constraint_error"].values()) < 1e-4
+    assert geometry_h["constraint_error"] == pytest.approx(geometry_p["constraint_error"], abs=1e-6)
+
+
+# --------------------------------------------------------------------------- presets, py:
+def test_presets_build_the_proxy():
+    torch.manual_seed(0)
+    built = build_model("tiny", vocab_size=256, block_size=None, model_args={"n_layer": 1})
+    # Rule: a preset gives the proxy GPT with the nanogpt rules and its own block size.
+    assert isinstance(built.model, GPT) and built.rules == "nanogpt" and built.qk_source == "nanogpt"
+    assert built.block_size == 32 and built.model.config.n_layer == 1
+    assert built.config["n_embd"] == 32
+    x, y = _batch()
+    # Rule: lm_loss is the proxy's own loss.
+    assert lm_loss(built.model, x, y).item() == pytest.approx(built.model(x, y)[1].item())
+
+
+def test_user_factory_model(user_model):
+    torch.manual_seed(0)
+    built = build_model("py:_user_model:make_model", vocab_size=256, block_size=T, model_args={"width": 48})
+    # Rule: the factory got vocab_size, block_size and the model args; no default rules;
+    # the record_qk protocol is detected for the attention probes.
+    assert isinstance(built.model, user_model.TinyLM) and built.model.embed.weight.shape == (256, 48)
+    assert (built.family, built.rules, built.qk_source, built.block_size) == ("py", None, "nanogpt", T)
+    assert built.config == {"factory": "_user_model:make_model",
+                            "kwargs": {"vocab_size": 256, "block_size": T, "width": 48}}
+    x, y = _batch()
+    assert lm_loss(built.model, x, y).item() == pytest.approx(math.log(256), abs=0.1)
+    stats = attention_stats(built.model, x, built.qk_source)
+    assert len(stats["max_logit_per_layer"]) == 2 and math.isfinite(stats["max_logit"])
+    # Rule: rules come from the user (a list, as in a YAML file), and then everything works.
+    with pytest.raises(ConfigError, match="no default rule set"):
+        describe_parameters(built)
+    assignment = Assignment.parse(ASSIGN, rules=user_model.RULES)
+    opt = build_optimizer(built.model, assignment, verbose=False)
+    loss = lm_loss(built.model, x, y)
+    loss.backward()
+    opt.step()
+    assert max(WeightProbe.from_assignment(built.model, assignment).measure()["constraint_error"].values()) < 1e-3
+
+
+def test_user_factory_from_a_file_path():
+    spec = f"py:{TESTS / '_user_model.py'}:make_model"
+    built = build_model(spec, vocab_size=256, block_size=T, model_args={})
+    assert type(built.model).__name__ == "TinyLM" and built.qk_source == "nanogpt"
+
+
+def test_lm_logits_rejects_outputs_without_logits():
+    class Bad(torch.nn.Module):
+        def forward(self, idx):
+            return idx.float()  # (B, T): no vocabulary dimension
+
+    # Rule: a forward that breaks the contract is a TypeError that states the contract.
+    with pytest.raises(TypeError, match=r"must return logits of shape \(B, T, V\)"):
+        lm_logits(Bad(), torch.zeros(2, 3, dtype=torch.long))
+
+
+# --------------------------------------------------------------------------- errors
+def test_unknown_specs_list_the_allowed_ones():
+    for spec in ("huge", "hf:bert", "py:no_colon"):
+        with pytest.raises(ConfigError) as e:
+            check_model_spec(spec)
+        # Rule: the message names the spec and lists the allowed specs.
+        assert repr(spec) in str(e.value) and "hf:llama" in str(e.value) and "py:MODULE:FACTORY" in str(e.value)
+    assert model_spec_names() == ["tiny", "small", "gpt2", "hf:gpt2", "hf:llama", "py:MODULE:FACTORY"]
+
+
+def test_missing_transformers_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails
+    with pytest.raises(ConfigError, match=r"needs Hugging Face transformers.*pip install 'geosearch\[hf\]'"):
+        build_model("hf:gpt2", vocab_size=256, block_size=None, model_args={})
+
+
+def test_bad_model_args(hf):
+    # Rule: an unknown field names the spec and lists the config's fields.
+    with pytest.raises(ConfigError, match="unknown field 'n_layers' for model 'hf:gpt2'") as e:
+        check_model_spec("hf:gpt2", {"n_layers": 2})
+    assert "n_layer" in e.value.allowed and e.value.key == "model_args.n_layers"
+    with pytest.raises(ConfigError, match="model 'tiny': unknown model field 'layers'"):
+        check_model_spec("tiny", {"layers": 2})
+    # Rule: sizes are checked before anything is built.
+    with pytest.raises(ConfigError, match="num_key_value_heads=3"):
+        check_model_spec("hf:llama", {"num_key_value_heads": 3})
+    with pytest.raises(ConfigError, match="width 30 is not a multiple of 4 heads"):
+        check_model_spec("hf:gpt2", {"n_embd": 30})
+    with pytest.raises(ConfigError, match="n_layer must be a positive integer but got 0"):
+        check_model_spec("hf:gpt2", {"n_layer": 0})
+    with pytest.raises(ConfigError, match="block_size=16 and n_positions=32 disagree"):
+        check_model_spec("hf:gpt2", {"block_size": 16, "n_positions": 32})
+
+
+def test_bad_user_factories(user_model):
+    # Rule: each mistake names the spec; a missing factory lists the module's callables.
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_pkg.models'"):
+        check_model_spec("py:no_such_pkg.models:make")
+    with pytest.raises(ConfigError, match="module '_user_model' has no factory 'make'") as e:
+        check_model_spec("py:_user_model:make")
+    assert "make_model" in e.value.allowed
+    with pytest.raises(ConfigError, match=r"make_model\(\) does not take the arguments") as e:
+        check_model_spec("py:_user_model:make_model", {"colour": "red"})
+    assert e.value.allowed == ["vocab_size", "block_size", "width", "depth", "heads"]
+    with pytest.raises(ConfigError, match=r"not_a_model\(\) returned a str, not a torch.nn.Module"):
+        build_model("py:_user_model:not_a_model", vocab_size=256, block_size=T, model_args={})
+    with pytest.raises(ConfigError, match="no file"):
+        check_model_spec("py:/nonexistent/m.py:make")

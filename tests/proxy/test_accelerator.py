@@ -1,0 +1,87 @@
+"""Tests of the process's one Accelerator and the distributed timeout (geosearch/proxy/accelerator.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from geosearch.errors import ConfigError
+from geosearch.proxy import accelerator as accelerator_mod
+from geosearch.proxy.accelerator import get_accelerator
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_one_device_and_precision_per_process():
+    get_accelerator("cpu", "no")  # this process trains on CPU without mixed precision
+    with pytest.raises(ConfigError, match="one device and precision per process"):
+        get_accelerator("cpu", "bf16")
+
+
+def test_distributed_timeout_comes_from_its_environment_variable(monkeypatch):
+    monkeypatch.delenv(accelerator_mod.DIST_TIMEOUT_ENV, raising=False)
+    # Rule: without the variable a rank waits 30 minutes in a collective.
+    assert accelerator_mod._dist_timeout() == 1800.0
+    monkeypatch.setenv(accelerator_mod.DIST_TIMEOUT_ENV, "90")
+    assert accelerator_mod._dist_timeout() == 90.0
+    # Rule: a value that is not a positive number is an error naming the variable.
+    for bad in ("soon", "0", "-5"):
+        monkeypatch.setenv(accelerator_mod.DIST_TIMEOUT_ENV, bad)
+        with pytest.raises(ConfigError, match=r"GEOSEARCH_DIST_TIMEOUT: must be a positive number"):
+            accelerator_mod._dist_timeout()
+
+
+# --------------------------------------------------------------------------- precision
+RUN = ["-m", "geosearch", "train", "--model", "tiny", "--model-arg", "n_layer=1",
+       "--assign", "attn=stiefel,mlp=dgram", "--steps", "2", "--batch-size", "4",
+       "--eval-every", "2", "--probe-every", "2", "--device", "cpu", "--quiet"]
+
+
+def _cli_run(tmp_path, name: str, env_precision: str, *flags: str) -> dict:
+    """``geosearch train`` in a new process (one Accelerator each) under
+    ``ACCELERATE_MIXED_PRECISION``, as ``accelerate launch --mixed_precision`` sets it."""
+    out = tmp_path / name
+    env = {**os.environ, accelerator_mod.PRECISION_ENV: env_precision, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, *RUN, *flags, "--out", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return yaml.safe_load((out / "config.yaml").read_text())
+
+
+def test_accelerate_configuration_sets_the_precision_unless_the_run_does(tmp_path):
+    # Rule: without --mixed-precision the launcher's bf16 is used, and recorded as used.
+    config = _cli_run(tmp_path, "from_env", "bf16")
+    assert config["mixed_precision"] == "bf16" and config["train"]["mixed_precision"] == "bf16"
+    # Rule: an explicit value wins over Accelerate's configuration.
+    config = _cli_run(tmp_path, "explicit", "bf16", "--mixed-precision", "no")
+    assert config["mixed_precision"] == "no" and config["train"]["mixed_precision"] == "no"
+
+
+def test_resolve_precision_reads_accelerates_variable(monkeypatch):
+    monkeypatch.delenv(accelerator_mod.PRECISION_ENV, raising=False)
+    assert accelerator_mod.resolve_precision(None) == "no"
+    monkeypatch.setenv(accelerator_mod.PRECISION_ENV, "bf16")
+    assert accelerator_mod.resolve_precision(None) == "bf16"
+    assert accelerator_mod.resolve_precision("no") == "no"
+    # Rule: a precision geosearch does not train in is refused, naming the variable.
+    monkeypatch.setenv(accelerator_mod.PRECISION_ENV, "fp8")
+    with pytest.raises(ConfigError, match=r"ACCELERATE_MIXED_PRECISION: unsupported .*'fp8'"):
+        accelerator_mod.resolve_precision(None)
+
+
+@pytest.mark.parametrize("env, what", [("ACCELERATE_USE_FSDP", "FSDP"),
+                                       ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")])
+def test_fsdp_and_deepspeed_configurations_are_refused_in_one_line(monkeypatch, env, what):
+    monkeypatch.setenv(env, "true")
+    with pytest.raises(ConfigError) as info:
+        get_accelerator("cpu", "no")
+    assert str(info.value).startswith(f"{env}: {what} is not supported yet")
+    assert len(str(info.value).splitlines()) == 1
+    monkeypatch.setenv(env, "false")
+    get_accelerator("cpu", "no")  # off again: accepted

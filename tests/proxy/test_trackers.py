@@ -1,0 +1,111 @@
+"""Tests of the runs' experiment trackers (geosearch/proxy/trackers.py, ``--log-with``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+import geosearch.proxy.train as train_mod
+from geosearch.assignment import Assignment
+from geosearch.cli import main
+from geosearch.errors import ConfigError
+from geosearch.proxy import trackers as trackers_mod
+from geosearch.proxy.config import TrainConfig
+from geosearch.proxy.train import train
+from geosearch.search.space.spec import apply_overrides
+
+from _search_helpers import make_space, search
+
+MIXED = "attn=stiefel,mlp=dgram"
+MIXED_A = Assignment.parse(MIXED)
+
+
+def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the TensorBoard event files in ``log_dir``, read back."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_run_holds_the_probes_as_scalars(tmp_path):
+    config = TrainConfig(model="tiny", steps=10, batch_size=4, eval_every=5, eval_batches=1,
+                         probe_every=5, probe_batch_size=2, device="cpu", log_with=["tensorboard"])
+    train(config, Assignment.parse(MIXED), out_dir=tmp_path, project="study", run_name="trial 0 seed 0")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    scalars = _scalars(tmp_path / "tensorboard")
+    for key in ("train_loss", "val_loss", "max_logit", "min_entropy", "grad_norm", "lr"):
+        assert scalars[key] == [(m["step"], pytest.approx(m[key], rel=1e-6)) for m in records], key
+    assert set(records[0]["sigma_max"]) == {"attn_qkv", "attn_out", "mlp_in", "mlp_out"}
+    for t in records[0]["sigma_max"]:  # σ_max per module type
+        assert scalars[f"sigma_max/{t}"] == [
+            (m["step"], pytest.approx(m["sigma_max"][t], rel=1e-6)) for m in records]
+    hparams = [yaml.safe_load(p.read_text()) for p in (tmp_path / "tensorboard").rglob("hparams.yml")]
+    assert len(hparams) == 1 and hparams[0]["run"] == "trial 0 seed 0"
+    assert hparams[0]["geometry.attn_qkv"] == "stiefel" and hparams[0]["geometry.mlp_in"] == "dgram"
+    assert hparams[0]["mixed_precision"] == "no"
+    assert hparams[0]["train.steps"] == 10
+
+
+def test_search_logs_one_run_per_trial_and_seed_in_the_studys_project(monkeypatch, tmp_path):
+    opened = []
+    real = train_mod.Trackers
+
+    def spy(names, out_dir, **kw):
+        opened.append((out_dir, kw["project"], kw["run_name"]))
+        return real(names, out_dir, **kw)
+
+    monkeypatch.setattr(train_mod, "Trackers", spy)
+    space = make_space({"attn": ["adamw"], "mlp": ["adamw"]}, repeats=2)
+    space = apply_overrides(space, [], log_with="tensorboard", trials=1)
+    assert space.proxy.log_with == ["tensorboard"]
+    search(space, tmp_path)
+    trial = tmp_path / "runs/t/trials/0"
+    assert opened == [(trial / "seed0", "t", "trial 0 seed 0"), (trial / "seed1", "t", "trial 0 seed 1")]
+    for seed in (0, 1):
+        assert [s for s, _ in _scalars(trial / f"seed{seed}/tensorboard")["val_loss"]] == [5, 10]
+
+
+def test_unknown_or_missing_trackers_are_refused_before_training(monkeypatch):
+    with pytest.raises(ConfigError, match=r"log_with: unknown tracker 'tensorbord'.*tensorboard"):
+        train(TrainConfig(model="tiny", steps=2, device="cpu", log_with="tensorbord"), MIXED_A)
+    monkeypatch.setattr(trackers_mod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"log_with: tracker 'wandb' needs the package wandb"):
+        trackers_mod.check_trackers(["wandb"])
+
+
+def test_cli_log_with_needs_a_run_directory(capsys):
+    code = main(["train", "--model", "tiny", "--assign", MIXED, "--device", "cpu", "--quiet",
+                 "--log-with", "tensorboard"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--log-with" in err and "--out" in err
+
+
+def test_search_takes_the_training_flags(monkeypatch):
+    import geosearch.search.study.run
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_search(space, **kwargs):
+        seen["proxy"] = space.proxy
+        raise Stop
+
+    monkeypatch.setattr(geosearch.search.study.run, "run_search", fake_run_search)
+    with pytest.raises(Stop):
+        main(["search", "--mixed-precision", "bf16", "--grad-accum", "2", "--compile",
+              "--log-with", "tensorboard"])
+    # Rule: each flag sets the proxy field of the same name; unset ones keep the space's.
+    proxy = seen["proxy"]
+    assert (proxy.mixed_precision, proxy.grad_accum, proxy.compile, proxy.log_with) == \
+        ("bf16", 2, True, ["tensorboard"])
+    with pytest.raises(Stop):
+        main(["search"])
+    assert (seen["proxy"].mixed_precision, seen["proxy"].grad_accum, seen["proxy"].compile,
+            seen["proxy"].log_with) == (None, 1, False, [])

@@ -1,0 +1,41 @@
+"""Tests of geosearch.search.runtime.interrupts: the Ctrl-C latch and the SIGINT deferral.
+
+The recording of an interrupted trial is tested through the search (tests/faults/,
+tests/search/runtime/test_distributed.py); here the signal handling alone, in the main thread.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+
+from geosearch.search.runtime.interrupts import CTRL_C, ctrl_c_latch, sigint_deferred
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to itself")
+
+
+def _send_sigint_and_wait() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(100_000):  # the handler runs between two bytecodes of the main thread
+        pass
+
+
+def test_the_latch_keeps_a_swallowed_ctrl_c_and_restores_the_handler():
+    before = signal.getsignal(signal.SIGINT)
+    with ctrl_c_latch():
+        assert not CTRL_C.is_set()
+        with pytest.raises(KeyboardInterrupt):  # raised, as without the latch...
+            _send_sigint_and_wait()
+        assert CTRL_C.is_set()  # ...and kept, for where Python swallows the KeyboardInterrupt
+    assert not CTRL_C.is_set()  # cleared when the loop ends
+    assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_sigint_is_ignored_while_deferred_and_handled_after():
+    before = signal.getsignal(signal.SIGINT)
+    with sigint_deferred():
+        _send_sigint_and_wait()  # ignored: no KeyboardInterrupt
+    assert signal.getsignal(signal.SIGINT) == before

@@ -1,0 +1,235 @@
+"""The search-space schema (geosearch/search/space/schema.py): every problem of a file, named."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from _spaces import problems, space, write
+
+from geosearch.errors import ConfigError
+from geosearch.modules import rule_set_names
+from geosearch.search import SearchSpaceError, apply_overrides, load_space
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+# ---------------------------------------------------------------------- messages
+def test_one_problem_is_one_line_with_file_key_and_allowed(tmp_path):
+    path = write(tmp_path, """\
+        version: 1
+        geometries: {attn: [stiefel, dgram], mlp: [stiefle]}
+    """)
+    with pytest.raises(SearchSpaceError) as e:
+        load_space(path)
+    msg = str(e.value)
+    # Rule: the message names the file, the key path and the allowed values, on one line.
+    assert msg.startswith(f"{path}: geometries.mlp: unknown geometry 'stiefle'; expected one of:")
+    assert "stiefel" in msg and "adamw" in msg and "\n" not in msg
+    # Rule: a SearchSpaceError is a ConfigError (the CLI prints it without a traceback).
+    assert isinstance(e.value, ConfigError)
+
+
+def test_all_problems_are_reported_at_once(tmp_path):
+    path = write(tmp_path, """\
+        version: 1
+        geometries: {attn: [stiefel], mlp: [dgram]}
+        proxy: {model: huge, steps: -5, lernrate: 0.1}
+        repeats: 0
+        pruner: {max_logit: -1, loss: {type: median, n_startup_trials: two}}
+        sampler: {type: bayes}
+        colour: blue
+    """)
+    with pytest.raises(SearchSpaceError) as e:
+        load_space(path)
+    found = problems(e)
+    # Rule: every problem is collected before raising, each with its key path.
+    assert set(found) == {"colour", "proxy.lernrate", "proxy.model", "proxy.steps", "repeats",
+                          "pruner.max_logit", "pruner.loss.n_startup_trials", "sampler.type"}
+    msg = str(e.value)
+    # Rule: several problems make one message: a count, then one indented line each.
+    assert msg.splitlines()[0] == f"{path}: 8 problems in the search space:"
+    assert "  sampler.type: unknown sampler 'bayes'; expected one of: auto, grid, tpe, random, gp" in msg
+    assert ("  proxy.model: unknown model 'huge'; expected one of: tiny, small, gpt2, hf:gpt2, hf:llama, "
+            "py:MODULE:FACTORY") in msg
+    assert "  pruner.max_logit: max_logit must be positive and finite but got -1" in msg
+    # Rule: unknown keys list the allowed keys of their level.
+    assert "version" in found["colour"].allowed and "steps" in found["proxy.lernrate"].allowed
+
+
+# ---------------------------------------------------------------------- geometries, rules
+def test_geometry_keys_are_module_types_or_shorthands():
+    # Rule: per-type keys of the rule set are accepted, one categorical each.
+    s = space(geometries={"attn_qkv": ["stiefel", "dgram"], "attn_out": "stiefel",
+                          "mlp": ["dgram", "adamw"]})
+    assert s.categorical_choices() == {"geometry.attn_qkv": ["stiefel", "dgram"], "geometry.attn_out": ["stiefel"],
+                                       "geometry.mlp": ["dgram", "adamw"]}
+    assert s.grid_size() == 4
+    with pytest.raises(SearchSpaceError) as e:
+        space(geometries={"attn_q": ["stiefel"], "mlp": ["dgram"]})
+    found = problems(e)
+    # Rule: a type of another rule set is unknown here; the allowed keys are listed.
+    assert found["geometries.attn_q"].allowed == ["attn", "mlp", "attn_qkv", "attn_out", "mlp_in",
+                                                  "mlp_out"]
+    # Rule: every module type must be covered.
+    assert "attn_qkv, attn_out" in found["geometries"].problem
+    # Rule: the split rule set accepts q, k, v.
+    split = space(rules="nanogpt_split", geometries={"attn_q": "stiefel", "attn_k": "stiefel",
+                                                     "attn_v": "dgram", "attn_out": "dgram",
+                                                     "mlp": "dgram"})
+    assert list(split.categorical_choices()) == ["geometry." + k for k in ["attn_q", "attn_k", "attn_v", "attn_out", "mlp"]]
+
+
+def test_a_module_type_is_covered_once():
+    with pytest.raises(SearchSpaceError) as e:
+        space(geometries={"attn": ["stiefel"], "attn_qkv": ["dgram"], "mlp": ["dgram"]})
+    # Rule: a type given both by itself and by its family's shorthand is ambiguous.
+    assert "'attn_qkv' is also covered by 'attn'" in problems(e)["geometries.attn_qkv"].problem
+
+
+def test_rules_errors_and_custom_rules():
+    with pytest.raises(SearchSpaceError) as e:
+        space(rules="no_such_family")
+    # Rule: an unknown rule set lists the known ones.
+    assert problems(e)["rules"].allowed == sorted(rule_set_names())
+    custom = [{"type": "qkv", "pattern": r"c_attn\.weight$", "family": "attn"},
+              {"type": "ffn", "pattern": r"c_fc\.weight$", "family": "mlp", "colour": 1}]
+    with pytest.raises(SearchSpaceError) as e:
+        space(rules=custom, geometries={"qkv": "stiefel", "ffn": "dgram"})
+    # Rule: rule entries are checked key by key, with their index in the path.
+    assert "rules[1].colour" in problems(e)
+    del custom[1]["colour"]
+    s = space(rules=custom, geometries={"qkv": ["stiefel", "dgram"], "mlp": "dgram"})
+    # Rule: a list of rules defines the module types; shorthands cover them by family.
+    assert s.categorical_choices() == {"geometry.qkv": ["stiefel", "dgram"], "geometry.mlp": ["dgram"]}
+    assert [r.type for r in s.rules] == ["qkv", "ffn"]
+
+
+def test_rules_default_to_the_models_rule_set(monkeypatch):
+    s = space(proxy={"model": "tiny"})
+    # Rule: a space that names no rules takes its model's default rule set.
+    assert (s.rules, s.rules_from_model) == ("nanogpt", True)
+    # Rule: overriding the model re-derives such rules; rules the space names stay.
+    assert apply_overrides(s, model="gpt2").rules == "nanogpt"
+    assert apply_overrides(space(rules="nanogpt_split"), model="tiny").rules == "nanogpt_split"
+    # Rule: to_dict() records the rules in use either way.
+    assert s.to_dict()["rules"] == "nanogpt"
+    # Rule: a py: model has no default rule set: the space must name one (listing them).
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model": "py:_user_model:make_model"})
+    assert set(problems(e)) == {"rules"} and problems(e)["rules"].allowed == sorted(rule_set_names())
+    assert space(rules="nanogpt", proxy={"model": "py:_user_model:make_model"}).rules == "nanogpt"
+    pytest.importorskip("transformers", reason="hf: models need Hugging Face transformers")
+    # Rule: Hugging Face models are valid proxies and bring their own rule sets.
+    assert space(proxy={"model": "hf:gpt2", "model_args": {"n_layer": 2}}).rules == "gpt2"
+    assert apply_overrides(s, ["proxy.model_args={num_hidden_layers: 2}"], model="hf:llama").rules == "llama"
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model": "hf:llama", "model_args": {"n_layers": 2}})
+    # Rule: a bad model field is reported under proxy.model_args, listing the config's fields.
+    assert "num_hidden_layers" in problems(e)["proxy.model_args.n_layers"].allowed
+
+
+# ---------------------------------------------------------------------- hyperparams
+def test_hyperparameter_ranges():
+    s = space(hyperparams={"spectral_lr": [0.005, 0.05], "lr": ["1e-4", 3.0e-3]},
+              budget={"trials": 100})
+    # Rule: ranges are log-uniform [low, high]; YAML 1.1's string "1e-4" is a number too.
+    assert (s.hyperparams.lr.low, s.hyperparams.lr.high) == (1e-4, 3e-3)
+    # Rule: continuous parameters make the space infinite and auto picks TPE.
+    assert s.grid_size() == math.inf and s.sampler_type() == "tpe"
+    with pytest.raises(SearchSpaceError) as e:
+        space(hyperparams={"spectral_lr": [0.05, 0.005], "lr": 3e-4, "momentum": [0.9, 0.99]},
+              budget={"trials": 5})
+    found = problems(e)
+    # Rule: low < high; a range is two numbers; only spectral_lr and lr are searchable.
+    assert "0 < low < high" in found["hyperparams.spectral_lr"].problem
+    assert "expected [low, high]" in found["hyperparams.lr"].problem
+    assert found["hyperparams.momentum"].allowed == ["spectral_lr", "lr"]
+    with pytest.raises(SearchSpaceError) as e:
+        space(hyperparams={"spectral_lr": {"oblique": [0.01, 0.1]}}, budget={"trials": 5})
+    # Rule: a per-geometry range needs a manifold geometry of this space.
+    assert problems(e)["hyperparams.spectral_lr.oblique"].allowed == ["dgram", "stiefel"]
+
+
+def test_grid_needs_a_finite_space():
+    with pytest.raises(SearchSpaceError) as e:
+        space(hyperparams={"lr": [1e-4, 1e-3]}, sampler={"type": "grid"})
+    err = problems(e)["sampler.type"]
+    # Rule: a grid over continuous parameters is an error naming them and the other samplers.
+    assert "hyperparams.lr is continuous" in err.problem
+    assert err.allowed == ["auto", "tpe", "random", "gp"]
+
+
+# ---------------------------------------------------------------------- pruner
+def test_pruner_errors():
+    with pytest.raises(SearchSpaceError) as e:
+        space(pruner={"max_logit": 50, "trend_min_logit": 80, "interval": 1.5,
+                      "loss": {"type": "percentile"}})
+    found = problems(e)
+    # Rule: a key of the removed step-wise trend rule is one error saying what replaced it.
+    assert "removed: the step-wise logit trend was replaced by a forecast in Σ η to the target" in found[
+        "pruner.trend_min_logit"].problem
+    # Rule: the forecast's interval is checked by the pruner.
+    assert "interval must be between 0 and 1" in found["pruner.interval"].problem
+    # Rule: the percentile pruner needs its percentile.
+    assert "pruner.loss.percentile" in found
+    with pytest.raises(SearchSpaceError) as e:
+        space(pruner={"loss": {"type": "percentile", "percentile": 120}})
+    # Rule: Optuna's own range checks come through, keyed to the loss pruner.
+    assert "Percentile must be between 0 and 100" in problems(e)["pruner.loss"].problem
+    with pytest.raises(SearchSpaceError) as e:
+        space(pruner={"loss": {"type": "successive_halving", "patience": 3}})
+    # Rule: each loss pruner accepts its own arguments only, listed on error.
+    assert "reduction_factor" in problems(e)["pruner.loss.patience"].allowed
+    with pytest.raises(SearchSpaceError) as e:
+        space(pruner={"loss": "hyperband"})
+    assert problems(e)["pruner.loss.type"].allowed == ["none", "median", "percentile",
+                                                       "successive_halving"]
+
+
+# ---------------------------------------------------------------------- proxy
+def test_proxy_errors():
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model_args": {"n_layers": 2},
+                     "optimizer_args": {"lr": 0.1, "dual_step": 3, "dual_steps": 0}})
+    found = problems(e)
+    # Rule: model_args are GPTConfig fields, listed on error.
+    assert "n_layer" in found["proxy.model_args.n_layers"].allowed
+    # Rule: optimizer_args take build_optimizer settings that are not TrainConfig fields.
+    assert found["proxy.optimizer_args.lr"].problem == "set it as proxy.lr"
+    assert "dual_steps" in found["proxy.optimizer_args.dual_step"].allowed
+    assert "proxy.optimizer_args.dual_steps" in found
+    s = space(proxy={"model": "tiny", "steps": 20, "lr": "1e-3", "optimizer_args": {"dual_steps": 5}})
+    # Rule: proxy is a TrainConfig (numeric strings accepted, as TrainConfig does).
+    assert (s.proxy.model, s.proxy.steps, s.proxy.lr) == ("tiny", 20, 1e-3)
+
+
+def test_max_repeats_and_baselines_are_checked_and_round_trip():
+    from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
+
+    base = {"version": 1, "geometries": {"attn": ["stiefel"], "mlp": ["dgram"]}, "proxy": {"model": "tiny"}}
+    space = SearchSpace.from_dict({**base, "repeats": 2, "max_repeats": 3, "baselines": ["muon_qkclip"]})
+    assert (space.max_repeats, space.baselines) == (3, ("muon_qkclip",))
+    assert SearchSpace.from_dict(space.to_dict()) == space
+    assert SearchSpace.from_dict(base).baselines == ("adamw", "muon")  # the schema's default
+    with pytest.raises(ConfigError, match=r"max_repeats: expected at least repeats \(2\), got 1"):
+        SearchSpace.from_dict({**base, "repeats": 2, "max_repeats": 1})
+    with pytest.raises(ConfigError, match=r"baselines: a baseline is listed twice"):
+        SearchSpace.from_dict({**base, "baselines": ["muon", "muon"]})
+    assert apply_overrides(load_space("default"), ["baselines=[]"]).baselines == ()
+
+
+def test_header_prints_the_steps_the_study_trains():
+    from geosearch.search.space.spec import apply_overrides, load_space
+
+    # 4 points x (1 seed x 200 at rung 0 + 2 x 400 at rung 1) + adamw 1 x 200 (rung 0 only) +
+    # muon 200 + 2 x 400; + 4 x 400 adaptive seeds at the top rung
+    text = load_space("default").summary()
+    assert "= 5,200 steps; up to 6,800 with adaptive seeds (max_repeats 3" in text
+    off = apply_overrides(load_space("default"), ["baselines=[]", "max_repeats=2"]).summary()
+    assert "= 4,000 steps" in off and "adaptive" not in off
+    every = apply_overrides(load_space("default"), ["ladder.lower_seeds=null", "baselines=[]",
+                                                    "max_repeats=2"]).summary()
+    assert "= 4,800 steps" in every

@@ -1,0 +1,43 @@
+"""Tests of geosearch.search.study.queue: the grid queue, the budget over runs, duplicates."""
+
+from __future__ import annotations
+
+import optuna
+from _search_helpers import make_space, search, trials_of
+from optuna.trial import TrialState
+
+from geosearch.search.study.queue import grid_points, param_key
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_grid_points_list_every_point_once_in_a_seeded_order():
+    grid = {"attn": ["adamw", "euclidean", "oblique"], "mlp": ["adamw", "euclidean"]}
+    points = grid_points(make_space(grid, sampler={"type": "grid", "seed": 1}))
+    # every combination of the choices, each once
+    assert len(points) == 6 and len({param_key(p) for p in points}) == 6
+    assert {(p["geometry.attn"], p["geometry.mlp"]) for p in points} == \
+        {(a, m) for a in grid["attn"] for m in grid["mlp"]}
+    # the order is the sampler seed's: the same seed gives the same queue
+    assert grid_points(make_space(grid, sampler={"type": "grid", "seed": 1})) == points
+
+
+def test_budget_counts_finished_trials_of_earlier_runs(fake, tmp_path):
+    grid = {"attn": ["adamw", "euclidean"], "mlp": ["adamw", "euclidean"]}
+    first = search(make_space(grid, sampler="grid", budget={"trials": 2}), tmp_path)
+    assert first.counts == {"completed": 2} and first.stopped == "budget of 2 trials reached"
+    second = search(make_space(grid, sampler="grid", budget={"trials": 4}), tmp_path)
+    assert second.counts == {"completed": 4} and len(fake.calls) == 4
+    keys = [c[0] for c in fake.calls]
+    assert len(set(keys)) == 4  # the rerun trained the two remaining points only
+    third = search(make_space(grid, sampler="grid", budget={"trials": 4}), tmp_path)
+    assert third.stopped == "every assignment of the space has been tried" and len(fake.calls) == 4
+
+
+def test_sampler_duplicates_are_not_trained(fake, tmp_path):
+    # a random sampler on a 2-point space with a budget of 6 proposes duplicates
+    out = search(make_space(sampler="random", budget={"trials": 6}), tmp_path)
+    assert sorted(fake.calls) == [("attn=adamw,mlp=adamw", 0), ("attn=euclidean,mlp=adamw", 0)]
+    assert out.stopped == "every one of the 2 assignments of the space has been scored"
+    dups = [t for t in trials_of(tmp_path) if t.user_attrs.get("status") == "duplicate"]
+    assert all(t.state == TrialState.FAIL and "same point as trial" in t.user_attrs["fail_reason"] for t in dups)

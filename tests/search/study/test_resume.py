@@ -1,0 +1,76 @@
+"""Tests of geosearch.search.study.resume: what a resumed study may change, and what it refuses.
+
+Run through the command (``geosearch search`` in this process, with the fake trainer of
+tests/_search_helpers.py): the note, the one error line, the exit code, the study untouched.
+"""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+import yaml
+from _search_helpers import TINY_PROXY, make_space, search, trials_of
+
+from geosearch.cli import main
+from geosearch.errors import ConfigError
+from geosearch.search.study.resume import RUN_TIME_KEYS
+from geosearch.search.runtime.storage import open_run_study
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _command(tmp_path, *flags):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(make_space().to_dict()), encoding="utf-8")
+    return ["search", "--space", str(path), "--runs-dir", str(tmp_path / "runs"), *flags]
+
+
+def _stored(tmp_path):
+    study = open_run_study(tmp_path / "runs" / "t")
+    return study.user_attrs, [(t.number, t.state, t.value) for t in study.get_trials()]
+
+
+def test_run_time_settings_may_change_with_a_note(fake, tmp_path, capsys):
+    assert main(_command(tmp_path)) == 0
+    capsys.readouterr()
+    before = _stored(tmp_path)
+    # half the memory per step: the same global batch of 2 in two micro-batches of 1
+    assert main(_command(tmp_path, "--grad-accum", "2", "--mixed-precision", "no", "--trials", "3")) == 0
+    out = capsys.readouterr().out
+    assert "note: study 't' was created with proxy.grad_accum=1; this run uses 2 (a run-time " \
+           "setting: what a trial measures is unchanged)" in out
+    assert "proxy.mixed_precision=None; this run uses 'no'" in out
+    assert _stored(tmp_path) == before  # nothing to train: the grid was done, nothing rewritten
+    assert {"device", "mixed_precision", "grad_accum"} <= set(RUN_TIME_KEYS)
+
+
+@pytest.mark.parametrize(("flags", "key"), [
+    (["--steps", "20"], "proxy.steps=10, not 20"),
+    (["--model-arg", "n_layer=1"], "proxy.model_args="),
+    (["--set", "proxy.eval_batches=2"], "proxy.eval_batches=1, not 2"),
+    (["--set", "proxy.seed=3"], "proxy.seed=0, not 3"),
+    (["--repeats", "2"], "a different repeats"),
+])
+def test_a_change_of_what_a_trial_measures_is_one_line_exit_2_study_unchanged(flags, key, fake,
+                                                                            tmp_path, capsys):
+    assert main(_command(tmp_path)) == 0
+    capsys.readouterr()
+    before = _stored(tmp_path)
+    assert main(_command(tmp_path, *flags)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("geosearch search: error: ") and key in lines[0]
+    assert _stored(tmp_path) == before
+
+
+def test_a_smaller_batch_is_refused_with_the_grad_accum_that_keeps_it(fake, tmp_path):
+    search(make_space(proxy={**TINY_PROXY, "batch_size": 8}), tmp_path)
+    with pytest.raises(ConfigError) as e:
+        search(make_space(proxy={**TINY_PROXY, "batch_size": 3}), tmp_path)
+    assert e.value.key == "proxy.batch_size"
+    assert ("created with proxy.batch_size=8, not 3; the batch is part of what a trial measures: "
+            "to use less memory, keep it and split it (--batch-size 8 --grad-accum 4, i.e. "
+            "proxy.grad_accum=4, trains micro-batches of 2 with the same effective batch of 8)"
+            ) in str(e.value)
+    # and that advice resumes the study
+    search(make_space(proxy={**TINY_PROXY, "batch_size": 8, "grad_accum": 4}), tmp_path)
+    assert len(trials_of(tmp_path)) == 2

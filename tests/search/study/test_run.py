@@ -1,0 +1,69 @@
+"""Tests of geosearch.search.study.run: a whole search, resume, and the package's API.
+
+The rooms of the study have their own files: test_storage, test_records, test_liveness,
+test_queue, test_trial_loop, test_export; the ranking it prints is tested in
+test_ranking.py, its statistics in test_stats.py, and the report in test_report_*.py.
+"""
+
+from __future__ import annotations
+
+
+import optuna
+import pytest
+import torch
+from _search_helpers import TINY_PROXY, make_space, search, trials_of
+
+from geosearch.assignment import load_assignment
+from geosearch.errors import ConfigError
+from geosearch.build import build_optimizer
+from geosearch.models.model import GPT, make_config
+from geosearch.search.stats.ranking import rank_study
+from geosearch.search.study.run import run_search
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+# --------------------------------------------------------------------------- a whole search
+def test_resume_with_other_proxy_settings_is_refused(fake, tmp_path):
+    search(make_space(), tmp_path)
+    changed = make_space(proxy={**TINY_PROXY, "steps": 20})
+    with pytest.raises(ConfigError, match=r"proxy\.steps=10, not 20"):
+        search(changed, tmp_path)
+
+
+def test_end_to_end_search_exports_an_assignment_that_builds_an_optimizer(tmp_path):
+    space = make_space({"attn": ["adamw", "oblique"], "mlp": ["adamw", "euclidean"]})
+    out = search(space, tmp_path)
+    reasons = [t.user_attrs.get("fail_reason") for t in trials_of(tmp_path)]
+    assert out.counts == {"completed": 4}, reasons
+    run = tmp_path / "runs" / "t"
+    for t in trials_of(tmp_path):
+        lines = (run / t.user_attrs["trial_dir"] / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == 2  # steps 5 and 10
+        assert (run / t.user_attrs["trial_dir"] / "config.yaml").is_file()
+    assert out.exported == run / "best_assignment.yaml"
+    a = load_assignment(out.exported)
+    best = out.ranking.rows[0]
+    assert a.provenance["trial"] == best.number and a.provenance["score"]["mean"] == pytest.approx(best.score.mean)
+    assert a.provenance["study"] == "t" and a.provenance["proxy"]["steps"] == 10
+    assert {"date", "geosearch_version", "verdict"} <= set(a.provenance)
+
+    torch.manual_seed(0)
+    model = GPT(make_config("tiny"))
+    opt = build_optimizer(model, a, verbose=False)
+    x = torch.randint(256, (2, 16))
+    before = [p.detach().clone() for p in model.parameters()]
+    model(x, x)[1].backward()
+    opt.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_search_package_exports_its_public_api():
+    import geosearch.search as search_pkg
+
+    # every name in __all__ resolves (study's names are imported on first use)
+    for name in search_pkg.__all__:
+        assert getattr(search_pkg, name) is not None, name
+    assert search_pkg.run_search is run_search and search_pkg.rank_study is rank_study
+    with pytest.raises(AttributeError):
+        search_pkg.no_such_name  # noqa: B018

@@ -1,0 +1,63 @@
+"""The number checks: one function per concept, bools never numbers."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from geosearch.checks import (
+    finite_or_none,
+    is_int,
+    is_number,
+    is_positive,
+    is_whole,
+    parse_decimal,
+    parse_number,
+)
+
+
+def test_a_bool_is_never_a_number():
+    for check in (is_number, is_whole, is_int, is_positive):
+        assert not check(True) and not check(False)
+    for parse in (finite_or_none, parse_number, parse_decimal):
+        assert parse(True) is None and parse(False) is None
+
+
+@pytest.mark.parametrize("v, number, whole, int_", [
+    (3, True, True, True), (3.0, True, False, False), (np.int64(3), True, True, False),
+    (np.float32(0.5), True, False, False), (Fraction(1, 2), True, False, False),
+    (math.nan, True, False, False), ("3", False, False, False), (None, False, False, False),
+])
+def test_real_whole_and_int_are_three_type_checks(v, number, whole, int_):
+    # Rule: real = numbers.Real, whole = numbers.Integral (numpy's too), int = Python int only.
+    assert (is_number(v), is_whole(v), is_int(v)) == (number, whole, int_)
+
+
+def test_positive_and_finite_or_none():
+    assert is_positive(0.1) and is_positive(np.int64(2))
+    assert not any(is_positive(v) for v in (0, -1, math.inf, math.nan, "1"))
+    assert finite_or_none(np.float32(0.5)) == 0.5 and finite_or_none(2) == 2.0
+    assert finite_or_none(math.inf) is None and finite_or_none("1") is None and finite_or_none(None) is None
+
+
+@pytest.mark.parametrize("v, number, decimal", [
+    ("1e-4", 1e-4, 1e-4), (" .5 ", 0.5, 0.5), (2, 2.0, 2.0), ("1_000", 1000.0, None),
+    (np.int64(3), 3.0, None), (Fraction(1, 4), 0.25, None), ("nan", None, None),
+    ("inf", None, None), (math.inf, None, None), ("x", None, None), ([1], None, None),
+])
+def test_the_two_parsers_differ_only_where_documented(v, number, decimal):
+    # Rule: parse_number reads what float() reads; parse_decimal only int/float and decimal literals.
+    assert parse_number(v) == number and parse_decimal(v) == decimal
+
+
+def test_the_module_imports_nothing_of_geosearch():
+    # Rule: beyond what `import geosearch` itself loads, only geosearch.checks.
+    code = ("import sys, geosearch; before = set(sys.modules); import geosearch.checks; "
+            "print(sorted(m for m in set(sys.modules) - before if m.startswith('geosearch')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "['geosearch.checks']"
