@@ -33,6 +33,7 @@ from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.stats.ranking import family_geometry, point_scores, trial_label, trial_score
 from geosearch.search.stats.scores import Score
 from geosearch.search.records import (
+    LOGIT_SCALE,
     ASSIGNMENT,
     BUDGET_STEPS,
     FAIL_REASON,
@@ -64,8 +65,9 @@ class TrialRecord:
 
     Attributes:
         number: Optuna trial number.
-        state: "completed", "unstable" (pruned), "failed", "interrupted" (its worker died
-            or was stopped; the point was queued again), "running" or "waiting"
+        state: "completed", "unstable" (pruned as unstable), "pruned" (by a loss pruner),
+            "failed", "interrupted" (its worker died or was stopped; the point was queued
+            again), "running" or "waiting"
             (:func:`geosearch.search.records.trial_status`).
         label: the searched geometries, e.g. ``"attn=stiefel, mlp=dgram"``.
         assignment: module type -> geometry (fully resolved; may be empty).
@@ -230,13 +232,13 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
     first = metrics[0] if metrics else []
 
     stop_step = ua.get(STOP_STEP)
-    if stop_step is None and state == "unstable":
+    if stop_step is None and state in ("unstable", "pruned"):
         # no attr: the last step the pruner saw, else the last step in metrics.jsonl
         stop_step = trial.last_step
         if stop_step is None and first:
             stop_step = first[-1].get("step")
     reason = None
-    if state == "unstable":
+    if state in ("unstable", "pruned"):
         reason = ua.get(PRUNE_REASON) or "no reason recorded"
     elif state == "failed":
         reason = ua.get(FAIL_REASON) or "no message recorded"
@@ -287,8 +289,14 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
     )
 
 
-def _threshold(attrs: dict[str, Any]) -> tuple[float | None, str]:
-    """The max-logit threshold: study's pruner settings, else LogitGrowthPruner's default."""
+def _threshold(study: optuna.Study, attrs: dict[str, Any], trials: list[FrozenTrial]) -> tuple[float | None, str]:
+    """The max-logit threshold the pruner judged the trials against: its rule on the proxy's
+    d/√d_head (``logit_scale``) when the trials store it, else the study's pruner settings'
+    ``max_logit``, else LogitGrowthPruner's default."""
+    scaled = next((t for t in trials if as_finite(t.user_attrs.get(LOGIT_SCALE)) is not None), None)
+    if scaled is not None:
+        value, text = study_pruner(study).max_logit_threshold(scaled)
+        return value, f"the pruner's rule, {text}"
     space = attrs.get(SPACE)
     pruner = space.get("pruner") if isinstance(space, dict) else None
     found = _find_key(pruner, "max_logit") if pruner is not None else None
@@ -339,7 +347,7 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
     attrs = dict(study.user_attrs)
     every = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
     ran = [t for t in every if trial_status(t) not in NOT_RUN]
-    threshold, source = _threshold(attrs)
+    threshold, source = _threshold(study, attrs, ran)
     ladder, target = attrs.get(LADDER), attrs.get(TARGET)
     rungs = [Rung(**r) for r in ladder] if isinstance(ladder, list) else []
     scores = point_scores(every)

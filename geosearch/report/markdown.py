@@ -25,7 +25,7 @@ from geosearch.search.study.baselines import BaselineTable
 from geosearch.search.horizon.forecast import short_logit
 from geosearch.search.stats.ranking import Ranking, format_params
 from geosearch.search.stats.scores import Score
-from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY
+from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY, PRUNED
 from geosearch.search.horizon.target import horizon_note, horizon_verdict
 
 __all__ = ["dashboard_paragraph", "render_markdown"]
@@ -131,7 +131,7 @@ def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str
     proxy = run.attrs.get(PROXY)
     if isinstance(proxy, dict) and proxy:
         lines.append("- proxy: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in proxy.items()))
-    counts = [f"{len(by_state.get(s, []))} {s}" for s in FINISHED]
+    counts = [f"{len(by_state.get(s, []))} {s}" for s in FINISHED if s != PRUNED or by_state.get(s)]
     counts += [f"{len(v)} {s}" for s, v in by_state.items() if s not in FINISHED]
     lines.append(f"- trials: {len(run.trials)} ({', '.join(counts)})")
     if run.seed_trials:
@@ -271,6 +271,11 @@ def _md_unfinished(by_state: dict[str, list[TrialRecord]]) -> list[str]:
                         [[t.number, t.label, _step(t), t.reason] for t in unstable])
     else:
         lines.append("None.")
+    pruned = by_state.get("pruned", [])
+    if pruned:
+        lines += ["", "Pruned by the loss pruner (slow, not unstable):", ""]
+        lines += _table(["trial", "assignment", "stopped at step", "reason"],
+                        [[t.number, t.label, _step(t), t.reason] for t in pruned])
     failed = by_state.get("failed", [])
     if failed:
         lines += ["", "## Failed trials", ""]

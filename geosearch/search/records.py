@@ -24,7 +24,7 @@ __all__ = [
     "TARGET_STEPS", "TARGET_SUM_ETA", "TOKENS_PER_S", "TRIAL_DIR", "VAL_LOSSES",
     "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER", "SEED_OF", "BASELINE", "RUNG_INDICES",
     "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
-    "COMPLETED", "UNSTABLE", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING", "DUPLICATE",
+    "COMPLETED", "UNSTABLE", "PRUNED", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING", "DUPLICATE",
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
     "is_extra", "json_safe", "trial_status",
 ]
@@ -88,11 +88,12 @@ TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE
 
 PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")
 """The keys of one ``probe_history`` row: metrics of the proxy run at a probe step, and Σ η
-after that step (``geosearch.search.horizon.pruner.probe_row`` builds one)."""
+after that step (``geosearch.search.horizon.probes.probe_row`` builds one)."""
 
 # --------------------------------------------------------------------------- outcomes
 COMPLETED = "completed"
 UNSTABLE = "unstable"
+PRUNED = "pruned"  # by a loss pruner (MedianPruner, ...): not an instability
 FAILED = "failed"
 INTERRUPTED = "interrupted"
 RETRIED = "retried"
@@ -100,20 +101,20 @@ RUNNING = "running"
 WAITING = "waiting"
 DUPLICATE = "duplicate"
 SKIPPED = "skipped"
-STATUSES = (COMPLETED, UNSTABLE, FAILED, INTERRUPTED, RETRIED, RUNNING, WAITING, DUPLICATE, SKIPPED)
+STATUSES = (COMPLETED, UNSTABLE, PRUNED, FAILED, INTERRUPTED, RETRIED, RUNNING, WAITING, DUPLICATE, SKIPPED)
 STATE_WORDS = {TrialState.COMPLETE: COMPLETED, TrialState.PRUNED: UNSTABLE,
                TrialState.RUNNING: RUNNING, TrialState.WAITING: WAITING}
 """The outcome word of a trial in each Optuna state but FAIL (whose word is in ``status``)."""
 NOT_RUN = (DUPLICATE, SKIPPED)
 """FAIL trials that never trained: bookkeeping, not results."""
-FINISHED = (COMPLETED, UNSTABLE, FAILED)
+FINISHED = (COMPLETED, UNSTABLE, PRUNED, FAILED)
 """Trials with a verdict: the ones the budget counts and the report shows as results."""
 
 
 def trial_status(trial: FrozenTrial) -> str:
     """What became of a trial, in one word (see "Trial outcomes" in ``docs/design.md``).
 
-    ``completed``, ``unstable`` (pruned), ``failed``, ``interrupted`` (a FAIL trial whose
+    ``completed``, ``unstable`` (pruned as unstable), ``pruned`` (by a loss pruner), ``failed``, ``interrupted`` (a FAIL trial whose
     worker died or was stopped: its point is queued again), ``retried`` (a failure of the
     environment whose point is queued again), ``duplicate`` or ``skipped``
     (FAIL bookkeeping trials that never trained), ``running`` or ``waiting`` (queued).
@@ -124,10 +125,12 @@ def trial_status(trial: FrozenTrial) -> str:
         if status in (*NOT_RUN, FAILED, RETRIED):
             return status
         reason = ua.get(FAIL_REASON)
-        if status in (RUNNING, INTERRUPTED, COMPLETED, UNSTABLE) or (  # its worker died before tell
+        if status in (RUNNING, INTERRUPTED, COMPLETED, UNSTABLE, PRUNED) or (  # its worker died before tell
                 status is None and isinstance(reason, str) and reason.startswith(INTERRUPTED)):
             return INTERRUPTED
         return FAILED
+    if trial.state == TrialState.PRUNED and ua.get(STATUS) == PRUNED:
+        return PRUNED
     return STATE_WORDS.get(trial.state, trial.state.name.lower())
 
 

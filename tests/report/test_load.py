@@ -113,3 +113,20 @@ def test_cli_missing_dir_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
 def test_cli_dir_without_storage(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "no study storage here (study.db or journal.log)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("factor", [None, 5.0])
+def test_the_threshold_drawn_is_the_one_the_pruner_judged_with(tmp_path: Path, factor) -> None:
+    # trials that store the proxy's d/√d_head (8 here) were judged at max_logit_factor × 8,
+    # not at the absolute max_logit (1000) the report drew before
+    from _spaces import space
+
+    run = tmp_path / "scaled"
+    stored = space(pruner={} if factor is None else {"max_logit_factor": factor}).to_dict()
+    s = new_study(run, space=stored)
+    add(s, run, "stiefel", "dgram", [3.3], attrs={"logit_scale": 8.0})
+    add(s, run, "dgram", "dgram", [3.4], attrs={"logit_scale": 8.0})
+    loaded = rp.load_run(run)
+    expected = 8.0 * (factor or 10.0)
+    assert loaded.threshold == pytest.approx(expected)
+    assert f"{factor or 10:g} × d/√d_head 8" in loaded.threshold_source

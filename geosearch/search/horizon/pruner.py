@@ -26,25 +26,21 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import optuna
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
-from geosearch.checks import finite_or_none, is_number, is_positive, is_whole
+from geosearch.checks import is_number, is_positive, is_whole
 from geosearch.search.horizon.forecast import LogitForecast, Outlook, forecast_max_logit, short_logit
+from geosearch.search.horizon.probes import Probe, non_finite, read_probes, stored_scales
 from geosearch.search.records import (
-    LOGIT_SCALE,
-    PROBE_FIELDS,
-    PROBE_HISTORY,
-    TARGET_LOGIT_SCALE,
     TARGET_STEPS,
     TARGET_SUM_ETA,
 )
 
-__all__ = ["LogitGrowthPruner", "probe_row"]
+__all__ = ["LogitGrowthPruner", "prune_verdict"]
 
 # Defaults, shared with the search-space schema; LogitGrowthPruner's docstring says why.
 DEFAULT_MAX_LOGIT = 1e3
@@ -57,33 +53,6 @@ DEFAULT_TREND_MIN_LOGIT = 100.0  # the step-wise trend rule's, kept for older sp
 
 # Module types whose σ_max bounds the attention logits (the fused and the split query/key
 # weights of geosearch.modules' rule sets); the forecast's σ route reads the largest.
-QK_TYPES = ("attn_qkv", "attn_q", "attn_k")
-PROBE_KEYS = tuple(k for k in PROBE_FIELDS if k != "sum_eta")  # a row's keys from the metrics
-
-
-def probe_row(metrics: Mapping, *, sum_eta: float | None) -> dict:
-    """One ``probe_history`` row from a probe step's trainer metrics and its Σ η.
-
-    Args:
-        metrics: The trainer's metrics at a probe step (``geosearch.proxy.train``).
-        sum_eta: Σ η after ``metrics["step"]`` optimizer steps (e.g. from
-            :func:`~geosearch.search.horizon.forecast.schedule_sum_eta`), or ``None``.
-    """
-    row = {k: metrics.get(k) for k in PROBE_KEYS}
-    row["sum_eta"] = sum_eta
-    return row
-
-
-@dataclass(frozen=True)
-class _Probe:
-    step: int
-    max_logit: float | None
-    min_entropy: float | None
-    train_loss: float | None
-    sum_eta: float | None
-    qk_sigma: float | None  # largest σ_max over QK_TYPES
-
-
 @dataclass(frozen=True)
 class _Threshold:
     """A logit threshold in a model's units, and how to say it."""
@@ -276,18 +245,25 @@ class LogitGrowthPruner(BasePruner):
         """
         if isinstance(trial, optuna.trial.Trial):
             trial = _frozen(study, trial)
-        probes = _read_probes(trial)
-        why = _non_finite(probes, trial.intermediate_values)
+        return self.instability(study, trial) or self._wrapped_reason(study, trial)
+
+    def instability(
+        self, study: optuna.study.Study, trial: FrozenTrial | optuna.trial.Trial
+    ) -> str | None:
+        """Why ``trial`` is unstable by this pruner's own rules (non-finite values, the max
+        logit over its threshold now or forecast at the target, collapsed attention), or
+        ``None``; :meth:`reason` less the wrapped loss pruner, whose prunes are not
+        instabilities."""
+        if isinstance(trial, optuna.trial.Trial):
+            trial = _frozen(study, trial)
+        probes = read_probes(trial)
+        why = non_finite(probes, trial.intermediate_values)
         if why is not None:
             return why
-
         # Warmup: the instability rules only see probe points at steps >= n_warmup_steps.
         judged = [p for p in probes if p.step >= self._n_warmup_steps]
-        why = (self._too_large(judged, trial) or self._forecast_rule(judged, trial)
-               or self._collapsed(judged))
-        if why is not None:
-            return why
-        return self._wrapped_reason(study, trial)
+        return (self._too_large(judged, trial) or self._forecast_rule(judged, trial)
+                or self._collapsed(judged))
 
     def forecast(self, study: optuna.study.Study,
                  trial: FrozenTrial | optuna.trial.Trial) -> LogitForecast | None:
@@ -299,7 +275,7 @@ class LogitGrowthPruner(BasePruner):
         """
         if isinstance(trial, optuna.trial.Trial):
             trial = _frozen(study, trial)
-        judged = [p for p in _read_probes(trial) if p.step >= self._n_warmup_steps]
+        judged = [p for p in read_probes(trial) if p.step >= self._n_warmup_steps]
         return self._forecast(judged, trial)
 
     def outlook(self, study: optuna.study.Study,
@@ -309,9 +285,18 @@ class LogitGrowthPruner(BasePruner):
         every assignment's). ``None`` when :meth:`forecast` is."""
         if isinstance(trial, optuna.trial.Trial):
             trial = _frozen(study, trial)
-        return self._outlook([p for p in _read_probes(trial) if p.step >= self._n_warmup_steps], trial)
+        return self._outlook([p for p in read_probes(trial) if p.step >= self._n_warmup_steps], trial)
 
     # ------------------------------------------------------------------ the rules
+    def max_logit_threshold(self, trial: FrozenTrial) -> tuple[float, str]:
+        """The max-logit threshold ``trial``'s probes are judged against on the proxy, and
+        its rule in words: ``max_logit_factor`` × its ``logit_scale`` (d/√d_head), or
+        ``max_logit`` without one (``(80.0, "10 × d/√d_head 8")``)."""
+        scale = stored_scales(trial)[0]
+        if scale is None:
+            return self._max_logit, f"max_logit {self._max_logit:.3g}"
+        return self._threshold(scale).value, f"{self._factor:g} × d/√d_head {scale:.3g}"
+
     def _threshold(self, scale: float | None) -> _Threshold:
         """``max_logit_factor × scale``, or the absolute ``max_logit`` without a scale."""
         if scale is None:
@@ -320,14 +305,14 @@ class LogitGrowthPruner(BasePruner):
         text = f"threshold {value:.3g} ({self._factor:g} × d/√d_head {scale:.3g})"
         return _Threshold(value, text)
 
-    def _too_large(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
-        limit = self._threshold(_scales(trial)[0])
+    def _too_large(self, probes: list[Probe], trial: FrozenTrial) -> str | None:
+        limit = self._threshold(stored_scales(trial)[0])
         for p in probes:
             if p.max_logit is not None and p.max_logit > limit.value:
                 return f"max logit {p.max_logit:.3g} at step {p.step} > {limit.text}"
         return None
 
-    def _forecast(self, probes: list[_Probe], trial: FrozenTrial) -> LogitForecast | None:
+    def _forecast(self, probes: list[Probe], trial: FrozenTrial) -> LogitForecast | None:
         target = trial.user_attrs.get(TARGET_SUM_ETA)
         if self._interval is None or not (is_number(target) and math.isfinite(target)):
             return None
@@ -339,26 +324,26 @@ class LogitGrowthPruner(BasePruner):
             [p.sum_eta for p in points], [p.max_logit for p in points], float(target),
             sigma=None if None in sigma else sigma, min_points=self._window,
             level=self._interval)
-        proxy, target_scale = _scales(trial)
+        proxy, target_scale = stored_scales(trial)
         if forecast is not None and proxy is not None:
             forecast = forecast.scaled(target_scale / proxy)
         return forecast
 
-    def _outlook(self, probes: list[_Probe], trial: FrozenTrial) -> Outlook | None:
+    def _outlook(self, probes: list[Probe], trial: FrozenTrial) -> Outlook | None:
         forecast = self._forecast(probes, trial)
         if forecast is None:
             return None
         reached = max((p.sum_eta for p in probes if p.sum_eta is not None), default=0.0)
-        limit = self._threshold(_scales(trial)[1])
+        limit = self._threshold(stored_scales(trial)[1])
         return Outlook(forecast, limit.value, limit.text, reached, self._max_extrapolation)
 
-    def _forecast_rule(self, probes: list[_Probe], trial: FrozenTrial) -> str | None:
+    def _forecast_rule(self, probes: list[Probe], trial: FrozenTrial) -> str | None:
         outlook = self._outlook(probes, trial)
         # too far past the data to prune on (see max_extrapolation), or not clearly above
         if outlook is None or not outlook.acted_on or outlook.verdict != "above":
             return None
         forecast = outlook.forecast
-        proxy, target_scale = _scales(trial)
+        proxy, target_scale = stored_scales(trial)
         steps = trial.user_attrs.get(TARGET_STEPS)
         eta = f"Σ η {forecast.target_sum_eta:.3g}"
         when, notes = (f"by step {steps:,}", [eta]) if is_whole(steps) else (f"at {eta}", [])
@@ -369,7 +354,7 @@ class LogitGrowthPruner(BasePruner):
         return (f"forecast max logit {short_logit(forecast.value)} ({short_logit(forecast.low)}–"
                 f"{short_logit(forecast.high)}) {when} > {outlook.threshold_text}")
 
-    def _collapsed(self, probes: list[_Probe]) -> str | None:
+    def _collapsed(self, probes: list[Probe]) -> str | None:
         if self._min_entropy is None:
             return None
         for p in probes:
@@ -400,6 +385,20 @@ class LogitGrowthPruner(BasePruner):
         )
 
 
+def prune_verdict(pruner: BasePruner, study: optuna.study.Study, trial: optuna.trial.Trial,
+                  step: int) -> tuple[str, bool]:
+    """Why ``pruner`` prunes ``trial`` at ``step``, and whether that is an instability: a
+    :class:`LogitGrowthPruner`'s own rule is; its wrapped loss pruner's prune, or any other
+    pruner's (a ``MedianPruner`` handed to ``study.optimize``, say), is not."""
+    if isinstance(pruner, LogitGrowthPruner):
+        why = pruner.instability(study, trial)
+        if why is not None:
+            return why, True
+    reason = getattr(pruner, "reason", None)
+    why = reason(study, trial) if callable(reason) else None
+    return why or f"pruned by {type(pruner).__name__} at step {step}", False
+
+
 # ---------------------------------------------------------------------- helpers
 def _check_removed(max_logit: float, trend_min_logit: float | None, horizon_steps: int | None) -> None:
     """Check the two settings of the removed step-wise trend rule, and warn that a value
@@ -423,69 +422,8 @@ def _check_removed(max_logit: float, trend_min_logit: float | None, horizon_step
                 DeprecationWarning, stacklevel=3)
 
 
-def _non_finite(probes: list[_Probe], values: Mapping[int, float]) -> str | None:
-    for p in probes:
-        for name in ("train_loss", "max_logit", "min_entropy"):
-            v = getattr(p, name)
-            if v is not None and not math.isfinite(v):
-                return f"non-finite {name} ({v}) at step {p.step}"
-    for step in sorted(values):
-        if not math.isfinite(values[step]):
-            return f"non-finite val loss ({values[step]}) at step {step}"
-    return None
-
-
-def _read_probes(trial: FrozenTrial) -> list[_Probe]:
-    history = trial.user_attrs.get(PROBE_HISTORY, [])
-    if not isinstance(history, (list, tuple)):
-        raise ValueError(
-            f"trial.user_attrs[{PROBE_HISTORY!r}] must be a list of dicts "
-            f"but got {type(history).__name__}."
-        )
-    probes = []
-    for i, row in enumerate(history):
-        if not isinstance(row, Mapping) or not is_whole(row.get("step")):
-            raise ValueError(
-                f"trial.user_attrs[{PROBE_HISTORY!r}][{i}] must be a dict with an "
-                f"integer 'step' but got {row!r}."
-            )
-        sigma = row.get("sigma_max")
-        if sigma is not None and not isinstance(sigma, Mapping):
-            raise ValueError(
-                f"trial.user_attrs[{PROBE_HISTORY!r}][{i}]['sigma_max'] must be a dict "
-                f"of module type -> sigma_max but got {sigma!r}."
-            )
-        qk = [float(sigma[t]) for t in QK_TYPES if sigma and sigma.get(t) is not None]
-        qk = [v for v in qk if math.isfinite(v)]
-        probes.append(
-            _Probe(
-                step=int(row["step"]),
-                max_logit=_optional_float(row.get("max_logit")),
-                min_entropy=_optional_float(row.get("min_entropy")),
-                train_loss=_optional_float(row.get("train_loss")),
-                sum_eta=finite_or_none(row.get("sum_eta")),
-                qk_sigma=max(qk) if qk else None,
-            )
-        )
-    probes.sort(key=lambda p: p.step)
-    return probes
-
-
-def _scales(trial: FrozenTrial) -> tuple[float | None, float | None]:
-    """(the proxy's, the target's) d/√d_head stored on the trial: the target's defaults to
-    the proxy's, and without the proxy's neither is used (the logits cannot be converted)."""
-    proxy, target = (trial.user_attrs.get(a) for a in (LOGIT_SCALE, TARGET_LOGIT_SCALE))
-    if not is_positive(proxy):
-        return None, None
-    return float(proxy), float(target) if is_positive(target) else float(proxy)
-
-
 def _frozen(study: optuna.study.Study, trial: optuna.trial.Trial) -> FrozenTrial:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.number == trial.number:
             return t
     raise ValueError(f"trial {trial.number} is not a running trial of study {study.study_name!r}.")
-
-
-def _optional_float(v: object) -> float | None:
-    return None if v is None else float(v)  # type: ignore[arg-type]

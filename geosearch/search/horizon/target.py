@@ -36,7 +36,7 @@ from geosearch.optim.settings import ADAMW
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.horizon.forecast import schedule_sum_eta, stiefel_logit_bound
 from geosearch.search.horizon.ladder import HorizonReading, Rung, plan_ladder, read_ladder
-from geosearch.search.horizon.pruner import QK_TYPES
+from geosearch.search.horizon.probes import QK_TYPES
 from geosearch.search.stats.ranking import trial_label
 from geosearch.search.records import LADDER, RUNG_LOSSES, TARGET, is_extra
 

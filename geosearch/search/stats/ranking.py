@@ -49,6 +49,7 @@ from geosearch.search.records import (
     SEED_OF,
     SEEDS,
     STOP_STEP,
+    PRUNED,
     UNSTABLE,
     VAL_LOSSES,
     is_extra,
@@ -399,9 +400,10 @@ def trial_line(trial: FrozenTrial) -> str:
         head += f" (seed {', '.join(map(str, ua.get(SEEDS) or []))} of trial {ua[SEED_OF]})"
     if status == COMPLETED:
         what = f"completed  val {trial_score(trial).text()}"
-    elif status == UNSTABLE:
+    elif status in (UNSTABLE, PRUNED):
         step = ua.get(STOP_STEP)
-        what = f"PRUNED{f' at step {step}' if step is not None else ''}: {ua.get(PRUNE_REASON)}"
+        kind = "" if status == UNSTABLE else " (loss pruner, not unstable)"
+        what = f"PRUNED{kind}{f' at step {step}' if step is not None else ''}: {ua.get(PRUNE_REASON)}"
     elif status in NOT_RUN:
         return f"{head}  not run: {ua.get(FAIL_REASON)}"
     elif status in (INTERRUPTED, RETRIED):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from geosearch.search.records import COMPLETED, FAILED, SEED_OF, SEEDS, SPACE, UNSTABLE, trial_status
+from geosearch.search.records import FINISHED, SEED_OF, SEEDS, SPACE, trial_status
 
 if TYPE_CHECKING:  # pragma: no cover - ranking imports this module
     from geosearch.search.stats.ranking import Ranking
@@ -110,7 +110,7 @@ def study_seed_plan(study: optuna.Study, ranking: Ranking) -> SeedPlan | None:
     if plan.stop:
         return plan
     tried = {(t.user_attrs.get(SEED_OF), s) for t in study.get_trials(deepcopy=False)
-             if SEED_OF in t.user_attrs and trial_status(t) in (COMPLETED, UNSTABLE, FAILED)
+             if SEED_OF in t.user_attrs and trial_status(t) in FINISHED
              for s in (t.user_attrs.get(SEEDS) or [])}
     rerun = [n for n in plan.rerun if (n, plan.next_seed[n]) not in tried and plan.next_seed[n] is not None]
     if not rerun:

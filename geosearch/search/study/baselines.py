@@ -27,7 +27,7 @@ from geosearch.search.stats.scores import Score
 from geosearch.search.records import (
     BASELINE,
     COMPLETED,
-    FAILED,
+    FINISHED,
     LADDER,
     MEAN_STEP_MS,
     PRUNE_REASON,
@@ -36,7 +36,6 @@ from geosearch.search.records import (
     RUNG_LOSSES,
     RUNNING,
     SEEDS,
-    UNSTABLE,
     WAITING,
     trial_status,
 )
@@ -64,7 +63,7 @@ def queue_baselines(study: optuna.Study, space: SearchSpace) -> list[str]:
         The names queued.
     """
     have = {t.user_attrs.get(BASELINE) for t in study.get_trials(deepcopy=False)
-            if trial_status(t) in (COMPLETED, UNSTABLE, FAILED, RUNNING, WAITING)}
+            if trial_status(t) in (*FINISHED, RUNNING, WAITING)}
     queued = [name for name in space.baselines if name not in have]
     for name in queued:
         enqueue(study, {}, marks={BASELINE: name})
@@ -138,7 +137,7 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
     top = len(ladder) - 1 if isinstance(ladder, list) and ladder else 0
     latest: dict[str, FrozenTrial] = {}
     for t in sorted(trials.values(), key=lambda t: t.number):
-        if BASELINE in t.user_attrs and trial_status(t) in (COMPLETED, UNSTABLE, FAILED):
+        if BASELINE in t.user_attrs and trial_status(t) in FINISHED:
             latest[t.user_attrs[BASELINE]] = t
     info: dict[str, dict[str, Any]] = {}
     rows: dict[str, list[BaselineRow]] = {}

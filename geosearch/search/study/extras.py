@@ -27,11 +27,9 @@ from geosearch.search.study.queue import enqueue
 from geosearch.search.stats.ranking import rank_study
 from geosearch.search.records import (
     BASELINE,
-    COMPLETED,
-    FAILED,
     SEED_OF,
     SEEDS,
-    UNSTABLE,
+    FINISHED,
     is_extra,
     trial_status,
 )
@@ -90,6 +88,6 @@ def seed_twin_of(study: optuna.Study, trial: optuna.Trial) -> int | None:
     key = (ua.get(SEED_OF), tuple(ua.get(SEEDS) or ()))
     for t in study.get_trials(deepcopy=False):
         if t.number < trial.number and (t.user_attrs.get(SEED_OF), tuple(t.user_attrs.get(SEEDS) or ())) == key \
-                and (t.state == TrialState.RUNNING or trial_status(t) in (COMPLETED, UNSTABLE, FAILED)):
+                and (t.state == TrialState.RUNNING or trial_status(t) in FINISHED):
             return t.number
     return None

@@ -45,6 +45,7 @@ from geosearch.search.records import (
     SEEDS,
     STATUS,
     TRIAL_DIR,
+    PRUNED,
     UNSTABLE,
     trial_status,
 )
@@ -129,7 +130,7 @@ def worker_died(trial: FrozenTrial) -> bool:
     """
     ua = trial.user_attrs
     status = ua.get(STATUS)
-    return status in (RUNNING, COMPLETED, UNSTABLE) or (status is None and FAIL_REASON in ua)
+    return status in (RUNNING, COMPLETED, UNSTABLE, PRUNED) or (status is None and FAIL_REASON in ua)
 
 
 def _retry_row(study: optuna.Study, trial: FrozenTrial | optuna.Trial) -> list[FrozenTrial]:

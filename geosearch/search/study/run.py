@@ -21,6 +21,7 @@ import contextlib
 import functools
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,11 @@ from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_t
 from geosearch.search.study.trial_loop import Searcher, trial_seeds
 from geosearch.search.runtime.workers import run_workers, share_cpu
 
-__all__ = ["SearchOutcome", "bind_study", "preflight", "run_search", "write_space_file"]
+__all__ = ["METRIC_NAME", "SearchOutcome", "bind_study", "preflight", "run_search", "write_space_file"]
+
+METRIC_NAME = "val_loss"
+"""The name of a trial's value (``study.metric_names``): its assignment's mean final
+validation loss over the seeds at the ranked rung."""
 
 
 
@@ -157,6 +162,10 @@ def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: s
     if SPACE not in study.user_attrs:
         for k, v in _study_attrs(space).items():
             study.set_user_attr(k, v)
+    if study.metric_names is None:  # the dashboard and `optuna` CLI name the value by it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([METRIC_NAME])
     return notes
 
 

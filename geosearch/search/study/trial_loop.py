@@ -79,6 +79,7 @@ from geosearch.search.records import (
     TARGET_SUM_ETA,
     TOKENS_PER_S,
     TRIAL_DIR,
+    PRUNED,
     UNSTABLE,
     VAL_LOSS_MEAN,
     VAL_LOSS_STD,
@@ -87,7 +88,8 @@ from geosearch.search.records import (
     is_extra,
     json_safe,
 )
-from geosearch.search.horizon.pruner import probe_row
+from geosearch.search.horizon.probes import probe_row
+from geosearch.search.horizon.pruner import prune_verdict
 from geosearch.search.space.spec import SearchSpace, Suggestion
 from geosearch.search.runtime.storage import TRACEBACK_FILE, TRIALS_DIR
 from geosearch.search.horizon.target import (
@@ -291,7 +293,7 @@ class Searcher:
         self._tell(trial, TrialState.FAIL)
 
     def _train_trial(self, trial: optuna.Trial, suggestion: Suggestion) -> int:
-        n = trial.number
+        n, self.loss_pruned = trial.number, False
         resolved = suggestion.assignment().resolve()
         seeds, rungs = self._plan_of(trial)
         trial_dir = self.run_dir / TRIALS_DIR / str(n)
@@ -338,7 +340,7 @@ class Searcher:
                 common[PRUNED_RUNG] = rung.index
             common[PROBE_HISTORY] = probes[-1][-1]  # the pruned run's
             self._finish(trial, TrialState.PRUNED, {
-                STATUS: UNSTABLE, PRUNE_REASON: prefix + (last.reason or "unstable"),
+                STATUS: PRUNED if self.loss_pruned else UNSTABLE, PRUNE_REASON: prefix + (last.reason or "unstable"),
                 STOP_STEP: last.stop_step, **common})
             self.failures_in_a_row = 0
             return n
@@ -490,8 +492,8 @@ class Searcher:
                 raise TrialLost from None
             if not judge or not trial.should_prune():
                 return None
-            reason = getattr(pruner, "reason", None)
-            why = reason(self.study, trial) if callable(reason) else None
-            return why or f"pruned by {type(pruner).__name__} at step {step}"
+            why, unstable = prune_verdict(pruner, self.study, trial, step)
+            self.loss_pruned = not unstable
+            return why
 
         return callback

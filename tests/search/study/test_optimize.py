@@ -21,7 +21,10 @@ import geosearch
 from geosearch.cli import build_parser
 from geosearch.errors import ConfigError, GeosearchError
 from geosearch.search.runtime.artifacts import upload_trial_files
+from geosearch.report import write_report
+from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.records import trial_status
+from geosearch.search.stats.ranking import trial_line
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -86,6 +89,29 @@ def test_unstable_trials_are_pruned_with_their_reason(monkeypatch, tmp_path):
     assert pruned.state == TrialState.PRUNED and pruned.user_attrs["status"] == "unstable"
     assert pruned.user_attrs["prune_reason"] == "max logit 5e+03 at step 5 > threshold 80 (10 × d/√d_head 8)"
     assert by_attn["adamw"].state == TrialState.COMPLETE
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_loss_pruners_prune_is_pruned_with_its_reason_not_unstable(monkeypatch, tmp_path, wrapped):
+    # the first point trains at val loss 3, the second at 4: MedianPruner (one startup
+    # trial) stops the second at its first report; its logits are low, so it is no instability
+    first = []
+    losses = lambda key, seed: 3.0 if first.append(key) or first[0] == key else 4.0  # noqa: E731
+    use_train(monkeypatch, FakeTrain(losses=losses))
+    space = make_space()
+    median = optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0)
+    pruner = LogitGrowthPruner(median) if wrapped else median
+    (tmp_path / "runs" / "t").mkdir(parents=True)
+    study = _optimize(space, tmp_path, 2, sampler=_grid(space), pruner=pruner,
+                      storage=f"sqlite:///{tmp_path}/runs/t/study.db")
+    done, stopped = study.trials
+    assert done.state == TrialState.COMPLETE
+    assert stopped.state == TrialState.PRUNED and trial_status(stopped) == "pruned"
+    assert stopped.user_attrs["status"] == "pruned"
+    assert "MedianPruner" in stopped.user_attrs["prune_reason"]
+    assert "loss pruner, not unstable" in trial_line(stopped)
+    text = write_report(tmp_path / "runs" / "t", plots=False).report.read_text()
+    assert "1 completed, 0 unstable, 1 pruned" in text and "Pruned by the loss pruner" in text
 
 
 def test_a_failed_trial_does_not_stop_optimize_but_five_in_a_row_do(monkeypatch, tmp_path):
@@ -210,6 +236,8 @@ def test_run_search_takes_a_study_sampler_and_pruner(fake, tmp_path):
     # ... with the given pruner (it prunes at the first report) and sampler (no queued grid).
     assert {t.state for t in study.trials} == {TrialState.PRUNED}
     assert {t.user_attrs["prune_reason"] for t in study.trials} == {"pruned by PruneAll at step 5"}
+    # ... and a prune that is no instability is recorded as pruned, not unstable
+    assert {trial_status(t) for t in study.trials} == {"pruned"}
     assert not any(t.user_attrs.get("queued") for t in study.trials)
     assert isinstance(study.sampler, optuna.samplers.GridSampler)
 

@@ -1,8 +1,8 @@
 """Tests of geosearch.search.study.run: a whole search, resume, and the package's API.
 
-The rooms of the study have their own files: test_storage, test_records, test_liveness,
-test_queue, test_trial_loop, test_export; the ranking it prints is tested in
-test_ranking.py, its statistics in test_stats.py, and the report in test_report_*.py.
+The rooms of the study have their own files: tests/search/runtime/ (storage, liveness),
+tests/search/test_records.py, test_queue, test_trial_loop, test_export; the ranking it prints
+is tested in tests/search/stats/ (test_ranking, test_scores), and the report in tests/report/.
 """
 
 from __future__ import annotations
@@ -24,6 +24,14 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 # --------------------------------------------------------------------------- a whole search
+def test_the_value_is_named_for_optunas_own_tools(fake, tmp_path):
+    # the dashboard and `optuna` CLI show "val_loss", not "Objective 0"; a resume keeps it
+    search(make_space(), tmp_path)
+    search(make_space(), tmp_path)
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path}/runs/t/study.db")
+    assert study.metric_names == ["val_loss"]
+
+
 def test_resume_with_other_proxy_settings_is_refused(fake, tmp_path):
     search(make_space(), tmp_path)
     changed = make_space(proxy={**TINY_PROXY, "steps": 20})
