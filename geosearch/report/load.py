@@ -289,13 +289,14 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
     )
 
 
-def _threshold(study: optuna.Study, attrs: dict[str, Any], trials: list[FrozenTrial]) -> tuple[float | None, str]:
+def _threshold(pruner: LogitGrowthPruner, attrs: dict[str, Any],
+               trials: list[FrozenTrial]) -> tuple[float | None, str]:
     """The max-logit threshold the pruner judged the trials against: its rule on the proxy's
     d/√d_head (``logit_scale``) when the trials store it, else the study's pruner settings'
     ``max_logit``, else LogitGrowthPruner's default."""
     scaled = next((t for t in trials if as_finite(t.user_attrs.get(LOGIT_SCALE)) is not None), None)
     if scaled is not None:
-        value, text = study_pruner(study).max_logit_threshold(scaled)
+        value, text = pruner.max_logit_threshold(scaled)
         return value, f"the pruner's rule, {text}"
     space = attrs.get(SPACE)
     pruner = space.get("pruner") if isinstance(space, dict) else None
@@ -347,7 +348,8 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
     attrs = dict(study.user_attrs)
     every = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
     ran = [t for t in every if trial_status(t) not in NOT_RUN]
-    threshold, source = _threshold(study, attrs, ran)
+    pruner = study_pruner(study)
+    threshold, source = _threshold(pruner, attrs, ran)
     ladder, target = attrs.get(LADDER), attrs.get(TARGET)
     rungs = [Rung(**r) for r in ladder] if isinstance(ladder, list) else []
     scores = point_scores(every)
@@ -359,5 +361,5 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
                    not_run=len(every) - len(ran), target=target if isinstance(target, dict) else None,
                    rungs=rungs, reading=study_reading(study), baselines=baselines,
                    seed_trials=sum(SEED_OF in t.user_attrs for t in ran),
-                   stability=stability_rows(study, completed, study_pruner(study)))
+                   stability=stability_rows(study, completed, pruner))
 

@@ -142,6 +142,12 @@ def make_plots(
     return written, skipped
 
 
+def _seed_style(t: TrialRecord, seed: int) -> dict[str, Any]:
+    """A trial's curve of its ``seed``-th run: the first seed bold, the others faint; dashed
+    when the trial was pruned as unstable."""
+    return {"alpha": 0.85 if seed == 0 else 0.35, "ls": "--" if t.state == "unstable" else "-"}
+
+
 def _max_logit_figure(Figure, run: RunData):
     """Max attention logit over steps by attention geometry, threshold drawn; ``None`` without data."""
     trials = run.trials
@@ -155,8 +161,7 @@ def _max_logit_figure(Figure, run: RunData):
         for k, (xs, ys) in enumerate(series[t.number]):
             ys = [max(y, 1e-3) for y in ys]  # log scale
             c = colours[t.family_geometry("attn")]
-            ax.plot(xs, ys, color=c, alpha=0.85 if k == 0 else 0.35, lw=1.2,
-                    ls="--" if t.state == "unstable" else "-", label=f"attn={t.family_geometry('attn')}")
+            ax.plot(xs, ys, color=c, lw=1.2, label=f"attn={t.family_geometry('attn')}", **_seed_style(t, k))
             if t.state == "unstable" and k == 0:
                 ax.plot(xs[-1], ys[-1], "x", color=c, ms=8)
     if run.threshold is not None:
@@ -188,8 +193,7 @@ def _sigma_max_figure(Figure, run: RunData):
                 points = [{"step": r.get("step"), "v": (r.get("sigma_max") or {}).get(ty)} for r in m]
                 xs, ys = _series(points, "v")
                 if xs:
-                    ax.plot(xs, ys, color=colours[g], alpha=0.85 if j == 0 else 0.35, lw=1.1,
-                            ls="--" if t.state == "unstable" else "-", label=g)
+                    ax.plot(xs, ys, color=colours[g], lw=1.1, label=g, **_seed_style(t, j))
         ax.set_yscale("log")
         ax.set_title(f"σ_max: {ty}")
         ax.set_xlabel("step")
@@ -208,8 +212,7 @@ def _val_loss_figure(Figure, run: RunData):
     ax = fig.add_subplot()
     for t in trials:
         for j, (xs, ys) in enumerate(val[t.number]):
-            ax.plot(xs, ys, color=colours[t.label], alpha=0.85 if j == 0 else 0.35, lw=1.2,
-                    ls="--" if t.state == "unstable" else "-", label=t.label)
+            ax.plot(xs, ys, color=colours[t.label], lw=1.2, label=t.label, **_seed_style(t, j))
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss")
     ax.set_title("Validation loss (dashed: pruned as unstable)")

@@ -390,12 +390,15 @@ def prune_verdict(pruner: BasePruner, study: optuna.study.Study, trial: optuna.t
     """Why ``pruner`` prunes ``trial`` at ``step``, and whether that is an instability: a
     :class:`LogitGrowthPruner`'s own rule is; its wrapped loss pruner's prune, or any other
     pruner's (a ``MedianPruner`` handed to ``study.optimize``, say), is not."""
-    if isinstance(pruner, LogitGrowthPruner):
-        why = pruner.instability(study, trial)
+    if isinstance(pruner, LogitGrowthPruner):  # its rules once, then its loss pruner's
+        frozen = _frozen(study, trial)
+        why = pruner.instability(study, frozen)
         if why is not None:
             return why, True
-    reason = getattr(pruner, "reason", None)
-    why = reason(study, trial) if callable(reason) else None
+        why = pruner._wrapped_reason(study, frozen)
+    else:
+        reason = getattr(pruner, "reason", None)
+        why = reason(study, trial) if callable(reason) else None
     return why or f"pruned by {type(pruner).__name__} at step {step}", False
 
 

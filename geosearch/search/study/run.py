@@ -177,24 +177,24 @@ def write_space_file(space: SearchSpace, run_dir: Path) -> None:
 
 
 def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.BaseSampler,
-                 objects: SearchOptions) -> tuple[optuna.Study, str, bool, list[str]]:
+                 options: SearchOptions) -> tuple[optuna.Study, str, bool, list[str]]:
     """Create or load the study of ``space`` (or take the given one, with the given sampler
     and pruner if any): ``(study, storage in words, whether it existed, notes on its changed
     run-time settings)``."""
-    pruner = objects.pruner
-    if objects.study is not None:
-        study, desc = objects.study, "the given study's storage"
+    pruner = options.pruner
+    if options.study is not None:
+        study, desc = options.study, "the given study's storage"
         existed = SPACE in study.user_attrs or bool(study.get_trials(deepcopy=False))
-        if objects.sampler is not None:
-            study.sampler = objects.sampler
+        if options.sampler is not None:
+            study.sampler = options.sampler
         if pruner is not None:
             study.pruner = pruner
     else:
-        storage = objects.storage
+        storage = options.storage
         if isinstance(storage, optuna.storages.BaseStorage):
             backend, desc = storage, f"the given {type(storage).__name__}"
         else:
-            backend, desc = open_storage(run_dir, storage, workers=objects.workers)
+            backend, desc = open_storage(run_dir, storage, workers=options.workers)
         existed = space.name in [s.study_name for s in
                                  optuna.get_all_study_summaries(backend, include_best_trial=False)]
         study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
@@ -335,28 +335,28 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
         return _run_study(space, options, group, claim)
 
 
-def _run_study(space: SearchSpace, objects: SearchOptions, group: RankGroup | None = None,
+def _run_study(space: SearchSpace, options: SearchOptions, group: RankGroup | None = None,
                claim: Callable[[], None] | None = None) -> SearchOutcome:
     """:func:`_search` (``claim``: called once the study is open, to hold it)."""
-    out = objects.out or sys.stdout
-    workers, worker_index = objects.workers, objects.worker_index
+    out = options.out or sys.stdout
+    workers, worker_index = options.workers, options.worker_index
 
     def echo(line: str) -> None:
         print(line, file=out, flush=True)
 
-    run_dir = Path(objects.runs_dir) / space.name
-    exhaustive = objects.sampler is None and space.sampler_type() == "grid"
+    run_dir = Path(options.runs_dir) / space.name
+    exhaustive = options.sampler is None and space.sampler_type() == "grid"
     budget = resolve_budget(space, exhaustive)
     if worker_index is not None:
         share_cpu(workers)
-    study, desc, existed, notes = _start_study(space, run_dir, _sampler(space, objects, exhaustive), objects)
+    study, desc, existed, notes = _start_study(space, run_dir, _sampler(space, options, exhaustive), options)
     if claim is not None:
         claim()
     if worker_index is None:
-        _prepare(study, space, objects, run_dir, notes, echo)
+        _prepare(study, space, options, run_dir, notes, echo)
         if exhaustive:
             top_up_queue(study, space, budget)
-        _retry_failed(study, objects, echo)
+        _retry_failed(study, options, echo)
         done = done_count(study)
         echo(f"study {space.name!r} in {desc}: "
              + (f"resuming, {done} trials done" if existed else "new")
@@ -364,7 +364,7 @@ def _run_study(space: SearchSpace, objects: SearchOptions, group: RankGroup | No
              + (f", timeout {space.budget.timeout:g} s" if space.budget.timeout else "")
              + (f"; each trial on {group.world} processes (data parallel)" if group else ""))
 
-    bar = _TrialBar(budget, study, enabled=objects.progress if objects.progress is not None else
+    bar = _TrialBar(budget, study, enabled=options.progress if options.progress is not None else
                     (sys.stderr.isatty() and worker_index is None), echo=echo)
 
     def on_trial(t: FrozenTrial) -> None:
@@ -374,34 +374,34 @@ def _run_study(space: SearchSpace, objects: SearchOptions, group: RankGroup | No
 
     try:
         if workers > 1 and worker_index is None:
-            stopped = run_workers(space, run_dir, objects.storage, workers, study, on_trial, echo,
-                                  objects.stale_after, max_retries=objects.max_retries)
+            stopped = run_workers(space, run_dir, options.storage, workers, study, on_trial, echo,
+                                  options.stale_after, max_retries=options.max_retries)
             stopped = done_reason(study, budget, exhaustive, space.grid_size()) or stopped
         else:
-            store = objects.artifact_store or default_store(run_dir)
+            store = options.artifact_store or default_store(run_dir)
             searcher = Searcher(space, study, run_dir, exhaustive=exhaustive, budget=budget,
-                                stale_after=objects.stale_after, echo=echo, group=group,
-                                store_files=TrialFiles(store, echo), max_retries=objects.max_retries)
+                                stale_after=options.stale_after, echo=echo, group=group,
+                                store_files=TrialFiles(store, echo), max_retries=options.max_retries)
             stopped = searcher.run(space.budget.timeout, on_trial)
     finally:
         bar.close()
     outcome = SearchOutcome(space.name, run_dir, desc, stopped, rank_study(study), _status_counts(study))
-    return _conclude(study, objects, outcome, echo)
+    return _conclude(study, options, outcome, echo)
 
 
-def _sampler(space: SearchSpace, objects: SearchOptions, exhaustive: bool) -> optuna.samplers.BaseSampler:
+def _sampler(space: SearchSpace, options: SearchOptions, exhaustive: bool) -> optuna.samplers.BaseSampler:
     """The given sampler, else the space's (a worker's seed offset by its index). Exhaustive:
     points come from the queue; the sampler only fills a trial asked for in a race on the
     last point (and that trial is not run). See docs/design.md."""
     seed = space.sampler.seed
-    if objects.worker_index is not None:
-        seed = None if seed is None else seed + objects.worker_index
-    if objects.sampler is not None:
-        return objects.sampler
+    if options.worker_index is not None:
+        seed = None if seed is None else seed + options.worker_index
+    if options.sampler is not None:
+        return options.sampler
     return optuna.samplers.RandomSampler(seed=seed) if exhaustive else space.make_sampler(seed)
 
 
-def _prepare(study: optuna.Study, space: SearchSpace, objects: SearchOptions, run_dir: Path,
+def _prepare(study: optuna.Study, space: SearchSpace, options: SearchOptions, run_dir: Path,
              notes: list[str], echo: Callable[[str], None]) -> None:
     """A command's start: write ``space.yaml``, print the space and the notes, recover the
     trials of dead workers."""
@@ -411,15 +411,15 @@ def _prepare(study: optuna.Study, space: SearchSpace, objects: SearchOptions, ru
         echo(note)
     owner = Owner(run_dir)
     try:
-        for recovered in recover_stale(study, owner, objects.stale_after, objects.max_retries):
+        for recovered in recover_stale(study, owner, options.stale_after, options.max_retries):
             echo(recovered_line(*recovered))
     finally:
         owner.close()
 
 
-def _retry_failed(study: optuna.Study, objects: SearchOptions, echo: Callable[[str], None]) -> None:
+def _retry_failed(study: optuna.Study, options: SearchOptions, echo: Callable[[str], None]) -> None:
     """``--retry-failed``: queue the failed points again, once each, and say which."""
-    if not objects.retry_failed:
+    if not options.retry_failed:
         return
     again = requeue_failed(study)
     echo(f"--retry-failed: the points of failed trials {', '.join(map(str, again))} are "
@@ -435,13 +435,13 @@ def _status_counts(study: optuna.Study) -> dict[str, int]:
     return counts
 
 
-def _conclude(study: optuna.Study, objects: SearchOptions, outcome: SearchOutcome,
+def _conclude(study: optuna.Study, options: SearchOptions, outcome: SearchOutcome,
               echo: Callable[[str], None]) -> SearchOutcome:
     """A command's end: print why it stopped and the ranking, export the best assignment."""
-    if objects.worker_index is None:
+    if options.worker_index is None:
         echo(f"stopped: {outcome.stopped}")
         echo(format_ranking(study, outcome.ranking))
-        if objects.export and outcome.ranking.rows:
+        if options.export and outcome.ranking.rows:
             outcome.exported = export_best(outcome.run_dir, study=study)[0]
             echo(f"best assignment: {outcome.exported}")
     return outcome
