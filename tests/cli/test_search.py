@@ -180,8 +180,10 @@ def start_and_stop_mid_trial(cmd, tmp_path, study, sig, need_complete=True):
 
 
 def test_killed_search_resumes_without_losing_trials_and_reruns_the_killed_point(tmp_path):
+    # 120 steps, a probe every 30: the window the kill must land in (training, at most one
+    # probe) is 60 steps; at 40/10 it was 20, and a CI run's polling once missed it in every trial
     space = write_space(tmp_path / "k.yaml", {"attn": ["adamw"], "mlp": ["adamw", "euclidean", "oblique"]},
-                        steps=40, every=10)
+                        steps=120, every=30)
     cmd = geosearch_cmd("search", "--space", str(space), "--runs-dir", "runs")
     _, done_before, killed = start_and_stop_mid_trial(cmd, tmp_path, "k", signal.SIGKILL)  # no cleanup at all
     db = tmp_path / "runs" / "k" / "study.db"
