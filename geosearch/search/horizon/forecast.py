@@ -32,6 +32,8 @@ __all__ = [
     "Outlook",
     "forecast_max_logit",
     "schedule_sum_eta",
+    "schedule_sum_eta2",
+    "stability_lr",
     "short_logit",
     "stiefel_logit_bound",
 ]
@@ -81,6 +83,63 @@ def schedule_sum_eta(step: int, *, steps: int, peak: float, warmup_steps: int | 
         cos_sum = math.sin(m * theta / 2) * math.cos((m - 1) * theta / 2) / math.sin(theta / 2)
         total += m * min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (m + cos_sum)
     return peak * total
+
+
+def schedule_sum_eta2(step: int, *, steps: int, peak: float, warmup_steps: int | None = None,
+                      min_lr_ratio: float = 0.1) -> float:
+    """Σ η² after ``step`` optimizer steps of a run of ``steps`` steps: the clock of logit
+    growth across step sizes (docs/design.md, "Horizon"), on the schedule
+    :func:`schedule_sum_eta` describes, in closed form.
+
+    With ``f(s)`` that schedule's factor: the warmup adds ``Σ_{s<j} (s + 1)²/warmup²``; on
+    the cosine ``f = a + b·cos(kθ)`` with ``a = (1 + r)/2``, ``b = (1 − r)/2``, ``θ = π/period``,
+    so ``f² = a² + b²/2 + 2ab·cos(kθ) + (b²/2)·cos(2kθ)``, and each cosine sums in closed form.
+    Same arguments and errors as :func:`schedule_sum_eta`; returns ``peak² · Σ f²``.
+
+    Example:
+        >>> s2 = schedule_sum_eta2(2000, steps=2000, peak=0.02)
+        >>> round(s2, 4), round(schedule_sum_eta2(2000, steps=2000, peak=0.04) / s2, 6)
+        (0.3178, 4.0)
+    """
+    schedule_sum_eta(step, steps=steps, peak=peak, warmup_steps=warmup_steps,
+                     min_lr_ratio=min_lr_ratio)  # the same argument checks
+    warmup = min(steps // 10 if warmup_steps is None else warmup_steps, steps)
+    j = min(step, warmup)
+    total = j * (j + 1) * (2 * j + 1) / (6 * warmup * warmup) if j else 0.0
+    m = step - j
+    if m > 0:
+        theta = math.pi / max(1, steps - warmup)
+        a, b = (1 + min_lr_ratio) / 2, (1 - min_lr_ratio) / 2
+        total += m * (a * a + b * b / 2) + 2 * a * b * _cos_sum(m, theta) + b * b / 2 * _cos_sum(m, 2 * theta)
+    return peak * peak * total
+
+
+def _cos_sum(m: int, theta: float) -> float:
+    """``Σ_{k<m} cos(kθ)``."""
+    half = math.sin(theta / 2)
+    if abs(half) < 1e-12:  # θ a multiple of 2π: every term is 1
+        return float(m)
+    return math.sin(m * theta / 2) * math.cos((m - 1) * theta / 2) / half
+
+
+def stability_lr(target_sum_eta2: float, steps: int, *, warmup_steps: int | None = None,
+                 min_lr_ratio: float = 0.1) -> float:
+    """The peak spectral step at which a run of ``steps`` steps, on the same schedule shape,
+    ends at ``target_sum_eta2``: ``η' = √(target Σ η² / Σ f²)``. Logit growth follows Σ η², so
+    such a run *measures* the target's logit state in ``steps`` steps (for a 2,000-step target
+    and a 400-step run, ``η' ≈ 2.2 η``).
+
+    Example:
+        >>> target = schedule_sum_eta2(2000, steps=2000, peak=0.02)
+        >>> lr = stability_lr(target, 400)
+        >>> round(lr / 0.02, 3), round(schedule_sum_eta2(400, steps=400, peak=lr) / target, 9)
+        (2.23, 1.0)
+    """
+    if not (math.isfinite(target_sum_eta2) and target_sum_eta2 > 0):
+        raise ValueError(f"target_sum_eta2 must be positive and finite but got {target_sum_eta2}.")
+    unit = schedule_sum_eta2(steps, steps=steps, peak=1.0, warmup_steps=warmup_steps,
+                             min_lr_ratio=min_lr_ratio)
+    return math.sqrt(target_sum_eta2 / unit)
 
 
 def stiefel_logit_bound(d_model: int, d_head: int) -> float:

@@ -1,0 +1,193 @@
+"""Does a short run at the target's Σ η² measure the target's attention logits?
+
+Logit growth follows Σ η², not Σ η (docs/design.md, "Horizon"). So a run of n steps at the
+peak spectral step η' = η·√(S₂(T)/S₂(n)) (S₂: the warmup + cosine schedule's Σ f², same
+shape) ends at the Σ η² of the user's T-step run at η, and its max attention logit should be
+the long run's, measured instead of extrapolated. This script trains such stability runs for
+the settings whose long runs are stored (``benchmarks/data/fidelity/``: 2,000 steps, two
+seeds, the reference study's four assignments) and compares, per assignment and seed:
+
+- the stability run's final max logit against the long run's final max logit (ratio);
+- its threshold decision (any probe above 10 × d/√d_head, the pruner's rule) against the long
+  run's (any probe above the same threshold): the long run is the ground truth, and it never
+  uses the rule under test;
+- the rule it must beat, "no growth": the last max logit of the stored 400-step run at the
+  proxy's own step (the ladder's top rung today), where one is stored.
+
+Runs are stored in ``benchmarks/data/stability/`` keyed by their settings, so the script
+resumes and each run is trained once.
+
+Prediction, written before any stability run was trained (2026-12-02):
+
+1. 400-step runs: DGram attention's measured final max logit within ×2 of the long run's in
+   at least 80% of its cases over all five settings (tiny 0.02 / 0.05 / 0.1, small 0.02 /
+   0.05), and for small 0.02, the default search's own problem, within ×2 of every long run
+   (all-DGram 25.1 / 20.1, DGram-attn + Stiefel-MLP 25.9 / 17.6 for seeds 0 / 1) with
+   nothing above the threshold (230).
+2. Threshold decisions equal to the long runs' in every case where the long run is not within
+   ±25% of the threshold (the decision there is a coin the seed tosses), and no Stiefel-
+   attention run above it (none of their long runs is).
+3. 200-step runs (η' ≈ 3.1 η): within ×2 in at least 70% of DGram-attention cases: a shorter
+   run has a steeper cooldown, and the Σ η² clock was measured on runs of 400 steps and more.
+
+Usage::
+
+    python benchmarks/stability_rung.py --run --model tiny --eta 0.02 0.05 0.1 --steps 400 200
+    python benchmarks/stability_rung.py --run --model small --eta 0.02 --steps 400 --only dgram-attn
+    python benchmarks/stability_rung.py --show --out benchmarks/results/stability_rung.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
+from fidelity import PAPER, load_truth, truth_config
+from geosearch.assignment import Assignment
+from geosearch.proxy.config import TrainConfig
+from geosearch.proxy.train import train
+from geosearch.search.horizon.forecast import schedule_sum_eta2, stability_lr, stiefel_logit_bound
+
+DATA = Path(__file__).parent / "data" / "stability"
+TARGET_STEPS = 2000
+FACTOR = 10.0  # the pruner's max_logit_factor
+SCALES = {"tiny": stiefel_logit_bound(32, 16), "small": stiefel_logit_bound(128, 32)}
+SETTINGS = [("tiny", 0.02), ("tiny", 0.05), ("tiny", 0.1), ("small", 0.02), ("small", 0.05)]
+
+
+def stability_config(model: str, eta: float, steps: int, seed: int) -> TrainConfig:
+    """A stability run: the ground truth's settings (``fidelity.truth_config``) for ``steps``
+    steps, at the peak step that ends at the 2,000-step run's Σ η²."""
+    long = truth_config(model, TARGET_STEPS, eta, seed)
+    target = schedule_sum_eta2(TARGET_STEPS, steps=TARGET_STEPS, peak=eta)
+    lr = stability_lr(target, steps)
+    return TrainConfig(model=model, steps=steps, spectral_lr=lr, seed=seed, batch_size=long.batch_size,
+                       eval_every=steps, eval_batches=long.eval_batches, probe_every=max(1, steps // 100),
+                       solver=long.solver)
+
+
+def _key(config: TrainConfig, assign: str) -> str:
+    blob = json.dumps({"config": config.to_dict(), "assign": assign}, sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _assignments(only: str | None) -> list[str]:
+    if only == "dgram-attn":
+        return [a for a in PAPER if a.startswith("attn=dgram")]
+    return list(PAPER)
+
+
+def run(model: str, etas: list[float], lengths: list[int], seeds: list[int], only: str | None) -> None:
+    DATA.mkdir(parents=True, exist_ok=True)
+    print(machine())
+    for eta in etas:
+        for steps in lengths:
+            for seed in seeds:
+                for assign in _assignments(only):
+                    config = stability_config(model, eta, steps, seed)
+                    path = DATA / f"{_key(config, assign)}.json"
+                    if path.exists():
+                        continue
+                    t0 = time.perf_counter()
+                    result = train(config, Assignment.parse(assign), progress=False)
+                    probes = [{"step": m["step"], "max_logit": m.get("max_logit")}
+                              for m in result.history if m.get("max_logit") is not None]
+                    record = {"assign": assign, "eta": eta, "config": config.to_dict(), "status": result.status,
+                              "reason": result.reason, "final_val_loss": result.final_val_loss,
+                              "wall_s": time.perf_counter() - t0, "probes": probes, "torch": torch.__version__}
+                    path.write_text(json.dumps(record, indent=1), encoding="utf-8")
+                    last = probes[-1]["max_logit"] if probes else math.nan
+                    print(f"{model} η {eta} {steps} steps (η' {config.spectral_lr:.4g}) {assign} seed {seed}: "
+                          f"final max logit {last:.1f}, {record['wall_s']:.0f} s")
+
+
+def _stored() -> list[dict]:
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(DATA.glob("*.json"))] if DATA.exists() else []
+
+
+def _final(rec: dict) -> float:
+    return rec["probes"][-1]["max_logit"] if rec["probes"] else math.nan
+
+
+def _peak(rec: dict) -> float:
+    return max((p["max_logit"] for p in rec["probes"] if p["max_logit"] is not None), default=math.nan)
+
+
+def show(out: Path | None) -> None:
+    stored = _stored()
+    rows = ["| setting | rung | assignment | seed | long run final | rung final | ratio | no growth (400 at η) "
+            "| ratio | long > thr | rung > thr |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    tally: dict[tuple[int, bool], list[int]] = {}
+    for model, eta in SETTINGS:
+        truth = load_truth(model, TARGET_STEPS, eta)
+        short = load_truth(model, 400, eta)
+        threshold = FACTOR * SCALES[model]
+        for steps in (400, 200):
+            for assign in PAPER:
+                for seed in (0, 1):
+                    config = stability_config(model, eta, steps, seed)
+                    rec = next((r for r in stored if r["assign"] == assign and r["config"] == config.to_dict()), None)
+                    long = next((r for r in truth[assign] if r["config"]["seed"] == seed), None)
+                    if rec is None or long is None:
+                        continue
+                    own = next((r for r in short[assign] if r["config"]["seed"] == seed), None)
+                    ratio = _final(rec) / _final(long)
+                    own_ratio = _final(own) / _final(long) if own else math.nan
+                    dgram = assign.startswith("attn=dgram")
+                    ok = int(0.5 <= ratio <= 2)
+                    own_ok = int(0.5 <= own_ratio <= 2) if own else 0
+                    decided = int((_peak(rec) > threshold) == (_peak(long) > threshold))
+                    t = tally.setdefault((steps, dgram), [0, 0, 0, 0, 0])
+                    t[0] += 1
+                    t[1] += ok
+                    t[2] += own_ok
+                    t[3] += decided
+                    t[4] += int(_peak(rec) > threshold and _peak(long) <= threshold)
+                    rows.append(
+                        f"| {model} {eta} | {steps} at η' {config.spectral_lr:.3g} | {PAPER[assign]} | {seed} "
+                        f"| {_final(long):.1f} | {_final(rec):.1f} | {ratio:.2f} "
+                        f"| {_final(own):.1f} | {own_ratio:.2f} | {_peak(long) > threshold} "
+                        f"| {_peak(rec) > threshold} |" if own else
+                        f"| {model} {eta} | {steps} at η' {config.spectral_lr:.3g} | {PAPER[assign]} | {seed} "
+                        f"| {_final(long):.1f} | {_final(rec):.1f} | {ratio:.2f} | – | – "
+                        f"| {_peak(long) > threshold} | {_peak(rec) > threshold} |")
+    lines = ["Stability runs at the target's Σ η² against the 2,000-step runs (threshold 10 × d/√d_head: "
+             f"{FACTOR * SCALES['tiny']:.0f} tiny, {FACTOR * SCALES['small']:.0f} small)", "", *rows, "",
+             "| rung steps | attention | cases | within ×2 | no growth within ×2 | decisions equal | false alarms |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for (steps, dgram), (n, ok, own_ok, decided, false) in sorted(tally.items(), reverse=True):
+        lines.append(f"| {steps} | {'DGram' if dgram else 'Stiefel'} | {n} | {ok} | {own_ok} | {decided} | {false} |")
+    text = "\n".join(lines)
+    if out is not None:
+        publish(text, out)
+    else:
+        print(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--run", action="store_true", help="train the missing stability runs")
+    p.add_argument("--show", action="store_true", help="compare the stored runs with the long runs")
+    p.add_argument("--model", choices=sorted(SCALES), default="tiny")
+    p.add_argument("--eta", type=float, nargs="+", default=[0.02])
+    p.add_argument("--steps", type=int, nargs="+", default=[400])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--only", choices=["dgram-attn"], help="train the DGram-attention assignments only")
+    p.add_argument("--out", type=Path, help="with --show: also write the table to this file")
+    args = p.parse_args(argv)
+    if args.run:
+        run(args.model, args.eta, args.steps, args.seeds, args.only)
+    if args.show or not args.run:
+        show(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
