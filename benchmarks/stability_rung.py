@@ -30,6 +30,13 @@ Prediction, written before any stability run was trained (2026-12-02):
 3. 200-step runs (η' ≈ 3.1 η): within ×2 in at least 70% of DGram-attention cases: a shorter
    run has a steeper cooldown, and the Σ η² clock was measured on runs of 400 steps and more.
 
+Two settings added after the five above were measured, chosen (and this prediction written)
+before their long runs were trained: ``tiny`` at η 0.07 (between 0.05, where DGram attention
+ends near the threshold, and 0.1, far above it) and a deeper ``tiny`` (4 layers instead of 2)
+at η 0.05. Prediction for them: the same as 1–3 above (400-step runs within ×2 for DGram
+attention in at least 80% of its cases, 200-step in at least 70%; threshold decisions equal
+away from ±25% of the threshold; no Stiefel-attention run above it).
+
 Usage::
 
     python benchmarks/stability_rung.py --run --model tiny --eta 0.02 0.05 0.1 --steps 400 200
@@ -59,18 +66,19 @@ DATA = Path(__file__).parent / "data" / "stability"
 TARGET_STEPS = 2000
 FACTOR = 10.0  # the pruner's max_logit_factor
 SCALES = {"tiny": stiefel_logit_bound(32, 16), "small": stiefel_logit_bound(128, 32)}
-SETTINGS = [("tiny", 0.02), ("tiny", 0.05), ("tiny", 0.1), ("small", 0.02), ("small", 0.05)]
+SETTINGS = [("tiny", 0.02, {}), ("tiny", 0.05, {}), ("tiny", 0.1, {}), ("small", 0.02, {}), ("small", 0.05, {}),
+            ("tiny", 0.07, {}), ("tiny", 0.05, {"n_layer": 4})]  # the last two: chosen after the others
 
 
-def stability_config(model: str, eta: float, steps: int, seed: int) -> TrainConfig:
+def stability_config(model: str, eta: float, steps: int, seed: int, model_args: dict | None = None) -> TrainConfig:
     """A stability run: the ground truth's settings (``fidelity.truth_config``) for ``steps``
     steps, at the peak step that ends at the 2,000-step run's Σ η²."""
-    long = truth_config(model, TARGET_STEPS, eta, seed)
+    long = truth_config(model, TARGET_STEPS, eta, seed, model_args)
     target = schedule_sum_eta2(TARGET_STEPS, steps=TARGET_STEPS, peak=eta)
     lr = stability_lr(target, steps)
     return TrainConfig(model=model, steps=steps, spectral_lr=lr, seed=seed, batch_size=long.batch_size,
                        eval_every=steps, eval_batches=long.eval_batches, probe_every=max(1, steps // 100),
-                       solver=long.solver)
+                       solver=long.solver, model_args=dict(model_args or {}))
 
 
 def _key(config: TrainConfig, assign: str) -> str:
@@ -84,14 +92,15 @@ def _assignments(only: str | None) -> list[str]:
     return list(PAPER)
 
 
-def run(model: str, etas: list[float], lengths: list[int], seeds: list[int], only: str | None) -> None:
+def run(model: str, etas: list[float], lengths: list[int], seeds: list[int], only: str | None,
+        model_args: dict | None = None) -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     print(machine())
     for eta in etas:
         for steps in lengths:
             for seed in seeds:
                 for assign in _assignments(only):
-                    config = stability_config(model, eta, steps, seed)
+                    config = stability_config(model, eta, steps, seed, model_args)
                     path = DATA / f"{_key(config, assign)}.json"
                     if path.exists():
                         continue
@@ -125,14 +134,15 @@ def show(out: Path | None) -> None:
     rows = ["| setting | rung | assignment | seed | long run final | rung final | ratio | no growth (400 at η) "
             "| ratio | long > thr | rung > thr |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     tally: dict[tuple[int, bool], list[int]] = {}
-    for model, eta in SETTINGS:
-        truth = load_truth(model, TARGET_STEPS, eta)
-        short = load_truth(model, 400, eta)
+    for model, eta, args in SETTINGS:
+        truth = load_truth(model, TARGET_STEPS, eta, args)
+        short = load_truth(model, 400, eta, args)
+        name = f"{model} {eta}" + "".join(f" {k}={v}" for k, v in args.items())
         threshold = FACTOR * SCALES[model]
         for steps in (400, 200):
             for assign in PAPER:
                 for seed in (0, 1):
-                    config = stability_config(model, eta, steps, seed)
+                    config = stability_config(model, eta, steps, seed, args)
                     rec = next((r for r in stored if r["assign"] == assign and r["config"] == config.to_dict()), None)
                     long = next((r for r in truth[assign] if r["config"]["seed"] == seed), None)
                     if rec is None or long is None:
@@ -151,11 +161,11 @@ def show(out: Path | None) -> None:
                     t[3] += decided
                     t[4] += int(_peak(rec) > threshold and _peak(long) <= threshold)
                     rows.append(
-                        f"| {model} {eta} | {steps} at η' {config.spectral_lr:.3g} | {PAPER[assign]} | {seed} "
+                        f"| {name} | {steps} at η' {config.spectral_lr:.3g} | {PAPER[assign]} | {seed} "
                         f"| {_final(long):.1f} | {_final(rec):.1f} | {ratio:.2f} "
                         f"| {_final(own):.1f} | {own_ratio:.2f} | {_peak(long) > threshold} "
                         f"| {_peak(rec) > threshold} |" if own else
-                        f"| {model} {eta} | {steps} at η' {config.spectral_lr:.3g} | {PAPER[assign]} | {seed} "
+                        f"| {name} | {steps} at η' {config.spectral_lr:.3g} | {PAPER[assign]} | {seed} "
                         f"| {_final(long):.1f} | {_final(rec):.1f} | {ratio:.2f} | – | – "
                         f"| {_peak(long) > threshold} | {_peak(rec) > threshold} |")
     lines = ["Stability runs at the target's Σ η² against the 2,000-step runs (threshold 10 × d/√d_head: "
@@ -180,10 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, nargs="+", default=[400])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--only", choices=["dgram-attn"], help="train the DGram-attention assignments only")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=INT",
+                   help="with --run: change the model (e.g. n_layer=4), as fidelity.py --model-arg")
     p.add_argument("--out", type=Path, help="with --show: also write the table to this file")
     args = p.parse_args(argv)
     if args.run:
-        run(args.model, args.eta, args.steps, args.seeds, args.only)
+        model_args = {k: int(v) for k, v in (a.split("=", 1) for a in args.model_arg)}
+        run(args.model, args.eta, args.steps, args.seeds, args.only, model_args)
     if args.show or not args.run:
         show(args.out)
     return 0
