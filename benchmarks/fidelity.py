@@ -52,10 +52,12 @@ from geosearch.proxy.config import TrainConfig
 from geosearch.proxy.train import train
 from geosearch.search.horizon.forecast import forecast_max_logit
 from geosearch.search.horizon.ladder import spearman
-from geosearch.search.horizon.probes import QK_TYPES, LogitGrowthPruner
-from geosearch.search.stats.ranking import family_geometry, rank_scores, rank_study, trial_label
+from geosearch.search.horizon.probes import QK_TYPES
+from geosearch.search.horizon.pruner import LogitGrowthPruner
+from geosearch.search.stats.ranking import rank_scores, rank_study
 from geosearch.search.records import BASELINE, ASSIGNMENT, LADDER, PROBE_HISTORY, PRUNE_REASON, PROXY, RUNG_INDICES, RUNG_LOSSES, RUNG_PROBES, STOP_STEP
 from geosearch.search.stats.scores import Point, Score, main_effects
+from geosearch.search.stats.trials import family_geometry, trial_label
 from geosearch.search.horizon.target import probe_sum_eta, study_reading
 from geosearch.search.runtime.storage import open_run_study
 

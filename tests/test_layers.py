@@ -154,9 +154,11 @@ def test_manifolds_import_nothing_of_the_rest():
 @pytest.mark.parametrize("module, absent", [
     ("geosearch.search.stats", ("torch", "optuna")),
     ("geosearch.search.stats.scores", ("torch", "optuna")),
+    ("geosearch.search.stats.blocked", ("torch", "optuna")),
     ("geosearch.search.horizon.ladder", ("torch", "optuna")),
     ("geosearch.search.horizon.forecast", ("torch", "optuna")),
     ("geosearch.search.stats.ranking", ("torch",)),
+    ("geosearch.search.stats.trials", ("torch",)),
     ("geosearch.search.horizon.pruner", ("torch",)),
     ("geosearch.search.horizon.target", ("torch",)),
     ("geosearch.search.horizon.outlook", ("torch",)),

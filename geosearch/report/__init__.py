@@ -4,7 +4,8 @@
 (``study.db`` or ``journal.log``, opened as ``geosearch export`` opens it, see
 :mod:`geosearch.search.runtime.storage`) and the per-trial ``metrics.jsonl`` files. It writes
 ``report.md`` and, when matplotlib is installed (``pip install 'geosearch[report]'``),
-``plots/*.png``. The ranking and its verdict are the search's own
+``plots/*.png`` (the baselines drawn beside the assignments). The ranking and its verdict
+are the search's own
 (:mod:`geosearch.search.stats.ranking`: mean ± std over seeds, ties by a paired t-test on shared seeds at 5%), so
 the report and the ranking printed after ``geosearch search`` always agree. Trials that
 never trained (``duplicate`` and ``skipped`` bookkeeping trials) are left out; a trial whose
@@ -14,7 +15,7 @@ does not import torch::
 
     run = load_run("runs/default")          # storage + trial files -> RunData   (load)
     ranking = rank_study(run.study)          # the search's ranking and verdict
-    importance = geometry_importances(run.study)                               # (analysis)
+    importance = geometry_importances(run.study, ranking.effects)  # over the points (analysis)
     cost = cost_table(run.trials)            # ms/step, tokens/s, ratio to a baseline
     front = pareto_front([(t, loss), ...])   # loss-versus-time front (indices)
     text = render_markdown(run, ...)         # the report                          (markdown)
@@ -30,10 +31,13 @@ from geosearch.report.analysis import (
     CostRow,
     CostTable,
     Importance,
+    PeakLayer,
     cost_table,
     geometry_importances,
+    layer_logits,
     pareto_front,
     pareto_trials,
+    peak_layers,
     stability_table,
 )
 from geosearch.report.load import RunData, TrialRecord, load_run, read_metrics
@@ -46,6 +50,7 @@ __all__ = [
     "CostRow",
     "CostTable",
     "Importance",
+    "PeakLayer",
     "ReportFiles",
     "RunData",
     "TrialRecord",
@@ -54,10 +59,12 @@ __all__ = [
     "cost_table",
     "dashboard_paragraph",
     "geometry_importances",
+    "layer_logits",
     "load_run",
     "make_plots",
     "pareto_front",
     "pareto_trials",
+    "peak_layers",
     "read_metrics",
     "render_markdown",
     "stability_table",
@@ -101,7 +108,7 @@ def write_report(
     """
     run = load_run(run_dir, study_name=study_name, storage=storage)
     ranking = rank_study(run.study)
-    importance = geometry_importances(run.study)
+    importance = geometry_importances(run.study, ranking.effects)
     cost = cost_table(run.trials + run.baselines)
     written: dict[str, Path] = {}
     note: str | None = None

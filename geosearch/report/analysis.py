@@ -2,7 +2,11 @@
 
 Pure functions of the loaded run (:mod:`geosearch.report.load`), so tests can check each
 number. :func:`geometry_importances` asks Optuna's PED-ANOVA which module type's geometry
-separates the best completed trials from the rest; :func:`stability_table` counts, per
+separates the best assignments from the rest, one value per point of the space (its seeds
+merged; baselines not counted), each parameter with its factor's main effects so that the
+report names a factor as mattering only when the main effects find it beyond seed noise;
+:func:`peak_layers` names the layer holding each run's largest attention logit;
+:func:`stability_table` counts, per
 geometry, how many trials ended unstable or failed; :func:`cost_table` gives step time and
 throughput as ratios to an AdamW or Muon baseline; :func:`pareto_front` and
 :func:`pareto_trials` find the completed trials no other beats on both loss and time. The
@@ -14,25 +18,30 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial
 
-from geosearch.report.load import TrialRecord, mean_finite
+from geosearch.report.load import TrialRecord, as_finite, mean_finite
 from geosearch.search.records import FINISHED
+from geosearch.search.stats.scores import MainEffect, Score, main_effects
+from geosearch.search.stats.trials import point_scores, trial_factors
 
 __all__ = [
     "CostRow",
     "CostTable",
     "Importance",
+    "PeakLayer",
     "cost_table",
     "geometry_importances",
+    "layer_logits",
     "pareto_front",
     "pareto_trials",
+    "peak_layers",
     "stability_table",
 ]
 
@@ -41,62 +50,162 @@ _BASELINES = (("adamw", "AdamW (all-adamw)"), ("euclidean", "Muon (all-euclidean
 
 @dataclass
 class Importance:
-    """Importance of each geometry parameter for the final val loss.
+    """Importance of each geometry parameter for the final val loss, over the assignments.
 
     Attributes:
         values: parameter -> normalised importance, largest first; ``None`` when it could
             not be computed (``note`` says why).
         note: how it was computed, or why not.
+        effects: parameter -> its factor's main effects (each pair of levels), the ones the
+            ranking's verdict judges against seed noise; a parameter without a matched pair
+            of points has none.
+        points: how many assignments (points of the space) it was computed on.
     """
 
     values: dict[str, float] | None
     note: str
+    effects: dict[str, tuple[MainEffect, ...]] = field(default_factory=dict)
+    points: int = 0
+
+    @property
+    def top(self) -> str | None:
+        """The parameter with the largest importance (``None`` without values)."""
+        return next(iter(self.values)) if self.values else None
+
+    def decisive(self, param: str) -> bool | None:
+        """Whether ``param``'s factor has a main effect beyond noise (any pair of its levels,
+        :attr:`MainEffect.decisive`); ``None`` when it has no main effect to judge by."""
+        effects = self.effects.get(param)
+        return any(e.decisive for e in effects) if effects else None
 
 
-def geometry_importances(study: optuna.Study) -> Importance:
-    """Optuna's PED-ANOVA importance over the study's categorical geometry parameters.
+def geometry_importances(study: optuna.Study, effects: Iterable[MainEffect] | None = None) -> Importance:
+    """Optuna's PED-ANOVA importance of the categorical geometry parameters, over the
+    assignments' scores.
 
-    PED-ANOVA (``optuna.importance.PedAnovaImportanceEvaluator``) handles categorical
-    parameters and needs no extra package (fANOVA and mean-decrease-impurity need
-    scikit-learn). It asks which parameter values are over-represented among the best
-    trials; the top quantile is set to hold at least two trials when there are enough.
-    Only completed trials count: unstable and failed ones are in :func:`stability_table`.
+    One value per point of the space: its merged score over all its seeds
+    (:func:`geosearch.search.stats.trials.point_scores`: its adaptive-seed trials, whose
+    params repeat the point, join it instead of counting again), in an in-memory study of
+    one trial per point. Baselines (no params) and unstable or failed trials are not
+    counted (they are in the Baselines and stability tables). PED-ANOVA
+    (``optuna.importance.PedAnovaImportanceEvaluator``) handles categorical parameters and
+    needs no extra package; it asks which parameter values are over-represented among the
+    best points, the top quantile set to hold at least two points when there are enough.
+    It does not know the seed noise, so each parameter is given its factor's main effects
+    (``effects``: the ranking's, e.g. ``rank_study(study).effects``; computed from the
+    same scores when ``None``), which say whether it matters beyond noise.
     """
-    complete = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.value is not None and math.isfinite(t.value)
-    ]
-    if len(complete) < 2:
-        return Importance(None, f"not enough completed trials ({len(complete)}; need at least 2).")
-    cats = sorted(
-        {n for t in complete for n, d in t.distributions.items() if isinstance(d, CategoricalDistribution)}
-    )
+    trials = study.get_trials(deepcopy=False)
+    scores = point_scores(trials)
+    points = [(t, scores[t.number]) for t in sorted(trials, key=lambda t: t.number)
+              if t.number in scores and scores[t.number].n]
+    if effects is None:
+        effects = main_effects((trial_factors(t), s) for t, s in points)
+    by_param: dict[str, tuple[MainEffect, ...]] = {}
+    for e in effects:
+        by_param[f"geometry.{e.factor}"] = (*by_param.get(f"geometry.{e.factor}", ()), e)
+
+    def result(values: dict[str, float] | None, note: str) -> Importance:
+        return Importance(values, note, by_param, len(points))
+
+    if len(points) < 2:
+        return result(None, f"not enough completed assignments ({len(points)}; need at least 2).")
+    cats = sorted({n for t, _ in points for n, d in t.distributions.items()
+                   if isinstance(d, CategoricalDistribution)})
     params = [p for p in cats if p.startswith("geometry.")] or cats
     if not params:
-        return Importance(None, "the study has no categorical geometry parameters.")
-    if len({t.value for t in complete}) == 1:
-        return Importance(None, "every completed trial has the same val loss: no geometry made a difference.")
-    if all(len({t.params.get(p) for t in complete}) == 1 for p in params):
-        return Importance(None, "every completed trial used the same geometries: nothing to compare.")
-    quantile = min(0.5, max(0.1, 2.0 / len(complete)))
+        return result(None, "the study has no categorical geometry parameters.")
+    if len({s.mean for _, s in points}) == 1:
+        return result(None, "every completed assignment has the same val loss: no geometry made a difference.")
+    if all(len({t.params.get(p) for t, _ in points}) == 1 for p in params):
+        return result(None, "every completed assignment used the same geometries: nothing to compare.")
+    quantile = min(0.5, max(0.1, 2.0 / len(points)))
     evaluator = optuna.importance.PedAnovaImportanceEvaluator(target_quantile=quantile)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # small-sample warnings; the note below says it instead
         raw = optuna.importance.get_param_importances(
-            study, evaluator=evaluator, params=params, normalize=False
+            _point_study(points, params), evaluator=evaluator, params=params, normalize=False
         )
     total = sum(raw.values())
     if not total > 0:  # Optuna would normalise all-zero importances to equal shares
-        return Importance(None, "no geometry parameter separates the best completed trials from the rest.")
+        return result(None, "no geometry parameter separates the best assignments from the rest.")
     values = dict(sorted(((p, v / total) for p, v in raw.items()), key=lambda kv: (-kv[1], kv[0])))
     note = (
-        f"Optuna PED-ANOVA importance (target quantile {quantile:.2f}) over {len(complete)} completed "
-        "trials; unstable and failed trials are not counted (see the stability table)."
+        f"Optuna PED-ANOVA importance (target quantile {quantile:.2f}) over the {len(points)} "
+        "completed assignments, one value each (its mean val loss over all its seeds, adaptive "
+        "seeds merged); baselines, unstable and failed trials are not counted."
     )
-    if len(complete) < 10:
-        note += f" With {len(complete)} trials this is a rough guide."
-    return Importance(values, note)
+    if len(points) < 10:
+        note += f" With {len(points)} assignments this is a rough guide."
+    return result(values, note)
+
+
+def _point_study(points: Sequence[tuple[FrozenTrial, Score]], params: Sequence[str]) -> optuna.Study:
+    """An in-memory study of one COMPLETE trial per point: its ``params`` (each with the
+    union of the points' choices, so that every point is in one regime) and its merged
+    score's mean as the value."""
+    choices: dict[str, dict[Any, None]] = {p: {} for p in params}
+    for t, _ in points:
+        for p in params:
+            d = t.distributions.get(p)
+            if isinstance(d, CategoricalDistribution):
+                choices[p].update(dict.fromkeys(d.choices))
+    dists = {p: CategoricalDistribution(list(c)) for p, c in choices.items() if c}
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory"
+    try:
+        study = optuna.create_study(direction="minimize")
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    for t, s in points:
+        have = {p: t.params[p] for p in dists if p in t.params}
+        study.add_trial(optuna.trial.create_trial(
+            params=have, distributions={p: dists[p] for p in have}, value=s.mean))
+    return study
+
+
+@dataclass(frozen=True)
+class PeakLayer:
+    """The layer that holds a run's largest attention logit at its last probe.
+
+    Attributes:
+        trial: the trial (its first seed, at the last rung it reached).
+        layer: the layer's index (0 = nearest the embedding).
+        value: its max logit there.
+        step: the probe's step.
+    """
+
+    trial: TrialRecord
+    layer: int
+    value: float
+    step: float
+
+
+def layer_logits(t: TrialRecord) -> list[tuple[float, list[float | None]]]:
+    """``(step, max logit of each layer)`` of every probe of the trial's first seed at the
+    last rung it reached (``max_logit_per_layer`` in its metrics.jsonl; a non-finite value
+    is ``None``); ``[]`` when its metrics record no per-layer values (a study from before them)."""
+    rows = []
+    for r in t.metrics[0] if t.metrics else []:
+        step, layers = as_finite(r.get("step")), r.get("max_logit_per_layer")
+        if step is not None and isinstance(layers, list) and layers:
+            rows.append((step, [as_finite(v) for v in layers]))
+    return rows
+
+
+def peak_layers(trials: Sequence[TrialRecord]) -> list[PeakLayer]:
+    """For each trial with per-layer values (:func:`layer_logits`), the layer holding the
+    largest max logit at its last probe with a finite one (the lower layer on a tie), in
+    the trials' order."""
+    out = []
+    for t in trials:
+        for step, values in reversed(layer_logits(t)):
+            finite = [(v, i) for i, v in enumerate(values) if v is not None]
+            if finite:
+                value, layer = max(finite, key=lambda vi: (vi[0], -vi[1]))
+                out.append(PeakLayer(t, layer, value, step))
+                break
+    return out
 
 
 def stability_table(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:

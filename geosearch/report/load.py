@@ -30,8 +30,8 @@ from geosearch.search.horizon.ladder import HorizonReading, Rung
 from geosearch.search.horizon.outlook import StabilityRow, stability_rows
 from geosearch.search.space.spec import study_pruner
 from geosearch.search.horizon.pruner import LogitGrowthPruner
-from geosearch.search.stats.ranking import family_geometry, point_scores, trial_label, trial_score
 from geosearch.search.stats.scores import Score
+from geosearch.search.stats.trials import family_geometry, point_scores, trial_label, trial_score
 from geosearch.search.records import (
     LOGIT_SCALE,
     ASSIGNMENT,
@@ -42,6 +42,7 @@ from geosearch.search.records import (
     NOT_RUN,
     PROBE_HISTORY,
     PRUNE_REASON,
+    RUNG_INDICES,
     RUNG_LOSSES,
     RUNG_PROBES,
     SPACE,
@@ -87,6 +88,10 @@ class TrialRecord:
         rung_losses: per rung reached, the mean final val loss over its seeds (NaN where a
             seed has none).
         rung_probes: per rung reached, the first seed's probe rows (each with ``sum_eta``).
+        rung_indices: the ladder rung of each ``rung_losses`` entry (from ``rung_indices``,
+            the rungs planned, lowest first: an AdamW baseline trains rung 0 only), else
+            ``0, 1, ...``.
+        baseline: a baseline trial's name (``adamw``, ``muon``, ``muon_qkclip``), else ``None``.
     """
 
     number: int
@@ -106,6 +111,8 @@ class TrialRecord:
     probe_history: list[dict] = field(default_factory=list)
     rung_losses: list[float] = field(default_factory=list)
     rung_probes: list[list[dict]] = field(default_factory=list)
+    rung_indices: list[int] = field(default_factory=list)
+    baseline: str | None = None
 
     def family_geometry(self, family: str) -> str:
         """The geometry of a module family ("attn", "mlp"), ``"mixed: ..."`` when its types differ."""
@@ -268,6 +275,11 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
 
     probe = ua.get(PROBE_HISTORY)
     rung_probes = ua.get(RUNG_PROBES)
+    indices = ua.get(RUNG_INDICES)  # the rungs planned, lowest first: those reached lead
+    if isinstance(indices, list) and len(indices) >= len(reached) and all(isinstance(i, int) for i in indices):
+        indices = indices[:len(reached)]
+    else:
+        indices = list(range(len(reached)))
     return TrialRecord(
         number=trial.number,
         state=state,
@@ -286,6 +298,8 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
         probe_history=probe if isinstance(probe, list) else [],
         rung_losses=reached,
         rung_probes=[r for r in rung_probes if isinstance(r, list)] if isinstance(rung_probes, list) else [],
+        rung_indices=indices,
+        baseline=str(ua[BASELINE]) if ua.get(BASELINE) is not None else None,
     )
 
 

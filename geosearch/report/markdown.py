@@ -5,8 +5,10 @@ Sections, in order: the header (run directory, storage, proxy, trial counts), th
 loss at each rung and the reading towards the target), the ranking of completed trials
 (mean ± std over seeds, ties by the search's paired test), unstable, failed and unfinished
 trials, the baselines (each assignment's Δ loss and ms/step ratio against AdamW and Muon),
-which module type's geometry matters (importance and stability), cost, the loss-versus-time Pareto front, the plots, and
-how to browse the study in optuna-dashboard. Every section is a list of lines built from
+which module type's geometry matters (importance over the assignments, named in bold only
+when its main effect is beyond seed noise, and stability), cost, the loss-versus-time
+Pareto front, the plots (with the layer that holds each run's largest logit), and how to
+browse the study in optuna-dashboard. Every section is a list of lines built from
 the loaded run and the analysis results; nothing here reads files or computes statistics.
 """
 
@@ -18,13 +20,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from geosearch.report.analysis import CostTable, Importance, pareto_trials, stability_table
+from geosearch.report.analysis import CostTable, Importance, pareto_trials, peak_layers, stability_table
 from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
 from geosearch.search.study.baselines import BaselineTable
 from geosearch.search.horizon.forecast import short_logit
-from geosearch.search.stats.ranking import Ranking, format_params
-from geosearch.search.stats.scores import Score
+from geosearch.search.stats.ranking import Ranking
+from geosearch.search.stats.scores import MainEffect, Score
+from geosearch.search.stats.trials import format_params
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY, PRUNED
 from geosearch.search.horizon.target import horizon_note, horizon_verdict
 
@@ -187,6 +190,18 @@ def _md_horizon(run: RunData, plots: dict[str, str]) -> list[str]:
 
 def _md_stability(run: RunData) -> list[str]:
     lines = ["## Stability at your target", ""]
+    measured = [r for r in run.stability if r.measured is not None]
+    if measured:
+        lines.append("The largest attention logit of each completed run's stability rung: a run of the "
+                     "proxy that ends at your target's Σ η² (logit growth follows Σ η², not Σ η, across "
+                     "step sizes), so it *measures* the logits your run reaches instead of forecasting "
+                     "them (docs/design.md, \"The stability rung\"). In the target model's logits; a run "
+                     "that went above the threshold was pruned as unstable at the target (see the "
+                     "unstable trials), and the step where your run would cross it is given.")
+        return lines + [""] + _table(
+            ["trial", "assignment", "max logit at the end", "peak", "threshold", "verdict"],
+            [[r.number, r.label, short_logit(r.measured.final), short_logit(r.measured.peak),
+              short_logit(r.measured.threshold), r.measured.verdict] for r in measured])
     rows = [r for r in run.stability if r.outlook is not None]
     if not rows:
         return lines + ["No forecast: no completed trial has enough probes with a Σ η and a target "
@@ -217,11 +232,15 @@ def _md_ranking(ranking: Ranking, records: dict[int, TrialRecord]) -> list[str]:
         return lines + ["No completed trials."]
     lines += [
         "Final validation loss, mean ± sample std over seeds (n = seeds). *vs best*: `tie` = "
-        "not shown worse than the best at 5% (a paired t-test on the seeds both ran, which "
-        "share initialisation and data order; Welch's test when fewer than two seeds are "
-        "shared; exact t quantiles), `separated` = worse beyond that *noise* threshold, "
-        "`unknown` = one seed, so no spread to judge by. The same rule as the ranking printed "
-        "by `geosearch search`.",
+        "not shown worse than the best at 5%, `separated` = worse beyond that *noise* threshold "
+        "(t₀.₉₇₅(df) × the gap's standard error, exact t quantiles), `unknown` = one seed, so no "
+        "spread to judge by. Every assignment runs the same seeds, which share initialisation "
+        "and data order, so the test is blocked: loss = assignment + seed + ε, fitted by least "
+        "squares over all the (assignment, seed) cells, residual df = cells − rank of the "
+        "design; *Δ vs best* is the gap the test judged (the fit's contrast with the best). A "
+        "paired t-test on the seeds both ran (Welch's when fewer than two are shared) is only "
+        "the fallback, when the fit has no residual df or the two assignments share no seeds. "
+        "The same rule as the ranking printed by `geosearch search`.",
         "",
     ]
     params = {r.number: records[r.number].other_params if r.number in records else {} for r in ranking.rows}
@@ -299,10 +318,10 @@ def _md_importance(importance: Importance, stability: list[dict[str, Any]]) -> l
     if importance.values is None:
         lines.append(f"Importance: {importance.note}")
     else:
-        top = next(iter(importance.values)).removeprefix("geometry.")
-        lines += [f"Most important: **{top}**. {importance.note}", ""]
-        lines += _table(["module type", "parameter", "importance"],
-                        [[p.removeprefix("geometry."), p, f"{v:.3f}"] for p, v in importance.values.items()])
+        lines += [f"{_importance_headline(importance)} {importance.note}", ""]
+        lines += _table(["module type", "parameter", "importance", "main effect"],
+                        [[p.removeprefix("geometry."), p, f"{v:.3f}", _effect_word(importance, p)]
+                         for p, v in importance.values.items()])
     if stability:
         lines += ["", "Stability by geometry (every finished trial, including unstable and failed ones):", ""]
         lines += _table(
@@ -311,6 +330,42 @@ def _md_importance(importance: Importance, stability: list[dict[str, Any]]) -> l
              for r in stability],
         )
     return lines
+
+
+def _main_effect(importance: Importance, param: str) -> MainEffect | None:
+    """The parameter's most telling main effect: a decisive one first, then the largest."""
+    effects = importance.effects.get(param, ())
+    return max(effects, key=lambda e: (e.decisive, e.effect), default=None)
+
+
+def _effect_word(importance: Importance, param: str) -> str:
+    e = _main_effect(importance, param)
+    if e is None:
+        return "no matched pair"
+    if e.half_width is None:
+        return "spread unknown"
+    return f"beyond noise ({e.better} better)" if e.decisive else "within noise"
+
+
+def _importance_headline(importance: Importance) -> str:
+    """The top factor, in bold only when its main effect is beyond seed noise: PED-ANOVA
+    ranks the factors by the points' mean losses and does not know the noise."""
+    top = importance.top or ""
+    name = top.removeprefix("geometry.")
+    e = _main_effect(importance, top)
+    if e is not None and e.decisive:
+        return f"Most important: **{name}**, beyond seed noise ({e.text()})."
+    if e is None:
+        why = "no two assignments differ only in it, so no main effect checks it against seed noise"
+    elif e.half_width is None:
+        why = f"its main effect has no spread to judge by ({e.text()})"
+    else:
+        why = f"its main effect is within seed noise ({e.text()})"
+    head = f"Largest importance: {name}, not shown to matter most: {why}."
+    beyond = [p.removeprefix("geometry.") for p in importance.values or {} if importance.decisive(p)]
+    if beyond:
+        head += f" Beyond noise: {', '.join(beyond)} (the main effects under Result)."
+    return head
 
 
 def _md_cost(cost: CostTable) -> list[str]:
@@ -362,7 +417,24 @@ def _md_plots(run: RunData, plots: dict[str, str], note: str | None) -> list[str
     for name, rel in plots.items():
         if name != "horizon":  # shown in its own section
             lines += ["", f"![{PLOT_NAMES.get(name, name)}]({rel})"]
+        if name == "max_logit_layers" and (peaks := _peak_line(run)):
+            lines += ["", peaks]
     if note:
         lines += ["", note]
     return lines
 
+
+def _peak_line(run: RunData) -> str | None:
+    """Which layer holds each run's largest attention logit at its last probe, by layer."""
+    by_layer: dict[int, list[int]] = {}
+    for p in peak_layers(run.trials + run.baselines):
+        by_layer.setdefault(p.layer, []).append(p.trial.number)
+    if not by_layer:
+        return None
+    total = sum(map(len, by_layer.values()))
+    parts = []
+    for layer, numbers in sorted(by_layer.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        shown = ", ".join(map(str, numbers[:8])) + (", ..." if len(numbers) > 8 else "")
+        parts.append(f"layer {layer} in {len(numbers)} of {total} runs (trial{'s' * (len(numbers) > 1)} {shown})")
+    return ("The layer holding the largest attention logit at each run's last probe (first seed, "
+            "the last rung it reached): " + "; ".join(parts) + ".")

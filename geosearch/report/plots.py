@@ -5,10 +5,13 @@ run has data for: the max attention logit over steps coloured by attention geome
 the pruning threshold drawn, σ_max per module type, validation loss curves, loss versus
 time with the Pareto front, the importance of each module type's geometry, and the
 horizon: each assignment's final val loss at each rung of the Σ η ladder and its max
-logit against Σ η, with the target's Σ η marked and the rungs' crossings. Pruned
-trials are dashed. matplotlib is imported only when plots are drawn, through its
-object-oriented API (no pyplot, no GUI backend); without it :func:`make_plots` raises
-ImportError and the report says how to install it (:data:`PLOTS_HINT`).
+logit against Σ η, with the target's Σ η marked and the rungs' crossings, and the max
+logit of each attention layer over steps (when the metrics record it). Pruned trials are
+dashed; the baselines (AdamW, Muon, ...) are drawn in grey, each with a dash pattern of its
+own and labelled by its name, beside the assignments (whose colours are never grey).
+matplotlib is imported only when plots are drawn, through its object-oriented API (no
+pyplot, no GUI backend); without it :func:`make_plots` raises ImportError and the report
+says how to install it (:data:`PLOTS_HINT`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from geosearch.report.analysis import Importance, geometry_importances, pareto_trials
+from geosearch.report.analysis import Importance, geometry_importances, layer_logits, pareto_trials
 from geosearch.report.load import RunData, TrialRecord, as_finite
 from geosearch.search.horizon.ladder import forecast_at
 
@@ -32,7 +35,13 @@ PLOT_NAMES = {
     "pareto": "final validation loss versus time, with the Pareto front",
     "importance": "importance of each module type's geometry",
     "horizon": "final val loss and max logit against Σ η across the ladder's rungs, target marked",
+    "max_logit_layers": "max attention logit of each layer over steps, one panel per run (first seed, top rung)",
 }
+
+#: A baseline's (grey, dash pattern) in every plot; other names get the last.
+_BASELINE_STYLES = {"adamw": ("0.2", (0, (7, 2))), "muon": ("0.45", (0, (4, 1.5, 1, 1.5))),
+                    "muon_qkclip": ("0.65", (0, (1.5, 1.2))), None: ("0.35", (0, (2, 1, 2, 4)))}
+_MAX_PANELS = 16  # panels of max_logit_layers.png
 
 PLOTS_HINT = "plots need matplotlib: pip install 'geosearch[report]'"
 
@@ -52,8 +61,9 @@ def _palette(labels: Iterable[str]) -> dict[str, Any]:
     import matplotlib
 
     labels = sorted(set(labels))
-    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    return {lab: cmap(i % cmap.N) for i, lab in enumerate(labels)}
+    cmap = matplotlib.colormaps["tab10" if len(labels) <= 9 else "tab20"]
+    colours = [c for c in (cmap(i) for i in range(cmap.N)) if not c[0] == c[1] == c[2]]  # grey: baselines
+    return {lab: colours[i % len(colours)] for i, lab in enumerate(labels)}
 
 
 def _series(records: list[dict], key: str, by: str = "step") -> tuple[list[float], list[float]]:
@@ -137,6 +147,9 @@ def make_plots(
     keep(_importance_figure(Figure, importance), "importance", importance.note)
     keep(_horizon_figure(Figure, run), "horizon",
          "the study records no target, or no trial a loss or probe with Σ η")
+    layers = _layers_figure(Figure, run)
+    if layers is not None:  # no note without: a study from before per-layer probes
+        save(layers, "max_logit_layers")
     for name in PLOT_NAMES.keys() - written.keys():  # a stale plot from an earlier report would mislead
         (plots_dir / f"{name}.png").unlink(missing_ok=True)
     return written, skipped
@@ -148,29 +161,50 @@ def _seed_style(t: TrialRecord, seed: int) -> dict[str, Any]:
     return {"alpha": 0.85 if seed == 0 else 0.35, "ls": "--" if t.state == "unstable" else "-"}
 
 
+def _baseline_style(t: TrialRecord, seed: int = 0) -> dict[str, Any]:
+    """A baseline's curve: grey with its own dash pattern (any state), its first seed
+    darker, labelled by its name."""
+    colour, dashes = _BASELINE_STYLES.get(t.baseline, _BASELINE_STYLES[None])
+    return {"color": colour, "ls": dashes, "alpha": 0.9 if seed == 0 else 0.4, "label": t.label}
+
+
+def _rung_note(run: RunData, t: TrialRecord) -> str:
+    """``" (rung 0)"`` for a run whose curves come from below the ladder's top rung, where
+    the completed assignments' come from: the AdamW baseline (it takes no spectral step), a
+    point pruned at a lower rung."""
+    if len(run.rungs) > 1 and t.rung_indices and t.rung_indices[-1] != run.rungs[-1].index:
+        return f" (rung {t.rung_indices[-1]})"
+    return ""
+
+
 def _max_logit_figure(Figure, run: RunData):
     """Max attention logit over steps by attention geometry, threshold drawn; ``None`` without data."""
-    trials = run.trials
+    trials = run.trials + run.baselines
     series = {t.number: _logit_series(t) for t in trials}
     if not any(series.values()):
         return None
-    colours = _palette(t.family_geometry("attn") for t in trials if series[t.number])
+    colours = _palette(t.family_geometry("attn") for t in run.trials if series[t.number])
     fig = Figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
     for t in trials:
         for k, (xs, ys) in enumerate(series[t.number]):
             ys = [max(y, 1e-3) for y in ys]  # log scale
-            c = colours[t.family_geometry("attn")]
-            ax.plot(xs, ys, color=c, lw=1.2, label=f"attn={t.family_geometry('attn')}", **_seed_style(t, k))
+            if t.baseline is None:
+                style = {"color": colours[t.family_geometry("attn")],
+                         "label": f"attn={t.family_geometry('attn')}", **_seed_style(t, k)}
+            else:
+                style = _baseline_style(t, k)
+                style["label"] += _rung_note(run, t)
+            ax.plot(xs, ys, lw=1.2, **style)
             if t.state == "unstable" and k == 0:
-                ax.plot(xs[-1], ys[-1], "x", color=c, ms=8)
+                ax.plot(xs[-1], ys[-1], "x", color=style["color"], ms=8)
     if run.threshold is not None:
         ax.axhline(run.threshold, color="black", ls=":", lw=1.2,
                    label=f"prune threshold {run.threshold:g}")
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("max attention logit")
-    ax.set_title("Max attention logit (dashed + x: pruned as unstable)")
+    ax.set_title("Max attention logit (dashed + x: pruned as unstable; grey: baselines)")
     _legend(ax)
     return fig
 
@@ -203,19 +237,23 @@ def _sigma_max_figure(Figure, run: RunData):
 
 def _val_loss_figure(Figure, run: RunData):
     """Validation loss curves over steps, one colour per trial; ``None`` without data."""
-    trials = run.trials
+    trials = run.trials + run.baselines
     val = {t.number: [r for r in (_series(m, "val_loss") for m in t.metrics) if r[0]] for t in trials}
     if not any(val.values()):
         return None
-    colours = _palette(t.label for t in trials if val[t.number])
+    colours = _palette(t.label for t in run.trials if val[t.number])
     fig = Figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
     for t in trials:
         for j, (xs, ys) in enumerate(val[t.number]):
-            ax.plot(xs, ys, color=colours[t.label], lw=1.2, label=t.label, **_seed_style(t, j))
+            if t.baseline is None:
+                ax.plot(xs, ys, color=colours[t.label], lw=1.2, label=t.label, **_seed_style(t, j))
+            else:
+                style = _baseline_style(t, j)
+                ax.plot(xs, ys, lw=1.4, **{**style, "label": style["label"] + _rung_note(run, t)})
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss")
-    ax.set_title("Validation loss (dashed: pruned as unstable)")
+    ax.set_title("Validation loss (dashed: pruned as unstable; grey: baselines)")
     _legend(ax)
     return fig
 
@@ -245,38 +283,94 @@ def _pareto_figure(Figure, run: RunData):
 
 
 def _importance_figure(Figure, importance: Importance):
-    """The importance of each module type's geometry as bars; ``None`` when there is none."""
+    """The importance of each module type's geometry as bars, blue where its main effect is
+    beyond seed noise, grey where it is not (or has no matched pair to judge it by);
+    ``None`` when there is none."""
     if not importance.values:
         return None
-    names = [p.removeprefix("geometry.") for p in importance.values][::-1]
+    params = list(importance.values)[::-1]
+    names = [p.removeprefix("geometry.") for p in params]
+    colours = ["tab:blue" if importance.decisive(p) else "tab:gray" for p in params]
     fig = Figure(figsize=(6, 0.5 * len(names) + 1.5))
     ax = fig.add_subplot()
-    ax.barh(names, list(importance.values.values())[::-1], color="tab:blue")
-    ax.set_xlabel("importance (PED-ANOVA, normalised)")
-    ax.set_title("Which module type's geometry matters most")
+    ax.barh(names, [importance.values[p] for p in params], color=colours)
+    ax.set_xlabel("importance (PED-ANOVA over the assignments, normalised)")
+    title = "Which module type's geometry matters most"
+    if "tab:gray" in colours:
+        title += "\n(grey: main effect within seed noise or untested)"
+    ax.set_title(title)
+    return fig
+
+
+def _layers_figure(Figure, run: RunData):
+    """The max attention logit of each layer over steps, one panel per run (its first seed at
+    the last rung it reached), the assignments best first, then the baselines; ``None``
+    when no trial's metrics record per-layer values."""
+    import matplotlib
+
+    order = sorted(run.trials, key=lambda t: (0, t.loss.mean, t.number)
+                   if t.state == "completed" and t.loss.n else (1, 0.0, t.number))
+    points = [(t, rows) for t in order if (rows := layer_logits(t))]
+    bases = [(t, rows) for t in run.baselines if (rows := layer_logits(t))]
+    if not points and not bases:
+        return None
+    shown = points[:max(0, _MAX_PANELS - len(bases))] + bases
+    layers = max(len(values) for _, rows in shown for _, values in rows)
+    colour = [matplotlib.colormaps["viridis"](0.9 * i / max(1, layers - 1)) for i in range(layers)]
+    ncol = min(4, len(shown))
+    nrow = math.ceil(len(shown) / ncol)
+    fig = Figure(figsize=(3.6 * ncol, 2.8 * nrow + 0.6))
+    for k, (t, rows) in enumerate(shown):
+        ax = fig.add_subplot(nrow, ncol, k + 1)
+        for i in range(layers):
+            pts = [(x, max(v[i], 1e-3)) for x, v in rows if i < len(v) and v[i] is not None]
+            if pts:
+                ax.plot(*zip(*pts), color=colour[i], lw=1.2, label=f"layer {i}")
+        if run.threshold is not None:
+            ax.axhline(run.threshold, color="black", ls=":", lw=1.0, label=f"prune threshold {run.threshold:g}")
+        ax.set_yscale("log")
+        state = "" if t.state == "completed" else f", {t.state}"
+        ax.set_title(f"{t.label}{_rung_note(run, t)}\n(trial {t.number}{state})", fontsize="small")
+        ax.set_xlabel("step", fontsize="small")
+        if k % ncol == 0:
+            ax.set_ylabel("max attention logit", fontsize="small")
+        if k == 0:
+            _legend(ax)
+    kept = len(shown) - len(bases)
+    more = f" (the {kept} best of {len(points)} assignments)" if kept < len(points) else ""
+    fig.suptitle(f"Max attention logit per layer, first seed{more}")
     return fig
 
 
 def _horizon_figure(Figure, run: RunData):
-    """Loss at each rung and max logit against Σ η (log-log), per assignment, the target's
-    Σ η as a vertical line; ``None`` when there is nothing to draw."""
+    """Loss at each rung and max logit against Σ η (log-log), per assignment and baseline
+    (each at the rungs it trained: AdamW at rung 0), the target's Σ η as a vertical line;
+    ``None`` when there is nothing to draw."""
     target = as_finite((run.target or {}).get("sum_eta"))
-    losses = {t.number: [(r.sum_eta, y) for r, y in zip(run.rungs, t.rung_losses) if as_finite(y)]
-              for t in run.trials}
+    trials = run.trials + run.baselines
+    at = {r.index: r for r in run.rungs}
+    losses = {t.number: [(at[i].sum_eta, y) for i, y in zip(t.rung_indices, t.rung_losses)
+                         if i in at and as_finite(y)] for t in trials}
     logits = {t.number: [_series(rows, "max_logit", by="sum_eta")
-                         for rows in (t.rung_probes or [t.probe_history])] for t in run.trials}
+                         for rows in (t.rung_probes or [t.probe_history])] for t in trials}
     if target is None or not any(losses.values()) and not any(xs for v in logits.values() for xs, _ in v):
         return None
     colours = _palette(t.label for t in run.trials)
     fig = Figure(figsize=(12, 4.5))
     ax_loss, ax_logit = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     extrapolate = run.reading is not None and run.reading.extrapolated
-    for t in run.trials:
-        style = {"color": colours[t.label], "ls": "--" if t.state == "unstable" else "-", "label": t.label}
+    for t in trials:
+        if t.baseline is None:
+            style = {"color": colours[t.label], "ls": "--" if t.state == "unstable" else "-", "label": t.label}
+        else:
+            style = {k: v for k, v in _baseline_style(t).items() if k != "alpha"}
+            style["label"] += _rung_note(run, t)
+            colours[t.label] = style["color"]  # its forecast marker too
         points = losses[t.number]
         if points:
             ax_loss.plot(*zip(*points), marker="o", lw=1.4, **style)
-            if extrapolate and t.state == "completed" and len(points) == len(run.rungs) > 1:
+            if (extrapolate and t.baseline is None and t.state == "completed"
+                    and len(points) == len(run.rungs) > 1):
                 end = forecast_at(run.rungs, [y for _, y in points], target)
                 ax_loss.plot([points[-1][0], target], [points[-1][1], end], color=style["color"],
                              ls=":", lw=1.2)  # the reading's line in log Σ η, not a measurement
@@ -296,8 +390,8 @@ def _horizon_figure(Figure, run: RunData):
     ax_logit.set_yscale("log")
     ax_loss.set_ylabel("final validation loss (mean over seeds)")
     ax_logit.set_ylabel("max attention logit")
-    ax_loss.set_title("Loss at each rung (dotted: extrapolated to the target)")
-    ax_logit.set_title("Max logit vs Σ η (dashed: pruned; ◆: forecast, 90%)")
+    ax_loss.set_title("Loss at each rung (dotted: extrapolated to the target; grey: baselines)")
+    ax_logit.set_title("Max logit vs Σ η (dashed: pruned; ◆: forecast, 90%; grey: baselines)")
     return fig
 
 

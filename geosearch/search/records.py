@@ -3,7 +3,7 @@
 Every user attr the search writes and every reader of a run directory uses the constants
 below instead of string literals; each is defined once, named as its attr upper-cased
 (``VAL_LOSS_MEAN = "val_loss_mean"``). :func:`trial_status` turns a trial into one word of
-its outcome (:func:`geosearch.search.stats.ranking.trial_line` is the line the search prints). Torch-free: reading a
+its outcome (:func:`geosearch.search.stats.trials.trial_line` is the line the search prints). Torch-free: reading a
 study needs no trainer. The meaning of each attr, and the outcomes, are in
 ``docs/design.md`` ("The study").
 """
@@ -23,6 +23,7 @@ __all__ = [
     "SIGMA_MAX", "SPACE", "STATUS", "STOP_STEP", "TARGET", "TARGET_LOGIT_SCALE",
     "TARGET_STEPS", "TARGET_SUM_ETA", "TOKENS_PER_S", "TRIAL_DIR", "VAL_LOSSES",
     "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER", "SEED_OF", "BASELINE", "RUNG_INDICES",
+    "STABILITY", "STABILITY_RUN", "STABILITY_PROBES",
     "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
     "COMPLETED", "UNSTABLE", "PRUNED", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING", "DUPLICATE",
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
@@ -36,7 +37,8 @@ RULES = "rules"
 PROXY = "proxy"
 TARGET = "target"
 LADDER = "ladder"
-STUDY_ATTRS = (SPACE, GEOSEARCH_VERSION, RULES, PROXY, TARGET, LADDER)
+STABILITY = "stability"  # the stability rung, or None (docs/design.md, "The stability rung")
+STUDY_ATTRS = (SPACE, GEOSEARCH_VERSION, RULES, PROXY, TARGET, LADDER, STABILITY)
 
 # --------------------------------------------------------------------------- trial attrs
 ASSIGNMENT = "assignment"
@@ -68,6 +70,8 @@ TARGET_LOGIT_SCALE = "target_logit_scale"
 RUNG_LOSSES = "rung_losses"
 RUNG_PROBES = "rung_probes"
 PRUNED_RUNG = "pruned_rung"
+STABILITY_RUN = "stability_run"  # true while the stability rung trains: judged at the target
+STABILITY_PROBES = "stability_probes"  # the stability rung's probe_history rows
 # bookkeeping
 WORKER = "worker"
 HEARTBEAT = "heartbeat"
@@ -84,7 +88,8 @@ TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE
                VAL_LOSSES, VAL_LOSS_MEAN, VAL_LOSS_STD, MEAN_STEP_MS, TOKENS_PER_S, MAX_LOGIT,
                SIGMA_MAX, TARGET_SUM_ETA, TARGET_STEPS, LOGIT_SCALE, TARGET_LOGIT_SCALE,
                RUNG_LOSSES, RUNG_PROBES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
-               RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES, SEED_OF, BASELINE, RUNG_INDICES)
+               RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES, SEED_OF, BASELINE, RUNG_INDICES,
+               STABILITY_RUN, STABILITY_PROBES)
 
 PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")
 """The keys of one ``probe_history`` row: metrics of the proxy run at a probe step, and Σ η

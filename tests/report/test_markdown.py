@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from _report_study import add, new_study, row
 
 from geosearch import report as rp
@@ -125,3 +126,54 @@ def test_stability_section_forecasts_each_completed_run(tmp_path: Path) -> None:
     # ((1 + 5.4)² = 41, 3x past the run: acted on), the threshold 10 × 8 and the verdict.
     assert row(section, 0, "attn=dgram, mlp=dgram", "7.84 (1.8)", "41 [41, 41]", "80", "below", "×3")
     assert row(section, 1, "attn=stiefel, mlp=stiefel", "3 (1.8)", "3 [3, 3]", "80", "below", "×3")
+
+
+def test_no_bold_on_a_factor_whose_main_effect_is_within_noise(tmp_path: Path) -> None:
+    run = tmp_path / "noisy"
+    s = new_study(run)
+    # attention: stiefel ahead by 0.05 on average, but +0.15 in seed 0 and -0.05 in seed 1;
+    # the MLP makes no difference at all. PED-ANOVA's top half is both attn=stiefel points.
+    for mlp, shift in (("stiefel", 0.0), ("dgram", 0.001)):
+        add(s, run, "stiefel", mlp, [3.00 + shift, 3.10 + shift])
+        add(s, run, "dgram", mlp, [3.15 + shift, 3.05 + shift])
+    imp = rp.geometry_importances(s)
+    assert imp.top == "geometry.attn" and imp.decisive("geometry.attn") is False
+    effect = next(e for e in rank_study(s).effects if e.factor == "attn")
+    # the mean of the per-seed differences (0.15, -0.05) in both pairs is 0.05, and the
+    # seeds disagree by 0.2: its 95% interval covers zero
+    assert effect.effect == pytest.approx(0.05) and effect.half_width > 0.05 and not effect.decisive
+    text = rp.write_report(run, plots=False).report.read_text()
+    section = text.split("## Which module type's geometry matters most")[1].split("\n## ")[0]
+    # Rule: never bold a factor the main effects call within noise; say so beside it, with
+    # the main effect the Result section shows.
+    assert "**" not in section and "Most important" not in section
+    assert ("Largest importance: attn, not shown to matter most: its main effect is within seed "
+            f"noise ({effect.text()}).") in section
+    assert effect.text().startswith("attention's geometry: stiefel and dgram within noise: stiefel ahead by 0.0500")
+    assert f"- {effect.text()}" in text.split("## Result")[1].split("\n## ")[0]
+    assert row(section, "attn", "geometry.attn", f"{imp.values['geometry.attn']:.3f}", "within noise")
+
+
+def test_no_bold_with_one_seed_or_no_matched_pair(tmp_path: Path) -> None:
+    run = tmp_path / "one"
+    s = new_study(run)
+    for attn, mlp, loss in (("stiefel", "stiefel", 3.0), ("stiefel", "dgram", 3.1),
+                            ("dgram", "stiefel", 3.5), ("dgram", "dgram", 3.6)):
+        add(s, run, attn, mlp, [loss], metrics=False)
+    text = rp.write_report(run, plots=False).report.read_text()
+    # one seed a point: attention is 0.5 ahead, but there is no spread to judge it by
+    assert "Largest importance: attn, not shown to matter most: its main effect has no spread to judge by" in text
+    imp = rp.geometry_importances(s)
+    assert imp.top == "geometry.attn" and imp.decisive("geometry.attn") is False
+    assert "**attn**" not in text
+    assert row(text, "attn", "geometry.attn", f"{imp.values['geometry.attn']:.3f}", "spread unknown")
+    # no two points differ only in the attention's geometry: no main effect at all
+    run = tmp_path / "diag"
+    s = new_study(run)
+    add(s, run, "stiefel", "stiefel", [3.0, 3.01])
+    add(s, run, "dgram", "dgram", [3.5, 3.52])
+    add(s, run, "euclidean", "euclidean", [3.6, 3.59])
+    text = rp.write_report(run, plots=False).report.read_text()
+    section = text.split("## Which module type's geometry matters most")[1].split("\n## ")[0]
+    assert "**" not in section and "no two assignments differ only in it" in section
+    assert "no matched pair" in section

@@ -13,7 +13,7 @@ from _search_helpers import FakeTrain, make_space, search, trials_of, use_train
 from optuna.trial import TrialState, create_trial
 
 from geosearch.search import records
-from geosearch.search.stats.ranking import trial_line
+from geosearch.search.stats.trials import trial_line
 from geosearch.search.records import NOT_RUN, STATUSES, STUDY_ATTRS, TRIAL_ATTRS, trial_status
 from geosearch.search.runtime.storage import open_run_study
 

@@ -29,6 +29,7 @@ from geosearch.search.stats.scores import t_quantile
 
 __all__ = [
     "LogitForecast",
+    "Measured",
     "Outlook",
     "forecast_max_logit",
     "schedule_sum_eta",
@@ -237,6 +238,41 @@ class Outlook:
         if not self.acted_on:
             line += f"; Σ η ×{self.to_go:.3g} past the run: a rough guide, not acted on"
         return line
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A trial's max logit *measured* at the target's Σ η² by its stability rung
+    (docs/design.md, "The stability rung"), in the target model's logits.
+
+    Attributes:
+        final: the last probe's max logit: the target's end state.
+        peak: the largest probed max logit of the run.
+        threshold: the target's threshold (``max_logit_factor`` × its d/√d_head).
+        threshold_text: the threshold in words.
+        crossed_at: the target run's step at the Σ η² where the run first went above the
+            threshold, ``None`` when it never did (or the probes do not say).
+    """
+
+    final: float
+    peak: float
+    threshold: float
+    threshold_text: str
+    crossed_at: int | None = None
+
+    @property
+    def verdict(self) -> str:
+        """``above`` when a probe went above the threshold (the pruner's rule), else ``below``."""
+        return "above" if self.peak > self.threshold else "below"
+
+    def text(self) -> str:
+        """``"measured at your target's Σ η²: max logit 377 (peak 397) > threshold 230 (...),
+        crossing near your step 1,340"``."""
+        now = f"max logit {short_logit(self.final)} (peak {short_logit(self.peak)})"
+        if self.verdict == "below":
+            return f"measured at your target's Σ η²: {now}, below {self.threshold_text}"
+        where = f", crossing near your step {self.crossed_at:,}" if self.crossed_at is not None else ""
+        return f"measured at your target's Σ η²: {now} > {self.threshold_text}{where}"
 
 
 def short_logit(x: float) -> str:

@@ -1,5 +1,10 @@
 """Each assignment's max attention logit at the user's target: the stability outlook.
 
+With a stability rung (``ladder.stability_steps``; docs/design.md, "The stability rung")
+each trial's logit at the target is *measured*, by a run that ends at the target's Σ η²
+(:meth:`~geosearch.search.horizon.pruner.LogitGrowthPruner.measured`), and that is what is
+shown. Without one it is forecast:
+
 The stability pruner forecasts a trial's max logit at the target's Σ η and prunes only
 what is clearly above the target's threshold and near enough to the data
 (:meth:`~geosearch.search.horizon.pruner.LogitGrowthPruner.outlook`). The user needs the same
@@ -24,9 +29,9 @@ from typing import Any
 import optuna
 
 from geosearch.checks import finite_or_none
-from geosearch.search.horizon.forecast import Outlook, short_logit
+from geosearch.search.horizon.forecast import Measured, Outlook, short_logit
 from geosearch.search.horizon.pruner import LogitGrowthPruner
-from geosearch.search.stats.ranking import trial_label
+from geosearch.search.stats.trials import trial_label
 from geosearch.search.records import BASELINE, LOGIT_SCALE, PROBE_HISTORY, TARGET_LOGIT_SCALE
 
 __all__ = ["StabilityRow", "stability_lines", "stability_record", "stability_rows"]
@@ -47,6 +52,8 @@ class StabilityRow:
         scale_ratio: The target model's d/√d_head over the proxy's: the outlook is in the
             target's logits, ``max_logit`` in the proxy's (1 when the target is the proxy's
             model or a scale is unknown).
+        measured: The max logit its stability rung measured at the target's Σ η², in the
+            target's logits; ``None`` without a stability rung (then ``outlook`` forecasts).
     """
 
     number: int
@@ -55,9 +62,12 @@ class StabilityRow:
     sum_eta: float | None
     outlook: Outlook | None
     scale_ratio: float = 1.0
+    measured: Measured | None = None
 
     def text(self) -> str:
         """One line: the trial, what it measured, and its outlook."""
+        if self.measured is not None:
+            return f"{self.label} (trial {self.number}): {self.measured.text()}"
         now = ("no max logit probed" if self.max_logit is None else
                f"max logit {short_logit(self.max_logit)}"
                + (f" at Σ η {self.sum_eta:.3g}" if self.sum_eta is not None else ""))
@@ -93,12 +103,16 @@ def stability_rows(study: optuna.Study, numbers: Iterable[int],
             number=n, label=f"baseline {base}" if base else trial_label(t, hyperparams=False),
             max_logit=finite_or_none(last.get("max_logit")), sum_eta=finite_or_none(last.get("sum_eta")),
             outlook=pruner.outlook(study, t),
-            scale_ratio=target / proxy if proxy and target else 1.0))
+            scale_ratio=target / proxy if proxy and target else 1.0, measured=pruner.measured(study, t)))
     return rows
 
 
 def stability_lines(rows: list[StabilityRow]) -> list[str]:
     """The outlook as the search prints it: a heading and one line a trial, or nothing."""
+    if any(r.measured is not None for r in rows):
+        return ["stability at your target (max logit in the target model's logits, measured by the "
+                "stability rung, which ends at your run's Σ η²: docs/design.md, \"The stability rung\"):",
+                *(f"  {r.text()}" for r in rows)]
     if not any(r.outlook is not None for r in rows):
         return []
     return ["stability at your target (forecast max logit in the target model's logits, 90% interval; "
@@ -109,6 +123,10 @@ def stability_lines(rows: list[StabilityRow]) -> list[str]:
 def stability_record(row: StabilityRow) -> dict[str, Any]:
     """A row as an exported assignment's provenance records it (YAML-safe)."""
     record: dict[str, Any] = {"max_logit": row.max_logit, "at_sum_eta": row.sum_eta}
+    m = row.measured
+    if m is not None:
+        record["measured"] = {"final": m.final, "peak": m.peak, "threshold": m.threshold,
+                              "verdict": m.verdict, "crossed_at_step": m.crossed_at, "text": m.text()}
     o = row.outlook
     if o is not None:
         record |= {"forecast": o.forecast.value, "low": o.forecast.low, "high": o.forecast.high,

@@ -14,7 +14,8 @@ from optuna.trial import FrozenTrial
 from geosearch.checks import finite_or_none, is_positive, is_whole
 from geosearch.search.records import LOGIT_SCALE, PROBE_FIELDS, PROBE_HISTORY, TARGET_LOGIT_SCALE
 
-__all__ = ["PROBE_KEYS", "QK_TYPES", "Probe", "non_finite", "probe_row", "read_probes", "stored_scales"]
+__all__ = ["PROBE_KEYS", "QK_TYPES", "Probe", "non_finite", "parse_probes", "probe_row", "read_probes",
+           "stored_scales"]
 
 QK_TYPES = ("attn_qkv", "attn_q", "attn_k")
 PROBE_KEYS = tuple(k for k in PROBE_FIELDS if k != "sum_eta")  # a row's keys from the metrics
@@ -44,6 +45,7 @@ class Probe:
     train_loss: float | None
     sum_eta: float | None
     qk_sigma: float | None  # largest σ_max over QK_TYPES
+    target_step: int | None = None  # a stability-rung probe: the target's step at its Σ η²
 
 
 def non_finite(probes: list[Probe], values: Mapping[int, float]) -> str | None:
@@ -62,23 +64,28 @@ def non_finite(probes: list[Probe], values: Mapping[int, float]) -> str | None:
 def read_probes(trial: FrozenTrial) -> list[Probe]:
     """The trial's ``probe_history`` rows as :class:`Probe` s, by step; ValueError on a
     malformed row."""
-    history = trial.user_attrs.get(PROBE_HISTORY, [])
+    return parse_probes(trial.user_attrs.get(PROBE_HISTORY, []), PROBE_HISTORY)
+
+
+def parse_probes(history: object, attr: str) -> list[Probe]:
+    """Rows of probes (``probe_history``, or another attr of such rows named ``attr`` in
+    errors) as :class:`Probe` s, by step; ValueError on a malformed row."""
     if not isinstance(history, (list, tuple)):
         raise ValueError(
-            f"trial.user_attrs[{PROBE_HISTORY!r}] must be a list of dicts "
+            f"trial.user_attrs[{attr!r}] must be a list of dicts "
             f"but got {type(history).__name__}."
         )
     probes = []
     for i, row in enumerate(history):
         if not isinstance(row, Mapping) or not is_whole(row.get("step")):
             raise ValueError(
-                f"trial.user_attrs[{PROBE_HISTORY!r}][{i}] must be a dict with an "
+                f"trial.user_attrs[{attr!r}][{i}] must be a dict with an "
                 f"integer 'step' but got {row!r}."
             )
         sigma = row.get("sigma_max")
         if sigma is not None and not isinstance(sigma, Mapping):
             raise ValueError(
-                f"trial.user_attrs[{PROBE_HISTORY!r}][{i}]['sigma_max'] must be a dict "
+                f"trial.user_attrs[{attr!r}][{i}]['sigma_max'] must be a dict "
                 f"of module type -> sigma_max but got {sigma!r}."
             )
         qk = [float(sigma[t]) for t in QK_TYPES if sigma and sigma.get(t) is not None]
@@ -91,6 +98,7 @@ def read_probes(trial: FrozenTrial) -> list[Probe]:
                 train_loss=_optional_float(row.get("train_loss")),
                 sum_eta=finite_or_none(row.get("sum_eta")),
                 qk_sigma=max(qk) if qk else None,
+                target_step=int(row["target_step"]) if is_whole(row.get("target_step")) else None,
             )
         )
     probes.sort(key=lambda p: p.step)

@@ -33,9 +33,11 @@ from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
 from geosearch.checks import is_number, is_positive, is_whole
-from geosearch.search.horizon.forecast import LogitForecast, Outlook, forecast_max_logit, short_logit
-from geosearch.search.horizon.probes import Probe, non_finite, read_probes, stored_scales
+from geosearch.search.horizon.forecast import LogitForecast, Measured, Outlook, forecast_max_logit, short_logit
+from geosearch.search.horizon.probes import Probe, non_finite, parse_probes, read_probes, stored_scales
 from geosearch.search.records import (
+    STABILITY_PROBES,
+    STABILITY_RUN,
     TARGET_STEPS,
     TARGET_SUM_ETA,
 )
@@ -77,6 +79,13 @@ class LogitGrowthPruner(BasePruner):
 
     At any step, warmup included, it is pruned when a probed ``max_logit``,
     ``min_entropy`` or ``train_loss``, or a reported validation loss, is NaN or infinite.
+
+    **The stability rung** (``ladder.stability_steps``; docs/design.md, "The stability
+    rung"): while the trial's ``stability_run`` attr is true its probes come from a run that
+    ends at the target's Σ η², so they *measure* the target's logits. Rule 1 then judges
+    them, in the target model's logits, against the target's threshold, and rule 2 does not
+    apply. A trial whose stability rung was measured (``stability_probes``) is not judged by
+    the forecast any more either: the measurement replaces it.
 
     **Thresholds in the model's own unit.** With LayerNorm'd inputs and Stiefel Q and K
     the logit is at most S = d_model/√d_head (8 tiny, 23 small, 96 GPT-2 small); under
@@ -262,7 +271,10 @@ class LogitGrowthPruner(BasePruner):
             return why
         # Warmup: the instability rules only see probe points at steps >= n_warmup_steps.
         judged = [p for p in probes if p.step >= self._n_warmup_steps]
-        return (self._too_large(judged, trial) or self._forecast_rule(judged, trial)
+        if trial.user_attrs.get(STABILITY_RUN):
+            return self._too_large_at_target(judged, trial) or self._collapsed(judged)
+        measured = bool(trial.user_attrs.get(STABILITY_PROBES))
+        return (self._too_large(judged, trial) or (None if measured else self._forecast_rule(judged, trial))
                 or self._collapsed(judged))
 
     def forecast(self, study: optuna.study.Study,
@@ -287,6 +299,26 @@ class LogitGrowthPruner(BasePruner):
             trial = _frozen(study, trial)
         return self._outlook([p for p in read_probes(trial) if p.step >= self._n_warmup_steps], trial)
 
+    def measured(self, study: optuna.study.Study,
+                 trial: FrozenTrial | optuna.trial.Trial) -> Measured | None:
+        """The trial's max logit measured by its stability rung, against the target's
+        threshold (what rule 1 judged the rung on); ``None`` without a stability rung's
+        probes."""
+        if isinstance(trial, optuna.trial.Trial):
+            trial = _frozen(study, trial)
+        rows = trial.user_attrs.get(STABILITY_PROBES)
+        if not rows:
+            return None
+        probes = [p for p in parse_probes(rows, STABILITY_PROBES)
+                  if p.step >= self._n_warmup_steps and p.max_logit is not None]
+        if not probes:
+            return None
+        ratio, limit = self._target_units(trial)
+        values = [p.max_logit * ratio for p in probes]
+        crossed = next((p for p, v in zip(probes, values) if v > limit.value), None)
+        return Measured(values[-1], max(values), limit.value, limit.text,
+                        crossed.target_step if crossed is not None else None)
+
     # ------------------------------------------------------------------ the rules
     def max_logit_threshold(self, trial: FrozenTrial) -> tuple[float, str]:
         """The max-logit threshold ``trial``'s probes are judged against on the proxy, and
@@ -310,6 +342,22 @@ class LogitGrowthPruner(BasePruner):
         for p in probes:
             if p.max_logit is not None and p.max_logit > limit.value:
                 return f"max logit {p.max_logit:.3g} at step {p.step} > {limit.text}"
+        return None
+
+    def _target_units(self, trial: FrozenTrial) -> tuple[float, _Threshold]:
+        """The factor from the proxy's logits to the target model's, and the target's threshold."""
+        proxy, target = stored_scales(trial)
+        return (target / proxy if proxy else 1.0), self._threshold(target)
+
+    def _too_large_at_target(self, probes: list[Probe], trial: FrozenTrial) -> str | None:
+        ratio, limit = self._target_units(trial)
+        for p in probes:
+            if p.max_logit is not None and p.max_logit * ratio > limit.value:
+                units = f" (the proxy's {short_logit(p.max_logit)} × {ratio:.3g})" if ratio != 1 else ""
+                where = f"; near step {p.target_step:,} of your run" if p.target_step is not None else ""
+                return (f"unstable at your target: max logit {short_logit(p.max_logit * ratio)}{units} at "
+                        f"step {p.step} of the stability rung, which reaches your run's Σ η² > "
+                        f"{limit.text}{where}")
         return None
 
     def _forecast(self, probes: list[Probe], trial: FrozenTrial) -> LogitForecast | None:

@@ -15,7 +15,7 @@ Example:
     >>> from geosearch.search.space.spec import load_space
     >>> space = load_space("default")
     >>> [round(r.sum_eta, 1) for r in plan_rungs(space)], round(resolve_target(space).sum_eta, 1)
-    ([2.2, 21.8], 21.8)
+    ([2.2, 4.4], 21.8)
 """
 
 from __future__ import annotations
@@ -34,10 +34,15 @@ from geosearch.checks import is_number, is_whole, parse_number
 from geosearch.errors import ConfigError
 from geosearch.optim.settings import ADAMW
 from geosearch.proxy.config import TrainConfig
-from geosearch.search.horizon.forecast import schedule_sum_eta, stiefel_logit_bound
+from geosearch.search.horizon.forecast import (
+    schedule_sum_eta,
+    schedule_sum_eta2,
+    stability_lr,
+    stiefel_logit_bound,
+)
 from geosearch.search.horizon.ladder import HorizonReading, Rung, plan_ladder, read_ladder
 from geosearch.search.horizon.probes import QK_TYPES
-from geosearch.search.stats.ranking import trial_label
+from geosearch.search.stats.trials import trial_label
 from geosearch.search.records import LADDER, RUNG_LOSSES, TARGET, is_extra
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,9 +50,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace, Suggestion
 
 __all__ = [
-    "LadderSpec", "Target", "TargetSpec", "check_horizon", "horizon_lines",
+    "STABILITY_RUNG", "LadderSpec", "Target", "TargetSpec", "check_horizon", "horizon_lines",
     "horizon_note", "horizon_verdict", "ladder_record", "model_logit_scale", "parse_horizon", "plan_rungs",
-    "probe_sum_eta",
+    "plan_stability", "probe_sum_eta", "stability_clock", "stability_record", "takes_spectral_qk", "target_step_at",
     "reading_record",
     "resolve_target", "rung_dir", "rung_means", "rung_run", "run_sum_eta", "study_reading",
     "target_line",
@@ -89,9 +94,15 @@ class LadderSpec:
     lower_seeds: int | None = None
     """Seeds each rung below the top trains (the first of the trial's); ``None`` = all of
     them. The ranking is read at the top rung, which always trains every seed."""
+    stability_steps: int | None = None
+    """Steps of the stability rung, trained first with the first seed at the peak spectral
+    step that ends at the target's Σ η² (:func:`plan_stability`), so that its probes *measure*
+    the attention logits at the target; ``None``: no stability rung (the pruner forecasts in
+    Σ η instead). Its loss is not ranked."""
 
     def __post_init__(self) -> None:
-        _check_fields(self, whole=("rungs", "max_steps", "lower_seeds"), positive=("max_spectral_lr",))
+        _check_fields(self, whole=("rungs", "max_steps", "lower_seeds", "stability_steps"),
+                      positive=("max_spectral_lr",))
         if self.rungs is None:
             raise ConfigError("expected a whole number >= 1, got None", key="rungs")
 
@@ -155,11 +166,13 @@ class Target:
     model: str
     model_args: dict[str, Any]
     sum_eta: float
+    sum_eta2: float = math.nan
+    """Σ η² of the target run: the clock of logit growth across step sizes."""
 
     def record(self) -> dict[str, Any]:
         """What a study and an exported assignment record of it."""
         return {"steps": self.steps, "spectral_lr": self.spectral_lr, "model": self.model,
-                "sum_eta": self.sum_eta}
+                "sum_eta": self.sum_eta, "sum_eta2": self.sum_eta2}
 
 
 def run_sum_eta(proxy: TrainConfig, steps: int, peak: float, step: int | None = None) -> float:
@@ -167,6 +180,12 @@ def run_sum_eta(proxy: TrainConfig, steps: int, peak: float, step: int | None = 
     on the proxy's schedule shape: its warmup stretched to ``steps``, its ``min_lr_ratio``."""
     return schedule_sum_eta(steps if step is None else step, steps=steps, peak=peak,
                             warmup_steps=_warmup(proxy, steps), min_lr_ratio=proxy.min_lr_ratio)
+
+
+def run_sum_eta2(proxy: TrainConfig, steps: int, peak: float, step: int | None = None) -> float:
+    """Σ η² after ``step`` steps (default: all) of such a run (:func:`run_sum_eta`'s schedule)."""
+    return schedule_sum_eta2(steps if step is None else step, steps=steps, peak=peak,
+                             warmup_steps=_warmup(proxy, steps), min_lr_ratio=proxy.min_lr_ratio)
 
 
 def _warmup(proxy: TrainConfig, steps: int) -> int | None:
@@ -183,7 +202,7 @@ def resolve_target(space: SearchSpace) -> Target:
     lr = t.spectral_lr if t.spectral_lr is not None else p.spectral_lr
     model = t.model if t.model is not None else p.model
     args = dict(p.model_args) if model == p.model else {}
-    return Target(steps, lr, model, args, run_sum_eta(p, steps, lr))
+    return Target(steps, lr, model, args, run_sum_eta(p, steps, lr), run_sum_eta2(p, steps, lr))
 
 
 def plan_rungs(space: SearchSpace) -> list[Rung]:
@@ -198,6 +217,71 @@ def plan_rungs(space: SearchSpace) -> list[Rung]:
                        schedule_sum=lambda n: run_sum_eta(p, n, 1.0),
                        max_spectral_lr=ladder.max_spectral_lr or p.spectral_lr,
                        max_steps=ladder.max_steps or p.steps)
+
+
+STABILITY_RUNG = -1
+"""The index of the stability rung (:func:`plan_stability`): it is not a rung of the ladder."""
+
+
+def plan_stability(space: SearchSpace) -> Rung | None:
+    """The stability rung of ``space``, or ``None`` without ``ladder.stability_steps``.
+
+    Attention logits grow with Σ η², not Σ η, across step sizes (docs/design.md, "Horizon"),
+    so a run of ``stability_steps`` steps on the proxy's schedule shape at the peak step
+    η' = √(S₂(target) / Σ f²) ends at the target's Σ η² and its probes measure the logits the
+    target run would reach. Its ``spectral_lr`` is η' (every spectral step of a trial is
+    scaled by η' over the proxy's, as at any rung), its ``sum_eta`` that run's Σ η.
+
+    Example:
+        >>> import dataclasses
+        >>> from geosearch.search.space.spec import load_space
+        >>> space = load_space("default")
+        >>> space = dataclasses.replace(space, ladder=dataclasses.replace(space.ladder, stability_steps=400))
+        >>> r = plan_stability(space)
+        >>> r.steps, round(r.spectral_lr / space.proxy.spectral_lr, 2)
+        (400, 2.23)
+    """
+    n, p = space.ladder.stability_steps, space.proxy
+    target = resolve_target(space)
+    if n is None or not target.sum_eta2 > 0:
+        return None
+    lr = stability_lr(target.sum_eta2, n, warmup_steps=_warmup(p, n), min_lr_ratio=p.min_lr_ratio)
+    return Rung(STABILITY_RUNG, n, lr, run_sum_eta(p, n, lr))
+
+
+def stability_record(space: SearchSpace) -> dict[str, Any] | None:
+    """The stability rung as a study records it (``stability``), ``None`` without one."""
+    rung = plan_stability(space)
+    if rung is None:
+        return None
+    return {**dataclasses.asdict(rung), "sum_eta2": run_sum_eta2(space.proxy, rung.steps, rung.spectral_lr),
+            "target_sum_eta2": resolve_target(space).sum_eta2}
+
+
+def target_step_at(space: SearchSpace, sum_eta2: float) -> int:
+    """The first step of the target run whose Σ η² reaches ``sum_eta2`` (its last step when
+    none does): where a logit measured at that Σ η² would appear in the user's run."""
+    t, p = resolve_target(space), space.proxy
+    lo, hi = 0, t.steps
+    while lo < hi:  # Σ η² grows with the step
+        mid = (lo + hi) // 2
+        if run_sum_eta2(p, t.steps, t.spectral_lr, mid) >= sum_eta2:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def stability_clock(space: SearchSpace, rung: Rung) -> Callable[[int], int]:
+    """``step -> the target's step at the same Σ η²`` for the stability ``rung``'s run."""
+    return lambda step: target_step_at(space, run_sum_eta2(space.proxy, rung.steps, rung.spectral_lr, step))
+
+
+def takes_spectral_qk(assignment: Assignment) -> bool:
+    """Whether any attention query/key weight of ``assignment`` takes a spectral step (its
+    logits then have a Σ η² clock; AdamW's have none: the AdamW baseline)."""
+    qk = [g for t, g in assignment.resolve().items() if t in QK_TYPES]
+    return not (qk and all(g == ADAMW for g in qk))
 
 
 def rung_seeds(seeds: Sequence[int], rung: Rung, top: Rung, lower: int | None) -> list[int]:
@@ -235,8 +319,7 @@ def probe_sum_eta(config: TrainConfig, assignment: Assignment) -> Callable[[int]
     abscissa in each ``probe_history`` row. ``None`` at every step when every query/key
     type is trained by AdamW: it takes no spectral step, so its logits have no Σ η clock to
     be forecast on (the AdamW baseline)."""
-    qk = [g for t, g in assignment.resolve().items() if t in QK_TYPES]
-    if qk and all(g == ADAMW for g in qk):
+    if not takes_spectral_qk(assignment):
         return lambda step: None
     peaks = [o["lr"] for t, o in assignment.resolve_options().items() if t in QK_TYPES and "lr" in o]
     peak = float(max(peaks)) if peaks else config.spectral_lr
@@ -246,7 +329,10 @@ def probe_sum_eta(config: TrainConfig, assignment: Assignment) -> Callable[[int]
 
 
 def rung_dir(trial_dir: Path, rung: int, rungs: int, seed: int, seeds: int) -> Path:
-    """``trials/<n>[/rung<k>][/seed<s>]``: a level only where there is more than one."""
+    """``trials/<n>[/rung<k>][/seed<s>]``: a level only where there is more than one;
+    ``trials/<n>/stability`` for the stability rung (one seed)."""
+    if rung == STABILITY_RUNG:
+        return trial_dir / "stability"
     out = trial_dir if rungs == 1 else trial_dir / f"rung{rung}"
     return out if seeds == 1 else out / f"seed{seed}"
 
@@ -375,6 +461,10 @@ def target_line(space: SearchSpace) -> str:
                   f"> proxy.steps {space.proxy.steps} ranks closer to it)")
     else:
         ladder = "1 rung, the proxy run (ladder.rungs >= 2 ranks closer to it)"
+    stab = plan_stability(space)
+    if stab is not None:
+        ladder += (f"; stability rung first: {stab.steps} steps at spectral_lr {stab.spectral_lr:.3g}, "
+                   f"ending at your run's Σ η² {t.sum_eta2:.3g}, measures its logits")
     return (f"  target: {t.steps} steps at spectral_lr {t.spectral_lr:g}, model {t.model}: "
             f"Σ η {t.sum_eta:.3g} (the proxy's {base:.3g}); ladder: {ladder}")
 

@@ -96,16 +96,18 @@ def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
     def steps(own: Sequence[Rung]) -> int:  # one trial's, each rung with its seeds
         return sum(r.steps * len(rung_seeds(range(seeds), r, rungs[-1], lower)) for r in own)
 
-    each = steps(rungs)
+    stability = space.ladder.stability_steps or 0  # the stability rung: one seed, before the ladder
+    each = steps(rungs) + stability
     known = points != math.inf
     below = "" if len(rungs) == 1 or lower is None or lower >= seeds else f", {lower} below the top"
+    first = f" + the stability rung ({stability:,} steps, 1 seed)" if stability else ""
     parts = [f"{int(points) if known else 'N'} assignments x {seeds} seed(s){below} x {len(rungs)} "
-             f"rung(s) ({each:,} steps each)"]
+             f"rung(s){first} ({each:,} steps each)"]
     fixed, runs = 0, []
     for name in space.baselines:
         own = baseline_rungs(name, rungs)
-        fixed += steps(own)
-        runs.append(f"{name} {steps(own):,}")
+        fixed += steps(own) + (0 if BASELINES[name].rung0_only else stability)  # AdamW: no Σ η² clock
+        runs.append(f"{name} {steps(own) + (0 if BASELINES[name].rung0_only else stability):,}")
     if runs:
         parts.append(f"baselines (reported, never exported) {', '.join(runs)}")
     extra = max(0, (space.max_repeats or seeds) - seeds) * rungs[-1].steps

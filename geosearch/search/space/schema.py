@@ -34,9 +34,12 @@ optional but ``version`` and ``geometries``::
     baselines: [adamw, muon]      # trained beside, reported, never exported: adamw | muon |
                                   #   muon_qkclip; [] for none
     target: {steps: 2000, spectral_lr: null, model: null}   # the user's run (null: the proxy's)
-    ladder: {rungs: 1, max_spectral_lr: null, max_steps: null, lower_seeds: null}
+    ladder: {rungs: 1, max_spectral_lr: null, max_steps: null, lower_seeds: null,
+             stability_steps: null}
                                   #   rungs of growing Σ η towards the target's (null: the
-                                  #   proxy's spectral_lr, proxy.steps; every seed below the top)
+                                  #   proxy's spectral_lr, proxy.steps; every seed below the top);
+                                  #   stability_steps: a first rung of that many steps ending at
+                                  #   the target's Σ η², which measures its logits (null: none)
     budget: {trials: null, timeout: null}   # trials; seconds (null = no limit)
     pruner:                       # LogitGrowthPruner arguments (null disables a rule)
       max_logit: 1000.0           #   absolute, for trials without a logit scale

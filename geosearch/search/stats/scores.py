@@ -1,23 +1,37 @@
-"""The statistics behind the ranking: seed scores, paired and Welch comparisons, factor
-main effects, and the smallest gap a study can detect.
+"""The statistics behind the ranking: seed scores, paired and Welch comparisons, factor main
+effects, and the smallest gap a study can detect.
 
-Every assignment of a study is trained with the same seeds (common random numbers), so two
-assignments are compared by their per-seed differences: a paired t-test on the seeds both
-ran, which removes the seed's own effect (init, data order) that a Welch test counts as
-noise; Welch's test is the fallback when fewer than two seeds are shared. A module type's
-*main effect* (e.g. attention Stiefel vs DGram) is estimated from matched pairs of trials
-that differ only in that factor, within seeds, and averaged over the other factors' levels.
-Quantiles are exact Student-t quantiles at fractional degrees of freedom (scipy), and the
-minimum detectable difference uses the exact noncentral-t power. scipy and numpy are
-imported on first use so that reading a ranking's fields stays light. Nothing here knows
-Optuna: :mod:`geosearch.search.stats.ranking` turns trials into :class:`Score` and :class:`Point`.
+Every assignment of a study is trained with the same seeds (common random numbers), so a
+seed's own effect (init, data order) moves every assignment alike and is not noise. The
+ranked assignments are read together as a two-way table without interaction,
+loss[a, s] = μ + α_a + β_s + ε, fitted by least squares over every (assignment, seed) cell
+(the blocked noise model, :mod:`geosearch.search.stats.blocked`; unbalanced when adaptive
+seeds gave some assignments more). Its residual σ pools the noise of all assignments, with
+df = cells − rank of the design ((A−1)(S−1) when balanced: 3 for 4 assignments × 2 seeds,
+where one pair's paired t-test has df 1 and t₀.₉₇₅ = 12.7), and every comparison of two
+assignments is the contrast α_b − α_a with standard error σ·√(cᵀ(XᵀX)⁺c). When the table
+leaves no residual df (one seed each, one assignment) or two scores are not linked by
+shared seeds, a comparison falls back to a paired t-test on the seeds both ran, and to
+Welch's test when fewer than two are shared. A module type's *main effect* (e.g. attention
+Stiefel vs DGram) is estimated from matched pairs of trials that differ only in that
+factor, averaged over the other factors' levels: a contrast of the same fit, else pooled
+from the pairs' per-seed differences. Quantiles are exact Student-t quantiles at fractional
+degrees of freedom (scipy), and the minimum detectable difference uses the exact
+noncentral-t power. scipy and numpy are imported on first use so that reading a ranking's
+fields stays light. Nothing here knows Optuna: :mod:`geosearch.search.stats.trials` turns
+trials into :class:`Score` and :class:`Point`.
 
 Example:
+    >>> from geosearch.search.stats.blocked import blocked_fit
     >>> best = Score((3.00, 3.50, 2.60), seeds=(0, 1, 2))
     >>> other = Score((3.05, 3.54, 2.66), seeds=(0, 1, 2))
     >>> c = compare(best, other)
     >>> c.test, c.verdict, round(c.diff, 3)
     ('paired', 'separated', 0.05)
+    >>> third = Score((3.10, 3.61, 2.69), seeds=(0, 1, 2))
+    >>> fit = blocked_fit([best, other, third])
+    >>> fit.df, compare(best, other, blocked=fit).test
+    (4, 'blocked')
 """
 
 from __future__ import annotations
@@ -27,7 +41,10 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any, Hashable
+from typing import TYPE_CHECKING, Any, Hashable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.search.stats.blocked import BlockedFit
 
 __all__ = [
     "Comparison",
@@ -35,8 +52,10 @@ __all__ = [
     "Noise",
     "Point",
     "Score",
+    "above_rounding",
     "compare",
     "detectable_gap",
+    "judge_gap",
     "main_effects",
     "seed_noise",
     "t_quantile",
@@ -162,16 +181,19 @@ def detectable_gap(se: float, df: float, alpha: float = ALPHA, power: float = PO
 # =========================================================================== comparisons
 @dataclass(frozen=True)
 class Comparison:
-    """How a trial compares with the best.
+    """How a trial compares with the best (or with the trial ranked just above it).
 
     Attributes:
-        verdict: ``"tie"`` (not shown worse than the best at 5%), ``"separated"`` (worse
-            beyond noise) or ``"unknown"`` (no spread to judge by).
-        test: ``"paired"`` (per-seed differences), ``"welch"`` or ``"none"``.
-        diff: the estimated gap, other minus best (paired: the mean per-seed difference).
+        verdict: ``"tie"`` (not shown worse at 5%), ``"separated"`` (worse beyond noise) or
+            ``"unknown"`` (no spread to judge by).
+        test: ``"blocked"`` (a contrast of the assignment + seed fit), ``"paired"``
+            (per-seed differences), ``"welch"`` or ``"none"``.
+        diff: the estimated gap, other minus best (blocked: α_other − α_best; paired: the
+            mean per-seed difference; Welch: the difference of means).
         threshold: t₀.₉₇₅(df)·se, the half-width of the gap's 95% interval (``None``: unknown).
         df: the test's degrees of freedom (``None``: no test).
-        n: the seeds the test used (paired: shared seeds; Welch: the smaller count).
+        n: the seeds both ran (Welch and none: the smaller count).
+        se: the standard error of ``diff`` (``None``: unknown).
     """
 
     verdict: str
@@ -180,41 +202,54 @@ class Comparison:
     threshold: float | None
     df: float | None
     n: int
+    se: float | None = None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The gap's 95% interval, ``diff ± threshold`` (``None``: no spread to give one)."""
+        return None if self.threshold is None else (self.diff - self.threshold, self.diff + self.threshold)
 
 
-def compare(best: Score, other: Score) -> Comparison:
-    """Compare ``other`` with ``best``: a paired t-test on the seeds both ran when they share
-    at least two, else a Welch t-test, else ``"unknown"``.
+def compare(best: Score, other: Score, *, blocked: BlockedFit | None = None) -> Comparison:
+    """Compare ``other`` with ``best``: the contrast of the two in ``blocked`` when given and
+    both are in it, linked by shared seeds (the test every ranking uses); else a paired
+    t-test on the seeds both ran when they share at least two, else a Welch t-test, else
+    ``"unknown"``.
 
-    The gap counts as ``"separated"`` only when ``other`` is worse: its per-seed differences
-    (paired) or its mean (Welch) exceed ``threshold``; an exact zero gap is a tie even when
-    there is no spread at all.
+    The gap counts as ``"separated"`` only when ``other`` is worse: its estimate exceeds
+    ``threshold``; an exact zero gap is a tie even when there is no spread at all.
     """
+    if blocked is not None:
+        c = blocked.compare(best, other)
+        if c is not None:
+            return c
     d = best.differences(other)
     if len(d) >= 2:
         n = len(d)
         diff = statistics.mean(d)
-        sd = _above_rounding(statistics.stdev(d), best.values + other.values)
-        threshold = t_quantile(n - 1) * sd / math.sqrt(n)
-        return Comparison(_judge(diff, threshold), "paired", diff, threshold, n - 1, n)
+        sd = above_rounding(statistics.stdev(d), best.values + other.values)
+        se = sd / math.sqrt(n)
+        threshold = t_quantile(n - 1) * se
+        return Comparison(judge_gap(diff, threshold), "paired", diff, threshold, n - 1, n, se)
     diff = other.mean - best.mean
     n = min(best.n, other.n)
     if best.se is None or other.se is None:
         return Comparison("tie" if diff == 0 else "unknown", "none", diff, None, None, n)
-    if _above_rounding(math.hypot(best.se, other.se), best.values + other.values) == 0:
-        return Comparison(_judge(diff, 0.0), "welch", diff, 0.0, None, n)
+    if above_rounding(math.hypot(best.se, other.se), best.values + other.values) == 0:
+        return Comparison(judge_gap(diff, 0.0), "welch", diff, 0.0, None, n, 0.0)
     df = welch_df(best, other)
-    threshold = t_quantile(df) * math.hypot(best.se, other.se)
-    return Comparison(_judge(diff, threshold), "welch", diff, threshold, df, n)
+    se = math.hypot(best.se, other.se)
+    threshold = t_quantile(df) * se
+    return Comparison(judge_gap(diff, threshold), "welch", diff, threshold, df, n, se)
 
 
-def _above_rounding(sd: float, values: Sequence[float]) -> float:
+def above_rounding(sd: float, values: Sequence[float]) -> float:
     """``sd``, or 0 when it is at the level of float rounding of ``values`` (a per-seed
     difference that is the same in every seed up to the last bits has no noise)."""
     return 0.0 if sd <= 1e-12 * max(map(abs, values), default=0.0) else sd
 
 
-def _judge(diff: float, threshold: float) -> str:
+def judge_gap(diff: float, threshold: float) -> str:
     """Worse beyond the threshold (so with no noise, any positive gap) is separated."""
     return "separated" if diff > threshold else "tie"
 
@@ -238,33 +273,19 @@ class Noise:
 
 def seed_noise(scores: Sequence[Score]) -> Noise | None:
     """The pooled noise of ``scores``: the residual of the additive model
-    loss = trial + seed + ε fitted by least squares when every score has seeds (the seed
+    loss = trial + seed + ε fitted by least squares
+    (:func:`geosearch.search.stats.blocked.blocked_fit`) when every score has seeds (the seed
     effect, common to all trials, is not noise for paired comparisons), else the pooled
     within-trial spread. ``None`` when no residual degree of freedom is left."""
-    import numpy as np
+    from geosearch.search.stats.blocked import blocked_fit  # blocked imports this module
 
     scores = [s for s in scores if s.n]
-    blocked = bool(scores) and all(s.seeds is not None for s in scores)
-    if not blocked:
-        df = sum(s.n - 1 for s in scores)
-        rss = sum((s.n - 1) * s.std ** 2 for s in scores if s.n >= 2)
-        return Noise(math.sqrt(rss / df), df, False) if df else None
-    seeds = sorted({x for s in scores for x in s.seeds})
-    col = {x: len(scores) + j for j, x in enumerate(seeds)}
-    rows, y = [], []
-    for i, s in enumerate(scores):
-        for x, v in zip(s.seeds, s.values):
-            row = np.zeros(len(scores) + len(seeds))
-            row[i] = row[col[x]] = 1.0
-            rows.append(row)
-            y.append(v)
-    design, y = np.array(rows), np.array(y)
-    df = len(y) - int(np.linalg.matrix_rank(design))
-    if df <= 0:
-        return None
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    rss = float(np.sum((y - design @ coef) ** 2))
-    return Noise(_above_rounding(math.sqrt(rss / df), y.tolist()), df, True)
+    if scores and all(s.seeds is not None for s in scores):
+        fit = blocked_fit(scores)
+        return None if fit is None else Noise(fit.sd, fit.df, True)
+    df = sum(s.n - 1 for s in scores)
+    rss = sum((s.n - 1) * s.std ** 2 for s in scores if s.n >= 2)
+    return Noise(math.sqrt(rss / df), df, False) if df else None
 
 
 # =========================================================================== main effects
@@ -288,10 +309,13 @@ class MainEffect:
     Attributes:
         factor: ``"attn"``, ``"mlp"`` or a module type.
         better, worse: the two levels compared; ``effect`` ≥ 0 is worse minus better.
-        effect: mean over matched pairs of the mean per-seed difference.
-        half_width: of its 95% interval (``None``: no pair has two seeds).
-        df: degrees of freedom of the interval.
-        seeds: the number of seeds of each matched pair.
+        effect: mean over matched pairs of each pair's gap (blocked: α_worse − α_better
+            of the fit; else the mean per-seed difference).
+        half_width: of its 95% interval (``None``: no residual df and no pair with two seeds).
+        df: degrees of freedom of the interval (blocked: the fit's residual df).
+        seeds: the number of seeds each matched pair shares.
+        blocked: True when the interval is the contrast's in the assignment + seed fit of
+            all the cells, False when pooled from the pairs' own per-seed differences.
     """
 
     factor: str
@@ -301,6 +325,7 @@ class MainEffect:
     half_width: float | None
     df: int
     seeds: tuple[int, ...]
+    blocked: bool = False
 
     @property
     def decisive(self) -> bool:
@@ -323,36 +348,51 @@ class MainEffect:
         return f"{name}: {self.better} and {self.worse} within noise: {self.better} ahead by {ci}"
 
 
-def main_effects(cells: Iterable[tuple[Point, Score]]) -> list[MainEffect]:
+def main_effects(cells: Iterable[tuple[Point, Score]], *, blocked: bool = True) -> list[MainEffect]:
     """Main effects of every factor whose level varies, for each pair of its levels.
 
-    A matched pair is two trials whose points differ only in that factor's level (a, b);
-    its per-seed differences loss(b) − loss(a) remove the seed effect. The effect is the
-    mean over pairs of each pair's mean difference (each level combination of the other
-    factors weighs the same, as in a factorial contrast); its variance is estimated from
-    the spread of the differences within pairs, pooled (df = Σ(seeds − 1)), taking
-    differences of different pairs as independent. Pairs are disjoint when each point has
-    one trial; a point with several keeps the one with the most seeds (the first listed).
-    Levels with no matched pair give no effect; the result lists factors in name order.
+    A matched pair is two trials whose points differ only in that factor's level (a, b) and
+    that share a seed. The effect is the mean over pairs of each pair's gap loss(b) −
+    loss(a) (each level combination of the other factors weighs the same, as in a factorial
+    contrast). With ``blocked`` (the default) and a fit of all ``cells`` that has residual
+    df (:func:`geosearch.search.stats.blocked.blocked_fit`), the effect is that contrast of
+    the fit, Σ (α_b − α_a)/pairs, with its standard error and df: the noise is pooled over
+    every cell, not only over the pairs. Otherwise each pair's gap is its mean per-seed difference, the variance is pooled
+    from the spread of the differences within pairs (df = Σ(seeds − 1)), taking differences
+    of different pairs as independent. Pairs are disjoint when each point has one trial; a
+    point with several keeps the one with the most seeds (the first listed). Levels with no
+    matched pair give no effect; the result lists factors in name order.
     """
+    from geosearch.search.stats.blocked import blocked_fit  # blocked imports this module
+
     cells = [(p, s) for p, s in cells if s.n]
+    fit = blocked_fit([s for _, s in cells]) if blocked else None
     out: list[MainEffect] = []
     for factor in sorted({f for p, _ in cells for f in p.levels}):
         levels = sorted({p.levels[factor] for p, _ in cells if factor in p.levels})
         for a, b in combinations(levels, 2):
-            groups: dict[Hashable, dict[str, Score]] = {}
-            for p, s in cells:
+            groups: dict[Hashable, dict[str, int]] = {}
+            for i, (p, s) in enumerate(cells):
                 level = p.levels.get(factor)
                 if level not in (a, b):
                     continue
                 key = (tuple(sorted((k, v) for k, v in p.levels.items() if k != factor)), p.rest)
                 slot = groups.setdefault(key, {})
-                if level not in slot or s.n > slot[level].n:
-                    slot[level] = s
-            pairs = [g[a].differences(g[b]) for g in groups.values() if len(g) == 2]
-            pairs = [d for d in pairs if d]
-            if pairs:
-                out.append(_effect(factor, a, b, pairs))
+                if level not in slot or s.n > cells[slot[level]][1].n:
+                    slot[level] = i
+            shared = {(g[a], g[b]): cells[g[a]][1].differences(cells[g[b]][1])
+                      for g in groups.values() if len(g) == 2}
+            pairs = [ij for ij, d in shared.items() if d]
+            if not pairs:
+                continue
+            diffs = [shared[ij] for ij in pairs]
+            weights: dict[int, float] = {}  # the contrast Σ (α_b − α_a) / pairs
+            for i, j in pairs:
+                weights[i] = weights.get(i, 0.0) - 1 / len(pairs)
+                weights[j] = weights.get(j, 0.0) + 1 / len(pairs)
+            contrast = None if fit is None else fit.contrast(weights)
+            out.append(_effect(factor, a, b, diffs) if contrast is None else
+                       _blocked_effect(factor, a, b, contrast, fit.df, diffs))
     return out
 
 
@@ -367,3 +407,11 @@ def _effect(factor: str, a: str, b: str, pairs: list[list[float]]) -> MainEffect
         half = t_quantile(df) * se
     better, worse = (a, b) if effect >= 0 else (b, a)
     return MainEffect(factor, better, worse, abs(effect), half, df, tuple(len(d) for d in pairs))
+
+
+def _blocked_effect(factor: str, a: str, b: str, contrast: tuple[float, float], df: int,
+                    pairs: list[list[float]]) -> MainEffect:
+    effect, se = contrast
+    better, worse = (a, b) if effect >= 0 else (b, a)
+    return MainEffect(factor, better, worse, abs(effect), t_quantile(df) * se, df,
+                      tuple(len(d) for d in pairs), blocked=True)

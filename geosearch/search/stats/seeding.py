@@ -52,7 +52,7 @@ def seed_plan(ranking: Ranking, max_seeds: int) -> SeedPlan:
     queues one trial per ``n`` in ``plan.rerun``: the same point with user attrs
     ``seed_of = n`` and ``seeds = [plan.next_seed[n]]``, trained at the ladder's top rung
     only (where the ranking is read). A finished Optuna trial takes no new attrs, so the
-    seed is a trial of its own; :func:`~geosearch.search.stats.ranking.point_scores` merges it into trial ``n``'s
+    seed is a trial of its own; :func:`~geosearch.search.stats.trials.point_scores` merges it into trial ``n``'s
     :class:`~geosearch.search.stats.scores.Score`. When no seed trial is queued or running, the loop ranks again and plans
     the next round, until ``plan.stop``. Separated assignments get no more seeds: only the
     best and those within noise of it.

@@ -22,8 +22,9 @@ from optuna.trial import FrozenTrial
 
 from geosearch.checks import finite_or_none
 from geosearch.search.study.queue import enqueue
-from geosearch.search.stats.ranking import Ranking, rank_study, trial_score
+from geosearch.search.stats.ranking import Ranking, rank_study
 from geosearch.search.stats.scores import Score
+from geosearch.search.stats.trials import trial_score
 from geosearch.search.records import (
     BASELINE,
     COMPLETED,

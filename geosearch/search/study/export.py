@@ -24,7 +24,8 @@ from geosearch.errors import ConfigError, GeosearchError
 from geosearch.search.study.baselines import baseline_table, baselines_lines
 from geosearch.search.horizon.outlook import stability_lines, stability_record, stability_rows
 from geosearch.search.study.queue import done_count
-from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study, trial_line
+from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study
+from geosearch.search.stats.trials import trial_line
 from geosearch.search.records import (
     ASSIGNMENT,
     BASELINE,
@@ -73,8 +74,29 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
         lines.append("not ranked:")
         lines += ["  " + trial_line(t) for t in others]
     lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
+    lines += optuna_best_note(study, ranking)
     outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking), study_pruner(study)))
     return "\n".join(lines + horizon_lines(reading) + outlook + baselines_lines(baseline_table(study, ranking)))
+
+
+def optuna_best_note(study: optuna.Study, ranking: Ranking) -> list[str]:
+    """A line when Optuna's own best trial (``study.best_trial``, ``optuna best-trial``, the
+    dashboard) is not the ranking's winner, nothing otherwise. Baselines and adaptive-seed
+    trials are infeasible there (:func:`~geosearch.search.study.extras.mark_extra`), but a
+    point's Optuna value is the mean of its own seeds, which cannot change once told, while
+    the ranking merges the adaptive seeds a point got later."""
+    if not ranking.rows:
+        return []
+    try:
+        best = study.best_trial
+    except ValueError:  # no feasible completed trial
+        return []
+    top = ranking.rows[0]
+    if best.number == top.number:
+        return []
+    return [f"note: Optuna's best_trial (optuna best-trial, the dashboard) is trial {best.number}, by the "
+            f"mean of its own seeds ({best.value:.4f}); the ranking merges the adaptive seeds each point "
+            f"got later, which put trial {top.number} first ({top.score.mean:.4f})"]
 
 
 def outlook_numbers(study: optuna.Study, ranking: Ranking) -> list[int]:

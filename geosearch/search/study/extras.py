@@ -38,7 +38,20 @@ from geosearch.search.stats.seeding import study_seed_plan
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["extra_plan", "queue_extras", "seed_twin_of"]
+__all__ = ["NOT_A_POINT", "extra_plan", "mark_extra", "queue_extras", "seed_twin_of"]
+
+NOT_A_POINT = "not_a_point"
+"""The Optuna constraint that makes a baseline or an adaptive-seed trial infeasible."""
+
+
+def mark_extra(trial: optuna.Trial) -> None:
+    """Make a baseline or an adaptive-seed trial infeasible in Optuna's sense (the constraint
+    ``not_a_point`` = 1; a trial is feasible when every constraint is <= 0), so that
+    ``study.best_trial``, ``optuna best-trial`` and the dashboard's best trial, which choose
+    among feasible trials, only ever name a point of the space: a baseline is a reference,
+    and a seed trial's value is one seed, not its point's score. Samplers ignore constraints
+    unless given a ``constraints_func``, so the search itself is unchanged."""
+    trial.set_constraint(NOT_A_POINT, 1.0)
 
 
 def queue_extras(study: optuna.Study, space: SearchSpace, echo: Callable[[str], None]) -> bool:

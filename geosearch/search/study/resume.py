@@ -87,8 +87,11 @@ def _check_horizon(study: optuna.Study, old: dict[str, Any], new: dict[str, Any]
             "another target is another question; start a new study with --study NAME, or rerun "
             "with the study's target (--target-steps ...) to resume it", source=str(run_dir),
             key="target")
-    a, b = {"lower_seeds": None, **old.get("ladder", {"rungs": 1})}, new["ladder"]  # older studies: all seeds
-    if a != b and not a.get("rungs") == b["rungs"] == 1:
+    # older studies: all seeds at every rung, no stability rung
+    a = {"lower_seeds": None, "stability_steps": None, **old.get("ladder", {"rungs": 1})}
+    b = new["ladder"]
+    one_rung = a.get("rungs") == b["rungs"] == 1 and a["stability_steps"] == b["stability_steps"]
+    if a != b and not one_rung:
         raise ConfigError(f"study {name!r} was created with the ladder {a!r}, not {b!r}; rerun "
                           "with the same ladder to resume it, or start a new study with --study "
                           "NAME", source=str(run_dir), key="ladder")

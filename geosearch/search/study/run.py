@@ -49,10 +49,12 @@ from geosearch.search.runtime.liveness import (
 )
 from geosearch.search.runtime.locks import CommandLock
 from geosearch.search.study.queue import done_count, done_reason, resolve_budget, top_up_queue
-from geosearch.search.stats.ranking import Ranking, rank_study, trial_line
+from geosearch.search.stats.ranking import Ranking, rank_study
+from geosearch.search.stats.trials import trial_line
 from geosearch.search.records import (
     GEOSEARCH_VERSION,
     LADDER,
+    STABILITY,
     NOT_RUN,
     PROXY,
     RULES,
@@ -63,7 +65,7 @@ from geosearch.search.records import (
 from geosearch.search.study.resume import check_identity
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 from geosearch.search.runtime.storage import SPACE_FILE, open_storage
-from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_target
+from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_target, stability_record
 from geosearch.search.study.trial_loop import Searcher, trial_seeds
 from geosearch.search.runtime.workers import run_workers, share_cpu
 
@@ -107,7 +109,8 @@ def _study_attrs(space: SearchSpace) -> dict[str, Any]:
     proxy = dict(d["proxy"])
     proxy.update(repeats=space.repeats, seeds=trial_seeds(space))
     return {SPACE: d, GEOSEARCH_VERSION: __version__, RULES: d["rules"], PROXY: proxy,
-            TARGET: resolve_target(space).record(), LADDER: ladder_record(plan_rungs(space))}
+            TARGET: resolve_target(space).record(), LADDER: ladder_record(plan_rungs(space)),
+            STABILITY: stability_record(space)}
 
 
 def preflight(space: SearchSpace) -> None:

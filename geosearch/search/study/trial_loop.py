@@ -31,16 +31,11 @@ from geosearch.proxy.train import train
 from geosearch.search.space.baselines import BASELINES
 from geosearch.search.study.baselines import baseline_suggestion
 from geosearch.search.runtime.distributed import RankGroup
-from geosearch.search.study.extras import extra_plan, queue_extras, seed_twin_of
+from geosearch.search.study.extras import extra_plan, mark_extra, queue_extras, seed_twin_of
 from geosearch.search.study.failures import DEFAULT_MAX_RETRIES, failed_attrs, failure_kind
-from geosearch.search.runtime.interrupts import CTRL_C, ctrl_c_latch, sigint_deferred
+from geosearch.search.runtime.interrupts import ctrl_c_latch, sigint_deferred
 from geosearch.search.study.recovery import recover_stale, recovered_line
-from geosearch.search.runtime.liveness import (
-    HEARTBEAT_EVERY,
-    Heartbeat,
-    Owner,
-    TrialLost,
-)
+from geosearch.search.runtime.liveness import HEARTBEAT_EVERY, Heartbeat, Owner, TrialLost
 from geosearch.search.study.queue import budget_taken, done_reason, enqueue, trial_params, twin_of
 from geosearch.search.stats.scores import Score
 from geosearch.search.records import (
@@ -55,8 +50,6 @@ from geosearch.search.records import (
     HEARTBEAT,
     INTERRUPTED,
     LOGIT_SCALE,
-    MAX_LOGIT,
-    MEAN_STEP_MS,
     NUM_PROCESSES,
     PROBE_HISTORY,
     PRUNE_REASON,
@@ -65,19 +58,17 @@ from geosearch.search.records import (
     QUEUED,
     RETRIED,
     RUNG_INDICES,
-    RUNG_LOSSES,
-    RUNG_PROBES,
     RUNNING,
     SEED_OF,
     SEEDS,
-    SIGMA_MAX,
     SKIPPED,
+    STABILITY_PROBES,
+    STABILITY_RUN,
     STATUS,
     STOP_STEP,
     TARGET_LOGIT_SCALE,
     TARGET_STEPS,
     TARGET_SUM_ETA,
-    TOKENS_PER_S,
     TRIAL_DIR,
     PRUNED,
     UNSTABLE,
@@ -88,18 +79,20 @@ from geosearch.search.records import (
     is_extra,
     json_safe,
 )
-from geosearch.search.horizon.probes import probe_row
-from geosearch.search.horizon.pruner import prune_verdict
+from geosearch.search.study.runs import run_attrs, run_callback, stopped_attrs
 from geosearch.search.space.spec import SearchSpace, Suggestion
 from geosearch.search.runtime.storage import TRACEBACK_FILE, TRIALS_DIR
 from geosearch.search.horizon.target import (
     model_logit_scale,
     plan_rungs,
+    plan_stability,
     probe_sum_eta,
     resolve_target,
     rung_dir,
     rung_run,
     rung_seeds,
+    stability_clock,
+    takes_spectral_qk,
 )
 
 __all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_FAILURES_IN_A_ROW", "Searcher", "StopSearch", "trial_seeds"]
@@ -153,8 +146,9 @@ class Searcher:
         self.duplicates_in_a_row = 0
         self.owner = Owner(run_dir)
         self.rungs = plan_rungs(space)
+        self.stability = plan_stability(space)  # the stability rung, or None
         target = resolve_target(space)
-        self.target_lr = target.spectral_lr  # rungs above it are not judged (see _callback)
+        self.target_lr = target.spectral_lr  # rungs above it are not judged (see runs.run_callback)
         # what the pruner's forecast reads on each trial (geosearch.search.horizon.pruner)
         self.target_attrs = {
             TARGET_SUM_ETA: target.sum_eta, TARGET_STEPS: target.steps,
@@ -258,7 +252,9 @@ class Searcher:
 
     def _run_extra(self, trial: optuna.Trial) -> int | None:
         """Train a baseline or an adaptive seed (queued by :func:`queue_extras`): never
-        budget-checked, never a duplicate of a point; a (point, seed) trains once."""
+        budget-checked, never a duplicate of a point, never Optuna's best; a (point, seed)
+        trains once."""
+        mark_extra(trial)
         ua = trial.user_attrs
         if ua.get(BASELINE) is not None:
             if ua[BASELINE] not in BASELINES:
@@ -317,7 +313,9 @@ class Searcher:
         heartbeat = Heartbeat(trial, min(HEARTBEAT_EVERY, self.stale_after / 4))
         try:
             with heartbeat:
-                results, probes = self._train_rungs(trial, suggestion, trial_dir, heartbeat)
+                stability = self._train_stability(trial, suggestion, trial_dir, heartbeat)
+                if stability is None or stability.status == "completed":
+                    results, probes = self._train_rungs(trial, suggestion, trial_dir, heartbeat)
             if heartbeat.lost.is_set():
                 raise TrialLost
         except TrialLost:
@@ -327,12 +325,14 @@ class Searcher:
             trial_dir.mkdir(parents=True, exist_ok=True)
             (trial_dir / TRACEBACK_FILE).write_text(traceback.format_exc(), encoding="utf-8")
             return self._fail(trial, message, failure_kind(e), {})
+        if stability is not None and stability.status != "completed":
+            return self._stability_stopped(trial, stability)
 
         last, rung, seed = results[-1][-1], rungs[len(results) - 1], seeds[len(results[-1]) - 1]
         where = ([f"rung {rung.index} (Σ η {rung.sum_eta:.3g})"] if len(rungs) > 1 else []) + (
             [f"seed {seed}"] if len(seeds) > 1 else [])
         prefix = ", ".join(where) + ": " if where else ""
-        common = self._run_attrs(results, probes)
+        common = run_attrs(results, probes)
         if last.status == "unstable":
             if len(seeds) > 1:
                 common[PRUNED_SEED] = seed
@@ -359,6 +359,49 @@ class Searcher:
         self.failures_in_a_row = 0
         return n
 
+    def _train_stability(self, trial: optuna.Trial, suggestion: Suggestion, trial_dir: Path,
+                         heartbeat: Heartbeat) -> TrainResult | None:
+        """Train the stability rung (docs/design.md, "The stability rung") with the trial's
+        first seed, before the ladder: its run ends at the target's Σ η², so the pruner
+        judges its probes as the target's logits (``stability_run``), and they are kept as
+        ``stability_probes``. ``None`` when the space has no stability rung, or the trial
+        does not train it: an adaptive seed (its point measured it) or a run whose attention
+        queries and keys take no spectral step (AdamW: no Σ η² clock)."""
+        seeds, rungs = self._plan_of(trial)
+        stab = self.stability
+        if stab is None or not rungs or rungs[0].index != 0:
+            return None
+        config, assignment = rung_run(self.space, suggestion, seeds[0] - self.space.proxy.seed, stab)
+        if not takes_spectral_qk(assignment):
+            return None
+        rows: list[dict] = []
+        trial.set_user_attr(STABILITY_RUN, True)
+        callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment), heartbeat,
+                                report=False, judge=True, target_step=stability_clock(self.space, stab),
+                                on_prune=self._pruned_by)
+        result = self._train(config, assignment, callback=callback,
+                             out_dir=rung_dir(trial_dir, stab.index, len(rungs), seeds[0], len(seeds)),
+                             project=self.study.study_name,
+                             run_name=f"trial {trial.number} stability seed {seeds[0]}")
+        trial.set_user_attr(STABILITY_PROBES, list(rows))
+        trial.set_user_attr(STABILITY_RUN, False)
+        return result
+
+    def _stability_stopped(self, trial: optuna.Trial, result: TrainResult) -> int:
+        """Tell a trial whose stability rung did not complete: unstable at the target (the
+        pruner's reason, or a non-finite run), or failed."""
+        stab = self.stability
+        prefix = (f"stability rung ({stab.steps} steps at spectral_lr {stab.spectral_lr:.3g}, your "
+                  f"target's Σ η²): ")
+        attrs = stopped_attrs(result, trial.user_attrs.get(STABILITY_PROBES) or [])
+        if result.status == "failed":
+            return self._fail(trial, prefix + (result.reason or "failed"), failure_kind(result.reason or ""), attrs)
+        self._finish(trial, TrialState.PRUNED, {
+            STATUS: PRUNED if self.loss_pruned else UNSTABLE,
+            PRUNE_REASON: prefix + (result.reason or "unstable"), **attrs})
+        self.failures_in_a_row = 0
+        return trial.number
+
     def _train_rungs(self, trial: optuna.Trial, suggestion: Suggestion, trial_dir: Path,
                      heartbeat: Heartbeat) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
         """Train each seed at each rung, lowest first, until a run does not complete.
@@ -376,9 +419,10 @@ class Searcher:
                 r = seed - self.space.proxy.seed  # the repeat: a seed trial's may be past repeats
                 config, assignment = rung_run(self.space, suggestion, r, rung)
                 rows: list[dict] = []
-                callback = self._callback(trial, rows, probe_sum_eta(config, assignment), heartbeat,
-                                          report=rung.index == 0 and r == 0,
-                                          judge=rung.spectral_lr <= self.target_lr * (1 + 1e-9))
+                callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment), heartbeat,
+                                        report=rung.index == rungs[-1].index and r == 0,
+                                        judge=rung.spectral_lr <= self.target_lr * (1 + 1e-9),
+                                        on_prune=self._pruned_by)
                 out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
                 # trackers (proxy.log_with): one run per trial and seed, in the study's project
                 name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
@@ -410,25 +454,6 @@ class Searcher:
                 f"{MAX_FAILURES_IN_A_ROW} trials in a row failed, the last (trial {number}) with: "
                 f"{message}; see {self.run_dir / TRIALS_DIR / str(number)}")
         return number
-
-    def _run_attrs(self, results: list[list[TrainResult]],
-                   probes: list[list[list[dict]]]) -> dict[str, Any]:
-        """The attrs of a trained trial whatever its outcome: the first seed's probes at the
-        last rung it reached (and at every rung), speed, last max logit, losses per rung."""
-        first = results[-1][0]
-        probed = [m for m in first.history if m.get("max_logit") is not None]
-        runs = [r for rung in results for r in rung]
-        speeds = [r.mean_step_ms for r in runs if math.isfinite(r.mean_step_ms)]
-        tokens = [r.tokens_per_s for r in runs if math.isfinite(r.tokens_per_s)]
-        return {
-            PROBE_HISTORY: probes[-1][0],
-            MEAN_STEP_MS: sum(speeds) / len(speeds) if speeds else None,
-            TOKENS_PER_S: sum(tokens) / len(tokens) if tokens else None,
-            MAX_LOGIT: probed[-1]["max_logit"] if probed else None,
-            SIGMA_MAX: probed[-1].get("sigma_max") if probed else None,
-            RUNG_LOSSES: [[r.final_val_loss for r in rung] for rung in results],
-            RUNG_PROBES: [rung[0] for rung in probes],
-        }
 
     def _finish(self, trial: optuna.Trial, state: TrialState, attrs: dict[str, Any], *,
                 value: float | None = None) -> None:
@@ -467,33 +492,6 @@ class Searcher:
             return self.group.train(train, config, assignment, **kwargs)
         return train(config, assignment, **kwargs)
 
-    def _callback(self, trial: optuna.Trial, history: list[dict], sum_eta: Callable[[int], float],
-                  heartbeat: Heartbeat, *, report: bool, judge: bool) -> Callable[[int, dict], str | None]:
-        """Reports (``report``: the first seed at rung 0 only, as Optuna keeps one value per
-        step), probes (appended to ``history``, with their Σ η) and the pruner's verdict for
-        one run (``judge``: only at a rung whose spectral step is not above the target's; a
-        larger step stands in for Σ η in the loss, but its logits overshoot the long run's at
-        the same Σ η: ``docs/design.md``, "The ladder"). The trainer stops a non-finite run
-        at any rung."""
-        pruner = self.study.pruner
-
-        def callback(step: int, metrics: dict) -> str | None:
-            if heartbeat.lost.is_set():
-                raise TrialLost
-            if CTRL_C.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see ctrl_c_latch)
-                raise KeyboardInterrupt
-            try:
-                if report and metrics.get("val_loss") is not None:
-                    trial.report(float(metrics["val_loss"]), step)
-                if metrics.get("max_logit") is not None:
-                    history.append(json_safe(probe_row(metrics, sum_eta=sum_eta(step))))
-                    trial.set_user_attr(PROBE_HISTORY, list(history))
-            except optuna.exceptions.UpdateFinishedTrialError:
-                raise TrialLost from None
-            if not judge or not trial.should_prune():
-                return None
-            why, unstable = prune_verdict(pruner, self.study, trial, step)
-            self.loss_pruned = not unstable
-            return why
-
-        return callback
+    def _pruned_by(self, unstable: bool) -> None:
+        """Record whether the run's prune was an instability (else a loss pruner's)."""
+        self.loss_pruned = not unstable

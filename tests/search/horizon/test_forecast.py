@@ -14,10 +14,13 @@ from geosearch.proxy.train import _Run
 from geosearch.search.horizon import forecast as forecast_module
 from geosearch.search.horizon.forecast import (
     LogitForecast,
+    Measured,
     Outlook,
     forecast_max_logit,
     schedule_sum_eta,
+    schedule_sum_eta2,
     short_logit,
+    stability_lr,
     stiefel_logit_bound,
 )
 from geosearch.search.stats.scores import t_quantile
@@ -49,6 +52,44 @@ def test_sum_eta_is_the_sum_of_the_trainers_own_schedule(steps, warmup, floor):
         # Rule: the closed form equals the direct sum of the trainer's lr_factor.
         assert schedule_sum_eta(step, steps=steps, peak=PEAK, warmup_steps=warmup,
                                 min_lr_ratio=floor) == pytest.approx(direct, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize(("steps", "warmup", "floor"), [
+    (200, None, 0.1), (2000, None, 0.1), (50, 0, 0.0), (7, 3, 0.5), (10, 10, 0.1), (1, None, 0.1),
+    (333, 40, 1.0), (2, 0, 0.1), (2, 1, 0.3),
+])
+def test_sum_eta2_is_the_sum_of_the_squared_schedule(steps, warmup, floor):
+    config = TrainConfig(model="tiny", steps=steps, warmup_steps=warmup, min_lr_ratio=floor)
+    run = types.SimpleNamespace(config=config.resolved())
+    for step in sorted({0, 1, steps // 3, steps - 1, steps}):
+        direct = sum((PEAK * _Run.lr_factor(run, s)) ** 2 for s in range(step))
+        # Rule: the closed form of Σ η² (warmup + cosine) equals the direct sum of the
+        # trainer's own squared steps.
+        assert schedule_sum_eta2(step, steps=steps, peak=PEAK, warmup_steps=warmup,
+                                 min_lr_ratio=floor) == pytest.approx(direct, rel=1e-12, abs=1e-18)
+
+
+@pytest.mark.parametrize(("target_steps", "target_peak", "steps"), [
+    (2000, 0.02, 400), (2000, 0.02, 200), (2000, 0.05, 400), (40, 0.02, 10), (100, 0.1, 300)])
+def test_the_stability_step_ends_at_the_targets_sum_eta2(target_steps, target_peak, steps):
+    target = schedule_sum_eta2(target_steps, steps=target_steps, peak=target_peak)
+    lr = stability_lr(target, steps)
+    # Rule: a run of `steps` steps at the stability step, same schedule shape, ends at the
+    # target's Σ η², so η'/η = √(Σ f² of the target / Σ f² of the run).
+    assert schedule_sum_eta2(steps, steps=steps, peak=lr) == pytest.approx(target, rel=1e-12)
+    unit = schedule_sum_eta2(target_steps, steps=target_steps, peak=1.0) / schedule_sum_eta2(steps, steps=steps, peak=1.0)
+    assert lr / target_peak == pytest.approx(math.sqrt(unit))
+
+
+def test_the_stability_step_of_the_default_target():
+    # Rule: 400 steps reach a 2,000-step run's Σ η² at 2.23 × its step, 200 steps at 3.14 ×;
+    # Σ η² of the 2,000-step run at 0.02 is 0.318.
+    target = schedule_sum_eta2(2000, steps=2000, peak=PEAK)
+    assert target == pytest.approx(0.31777, rel=1e-4)
+    assert stability_lr(target, 400) / PEAK == pytest.approx(2.2305, rel=1e-4)
+    assert stability_lr(target, 200) / PEAK == pytest.approx(3.1444, rel=1e-4)
+    with pytest.raises(ValueError, match="target_sum_eta2 must be positive"):
+        stability_lr(0.0, 400)
 
 
 def test_sum_eta_of_the_issues_runs():
@@ -255,3 +296,13 @@ def test_an_outlook_is_above_below_or_may_pass_by_its_interval():
                                      (9960.0, "1.0e4"), (math.inf, "inf")])
 def test_short_logit(x, text):
     assert short_logit(x) == text
+
+
+def test_a_measurement_above_the_threshold_says_where_the_run_crosses_it():
+    above = Measured(final=377.0, peak=397.0, threshold=226.0, threshold_text="threshold 226", crossed_at=1340)
+    below = Measured(final=22.6, peak=25.1, threshold=226.0, threshold_text="threshold 226")
+    # Rule: the verdict is the pruner's (any probe above the threshold), in words with the step.
+    assert (above.verdict, below.verdict) == ("above", "below")
+    assert above.text() == ("measured at your target's Σ η²: max logit 377 (peak 397) > threshold 226, "
+                            "crossing near your step 1,340")
+    assert below.text() == "measured at your target's Σ η²: max logit 22.6 (peak 25.1), below threshold 226"

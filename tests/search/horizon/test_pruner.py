@@ -488,3 +488,49 @@ def test_reason_agrees_with_a_stateful_wrapped_pruner():
     assert trial.should_prune()
     assert pruner.reason(study, trial) == (
         "loss pruner SuccessiveHalvingPruner: val loss 5 at step 1")
+
+
+# ---------------------------------------------------------------------- the stability rung
+def stability_rows(logits, *, every=10, target_every=50):
+    """A stability run's probe rows: each with the target's step at its Σ η²."""
+    return [{**row, "target_step": (i + 1) * target_every}
+            for i, row in enumerate(probes(logits, every=every, start=every))]
+
+
+def test_the_stability_run_is_judged_on_measured_logits_at_the_targets_threshold():
+    pruner = LogitGrowthPruner()
+    # tiny proxy (S 8) for a GPT-2-small target (S 96): threshold 960 in the target's logits,
+    # the proxy's logits × 12. 85 × 12 = 1,020 > 960: above; 75 × 12 = 900: below.
+    over = running(stability_rows([20.0, 60.0, 85.0]), stability_run=True, **target(50_000))
+    under = running(stability_rows([20.0, 60.0, 75.0]), stability_run=True, **target(50_000))
+    pruned, why = judge(pruner, over)
+    # Rule: measured, not forecast: the run ends at the target's Σ η², so its logits are the
+    # target's; judged against the target's threshold, in the target model's units.
+    assert pruned and why == ("unstable at your target: max logit 1.0e3 (the proxy's 85 × 12) at step 30 "
+                              "of the stability rung, which reaches your run's Σ η² > threshold 960 "
+                              "(10 × d/√d_head 96); near step 150 of your run")
+    assert judge(pruner, under) == (False, None)
+    # Rule: the same rows judged as a ladder rung use the proxy's threshold (80): pruned there.
+    assert judge(pruner, running(stability_rows([20.0, 60.0, 85.0]), **target(50_000)))[0]
+
+
+def test_a_measured_trial_is_not_judged_by_the_forecast_any_more():
+    pruner = LogitGrowthPruner(max_extrapolation=None)
+    growing = with_sum_eta(law(0.5, power=2.0))
+    assert judge(pruner, running(growing, **target(50_000)))[1].startswith("forecast max logit")
+    # Rule: once the stability rung measured the target's logits (stability_probes), the
+    # ladder's rungs are judged on their own measured logits only: no forecast rule.
+    measured = running(growing, stability_probes=stability_rows([1.0, 2.0]), **target(50_000))
+    assert judge(pruner, measured) == (False, None)
+
+
+def test_measured_reads_the_stability_rungs_probes_in_the_targets_logits():
+    pruner = LogitGrowthPruner()
+    study = optuna.create_study()
+    t = running(probes([1.0]), stability_probes=stability_rows([20.0, 90.0, 85.0]), **target(50_000))
+    m = pruner.measured(study, t)
+    # Rule: last and peak in the target's logits (× 96/8), the first crossing's target step.
+    assert (m.final, m.peak, m.threshold, m.crossed_at) == (pytest.approx(1020.0), pytest.approx(1080.0),
+                                                            960.0, 100)
+    assert m.verdict == "above"
+    assert pruner.measured(study, running(probes([1.0]), **target(50_000))) is None

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 from geosearch.assignment import load_assignment
 from geosearch.cli import build_parser
 from geosearch.errors import ConfigError
-from geosearch.search.horizon.forecast import schedule_sum_eta
+from geosearch.search.horizon.forecast import schedule_sum_eta, schedule_sum_eta2
 from geosearch.search.space.reader import SearchSpaceError
 from geosearch.search.space.spec import apply_overrides, load_space
 from geosearch.search.runtime.storage import open_run_study
@@ -25,6 +25,7 @@ from geosearch.search.horizon.target import (
     horizon_note,
     model_logit_scale,
     plan_rungs,
+    plan_stability,
     resolve_target,
     study_reading,
     target_line,
@@ -131,20 +132,25 @@ def test_cli_flags_set_the_target_and_the_header_prints_it():
     # Rule: the header states the target and its Σ η, and the proxy's.
     sum_eta = schedule_sum_eta(5000, steps=5000, peak=0.01)
     assert f"target: 5000 steps at spectral_lr 0.01, model gpt2: Σ η {sum_eta:.3g}" in text
-    assert "(the proxy's 2.2)" in text and len(text.splitlines()) <= 6
+    assert "(the proxy's 4.38)" in text and len(text.splitlines()) <= 6
+    assert "stability rung first: 200 steps at spectral_lr 0.0497, ending at your run's Σ η² 0.198" in text
 
 
-def test_the_default_space_ranks_towards_its_target_on_a_quarter_of_its_steps():
+def test_the_default_space_measures_stability_at_its_target_and_ranks_on_a_quarter_of_its_steps():
     s = load_space("default")
-    rungs, target = plan_rungs(s), resolve_target(s)
-    # Rule: the default target is 2,000 steps at the proxy's step; the rungs take that step
-    # and more steps (400 at the top), so the top rung stops short of the target's Σ η.
-    assert target.steps == 2000 and [r.spectral_lr for r in rungs] == [s.proxy.spectral_lr] * 2
-    assert [r.steps for r in rungs] == [200, 400] and rungs[-1].sum_eta < target.sum_eta / 4
-    # Rule: the assignments' steps (1 seed at rung 0, 2 at the top) are at most 1/4 of the
-    # target run's for each assignment with the same seeds (4 x 2 x 2,000).
-    per_point = rungs[0].steps * s.ladder.lower_seeds + rungs[-1].steps * s.repeats
+    rungs, target, stab = plan_rungs(s), resolve_target(s), plan_stability(s)
+    # Rule: the default target is 2,000 steps at the proxy's step; the stability rung ends at its
+    # Σ η² (200 steps at 3.14 x the step); the ranked run takes the proxy's own step, short of
+    # the target's Σ η.
+    assert target.steps == 2000 and [(r.steps, r.spectral_lr) for r in rungs] == [(400, s.proxy.spectral_lr)]
+    assert stab.steps == 200 and stab.spectral_lr / s.proxy.spectral_lr == pytest.approx(3.1444, rel=1e-4)
+    assert rungs[-1].sum_eta < target.sum_eta / 4
+    # Rule: the assignments' steps (the stability rung's one seed, the ranked run's two) are at
+    # most 1/4 of the target run's for each assignment with the same seeds (4 x 2 x 2,000).
+    per_point = stab.steps + rungs[-1].steps * s.repeats
     assert s.grid_size() * per_point <= s.grid_size() * s.repeats * target.steps / 4
+    # Rule: the ranked run is evaluated on 16 fixed batches, as the ground truth is.
+    assert s.proxy.eval_batches == 16
 
 
 @pytest.mark.parametrize(("model", "scale"), [("tiny", 8.0), ("small", 128 / math.sqrt(32)),
@@ -184,8 +190,10 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
         # Rule: per-rung losses are recorded; the value is the top rung's mean over seeds.
         assert len(ua["rung_losses"]) == 2 and all(len(r) == 2 for r in ua["rung_losses"])
         assert ua["val_losses"] == ua["rung_losses"][-1] and t.value == pytest.approx(sum(ua["val_losses"]) / 2)
-        # Rule: intermediate values are rung 0's first seed's (Optuna keeps one per step).
-        assert t.intermediate_values == {5: ua["rung_losses"][0][0], 10: ua["rung_losses"][0][0]}
+        # Rule: intermediate values are the ranked (top) rung's first seed's, where the value is
+        # read (Optuna keeps one per step), up to that rung's last step.
+        assert set(t.intermediate_values.values()) == {ua["rung_losses"][-1][0]}
+        assert max(t.intermediate_values) == rungs[-1].steps
         # Rule: the forecast's inputs are on the trial before training.
         assert ua["target_sum_eta"] == pytest.approx(resolve_target(ladder_space()).sum_eta)
         assert ua["target_steps"] == 40 and ua["logit_scale"] == ua["target_logit_scale"] == 8.0
@@ -260,6 +268,80 @@ def test_an_unstable_run_at_a_higher_rung_prunes_naming_the_rung(monkeypatch, tm
     assert t.user_attrs["pruned_rung"] == 1 and t.user_attrs["pruned_seed"] == 0
     # Rule: the lower rung's losses are kept; the pruned rung has the one run it stopped.
     assert [len(r) for r in t.user_attrs["rung_losses"]] == [2, 1]
+
+
+def stability_space(steps=10, **extra):
+    """The tiny test space (target 40 steps at 0.02) with a stability rung of ``steps`` steps."""
+    return make_space(target={"steps": 40}, ladder={"rungs": 1, "stability_steps": steps}, **extra)
+
+
+def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tmp_path):
+    f = use_train(monkeypatch, FakeTrain(with_config=True))
+    space = stability_space(repeats=2, baselines=["adamw", "muon"])
+    buf = io.StringIO()
+    run_search(space, runs_dir=tmp_path / "runs", out=buf, progress=False)
+    stab = plan_stability(space)
+    target2 = schedule_sum_eta2(40, steps=40, peak=0.02)
+    # Rule: the stability rung takes stability_steps at the step whose run ends at the target's
+    # Σ η² (same schedule shape): 10 steps for a 40-step target at 0.02 -> 0.02·√(S₂(40)/S₂(10)).
+    assert stab.steps == 10 and schedule_sum_eta2(10, steps=10, peak=stab.spectral_lr) == pytest.approx(target2)
+    study = open_run_study(tmp_path / "runs" / "t")
+    assert study.user_attrs["stability"]["target_sum_eta2"] == pytest.approx(target2)
+    by_point = {}
+    for t in trials_of(tmp_path):
+        by_point[t.user_attrs.get("baseline") or t.params["geometry.attn"]] = t
+    # Rule: each trial trains the stability rung first, with its first seed only, then the
+    # ladder; its rows carry the target's step at their Σ η² and are kept as stability_probes.
+    stab_runs = [i for i, c in enumerate(f.configs) if c.spectral_lr > 0.021]
+    assert len(stab_runs) == 2  # the euclidean point and the muon baseline
+    for i in stab_runs:
+        assert (f.configs[i].steps, f.configs[i].spectral_lr, f.configs[i].seed) == (
+            10, pytest.approx(stab.spectral_lr), 0)
+        assert f.calls[i + 1] == (f.calls[i][0], 0) and f.configs[i + 1].spectral_lr == 0.02
+    euclid = by_point["euclidean"].user_attrs
+    assert euclid["stability_run"] is False and [r["step"] for r in euclid["stability_probes"]] == [5, 10]
+    assert euclid["stability_probes"][-1]["target_step"] == 40
+    assert 0 < euclid["stability_probes"][0]["target_step"] < 40
+    # Rule: AdamW query/key weights (the adamw point and baseline) take no spectral step: no
+    # Σ η² clock, no stability rung; the muon baseline trains it.
+    assert "stability_probes" not in by_point["adamw"].user_attrs
+    assert "stability_probes" in by_point["muon"].user_attrs
+    # Rule: the summary shows what was measured, in the target's logits, against its threshold.
+    out = buf.getvalue()
+    assert "measured by the stability rung" in out
+    assert "attn=euclidean, mlp=adamw (trial" in out and "measured at your target's Σ η²: max logit 10" in out
+    # Rule: the header counts its steps (one seed of stability_steps per point and muon).
+    assert "the stability rung (10 steps, 1 seed) (30 steps each)" in out
+
+
+def test_a_run_unstable_at_the_targets_sum_eta2_is_pruned_before_the_ladder(monkeypatch, tmp_path):
+    f = use_train(monkeypatch, FakeTrain(
+        logits=lambda key, seed, config: 500.0 if "euclidean" in key and config.spectral_lr > 0.021 else 5.0,
+        with_config=True))
+    space = stability_space(repeats=2)
+    search(space, tmp_path)
+    t = next(t for t in trials_of(tmp_path) if t.params["geometry.attn"] == "euclidean")
+    # Rule: pruned as unstable at the target, from the measured logit, naming the rung, its
+    # step, the threshold and where the user's run crosses it; the ladder is not trained.
+    assert t.state == TrialState.PRUNED and t.user_attrs["status"] == "unstable"
+    why = t.user_attrs["prune_reason"]
+    assert why.startswith("stability rung (10 steps at spectral_lr ")
+    assert "unstable at your target: max logit 500 at step 5 of the stability rung" in why
+    assert "> threshold 80 (10 × d/√d_head 8); near step " in why
+    assert t.user_attrs["pruned_rung"] == "stability" and t.user_attrs["rung_losses"] == []
+    euclid_runs = [c for c in f.configs if c.spectral_lr > 0.021]
+    assert len(euclid_runs) == 1  # the stability rung only
+    # Rule: the same logits at the proxy's own step are below the proxy's threshold: kept.
+    assert next(t for t in trials_of(tmp_path) if t.params["geometry.attn"] == "adamw").state == TrialState.COMPLETE
+
+
+def test_resume_with_another_stability_rung_is_refused(fake, tmp_path):
+    search(stability_space(), tmp_path)
+    # Rule: the stability rung is part of the ladder, which a study keeps.
+    with pytest.raises(ConfigError, match=r"ladder: study 't' was created with the ladder"):
+        search(stability_space(steps=20), tmp_path)
+    with pytest.raises(ConfigError, match=r"ladder: study 't' was created with the ladder"):
+        search(make_space(target={"steps": 40}), tmp_path)
 
 
 def test_one_rung_short_of_the_target_says_the_target_is_not_measured(fake, tmp_path):

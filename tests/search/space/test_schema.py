@@ -224,12 +224,14 @@ def test_max_repeats_and_baselines_are_checked_and_round_trip():
 def test_header_prints_the_steps_the_study_trains():
     from geosearch.search.space.spec import apply_overrides, load_space
 
-    # 4 points x (1 seed x 200 at rung 0 + 2 x 400 at rung 1) + adamw 1 x 200 (rung 0 only) +
-    # muon 200 + 2 x 400; + 4 x 400 adaptive seeds at the top rung
+    # 4 points x (the stability rung's 200, one seed + 2 x 400 ranked) + adamw 2 x 400 (no
+    # stability rung: no spectral step) + muon 200 + 2 x 400; + 4 x 400 adaptive seeds
     text = load_space("default").summary()
-    assert "= 5,200 steps; up to 6,800 with adaptive seeds (max_repeats 3" in text
+    assert "the stability rung (200 steps, 1 seed) (1,000 steps each)" in text
+    assert "baselines (reported, never exported) adamw 800, muon 1,000" in text
+    assert "= 5,800 steps; up to 7,400 with adaptive seeds (max_repeats 3" in text
     off = apply_overrides(load_space("default"), ["baselines=[]", "max_repeats=2"]).summary()
     assert "= 4,000 steps" in off and "adaptive" not in off
-    every = apply_overrides(load_space("default"), ["ladder.lower_seeds=null", "baselines=[]",
-                                                    "max_repeats=2"]).summary()
-    assert "= 4,800 steps" in every
+    bare = apply_overrides(load_space("default"), ["ladder.stability_steps=null", "baselines=[]",
+                                                   "max_repeats=2"]).summary()
+    assert "= 3,200 steps" in bare and "stability" not in bare

@@ -36,7 +36,7 @@ def test_shipped_spaces_load_by_name():
         assert s.grid_size() == 4 and s.sampler_type() == "grid"
     # Rule: the default space is CPU-sized: small proxy, two seeds (a spread), a few hundred steps.
     assert default.proxy.model == "small" and default.repeats == 2
-    assert 150 <= default.proxy.steps <= 300 and default.name == "default"
+    assert 150 <= default.proxy.steps <= 500 and default.name == "default"
     # Rule: default and paper name no rules: they take the model's (nanogpt for the presets).
     assert default.rules == paper.rules == "nanogpt" and default.rules_from_model
     # Rule: paper.yaml carries the study's shared settings.
@@ -56,9 +56,10 @@ def test_llama_space():
     llama, default = load_space("llama"), load_space("default")
     # Rule: llama.yaml is attention x MLP over {stiefel, dgram} like default, searched exhaustively.
     assert llama.categorical_choices() == default.categorical_choices() and llama.sampler_type() == "grid"
-    # Rule: it trains the LLaMA proxy at the CPU default's size and steps, with LLaMA's rules.
+    # Rule: it trains the LLaMA proxy at the CPU default's size, at most its steps, with
+    # LLaMA's rules.
     assert (llama.proxy.model, llama.rules) == ("hf:llama", "llama")
-    assert llama.proxy.model_args["hidden_size"] == 128 and llama.proxy.steps == default.proxy.steps
+    assert llama.proxy.model_args["hidden_size"] == 128 and llama.proxy.steps <= default.proxy.steps
 
 
 def needs_models(name: str) -> None:
@@ -193,7 +194,7 @@ def test_cli_flags_and_dotted_overrides():
     # Rule: dotted key=value overrides are read as YAML values.
     assert s.proxy.eval_every == 25 and s.hyperparams.lr.high == 1e-3
     # Rule: the original space is unchanged.
-    assert base.proxy.steps == 200 and base.hyperparams.lr is None
+    assert base.proxy.steps == 400 and base.hyperparams.lr is None
     # Rule: overrides that change the space change auto's choice (now continuous: TPE).
     assert s.sampler_type() == "tpe"
     # Rule: a mapping of dotted keys works too.

@@ -1,5 +1,6 @@
 """Tests of geosearch.search.stats.scores: scores, exact t quantiles, paired vs Welch comparisons,
-the pooled seed noise, the detectable gap and factor main effects.
+the pooled seed noise, the detectable gap and factor main effects (the blocked assignment +
+seed noise model: tests/search/stats/test_blocked.py).
 
 Known cases are checked against hand-computed values; calibration (false-positive rate,
 power, interval coverage) against seeded simulations of the model the statistics assume.
@@ -172,6 +173,13 @@ def test_detectable_gap_has_the_stated_power():
     assert detectable_gap(1 / math.sqrt(5), 4) < gap and detectable_gap(0.0, 2) == 0.0
 
 
+def test_detectable_gap_with_the_blocked_df_is_smaller():
+    # 4 × 2 seeds at σ = 0.01: the same se σ·√(2/2), df 3 (blocked) against df 1 (one pair)
+    blocked, paired = detectable_gap(0.01, 3), detectable_gap(0.01, 1)
+    assert blocked < paired / 3.5  # the issue's 0.044 against 0.168
+    assert blocked == pytest.approx(0.0426, abs=1e-4) and paired == pytest.approx(0.1633, abs=1e-4)
+
+
 # --------------------------------------------------------------------------- main effects
 def _factorial(rng: random.Random, attn_effect: float, seeds: int, mlp_effect: float = 0.03):
     """A 2×2 study: loss = 3 + attn_effect·[attn=dgram] + mlp_effect·[mlp=dgram]
@@ -192,16 +200,38 @@ def test_main_effect_on_known_pairs():
              (Point({"attn": "dgram", "mlp": "dgram"}), Score((3.07, 3.59), (0, 1))),
              (Point({"attn": "stiefel", "mlp": "stiefel"}), Score((3.10, 3.60), (0, 1))),
              (Point({"attn": "dgram", "mlp": "stiefel"}), Score((3.18, 3.68), (0, 1)))]
-    attn = next(e for e in main_effects(cells) if e.factor == "attn")
+    attn = next(e for e in main_effects(cells, blocked=False) if e.factor == "attn")
     # effect 0.08; pooled variance (0.01² + 0.01²)/2 at df 2; se = √(1e-4·(1/2 + 1/2))/2 = 0.005
     assert (attn.better, attn.worse, attn.df, attn.seeds) == ("stiefel", "dgram", 2, (2, 2))
+    assert not attn.blocked
     assert attn.effect == pytest.approx(0.08) and attn.half_width == pytest.approx(4.3027 * 0.005, rel=1e-4)
     assert attn.decisive
     assert attn.text() == ("attention's geometry: stiefel better than dgram by 0.0800 ± 0.0215 "
                            "(95% CI, 2 seeds × 2 pairs)")
     # MLP: stiefel - dgram = +0.10, +0.10 and +0.11, +0.09: dgram better by 0.10
-    mlp = next(e for e in main_effects(cells) if e.factor == "mlp")
+    mlp = next(e for e in main_effects(cells, blocked=False) if e.factor == "mlp")
     assert (mlp.better, mlp.worse) == ("dgram", "stiefel") and mlp.effect == pytest.approx(0.10)
+
+
+def test_main_effect_is_a_contrast_of_the_blocked_fit():
+    # the same cells as above, as a 4 × 2 table (rows: s/d, d/d, s/s, d/s; seed 1 adds 0.5)
+    y = np.array([[3.00, 3.50], [3.07, 3.59], [3.10, 3.60], [3.18, 3.68]])
+    levels = [("stiefel", "dgram"), ("dgram", "dgram"), ("stiefel", "stiefel"), ("dgram", "stiefel")]
+    cells = [(Point({"attn": a, "mlp": m}), Score(tuple(row), (0, 1))) for (a, m), row in zip(levels, y)]
+    attn = next(e for e in main_effects(cells) if e.factor == "attn")
+    # residuals of the two-way table y − ȳ_a − ȳ_s + ȳ: ±0.0025 in three rows, ±0.0075 in
+    # row d/d, so σ² = (6·0.0025² + 2·0.0075²)/3 = 5e-5 at df 3; the contrast
+    # (α₂ − α₁ + α₄ − α₃)/2 has variance σ²/S·Σc² = σ²/2
+    resid = y - y.mean(1, keepdims=True) - y.mean(0, keepdims=True) + y.mean()
+    sigma = math.sqrt((resid ** 2).sum() / 3)
+    assert sigma == pytest.approx(math.sqrt(5e-5))
+    assert attn.blocked and attn.df == 3 and attn.seeds == (2, 2)
+    assert attn.effect == pytest.approx(0.08) and attn.half_width == pytest.approx(t_quantile(3) * sigma / math.sqrt(2))
+    assert attn.text() == ("attention's geometry: stiefel better than dgram by 0.0800 ± 0.0159 "
+                           "(95% CI, 2 seeds × 2 pairs)")
+    # one seed per cell: no residual df, so the matched-pairs logic (no interval) as before
+    one = main_effects([(p, Score(s.values[:1], (0,))) for p, s in cells])
+    assert all(not e.blocked and e.half_width is None for e in one)
 
 
 def test_main_effect_pairs_only_points_that_differ_in_that_factor():
@@ -218,14 +248,18 @@ def test_main_effect_pairs_only_points_that_differ_in_that_factor():
     assert one[0].half_width is None and not one[0].decisive and "spread unknown" in one[0].text()
 
 
+@pytest.mark.parametrize("blocked", [True, False])
 @pytest.mark.parametrize("truth", [0.08, 0.0])
-def test_main_effect_interval_covers_the_truth(truth):
+def test_main_effect_interval_covers_the_truth(truth, blocked):
     # 300 simulated 2×2 studies with 3 seeds: the 95% interval covers the true attention
-    # effect in about 95% of them (binomial sd 1.3%), whatever the seed effect
+    # effect in about 95% of them (binomial sd 1.3%), whatever the seed effect, from the
+    # blocked fit of all cells as from the matched pairs alone
     rng = random.Random(7)
     covered, right_sign = 0, 0
     for _ in range(300):
-        attn = next(e for e in main_effects(_factorial(rng, truth, seeds=3)) if e.factor == "attn")
+        effects = main_effects(_factorial(rng, truth, seeds=3), blocked=blocked)
+        attn = next(e for e in effects if e.factor == "attn")
+        assert attn.blocked == blocked
         signed = attn.effect if attn.better == "stiefel" else -attn.effect
         covered += abs(signed - truth) <= attn.half_width
         right_sign += attn.decisive and signed > 0

@@ -118,3 +118,48 @@ def test_planning_is_keyed_so_a_second_call_queues_nothing(monkeypatch, tmp_path
     before = len(study.get_trials())
     assert queue_extras(study, space, io.StringIO().write) is False  # stopped: budget spent
     assert len(study.get_trials()) == before
+
+
+def test_baselines_and_seed_trials_are_never_optunas_best(monkeypatch, tmp_path):
+    # the muon baseline (every type euclidean) and one adaptive seed have the lowest values of
+    # the study; adamw leads euclidean within noise at two seeds and ahead at three
+    def losses(key, seed, *config):
+        if key == "attn=euclidean,mlp=euclidean":
+            return 2.0  # the muon baseline
+        if key.startswith("attn=oblique"):
+            return 3.5 + 0.01 * seed
+        if key.startswith("attn=adamw"):
+            return 3.0 + [0.0, 0.0, -0.3][seed]  # its third seed: 2.7, a seed trial's value
+        return 3.0 + [0.01, 0.0, 0.0][seed]
+
+    use_train(monkeypatch, FakeTrain(losses=losses, with_config=True))
+    space = make_space(GRID, repeats=2, max_repeats=3, baselines=["muon"])
+    out = search(space, tmp_path)
+    study = open_run_study(tmp_path / "runs" / "t")
+    trials = study.get_trials()
+    assert any(SEED_OF in t.user_attrs for t in trials)
+    assert min(t.value for t in trials if t.value is not None) < out.ranking.rows[0].score.mean
+    # Rule: Optuna's best trial (study.best_trial, the optuna CLI, the dashboard) is the
+    # ranking's and the export's winner: baselines and seed trials are infeasible there.
+    winner = out.ranking.rows[0].number
+    assert study.best_trial.number == winner
+    assert all(t.constraints == {"not_a_point": 1.0} for t in trials
+               if (SEED_OF in t.user_attrs or "baseline" in t.user_attrs) and t.state == TrialState.COMPLETE)
+    best = export_best(tmp_path / "runs" / "t")[0].read_text()
+    assert f"trial: {winner}" in best
+
+
+def test_optunas_best_that_the_merged_seeds_overturn_is_named(monkeypatch, tmp_path):
+    use_train(monkeypatch, FakeTrain(losses=tied_losses, with_config=True))
+    buf = io.StringIO()
+    from geosearch.search.study.run import run_search
+
+    out = run_search(make_space(GRID, repeats=2, max_repeats=4), runs_dir=tmp_path / "runs", out=buf,
+                     progress=False)
+    study = open_run_study(tmp_path / "runs" / "t")
+    # euclidean's own two seeds (3.005) beat adamw's (3.01); adamw's four (3.005) beat
+    # euclidean's (3.0075): the views cannot agree, and the summary says why.
+    assert out.ranking.rows[0].label.startswith("attn=adamw")
+    assert study.best_trial.params["geometry.attn"] == "euclidean"
+    assert (f"note: Optuna's best_trial (optuna best-trial, the dashboard) is trial {study.best_trial.number}, "
+            "by the mean of its own seeds (3.0050)") in buf.getvalue()

@@ -24,7 +24,7 @@ from geosearch.search.runtime.artifacts import upload_trial_files
 from geosearch.report import write_report
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.records import trial_status
-from geosearch.search.stats.ranking import trial_line
+from geosearch.search.stats.trials import trial_line
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 

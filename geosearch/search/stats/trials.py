@@ -1,0 +1,198 @@
+"""Read a study's trials: a trial's final val losses as a :class:`Score` (its adaptive-seed
+trials merged in, :func:`point_scores`), what it searched as a :class:`Point` (for main
+effects), and its point and outcome in words (:func:`trial_label`, :func:`trial_line`).
+
+The statistics (:mod:`geosearch.search.stats.scores`) know nothing of Optuna; the ranking
+(:mod:`geosearch.search.stats.ranking`) ranks what this module reads. A point's adaptive seeds
+are trials of their own (``seed_of``), merged into its score here; baselines (``baseline``)
+get no score and are labelled by their name.
+
+Example:
+    >>> family_geometry({"attn_qkv": "stiefel", "attn_out": "stiefel", "mlp_in": "dgram"}, "attn")
+    'stiefel'
+    >>> format_params({"spectral_lr": 0.01234, "warmup": 50})
+    'spectral_lr=0.0123, warmup=50'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from geosearch.search.records import (
+    ASSIGNMENT,
+    BASELINE,
+    COMPLETED,
+    FAIL_REASON,
+    INTERRUPTED,
+    MAX_LOGIT,
+    MEAN_STEP_MS,
+    NOT_RUN,
+    PRUNE_REASON,
+    QUEUED_PARAMS,
+    RETRIED,
+    SEED_OF,
+    SEEDS,
+    STOP_STEP,
+    PRUNED,
+    UNSTABLE,
+    VAL_LOSSES,
+    is_extra,
+    trial_status,
+)
+from geosearch.search.stats.scores import Point, Score
+
+__all__ = [
+    "family_geometry",
+    "format_params",
+    "point_scores",
+    "trial_factors",
+    "trial_label",
+    "trial_line",
+    "trial_score",
+]
+
+_FAMILIES = ("attn", "mlp")
+
+
+# =========================================================================== scores
+def trial_score(trial: FrozenTrial) -> Score:
+    """The final val losses of a trial with their seeds: its ``val_losses`` and ``seeds``
+    attrs, else the value of a completed trial, else none (``n == 0``)."""
+    values = trial.user_attrs.get(VAL_LOSSES)
+    seeds = trial.user_attrs.get(SEEDS)
+    seeds = seeds if isinstance(seeds, list) else None
+    if isinstance(values, list) and values:
+        return Score.of(values, seeds)
+    # a pruned trial's value is its last intermediate value, not a final loss
+    done = trial.state == TrialState.COMPLETE and trial.value is not None
+    return Score.of([trial.value] if done else [], seeds if done else None)
+
+
+def point_scores(trials: Iterable[FrozenTrial]) -> dict[int, Score]:
+    """Trial number -> :class:`Score` of each completed point of the space: its own seeds
+    with those of its completed adaptive-seed trials (``seed_of``) added, each seed once, so
+    that pairing by seed across assignments holds. Baselines and seed trials get no entry."""
+    trials = list(trials)
+    scores = {t.number: trial_score(t) for t in trials
+              if t.state == TrialState.COMPLETE and not is_extra(t)}
+    for t in sorted(trials, key=lambda t: t.number):
+        n = t.user_attrs.get(SEED_OF)
+        if t.state == TrialState.COMPLETE and n in scores:
+            scores[n] = _merged(scores[n], trial_score(t))
+    return scores
+
+
+def _merged(a: Score, b: Score) -> Score:
+    """``a`` with the values of ``b`` whose seeds it lacks (all of them, unpaired, when
+    either records no seeds)."""
+    if a.seeds is None or b.seeds is None:
+        return Score(a.values + b.values)
+    new = [(v, s) for v, s in zip(b.values, b.seeds) if s not in a.seeds]
+    return Score(a.values + tuple(v for v, _ in new), a.seeds + tuple(s for _, s in new))
+
+
+# =========================================================================== points and lines
+def trial_factors(trial: FrozenTrial) -> Point:
+    """What a trial searched, for main effects: the ``geometry.*`` params as factors (else
+    each family's geometry from the ``assignment`` attr), the other params as the rest."""
+    geometry, others = _searched(trial)
+    if not geometry:
+        assignment = trial.user_attrs.get(ASSIGNMENT)
+        assignment = assignment if isinstance(assignment, dict) else {}
+        geometry = {fam: family_geometry(assignment, fam) for fam in _FAMILIES}
+        geometry = {k: g for k, g in geometry.items() if g != "?"}
+        geometry |= {t: str(g) for t, g in assignment.items() if not any(_in_family(t, f) for f in _FAMILIES)}
+    return Point(geometry, tuple(others.items()))
+
+
+def format_params(params: Mapping[str, Any]) -> str:
+    """``"spectral_lr=0.012, lr=0.0006"``: floats to 3 significant digits."""
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def family_geometry(assignment: Mapping[str, str], family: str) -> str:
+    """The geometry of a module family ("attn", "mlp") in an assignment (module type or
+    shorthand -> geometry); ``"mixed: q=stiefel,k=dgram"`` when its types differ, ``"?"``
+    when it has none."""
+    found = {t: g for t, g in sorted(assignment.items()) if _in_family(t, family)}
+    if not found:
+        return "?"
+    if len(set(found.values())) == 1:
+        return next(iter(found.values()))
+    return "mixed: " + ",".join(f"{t[len(family) + 1:] or t}={g}" for t, g in found.items())
+
+
+def _in_family(module_type: str, family: str) -> bool:
+    """Whether a module type (or shorthand) belongs to a family ("attn" holds "attn_qkv")."""
+    return module_type == family or module_type.startswith(family + "_")
+
+
+def _searched(trial: FrozenTrial) -> tuple[dict[str, str], dict[str, Any]]:
+    """The ``geometry.*`` params (prefix dropped) and the other params, sorted by name, of a
+    trial (else of its queued params)."""
+    params = trial.params or trial.user_attrs.get(QUEUED_PARAMS) or {}
+    geometry = {k[len("geometry."):]: str(v) for k, v in sorted(params.items()) if k.startswith("geometry.")}
+    return geometry, {k: v for k, v in sorted(params.items()) if not k.startswith("geometry.")}
+
+
+def _assignment_label(assignment: Mapping[str, str]) -> list[str]:
+    """``attn=stiefel, mlp=dgram`` when each family is uniform, else every module type."""
+    parts = []
+    for fam in _FAMILIES:
+        g = family_geometry(assignment, fam)
+        if g != "?" and not g.startswith("mixed"):
+            parts.append(f"{fam}={g}")
+        else:
+            parts += [f"{t}={v}" for t, v in sorted(assignment.items()) if t.startswith(fam)]
+    parts += [f"{t}={v}" for t, v in sorted(assignment.items()) if not t.startswith(_FAMILIES)]
+    return parts
+
+
+def trial_label(trial: FrozenTrial, *, hyperparams: bool = True) -> str:
+    """The searched point in words: ``"attn=stiefel, mlp=dgram, spectral_lr=0.012"``.
+
+    The geometries come from the ``geometry.*`` params (else the queued params, else the
+    ``assignment`` attr); ``hyperparams=False`` leaves the other params out.
+    """
+    if BASELINE in trial.user_attrs:
+        return f"baseline {trial.user_attrs[BASELINE]}"
+    geometry, others = _searched(trial)
+    if geometry:
+        parts = [f"{k}={v}" for k, v in geometry.items()]
+    else:
+        assignment = trial.user_attrs.get(ASSIGNMENT)
+        parts = _assignment_label(assignment) if isinstance(assignment, dict) else []
+    if hyperparams and others:
+        parts.append(format_params(others))
+    return ", ".join(parts) or "(no point)"
+
+
+def trial_line(trial: FrozenTrial) -> str:
+    """One line per finished trial: point, outcome (and why), val loss, max logit, speed."""
+    ua = trial.user_attrs
+    status = trial_status(trial)
+    head = f"trial {trial.number:>3}  {trial_label(trial)}"
+    if SEED_OF in ua:
+        head += f" (seed {', '.join(map(str, ua.get(SEEDS) or []))} of trial {ua[SEED_OF]})"
+    if status == COMPLETED:
+        what = f"completed  val {trial_score(trial).text()}"
+    elif status in (UNSTABLE, PRUNED):
+        step = ua.get(STOP_STEP)
+        kind = "" if status == UNSTABLE else " (loss pruner, not unstable)"
+        what = f"PRUNED{kind}{f' at step {step}' if step is not None else ''}: {ua.get(PRUNE_REASON)}"
+    elif status in NOT_RUN:
+        return f"{head}  not run: {ua.get(FAIL_REASON)}"
+    elif status in (INTERRUPTED, RETRIED):
+        what = ua.get(FAIL_REASON) or INTERRUPTED  # the stored reasons start with the word
+    else:
+        what = f"FAILED: {ua.get(FAIL_REASON) or 'no message'}"
+    extra = []
+    if isinstance(ua.get(MAX_LOGIT), (int, float)):
+        extra.append(f"max logit {ua[MAX_LOGIT]:.3g}")
+    if isinstance(ua.get(MEAN_STEP_MS), (int, float)) and math.isfinite(ua[MEAN_STEP_MS]):
+        extra.append(f"{ua[MEAN_STEP_MS]:.1f} ms/step")
+    return "  ".join([head, what, *extra])
