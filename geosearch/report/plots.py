@@ -247,10 +247,10 @@ def _val_loss_figure(Figure, run: RunData):
     for t in trials:
         for j, (xs, ys) in enumerate(val[t.number]):
             if t.baseline is None:
-                ax.plot(xs, ys, color=colours[t.label], lw=1.2, label=t.label, **_seed_style(t, j))
+                ax.plot(xs, ys, color=colours[t.label], lw=1.2, marker=".", label=t.label, **_seed_style(t, j))
             else:
                 style = _baseline_style(t, j)
-                ax.plot(xs, ys, lw=1.4, **{**style, "label": style["label"] + _rung_note(run, t)})
+                ax.plot(xs, ys, lw=1.4, marker=".", **{**style, "label": style["label"] + _rung_note(run, t)})
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss")
     ax.set_title("Validation loss (dashed: pruned as unstable; grey: baselines)")

@@ -356,8 +356,7 @@ class LogitGrowthPruner(BasePruner):
                 units = f" (the proxy's {short_logit(p.max_logit)} × {ratio:.3g})" if ratio != 1 else ""
                 where = f"; near step {p.target_step:,} of your run" if p.target_step is not None else ""
                 return (f"unstable at your target: max logit {short_logit(p.max_logit * ratio)}{units} at "
-                        f"step {p.step} of the stability rung, which reaches your run's Σ η² > "
-                        f"{limit.text}{where}")
+                        f"step {p.step} of the stability rung > {limit.text}{where}")
         return None
 
     def _forecast(self, probes: list[Probe], trial: FrozenTrial) -> LogitForecast | None:

@@ -391,8 +391,7 @@ class Searcher:
         """Tell a trial whose stability rung did not complete: unstable at the target (the
         pruner's reason, or a non-finite run), or failed."""
         stab = self.stability
-        prefix = (f"stability rung ({stab.steps} steps at spectral_lr {stab.spectral_lr:.3g}, your "
-                  f"target's Σ η²): ")
+        prefix = f"stability rung ({stab.steps} steps at spectral_lr {stab.spectral_lr:.3g}, your run's Σ η²): "
         attrs = stopped_attrs(result, trial.user_attrs.get(STABILITY_PROBES) or [])
         if result.status == "failed":
             return self._fail(trial, prefix + (result.reason or "failed"), failure_kind(result.reason or ""), attrs)

@@ -507,8 +507,7 @@ def test_the_stability_run_is_judged_on_measured_logits_at_the_targets_threshold
     # Rule: measured, not forecast: the run ends at the target's Σ η², so its logits are the
     # target's; judged against the target's threshold, in the target model's units.
     assert pruned and why == ("unstable at your target: max logit 1.0e3 (the proxy's 85 × 12) at step 30 "
-                              "of the stability rung, which reaches your run's Σ η² > threshold 960 "
-                              "(10 × d/√d_head 96); near step 150 of your run")
+                              "of the stability rung > threshold 960 (10 × d/√d_head 96); near step 150 of your run")
     assert judge(pruner, under) == (False, None)
     # Rule: the same rows judged as a ladder rung use the proxy's threshold (80): pruned there.
     assert judge(pruner, running(stability_rows([20.0, 60.0, 85.0]), **target(50_000)))[0]
