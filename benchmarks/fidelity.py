@@ -390,6 +390,42 @@ def _order_cells(scores: dict[str, Score], t_mean: list[float]) -> str:
             + ", ".join(f"{r:.2f}" for r in per_seed))
 
 
+PAIR_SETTINGS = [("tiny", 0.02), ("tiny", 0.05), ("tiny", 0.1), ("small", 0.02), ("small", 0.05)]
+
+
+def pairs(steps: int, short: int, out: Path | None) -> None:
+    """Every pair of the four at each setting with both lengths stored: did the gap at
+    ``short`` steps (the ranked rung's length; completed runs, 2 seeds, 16 batches) keep its
+    sign at ``steps``? Tallied by the gap's size, the record the ranking's verdict quotes
+    beside each pair (``geosearch.search.stats.ranking.ORDER_RECORD``)."""
+    from itertools import combinations
+
+    from geosearch.search.stats.ranking import ORDER_RECORD
+
+    tally = {True: [0, 0], False: [0, 0]}  # far (>= ORDER_RECORD.at) -> [kept, pairs]
+    rows = ["| setting | pair | gap at short | gap at target | kept |", "|---|---|---:|---:|---|"]
+    for model, eta in PAIR_SETTINGS:
+        a, b = truth_scores(load_truth(model, short, eta)), truth_scores(load_truth(model, steps, eta))
+        if len(a) < len(PAPER) or len(b) < len(PAPER):
+            rows.append(f"| {model} {eta} | (not stored at both lengths) | | | |")
+            continue
+        for x, y in combinations(PAPER, 2):
+            g, big = a[x].mean - a[y].mean, b[x].mean - b[y].mean
+            kept = (g > 0) == (big > 0)
+            t = tally[abs(g) >= ORDER_RECORD.at]
+            t[0] += kept
+            t[1] += 1
+            rows.append(f"| {model} {eta} | {PAPER[x]} − {PAPER[y]} | {g:+.4f} | {big:+.4f} | {kept} |")
+    far, near = tally[True], tally[False]
+    text = "\n".join([f"Pairs at {short} steps against {steps} steps (completed runs, mean of 2 seeds)", "", *rows, "",
+                      f"gaps >= {ORDER_RECORD.at:g}: kept their order {far[0]} of {far[1]}; "
+                      f"closer: {near[0]} of {near[1]} (the verdict quotes {ORDER_RECORD.far} and {ORDER_RECORD.near})"])
+    if out is not None:
+        publish(text, out)
+    else:
+        print(text)
+
+
 def lengths(model: str, steps: int, eta: float, out: Path | None) -> None:
     """How the order of completed runs of each shorter stored length agrees with the
     order at ``steps``: the best assignment, Spearman of the seed means and of each seed
@@ -516,7 +552,10 @@ def main(argv: list[str] | None = None) -> int:
                    "agrees with the order at --steps")
     p.add_argument("--widths", action="store_true", help="how narrower copies trained for --steps (stored "
                    "with --truth --model-arg n_embd=...) order the four against the model's own order")
-    p.add_argument("--out", type=Path, help="with --compare, --lengths or --widths: also write the table to this file")
+    p.add_argument("--pairs", type=int, metavar="SHORT", help="every pair's gap at SHORT steps against --steps, "
+                   "tallied by size: the record the ranking's verdict quotes per pair")
+    p.add_argument("--out", type=Path, help="with --compare, --lengths, --widths or --pairs: also write the table "
+                   "to this file")
     args = p.parse_args(argv)
     DATA = args.data_dir
     model_args = {}
@@ -530,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.widths:
         widths(args.model, args.steps, args.eta, args.out)
+        return 0
+    if args.pairs:
+        pairs(args.steps, args.pairs, args.out)
         return 0
     if args.lengths:
         lengths(args.model, args.steps, args.eta, args.out)

@@ -99,10 +99,11 @@ class OrderRecord:
                 f"{kept} of {of} times")
 
 
-# The benchmark's record (issue 18; docs/benchmarks.md, "fidelity.py"): the own-step
-# searches' 400-step top rung against the 2,000-step long runs (2 seeds each) of the four
-# paper assignments at the measured settings, every pair of assignments: pairs ≥ 0.02 nats
-# apart at the rung kept their order at 2,000 steps 13 of 15 times; closer pairs 4 of 9.
+# The benchmark's record (docs/benchmarks.md, "fidelity.py"; `python benchmarks/fidelity.py
+# --pairs 400` prints it): completed 400-step runs (the ranked rung's length) against the
+# 2,000-step runs, 2 seeds each, of the four paper assignments at the four settings stored at
+# both lengths, every pair: pairs ≥ 0.02 nats apart at 400 steps kept their order at 2,000
+# steps 13 of 15 times; closer pairs 4 of 9.
 ORDER_RECORD = OrderRecord(at=0.02, far=(13, 15), near=(4, 9))
 
 
