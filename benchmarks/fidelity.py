@@ -55,7 +55,22 @@ from geosearch.search.horizon.ladder import spearman
 from geosearch.search.horizon.probes import QK_TYPES
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.stats.ranking import rank_scores, rank_study
-from geosearch.search.records import BASELINE, ASSIGNMENT, LADDER, PROBE_HISTORY, PRUNE_REASON, PROXY, RUNG_INDICES, RUNG_LOSSES, RUNG_PROBES, STOP_STEP
+from geosearch.search.records import (
+    ASSIGNMENT,
+    BASELINE,
+    LADDER,
+    PROBE_HISTORY,
+    PROXY,
+    PRUNE_REASON,
+    PRUNED_RUNG,
+    RUNG_INDICES,
+    RUNG_LOSSES,
+    RUNG_PROBES,
+    SEED_OF,
+    STABILITY,
+    STABILITY_PROBES,
+    STOP_STEP,
+)
 from geosearch.search.stats.scores import Point, Score, main_effects
 from geosearch.search.stats.trials import family_geometry, trial_label
 from geosearch.search.horizon.target import probe_sum_eta, study_reading
@@ -191,15 +206,26 @@ def _early_forecast(rec: dict, fraction: float, target_sum_eta: float) -> float 
     return None if f is None else f.value
 
 
-def _search_steps(trial, rungs: list[dict]) -> int:
-    """Optimizer steps a trial trained (a pruned run counts to its stop step)."""
+def _search_steps(trial, rungs: list[dict], stability: dict | None = None) -> int:
+    """Optimizer steps a trial trained (a pruned run counts to its stop step), its stability
+    rung's included."""
+    stop = trial.user_attrs.get(STOP_STEP)
+    if stability and STABILITY_PROBES in trial.user_attrs:
+        if trial.user_attrs.get(PRUNED_RUNG) == "stability":
+            return stop if isinstance(stop, int) else stability["steps"]
+        stab = stability["steps"]
+    else:
+        stab = 0
+    return stab + _rung_steps(trial, rungs, stop)
+
+
+def _rung_steps(trial, rungs: list[dict], stop) -> int:
     losses = trial.user_attrs.get(RUNG_LOSSES) or []
     indices = trial.user_attrs.get(RUNG_INDICES) or range(len(losses))  # a seed trial: the top rung
     total, last = 0, None
     for i, seeds in zip(indices, losses):
         total += rungs[i]["steps"] * len(seeds)
         last = i
-    stop = trial.user_attrs.get(STOP_STEP)
     if trial.state.name == "PRUNED" and isinstance(stop, int) and last is not None:
         total -= rungs[last]["steps"] - stop  # the stopped run is in rung_losses, to its stop step
     return total
@@ -285,9 +311,11 @@ def _law_lines(truth: dict[str, list[dict]], truth_mean: dict[str, float], model
     return lines
 
 
-def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) -> None:
-    """Print (and publish) the search-vs-truth table for the study in ``run_dir``."""
-    truth = load_truth(model, steps, eta)
+def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
+            model_args: dict | None = None) -> None:
+    """Print (and publish) the search-vs-truth table for the study in ``run_dir`` (a model
+    changed by ``model_args``: its own ground truth, and the study must train the same)."""
+    truth = load_truth(model, steps, eta, model_args)
     scores = truth_scores(truth)
     if len(scores) < len(PAPER):
         sys.exit(f"the ground truth at {model}/{steps}/{eta} has {len(scores)} of {len(PAPER)} "
@@ -295,9 +323,11 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
     study = open_run_study(run_dir)
     proxy = study.user_attrs.get(PROXY) or {}
     rungs = study.user_attrs.get(LADDER) or []
-    if (proxy.get("model"), proxy.get("spectral_lr"), proxy.get("batch_size")) != (model, eta, 16):
+    if (proxy.get("model"), proxy.get("spectral_lr"), proxy.get("batch_size"), proxy.get("model_args") or {}) != (
+            model, eta, 16, model_args or {}):
         sys.exit(f"the study's proxy is {proxy.get('model')}/{proxy.get('spectral_lr')}/batch "
-                 f"{proxy.get('batch_size')}, not the ground truth's {model}/{eta}/batch 16")
+                 f"{proxy.get('batch_size')}/{proxy.get('model_args') or {}}, not the ground truth's "
+                 f"{model}/{eta}/batch 16/{model_args or {}}")
     ranking = rank_study(study)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     search = _search_rows(ranking, trials)
@@ -325,8 +355,9 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
     s_signs, t_signs = _signs(ranking.effects), _signs(truth_effects)
 
     baselines = [t for t in trials.values() if t.user_attrs.get(BASELINE)]
-    search_steps = sum(_search_steps(t, rungs) for t in trials.values() if not t.user_attrs.get(BASELINE))
-    baseline_steps = sum(_search_steps(t, rungs) for t in baselines)
+    stability = study.user_attrs.get(STABILITY)
+    search_steps = sum(_search_steps(t, rungs, stability) for t in trials.values() if not t.user_attrs.get(BASELINE))
+    baseline_steps = sum(_search_steps(t, rungs, stability) for t in baselines)
     truth_steps = sum(r["config"]["steps"] for recs in truth.values() for r in recs)
 
     pruner = LogitGrowthPruner()
@@ -367,12 +398,42 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None) 
               f"- Forecast max logit over real, every forecast above: "
               f"{', '.join(f'{x:.2f}' for x in ratios)}; within ×2: "
               f"{sum(0.5 <= x <= 2 for x in ratios)} of {len(ratios)}."]
+    lines += _stability_lines(study, trials, truth, pruner)
     lines += _law_lines(truth, truth_mean, model, steps, eta, target_sum_eta)
     text = "\n".join(lines)
     if out is None:
         print(text)
     else:
         publish(text, out)
+
+
+def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: LogitGrowthPruner) -> list[str]:
+    """With a stability rung: each assignment's measured max logit at the target (first seed)
+    against the long runs' final ones, and the threshold decision against theirs (any probe
+    of any seed above the threshold); nothing without one."""
+    rows = []
+    for t in trials.values():
+        if t.user_attrs.get(BASELINE) or SEED_OF in t.user_attrs or ASSIGNMENT not in t.user_attrs:
+            continue
+        m = pruner.measured(study, t)
+        a = _paper_key(t.user_attrs[ASSIGNMENT])
+        if m is None or a not in PAPER:
+            continue
+        real = [x for x in (_final_logit(r) for r in truth[a]) if x is not None]
+        long_above = any(p["max_logit"] is not None and p["max_logit"] > m.threshold for r in truth[a] for p in r["probes"])
+        rows.append((a, m, real, long_above))
+    if not rows:
+        return []
+    out = ["", "Stability rung (measured at the target's Σ η², first seed) against the long runs:", "",
+           "| assignment | measured final (peak) | long runs' final | ratio to their mean | search | long runs |",
+           "|---|---|---|---|---|---|"]
+    for a, m, real, long_above in sorted(rows, key=lambda r: PAPER[r[0]]):
+        mean = statistics.fmean(real) if real else math.nan
+        out.append(f"| {PAPER[a]} | {m.final:.1f} ({m.peak:.1f}) | {', '.join(f'{x:.1f}' for x in real)} "
+                   f"| {m.final / mean:.2f} | {m.verdict} | {'above' if long_above else 'below'} |")
+    same = sum((m.verdict == "above") == long_above for _, m, _, long_above in rows)
+    out.append(f"\nThreshold decisions equal to the long runs': {same} of {len(rows)}.")
+    return out
 
 
 def _order_cells(scores: dict[str, Score], t_mean: list[float]) -> str:
@@ -542,8 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--eta", type=float, default=0.02, help="peak spectral step size")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=INT", help="with --truth or "
-                   "--show: a model field changed, e.g. n_embd=32 (a narrower copy); repeatable")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=INT", help="with --truth, --show "
+                   "or --compare: a model field changed, e.g. n_embd=32 (a narrower copy); repeatable")
     p.add_argument("--only", nargs="+", choices=list(PAPER), help="with --truth: these assignments only "
                    "(to share the runs between processes)")
     p.add_argument("--data-dir", type=Path, default=DATA, help="where the ground-truth runs are stored")
@@ -565,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--model-arg {item!r}: expected KEY=INT, e.g. n_embd=32")
         model_args[key] = int(value)
     if args.compare:
-        compare(args.compare, args.model, args.steps, args.eta, args.out)
+        compare(args.compare, args.model, args.steps, args.eta, args.out, model_args)
         return 0
     if args.widths:
         widths(args.model, args.steps, args.eta, args.out)

@@ -99,7 +99,7 @@ def _space(size: Sizes, device: str, precision: str):
 
     sets = [f"proxy.mixed_precision={precision}", f"proxy.eval_every={size.eval_every}",
             f"proxy.probe_every={size.eval_every}", "proxy.eval_batches=2", "proxy.probe_batch_size=2",
-            "ladder.rungs=1", "baselines=[]", "max_repeats=null"]
+            "ladder.rungs=1", "ladder.stability_steps=null", "baselines=[]", "max_repeats=null"]
     # a check of the GPU path, not of the horizon, baselines or seeding: the proxy run only
     if size.points == 2:
         sets.append("geometries.mlp=[dgram]")  # attn in {stiefel, dgram}

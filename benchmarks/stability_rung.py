@@ -133,6 +133,8 @@ def show(out: Path | None) -> None:
     stored = _stored()
     rows = ["| setting | rung | assignment | seed | long run final | rung final | ratio | no growth (400 at η) "
             "| ratio | long > thr | rung > thr |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    # (steps, DGram attention) -> [cases, within x2, no-growth within x2, no-growth cases,
+    # decisions equal, false alarms, long runs above the threshold]
     tally: dict[tuple[int, bool], list[int]] = {}
     for model, eta, args in SETTINGS:
         truth = load_truth(model, TARGET_STEPS, eta, args)
@@ -154,12 +156,14 @@ def show(out: Path | None) -> None:
                     ok = int(0.5 <= ratio <= 2)
                     own_ok = int(0.5 <= own_ratio <= 2) if own else 0
                     decided = int((_peak(rec) > threshold) == (_peak(long) > threshold))
-                    t = tally.setdefault((steps, dgram), [0, 0, 0, 0, 0])
+                    t = tally.setdefault((steps, dgram), [0] * 7)
                     t[0] += 1
                     t[1] += ok
                     t[2] += own_ok
-                    t[3] += decided
-                    t[4] += int(_peak(rec) > threshold and _peak(long) <= threshold)
+                    t[3] += int(own is not None)
+                    t[4] += decided
+                    t[5] += int(_peak(rec) > threshold and _peak(long) <= threshold)
+                    t[6] += int(_peak(long) > threshold)
                     rows.append(
                         f"| {name} | {steps} at η' {config.spectral_lr:.3g} | {PAPER[assign]} | {seed} "
                         f"| {_final(long):.1f} | {_final(rec):.1f} | {ratio:.2f} "
@@ -170,10 +174,14 @@ def show(out: Path | None) -> None:
                         f"| {_peak(long) > threshold} | {_peak(rec) > threshold} |")
     lines = ["Stability runs at the target's Σ η² against the 2,000-step runs (threshold 10 × d/√d_head: "
              f"{FACTOR * SCALES['tiny']:.0f} tiny, {FACTOR * SCALES['small']:.0f} small)", "", *rows, "",
-             "| rung steps | attention | cases | within ×2 | no growth within ×2 | decisions equal | false alarms |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
-    for (steps, dgram), (n, ok, own_ok, decided, false) in sorted(tally.items(), reverse=True):
-        lines.append(f"| {steps} | {'DGram' if dgram else 'Stiefel'} | {n} | {ok} | {own_ok} | {decided} | {false} |")
+             "| rung steps | attention | cases | within ×2 | no growth within ×2 (where stored) | decisions equal "
+             "| a constant rule's decisions | false alarms |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for (steps, dgram), (n, ok, own_ok, own_n, decided, false, above) in sorted(tally.items(), reverse=True):
+        lines.append(f"| {steps} | {'DGram' if dgram else 'Stiefel'} | {n} | {ok} | {own_ok} of {own_n} | {decided} "
+                     f"| {max(above, n - above)} | {false} |")
+    lines += ["", "A constant rule: the better of 'always above' and 'always below' the threshold for that "
+              "attention geometry (the decisions a rule that ignores the run gets right)."]
     text = "\n".join(lines)
     if out is not None:
         publish(text, out)
