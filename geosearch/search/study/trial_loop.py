@@ -369,7 +369,7 @@ class Searcher:
         queries and keys take no spectral step (AdamW: no Σ η² clock)."""
         seeds, rungs = self._plan_of(trial)
         stab = self.stability
-        if stab is None or not rungs or rungs[0].index != 0:
+        if stab is None or not rungs or SEED_OF in trial.user_attrs:
             return None
         config, assignment = rung_run(self.space, suggestion, seeds[0] - self.space.proxy.seed, stab)
         if not takes_spectral_qk(assignment):

@@ -163,3 +163,18 @@ def test_optunas_best_that_the_merged_seeds_overturn_is_named(monkeypatch, tmp_p
     assert study.best_trial.params["geometry.attn"] == "euclidean"
     assert (f"note: Optuna's best_trial (optuna best-trial, the dashboard) is trial {study.best_trial.number}, "
             "by the mean of its own seeds (3.0050)") in buf.getvalue()
+
+
+def test_a_seed_trial_does_not_train_the_stability_rung(monkeypatch, tmp_path):
+    f = use_train(monkeypatch, FakeTrain(losses=tied_losses, with_config=True))
+    # one rung: a seed trial's rung is rung 0, as a point's, but its point measured stability
+    space = make_space(GRID, repeats=2, max_repeats=3, target={"steps": 40},
+                       ladder={"rungs": 1, "stability_steps": 10})
+    search(space, tmp_path)
+    seed_trials = [t for t in trials_of(tmp_path) if SEED_OF in t.user_attrs]
+    assert seed_trials
+    # Rule: only the points' first seed trains the stability rung (its larger step): the
+    # euclidean and oblique points (the adamw point's queries and keys take no spectral step).
+    stab_runs = [c for c in f.configs if c.spectral_lr > 0.021]
+    assert len(stab_runs) == 2 and all(c.seed == 0 for c in stab_runs)
+    assert all("stability_probes" not in t.user_attrs for t in seed_trials)
