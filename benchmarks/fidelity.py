@@ -413,7 +413,8 @@ def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: 
     of any seed above the threshold); nothing without one."""
     rows = []
     for t in trials.values():
-        if t.user_attrs.get(BASELINE) or SEED_OF in t.user_attrs or ASSIGNMENT not in t.user_attrs:
+        if (t.user_attrs.get(BASELINE) or SEED_OF in t.user_attrs or ASSIGNMENT not in t.user_attrs
+                or t.state.name not in ("COMPLETE", "PRUNED")):  # not an interrupted or failed run
             continue
         m = pruner.measured(study, t)
         a = _paper_key(t.user_attrs[ASSIGNMENT])
