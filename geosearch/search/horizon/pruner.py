@@ -315,7 +315,7 @@ class LogitGrowthPruner(BasePruner):
             return None
         ratio, limit = self._target_units(trial)
         values = [p.max_logit * ratio for p in probes]
-        crossed = next((p for p, v in zip(probes, values) if v > limit.value), None)
+        crossed = self._over_at_target(probes, trial)
         return Measured(values[-1], max(values), limit.value, limit.text,
                         crossed.target_step if crossed is not None else None)
 
@@ -349,15 +349,20 @@ class LogitGrowthPruner(BasePruner):
         proxy, target = stored_scales(trial)
         return (target / proxy if proxy else 1.0), self._threshold(target)
 
-    def _too_large_at_target(self, probes: list[Probe], trial: FrozenTrial) -> str | None:
+    def _over_at_target(self, probes: list[Probe], trial: FrozenTrial) -> Probe | None:
+        """The first probe whose max logit, in the target's logits, is above its threshold."""
         ratio, limit = self._target_units(trial)
-        for p in probes:
-            if p.max_logit is not None and p.max_logit * ratio > limit.value:
-                units = f" (the proxy's {short_logit(p.max_logit)} × {ratio:.3g})" if ratio != 1 else ""
-                where = f"; near step {p.target_step:,} of your run" if p.target_step is not None else ""
-                return (f"unstable at your target: max logit {short_logit(p.max_logit * ratio)}{units} at "
-                        f"step {p.step} of the stability rung > {limit.text}{where}")
-        return None
+        return next((p for p in probes if p.max_logit is not None and p.max_logit * ratio > limit.value), None)
+
+    def _too_large_at_target(self, probes: list[Probe], trial: FrozenTrial) -> str | None:
+        p = self._over_at_target(probes, trial)
+        if p is None:
+            return None
+        ratio, limit = self._target_units(trial)
+        units = f" (the proxy's {short_logit(p.max_logit)} × {ratio:.3g})" if ratio != 1 else ""
+        where = f"; near step {p.target_step:,} of your run" if p.target_step is not None else ""
+        return (f"unstable at your target: max logit {short_logit(p.max_logit * ratio)}{units} at "
+                f"step {p.step} of the stability rung > {limit.text}{where}")
 
     def _forecast(self, probes: list[Probe], trial: FrozenTrial) -> LogitForecast | None:
         target = trial.user_attrs.get(TARGET_SUM_ETA)
