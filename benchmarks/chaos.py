@@ -50,6 +50,14 @@ def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _ha
         "two commands started at once, SQLite": lambda t, r: _harness.simultaneous(t, r, runs=1),
         "two commands started at once, journal, --workers 2":
             lambda t, r: _harness.simultaneous(t, r, runs=1, workers=2),
+        "SIGKILL between a trial's two parameters, SQLite": lambda t, r: _harness.partial_point(t, "kill", 1),
+        "Ctrl-C between a trial's two parameters, SQLite": lambda t, r: _harness.partial_point(t, "int", 1),
+        "SIGKILL of a worker between a trial's two parameters, journal":
+            lambda t, r: _harness.partial_point(t, "kill", 2),
+        "Ctrl-C of a worker between a trial's two parameters, journal":
+            lambda t, r: _harness.partial_point(t, "int", 2),
+        "the --workers parent's SIGTERM between a trial's two parameters, journal":
+            lambda t, r: _harness.partial_point(t, "parent-term", 2),
     }
     if url is not None:
         out["PostgreSQL connections dropped mid-trial"] = lambda t, r: _harness.dropped_connection(t, r, url)

@@ -591,3 +591,32 @@ def trial_failures(tmp: Path, rng: random.Random) -> Result:
 def clean(tmp: Path) -> None:
     """Remove a scenario's directory (after a loop iteration)."""
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+INJECT = Path(__file__).resolve().parent / "_inject"
+"""The folder of the ``sitecustomize`` that injects a fault at an exact moment."""
+
+
+def partial_point(tmp: Path, action: str, workers: int) -> Result:
+    """Trial 1 is stopped between the writes of its two parameters (``action``: ``kill``
+    = SIGKILL, ``int`` = Ctrl-C of the process that trains it, ``parent-term`` = SIGTERM
+    of the ``--workers`` parent), leaving part of its point stored; the rerun must train
+    every point of the grid, each once (one process on SQLite, or ``workers`` on a
+    journal)."""
+    name = f"pp{workers}"
+    space = write_space(tmp, name)
+    run_dir = tmp / "runs" / name
+    args = _search_args(space, *(["--workers", str(workers)] if workers > 1 else []))
+    path = os.pathsep.join([str(INJECT), str(REPO), os.environ.get("PYTHONPATH", "")])
+    cmd = start(args, tmp, tmp / "first.log", PYTHONPATH=path,
+                GEOSEARCH_TEST_FAULT=f"1:geometry.mlp:{action}")
+    try:
+        code = cmd.wait()
+        lines = cmd.output().strip().splitlines()
+    finally:
+        kill_tree(cmd.pid)
+    partial = [t.number for t in study_trials(run_dir) if len(t.params) == 1]
+    kind = f"journal, --workers {workers}" if workers > 1 else "SQLite, one process"
+    return _finish(tmp, args, run_dir, {}, f"{action} between a trial's two parameters ({kind})",
+                   bool(partial), [f"exit {code}: {lines[-1][:160] if lines else ''}",
+                                   f"trials left with part of their point: {partial}"])

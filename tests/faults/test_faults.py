@@ -15,6 +15,7 @@ import pytest
 from _harness import (
     dropped_connection,
     full_disk,
+    partial_point,
     second_command,
     simultaneous,
     signal_parent,
@@ -75,3 +76,9 @@ def test_a_full_file_system_loses_nothing_and_the_rerun_resumes_at_once(workers,
 
 def test_dropped_postgresql_connections_lose_nothing(tmp_path, postgres_server):  # noqa: F811
     check(dropped_connection(tmp_path, random.Random(6), postgres_server))
+
+
+@pytest.mark.parametrize(("action", "workers"), [("kill", 1), ("int", 1), ("kill", 2), ("int", 2),
+                                                 ("parent-term", 2)])
+def test_a_trial_stopped_between_its_parameters_leaves_no_point_untrained(action, workers, tmp_path):
+    check(partial_point(tmp_path, action, workers))

@@ -3,7 +3,9 @@
 The trial loop runs inside :class:`ctrl_c_latch`, which remembers a Ctrl-C (:data:`CTRL_C`)
 that Python swallowed in a callback of its own, so that the trainer's callback can raise
 it again; :class:`sigint_deferred` ignores SIGINT while the loop records an interrupted
-trial (``torchrun`` sends every rank a second one). Both act in the main thread only.
+trial (``torchrun`` sends every rank a second one); :class:`signals_held` holds SIGINT and
+SIGTERM for the length of a storage write and delivers them after it, so that a signal
+never lands inside a lock's release. All act in the main thread only.
 How an interrupted trial is recorded is in ``docs/design.md`` ("Trial outcomes").
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import signal
 import threading
 
-__all__ = ["CTRL_C", "DEFERRED", "ctrl_c_latch", "sigint_deferred"]
+__all__ = ["CTRL_C", "DEFERRED", "ctrl_c_latch", "sigint_deferred", "signals_held"]
 
 CTRL_C = threading.Event()
 DEFERRED = threading.Event()
@@ -61,3 +63,39 @@ class sigint_deferred:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
             DEFERRED.clear()
+
+
+class signals_held:
+    """Hold SIGINT and SIGTERM (main thread only) while a short critical section runs, then
+    deliver the first one that came to the handler in place again.
+
+    For writes that must not be cut: a KeyboardInterrupt raised inside Optuna's journal lock
+    release once left the lock file behind and the trial unrecorded (its cleanup raised
+    another error instead). Nested use holds once; a signal that came is delivered when the
+    outermost block ends.
+    """
+
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    _depth = 0
+
+    def __enter__(self) -> None:
+        self.active = threading.current_thread() is threading.main_thread() and signals_held._depth == 0
+        signals_held._depth += self.active
+        if not self.active:
+            return
+        self.caught: list[int] = []
+        self.previous = {}
+        for signum in self._SIGNALS:
+            self.previous[signum] = signal.signal(signum, self._hold)
+
+    def _hold(self, signum: int, frame: object) -> None:
+        self.caught.append(signum)
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.active:
+            return
+        for signum, handler in self.previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        signals_held._depth -= 1
+        if self.caught:
+            signal.raise_signal(self.caught[0])

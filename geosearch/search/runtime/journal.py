@@ -23,6 +23,7 @@ import optuna
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from geosearch.errors import ConfigError
+from geosearch.search.runtime.interrupts import signals_held
 
 __all__ = ["SafeJournalFile", "check_journal_file", "open_journal", "repair_torn_tail"]
 
@@ -107,8 +108,13 @@ class SafeJournalFile(JournalFileBackend):
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         """Append ``logs`` as JSON lines under the journal's lock: a torn last record is
-        cut off first, and a failed append leaves the file as it was."""
+        cut off first, a failed append leaves the file as it was, and a signal that comes
+        meanwhile is delivered once the lock is released."""
         data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
+        with signals_held():  # a Ctrl-C or SIGTERM comes after the lock is released
+            self._append(data)
+
+    def _append(self, data: bytes) -> None:
         self.lock.acquire()
         try:
             size = repair_torn_tail(self.path)

@@ -57,9 +57,16 @@ def param_key(params: Mapping[str, Any]) -> str:
 
 
 def trial_params(trial: FrozenTrial | optuna.Trial) -> dict[str, Any] | None:
-    """A trial's point: its params, or the ones it was queued with (a trial that failed
-    before suggesting has none of its own); ``None`` when it has neither."""
-    return dict(trial.params) or trial.user_attrs.get(QUEUED_PARAMS) or None
+    """A trial's point: the one it was queued with, completed by its own params; its own
+    params alone when it was not queued; ``None`` when it has neither.
+
+    The queued point comes first because a trial stores its params one write at a time: a
+    worker killed (or interrupted) between two writes leaves part of the point, and that
+    part queued again would let the sampler fill in the rest with a point already done.
+    """
+    queued = trial.user_attrs.get(QUEUED_PARAMS)
+    point = {**queued, **trial.params} if isinstance(queued, dict) else dict(trial.params)
+    return point or None
 
 
 def trial_key(trial: FrozenTrial) -> str | None:

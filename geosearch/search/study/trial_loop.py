@@ -36,7 +36,7 @@ from geosearch.search.study.failures import DEFAULT_MAX_RETRIES, failed_attrs, f
 from geosearch.search.runtime.interrupts import ctrl_c_latch, sigint_deferred
 from geosearch.search.study.recovery import recover_stale, recovered_line
 from geosearch.search.runtime.liveness import HEARTBEAT_EVERY, Heartbeat, Owner, TrialLost
-from geosearch.search.study.queue import budget_taken, done_reason, enqueue, trial_params, twin_of
+from geosearch.search.study.queue import budget_taken, done_reason, enqueue, top_up_queue, trial_params, twin_of
 from geosearch.search.stats.scores import Score
 from geosearch.search.records import (
     ASSIGNMENT,
@@ -196,7 +196,14 @@ class Searcher:
     def _should_stop(self) -> str | None:
         for recovered in recover_stale(self.study, self.owner, self.stale_after, self.max_retries):
             self.echo(recovered_line(*recovered))
-        return done_reason(self.study, self.budget, self.exhaustive, self.grid_size)
+        why = done_reason(self.study, self.budget, self.exhaustive, self.grid_size)
+        if why is not None and self.exhaustive and self.budget is not None:
+            # the queue is empty: every point of the grid must have a verdict by now
+            added = top_up_queue(self.study, self.space, self.budget)
+            if added:
+                self.echo(f"{added} point(s) of the grid had no verdict and none queued: queued again")
+                why = done_reason(self.study, self.budget, self.exhaustive, self.grid_size)
+        return why
 
     def _frozen(self, number: int) -> FrozenTrial:
         return next(t for t in self.study.get_trials(deepcopy=False) if t.number == number)

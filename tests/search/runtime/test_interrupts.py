@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from geosearch.search.runtime.interrupts import CTRL_C, ctrl_c_latch, sigint_deferred
+from geosearch.search.runtime.interrupts import CTRL_C, ctrl_c_latch, sigint_deferred, signals_held
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to itself")
 
@@ -39,3 +39,33 @@ def test_sigint_is_ignored_while_deferred_and_handled_after():
     with sigint_deferred():
         _send_sigint_and_wait()  # ignored: no KeyboardInterrupt
     assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_signals_held_arrive_after_the_block_and_the_handlers_come_back():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    finished = False
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            _send_sigint_and_wait()  # held: the block goes on to its end
+            with signals_held():  # nested: held once, delivered by the outermost block
+                pass
+            finished = True
+    assert finished
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_signal_held_during_a_journal_append_comes_after_the_record_and_the_lock(tmp_path, monkeypatch):
+    from geosearch.search.runtime.journal import SafeJournalFile
+
+    journal = SafeJournalFile(tmp_path / "journal.log")
+    release = journal.lock.release
+
+    def release_then_signal() -> None:  # the moment a Ctrl-C once landed in
+        release()
+        _send_sigint_and_wait()
+
+    monkeypatch.setattr(journal.lock, "release", release_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        journal.append_logs([{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}])
+    assert (tmp_path / "journal.log").read_text().count("\n") == 1  # the record is whole
+    assert not os.path.lexists(str(tmp_path / "journal.log") + ".lock")  # the lock is released

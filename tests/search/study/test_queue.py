@@ -6,7 +6,8 @@ import optuna
 from _search_helpers import make_space, search, trials_of
 from optuna.trial import TrialState
 
-from geosearch.search.study.queue import grid_points, param_key
+from geosearch.search.runtime.storage import open_run_study
+from geosearch.search.study.queue import enqueue, grid_points, param_key, trial_key, trial_params
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -41,3 +42,31 @@ def test_sampler_duplicates_are_not_trained(fake, tmp_path):
     assert out.stopped == "every one of the 2 assignments of the space has been scored"
     dups = [t for t in trials_of(tmp_path) if t.user_attrs.get("status") == "duplicate"]
     assert all(t.state == TrialState.FAIL and "same point as trial" in t.user_attrs["fail_reason"] for t in dups)
+
+
+def test_a_trial_stopped_between_two_parameters_keeps_its_whole_queued_point():
+    study = optuna.create_study()
+    point = {"geometry.attn": "stiefel", "geometry.mlp": "dgram"}
+    study.enqueue_trial(point, user_attrs={"queued": True, "queued_params": point})
+    trial = study.ask()
+    trial.suggest_categorical("geometry.attn", ["stiefel", "dgram"])  # then the process died
+    frozen = study.get_trials(deepcopy=False)[0]
+    assert frozen.params == {"geometry.attn": "stiefel"}
+    assert trial_params(frozen) == point and trial_key(frozen) == param_key(point)
+    # a trial that was not queued has its own params only
+    free = study.ask()
+    choice = free.suggest_categorical("geometry.attn", ["stiefel", "dgram"])
+    assert trial_params(study.get_trials(deepcopy=False)[1]) == {"geometry.attn": choice}
+
+
+def test_an_exhaustive_search_queues_a_grid_point_left_without_a_verdict(fake, tmp_path):
+    # one mlp choice: a queued part of a point can only be completed into a point done
+    grid = {"attn": ["adamw", "euclidean", "oblique"], "mlp": ["adamw"]}
+    search(make_space(grid, sampler="grid", budget={"trials": 2}), tmp_path)
+    done = trials_of(tmp_path)[0].params
+    # what a rerun once queued for a trial stopped between its two parameters
+    enqueue(open_run_study(tmp_path / "runs" / "t"), {"geometry.attn": done["geometry.attn"]})
+    out = search(make_space(grid, sampler="grid", budget={"trials": 3}), tmp_path)
+    # the part is dropped as a duplicate; the point left without a verdict is queued and trained
+    assert out.counts["completed"] == 3 and len({c[0] for c in fake.calls}) == 3
+    assert out.stopped == "every assignment of the space has been tried"
