@@ -12,14 +12,15 @@ How an interrupted trial is recorded is in ``docs/design.md`` ("Trial outcomes")
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 __all__ = ["CTRL_C", "DEFERRED", "ctrl_c_latch", "sigint_deferred", "signals_held"]
 
 CTRL_C = threading.Event()
+"""Set by a Ctrl-C while a :class:`ctrl_c_latch` is active; cleared when it ends."""
 DEFERRED = threading.Event()
 """Set while :class:`sigint_deferred` holds Ctrl-C off (SIGTERM-as-Ctrl-C waits too)."""
-"""Set by a Ctrl-C while a :class:`ctrl_c_latch` is active; cleared when it ends."""
 
 
 class ctrl_c_latch:
@@ -27,8 +28,10 @@ class ctrl_c_latch:
 
     SIGINT raises KeyboardInterrupt wherever the main thread is; when that is inside a
     callback Python runs for itself (an import lock's or a weakref's), Python prints
-    "Exception ignored" and the run goes on. The latch keeps the signal, and the trainer's
-    callback raises it again at its next call, where the loop records the interruption.
+    "Exception ignored" with a traceback and the run goes on. The latch keeps the signal,
+    and the trainer's callback raises it again at its next call, where the loop records the
+    interruption; the traceback of a KeyboardInterrupt so kept is not printed (Python's
+    ``sys.unraisablehook``; every other ignored exception still is).
     """
 
     def __enter__(self) -> None:
@@ -36,6 +39,12 @@ class ctrl_c_latch:
         self.previous = None
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.hook = sys.unraisablehook
+            sys.unraisablehook = self._unraisable
+
+    def _unraisable(self, unraisable: object) -> None:
+        if not (CTRL_C.is_set() and isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt)):
+            self.hook(unraisable)
 
     def _handle(self, signum: int, frame: object) -> None:
         CTRL_C.set()
@@ -47,6 +56,7 @@ class ctrl_c_latch:
     def __exit__(self, *exc: object) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+            sys.unraisablehook = self.hook
         CTRL_C.clear()
 
 

@@ -69,3 +69,28 @@ def test_a_signal_held_during_a_journal_append_comes_after_the_record_and_the_lo
         journal.append_logs([{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}])
     assert (tmp_path / "journal.log").read_text().count("\n") == 1  # the record is whole
     assert not os.path.lexists(str(tmp_path / "journal.log") + ".lock")  # the lock is released
+
+
+def test_a_ctrl_c_python_ignores_in_its_own_callback_is_kept_without_a_traceback(monkeypatch):
+    class RaisesWhenCollected:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __del__(self):
+            if self.exc is KeyboardInterrupt:
+                _send_sigint_and_wait()  # a Ctrl-C landing in a callback Python runs for itself
+            else:
+                raise self.exc
+
+    shown = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: shown.append(type(u.exc_value)))
+    with ctrl_c_latch():
+        obj = RaisesWhenCollected(KeyboardInterrupt)
+        del obj  # Python ignores the KeyboardInterrupt raised in __del__
+        assert CTRL_C.is_set()  # kept, for the trainer's callback to raise again
+        obj = RaisesWhenCollected(ValueError)
+        del obj
+    assert shown == [ValueError]  # the Ctrl-C's traceback is not shown; anything else is
+    obj = RaisesWhenCollected(ValueError)
+    del obj
+    assert shown == [ValueError, ValueError]  # the hook is back
