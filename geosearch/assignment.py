@@ -148,6 +148,31 @@ class Assignment:
         the type's geometry, overlaid key by key with the type's own options."""
         return {t: dict(o) for t, o in self._resolved_options.items()}
 
+    def with_rules(self, rules: str | Sequence[ModuleRule]) -> Assignment:
+        """This assignment for another rule set, e.g. a proxy's answer (``nanogpt``) for a
+        Hugging Face model (``gpt2``, ``llama``): each new module type takes its
+        counterpart's geometry and options (:mod:`geosearch.retarget`); settings are kept
+        and the provenance records the rules it came from.
+
+        Example:
+            >>> a = Assignment({"attn": "stiefel", "mlp_in": "dgram", "mlp_out": "adamw"})
+            >>> a.with_rules("llama").resolve()["mlp_gate"]
+            'dgram'
+
+        Raises:
+            ConfigError: an unknown rule set, a new type without a counterpart, or one
+                that stands for old types of different geometries or options.
+        """
+        from geosearch.retarget import retarget
+
+        target = _check_rules_field(rules if isinstance(rules, str) else tuple(rules), None)
+        label = f"rule set {target!r}" if isinstance(target, str) else "the custom rules"
+        new_rules = get_rule_set(target) if isinstance(target, str) else target
+        geometry, options = retarget(self.resolve(), self.resolve_options(), self._families(), new_rules, label)
+        provenance = {**thaw(self.provenance), "rules_from": self.to_dict()["rules"]}
+        return Assignment(geometry=geometry, options=options, rules=target, provenance=provenance,
+                          settings=thaw(self.settings))
+
     # ------------------------------------------------------------------ validation
     def _families(self) -> dict[str, str]:
         return {t: rule.family for rule in self.rule_set() for t in rule.types}

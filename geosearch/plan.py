@@ -38,6 +38,8 @@ from geosearch.text import text_table
 
 __all__ = ["DECAY", "NO_DECAY", "RULE", "ParamPlan", "Plan", "bind", "resolve_settings"]
 
+_MOVE = " (an answer from another model: assignment.with_rules(NAME), or export --rules NAME)"
+
 RULE, DECAY, NO_DECAY = "rule", "decay", "no_decay"
 """Roles of a parameter: matched by a rule; AdamW with weight decay (matrices no rule
 matches: embeddings, head); AdamW without (norms, biases)."""
@@ -282,12 +284,14 @@ def bind(model: nn.Module, assignment: Assignment | str | os.PathLike,
     try:
         match = match_parameters(model, assignment.rule_set())
     except ConfigError as e:  # a rule that fits the model badly: say which rules and where
-        raise ConfigError(f"{label}: {e.problem}", source=e.source or source, key=e.key, allowed=e.allowed) from None
+        raise ConfigError(f"{label}: {e.problem}{_MOVE}", source=e.source or source, key=e.key,
+                          allowed=e.allowed) from None
     if match.empty_rules:
         raise ConfigError(
             f"{label}: rule(s) matching no parameter of {type(model).__name__}: "
             + ", ".join(f"{r.type} ({r.pattern})" for r in match.empty_rules)
-            + "; pick the rule set for this model family", source=source, key="rules", allowed=rule_set_names())
+            + f"; pick the rule set for this model family{_MOVE}", source=source, key="rules",
+            allowed=rule_set_names())
     if match.unmatched_hidden:
         raise ConfigError(
             f"{len(match.unmatched_hidden)} 2-D hidden weight(s) match no rule of {label}, so no "

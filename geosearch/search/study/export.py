@@ -160,6 +160,7 @@ def export_best(
     study: optuna.Study | None = None,
     study_name: str | None = None,
     storage: str | None = None,
+    rules: str | None = None,
 ) -> list[Path]:
     """Write the best (or the ``top`` best) assignments of a run as YAML.
 
@@ -167,7 +168,9 @@ def export_best(
     writes one file per rank, ``rank<k>-trial<n>.yaml``, into the directory ``out`` (default
     ``<run_dir>/top``): each loads with :func:`geosearch.load_assignment`. Each file's
     provenance holds the study, proxy, score with its spread, the tie verdict, date and
-    geosearch version.
+    geosearch version. ``rules`` writes each for another rule set
+    (:meth:`~geosearch.assignment.Assignment.with_rules`), e.g. a proxy's answer for a
+    Hugging Face model.
 
     Raises:
         GeosearchError: no trial completed.
@@ -182,12 +185,16 @@ def export_best(
         raise GeosearchError(f"{run_dir}: no trial of study {study.study_name!r} completed, so "
                              "there is nothing to export")
     rows = ranking.rows[:top]
+    answers = [_export_assignment(study, r, ranking, run_dir) for r in rows]
+    if rules is not None:
+        try:
+            answers = [a.with_rules(rules) for a in answers]
+        except ConfigError as e:
+            raise ConfigError(e.problem, source="--rules", allowed=e.allowed) from None
     if top == 1:
-        path = Path(out) if out is not None else run_dir / BEST_FILE
-        return [_export_assignment(study, rows[0], ranking, run_dir).save(path)]
+        return [answers[0].save(Path(out) if out is not None else run_dir / BEST_FILE)]
     folder = Path(out) if out is not None else run_dir / TOP_DIR
-    return [_export_assignment(study, r, ranking, run_dir).save(folder / f"rank{r.rank}-trial{r.number}.yaml")
-            for r in rows]
+    return [a.save(folder / f"rank{r.rank}-trial{r.number}.yaml") for a, r in zip(answers, rows)]
 
 
 def export_summary(paths: list[Path]) -> str:
@@ -199,8 +206,10 @@ def export_summary(paths: list[Path]) -> str:
         a = load_assignment(path)
         score = a.provenance.get("score", {})
         spread = f" ± {score['std']:.4f}" if score.get("std") is not None else " (one seed)"
+        moved = (f" (rule set {a.rules!r}, moved from {a.provenance['rules_from']!r})"
+                 if isinstance(a.provenance.get("rules_from"), str) and isinstance(a.rules, str) else "")
         lines.append(f"{path}: trial {a.provenance.get('trial')}, val loss {score.get('mean'):.4f}{spread}, "
-                     + ", ".join(f"{t}={g}" for t, g in a.geometry.items()))
+                     + ", ".join(f"{t}={g}" for t, g in a.geometry.items()) + moved)
     first = load_assignment(paths[0])
     lines.append(f"verdict: {first.provenance.get('verdict')}")
     if first.settings:

@@ -90,3 +90,27 @@ def test_export_and_report_run_no_user_code(fake, tmp_path):
     assert set(best.geometry) == {"attn", "mlp"} and best.provenance["proxy"]["model"].startswith("py:")
     write_report(run_dir, plots=False)
     assert not marker.exists()
+
+
+def test_export_moves_the_answer_to_another_rule_set_and_the_model_builds_it(fake, tmp_path):
+    import torch
+
+    from geosearch.build import build_optimizer
+    from geosearch.cli import main
+    from geosearch.models.zoo import build_model
+
+    search(make_space({"attn": ["stiefel", "dgram"], "mlp": ["dgram"]}), tmp_path)
+    run_dir = tmp_path / "runs" / "t"
+    [path] = export_best(run_dir, tmp_path / "llama.yaml", rules="llama")
+    moved, proxy = load_assignment(path), load_assignment(run_dir / "best_assignment.yaml")
+    assert moved.rules == "llama" and moved.provenance["rules_from"] == "nanogpt"
+    assert moved.resolve()["attn_k"] == proxy.resolve()["attn_qkv"]
+    assert moved.resolve()["mlp_gate"] == proxy.resolve()["mlp_in"]
+    torch.manual_seed(0)
+    model = build_model("hf:llama", vocab_size=256, model_args={
+        "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+        "num_key_value_heads": 1}).model
+    build_optimizer(model, path, verbose=False)
+    # the command line: one line naming --rules for an unknown rule set, nothing written
+    assert main(["export", str(run_dir), "--rules", "nosuch", "-o", str(tmp_path / "x.yaml")]) == 2
+    assert not (tmp_path / "x.yaml").exists()
