@@ -91,9 +91,19 @@ def optimizer_from_plan(plan: Plan, *, verbose: bool = True) -> ManifoldMuon:
     note = plan.rules_label + (f"; {plan.frozen} frozen tensor(s) left out" if plan.frozen else "")
     text = optimizer_summary(opt, note=note)
     logger.info("%s", text)
-    if verbose:
+    if verbose and _main_process():
         print(text)
     return opt
+
+
+def _main_process() -> bool:
+    """Whether this is rank 0 of a launched run (or no distributed run): the table is
+    printed once, not once per process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _check_partition(plan: Plan, param_groups: list[dict]) -> None:

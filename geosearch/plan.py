@@ -142,9 +142,11 @@ class Plan:
     def param_groups(self) -> list[dict[str, Any]]:
         """Param groups for :class:`~geosearch.optim.ManifoldMuon`, trainable parameters only.
 
-        One group per distinct (geometry, options, layout) of matched weights, named by
-        its module types, in order of first appearance; then AdamW with weight decay and
-        AdamW without, when they hold any parameter.
+        AdamW with weight decay and AdamW without (embeddings, head, norms, biases), when
+        they hold any parameter, first: a trainer that logs group 0's ``lr`` as *the*
+        learning rate (Hugging Face's ``Trainer``) then logs AdamW's, not a spectral step.
+        Then one group per distinct (geometry, options, layout) of matched weights, named by
+        its module types, in order of first appearance.
         """
         groups: dict[tuple, dict[str, Any]] = {}
         rest = {role: {"params": [], **_rest_group(role, self.settings), "name": name}
@@ -161,7 +163,7 @@ class Plan:
             group["params"].append(row.param)
             group["name"].extend(t for t in row.types if t not in group["name"])
         out = [{**g, "name": ",".join(g["name"])} for g in groups.values()]
-        return out + [g for g in rest.values() if g["params"]]
+        return [g for g in rest.values() if g["params"]] + out
 
     def types(self) -> list[dict[str, Any]]:
         """Per module type (in rule order), then per AdamW rest group: what it gets, as plain data.

@@ -357,3 +357,21 @@ def test_saved_settings_rebuild_the_same_optimizer(tmp_path):
     # Rule: explicit keywords still win over the saved settings, per-type options over both.
     over = {g["name"]: g["lr"] for g in build_optimizer(m3, loaded, verbose=False, spectral_lr=0.07).param_groups}
     assert over["attn_qkv"] == 0.07 and over["attn_out"] == 0.01 and over["mlp_out"] == 1e-3
+
+
+def test_adamw_comes_first_so_a_trainer_logs_its_learning_rate(model):
+    opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"), verbose=False, lr=3e-4)
+    assert opt.param_groups[0]["geometry"] == "adamw" and opt.param_groups[0]["lr"] == 3e-4
+    # what Hugging Face's Trainer logs as learning_rate: the scheduler's first group
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    assert scheduler.get_last_lr()[0] == 3e-4
+
+
+def test_the_group_table_is_printed_by_the_main_process_only(model, monkeypatch, capsys):
+    assignment = Assignment.parse("attn=stiefel,mlp=dgram")
+    monkeypatch.setenv("RANK", "1")
+    build_optimizer(model, assignment)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("RANK", "0")
+    build_optimizer(model, assignment)
+    assert "ManifoldMuon:" in capsys.readouterr().out

@@ -33,8 +33,33 @@ _COMMANDS: list[tuple[str, str, ModuleType]] = [
 """The subcommands: name, one-line help, and the module with their ``add`` and ``run``."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that remembers its dashed long options (``--mixed-precision``), so
+    that :func:`main` also takes them spelled with underscores, as Accelerate and Hugging Face
+    scripts do (``--mixed_precision``)."""
+
+    dashed: set[str] = set()
+
+    def add_argument(self, *names: str, **kwargs):  # type: ignore[override]
+        _Parser.dashed.update(n for n in names if n.startswith("--") and "-" in n[2:])
+        return super().add_argument(*names, **kwargs)
+
+
+def _dashes(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each ``--long_option`` (or ``--long_option=value``) whose dashed spelling is
+    a flag of the command spelled so; everything after ``--`` left alone."""
+    out = []
+    for i, a in enumerate(argv):
+        if a == "--":
+            return out + list(argv[i:])
+        name, eq, value = a.partition("=")
+        dashed = name.replace("_", "-")
+        out.append(dashed + eq + value if name.startswith("--") and dashed in _Parser.dashed else a)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="geosearch",
         description="Find which weight-space geometry each transformer module type should use.",
     )
@@ -49,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_dashes(sys.argv[1:] if argv is None else argv))
     if any("://" in a and "@" in a for a in sys.argv):  # a run's config.yaml records sys.argv
         from geosearch.search.runtime.storage import mask_url
 
