@@ -75,17 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_dashes(sys.argv[1:] if argv is None else argv))
-    if any("://" in a and "@" in a for a in sys.argv):  # a run's config.yaml records sys.argv
-        from geosearch.search.runtime.storage import mask_url
+    if any("://" in a for a in sys.argv):  # a run's config.yaml records sys.argv
+        from geosearch.search.runtime.storage import mask_argv
 
-        sys.argv[:] = [mask_url(a) for a in sys.argv]
+        sys.argv[:] = mask_argv(sys.argv)
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2
     try:
         return int(args._run(args) or 0)
     except GeosearchError as e:
-        print(f"geosearch {args.command}: error: {e}", file=sys.stderr)
+        print(f"geosearch {args.command}: error: {_shown(e, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"geosearch {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
@@ -97,6 +97,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         return _disk_full(args.command, e)
+
+
+def _shown(e: GeosearchError, args: argparse.Namespace) -> str:
+    """An error's message with the secrets of the command's ``--storage`` masked wherever
+    they show (the messages mask the URL already; a driver's text may quote more)."""
+    storage = getattr(args, "storage", None)
+    if not storage or "://" not in storage:
+        return str(e)
+    from geosearch.search.runtime.storage import redact
+
+    return redact(str(e), storage)
 
 
 def _disk_full(command: str, e: OSError) -> int:

@@ -149,7 +149,7 @@ def _search(space: SearchSpace, args: argparse.Namespace):
     it is one line that says the study is kept."""
     import optuna
 
-    from geosearch.search.runtime.storage import mask_url
+    from geosearch.search.runtime.storage import redact
     from geosearch.search.runtime.workers import sigterm_as_ctrl_c
     from geosearch.search.study.run import run_search
 
@@ -161,8 +161,8 @@ def _search(space: SearchSpace, args: argparse.Namespace):
                                  **({} if args.stale_after is None else {"stale_after": args.stale_after}))
     except optuna.exceptions.StorageInternalError as e:  # e.g. a database connection dropped
         cause = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]
-        raise GeosearchError(f"the storage failed ({mask_url(cause[0])[:200]}); what it holds is "
-                             "kept: rerun the same command to resume") from None
+        raise GeosearchError(f"the storage failed ({redact(cause[0], args.storage)[:200]}); what it "
+                             "holds is kept: rerun the same command to resume") from None
     return outcome
 
 
@@ -172,11 +172,12 @@ def _report_after_search(run_dir: Path, study_name: str, storage: str | None) ->
     The study is already saved: a report that fails costs one warning line, not the search.
     """
     from geosearch.report import write_report
+    from geosearch.search.runtime.storage import redact
 
     try:
         files = write_report(run_dir, study_name=study_name, storage=storage)
     except Exception as e:  # noqa: BLE001 - any failure here must leave the search's result alone
-        first = (str(e).strip().splitlines() or [""])[0]
+        first = redact((str(e).strip().splitlines() or [""])[0], storage)
         print(f"warning: the search is saved, but its report failed ({type(e).__name__}: {first}); "
               f"retry with: geosearch report {run_dir}", file=sys.stderr)
         return

@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from _secret_urls import ABSENT, FORMS
 from optuna.trial import TrialState
 
 from geosearch.assignment import load_assignment
@@ -103,6 +104,60 @@ def test_bad_storage_url_is_one_line(tmp_path, capsys):
                "--storage", "bogus://nowhere"])
     line = one_error_line(capsys, "search")
     assert rc == 2 and "--storage: cannot open the storage 'bogus://nowhere'" in line
+
+
+def _storage_error(kind: str, text: str) -> Exception:
+    from geosearch.errors import ConfigError
+
+    if kind == "storage":  # e.g. a connection dropped inside a transaction
+        try:
+            raise RuntimeError(text)
+        except RuntimeError as cause:
+            e = optuna.exceptions.StorageInternalError("An exception is raised during the commit.")
+            e.__cause__ = cause
+            return e
+    return ConfigError(text, source="--storage")
+
+
+@pytest.mark.parametrize("worker", [False, True], ids=["command", "worker"])
+@pytest.mark.parametrize("kind", ["storage", "config"])
+def test_a_storage_error_quoting_the_secret_shows_it_masked(kind, worker, monkeypatch, tmp_path, capsys):
+    import geosearch.search.study.run
+
+    from geosearch.search.runtime.storage import STORAGE_ENV, mask_url
+
+    form = FORMS[-2]  # a password with / : @ %
+    url = form.url(ABSENT)
+    said = f"(psycopg2.OperationalError) password {form.secret!r} refused; dsn {url}"
+
+    def failing(*args, **kwargs):
+        raise _storage_error(kind, said)
+
+    monkeypatch.setattr(geosearch.search.study.run, "run_search", failing)
+    if worker:  # a worker is given the masked URL, the full one in its environment
+        monkeypatch.setenv(STORAGE_ENV, url)
+    space = write_space(tmp_path / "s.yaml", GOOD)
+    rc = main(["search", "--space", str(space), "--runs-dir", str(tmp_path / "runs"),
+               "--storage", mask_url(url) if worker else url])
+    line = one_error_line(capsys, "search")
+    assert rc == 2 and form.leaks(line) == [] and "password '***' refused" in line, line
+    assert f"dsn {mask_url(url)}" in line
+
+
+def test_a_failing_report_quoting_the_secret_shows_it_masked(monkeypatch, tmp_path, capsys):
+    import geosearch.report
+    from geosearch.cli.search import _report_after_search
+
+    form = FORMS[-1]  # ?password=
+    url = form.url(ABSENT)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError(f"cannot connect with password {form.secret} to {url}")
+
+    monkeypatch.setattr(geosearch.report, "write_report", broken)
+    _report_after_search(tmp_path / "runs" / "r", "r", url)
+    err = capsys.readouterr().err
+    assert form.leaks(err) == [] and "report failed (RuntimeError: cannot connect with password ***" in err
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -6,8 +6,9 @@ Optuna journal file (``journal.log``, several workers), or any storage URL given
 picks the storage a run directory uses, opens it (with the retries that processes racing
 to create one need) and loads its study for export, report and inspection; it checks
 study names (a safe alphabet and length, since each names a directory) and keeps a
-storage URL's password out of messages and of the command lines of worker processes
-(:func:`split_password`). Torch-free. The layout of a run directory is in
+storage URL's secrets (its password, a ``password=`` parameter) out of messages, files
+and the command lines of worker processes (:func:`mask_url`, :func:`redact`,
+:func:`hide_secrets`). Torch-free. The layout of a run directory is in
 ``docs/design.md`` ("The study").
 """
 
@@ -29,22 +30,25 @@ from geosearch.search.runtime.journal import check_journal_file, open_journal
 __all__ = [
     "BEST_FILE",
     "MAX_STUDY_NAME",
-    "PASSWORD_ENV",
     "DB_FILE",
     "JOURNAL_FILE",
     "LOCKS_DIR",
     "SPACE_FILE",
+    "STORAGE_ENV",
     "TOP_DIR",
     "TRACEBACK_FILE",
     "TRIALS_DIR",
     "WORKERS_DIR",
     "check_dir",
     "make_dir",
+    "hide_secrets",
+    "mask_argv",
     "mask_url",
     "open_run_study",
     "open_storage",
+    "redact",
     "resolve_storage",
-    "split_password",
+    "storage_url",
     "study_name_problem",
 ]
 
@@ -68,9 +72,9 @@ TOP_DIR = "top"
 """Where ``geosearch export --top K`` writes by default."""
 MAX_STUDY_NAME = 100
 """The longest study name (it names the run directory)."""
-PASSWORD_ENV = "GEOSEARCH_STORAGE_PASSWORD"
-"""The storage URL's password, for a URL that names a user and no password (worker
-processes get it so, not on their command line)."""
+STORAGE_ENV = "GEOSEARCH_STORAGE_URL"
+"""The full storage URL, secrets included, for a process whose ``--storage`` is its masked
+form (:func:`mask_url`): ``--workers`` hands it so to its workers, not on their command line."""
 
 _STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _SHOWN = 40  # characters of a refused name shown in its message
@@ -90,37 +94,136 @@ def study_name_problem(name: object) -> str | None:
     return None
 
 
+_USERINFO = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^:/]*:)(?P<password>.*)@")
+"""A URL's ``user:password@`` read conservatively: the password runs to the last ``@``
+(SQLAlchemy's own parse ends it at the first)."""
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token", re.IGNORECASE)
+"""A query parameter whose value is masked: ``password`` (libpq), ``passwd`` (MySQL), ..."""
+_SECRET_PARAM = re.compile(r"(?P<key>(?<=[?&;])[^=&;?#]*?(?:pass|pwd|secret|token)[^=&;?#]*=)"
+                           r"(?P<value>[^&;#]*)", re.IGNORECASE)
+_SCHEME = re.compile(r"[A-Za-z][\w+.-]*://")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][\w+.-]*://[^\s'\"`<>()\[\]]*(?<![.,:;])")
+_MASK = "***"
+
+
+def _parsed(url: str) -> Any:
+    """SQLAlchemy's ``URL`` of ``url``, or ``None`` when it cannot parse it."""
+    try:
+        from sqlalchemy.engine import make_url  # comes with Optuna; imported when needed
+
+        return make_url(url)
+    except Exception:  # noqa: BLE001 - ArgumentError, ValueError (a bad port), ImportError
+        return None
+
+
+def _ambiguous(url: str) -> bool:
+    """Whether an ``@`` follows the one SQLAlchemy ends the URL's password at: a password
+    holding a raw ``@``, which SQLAlchemy would take as part of the host or database."""
+    m = _USERINFO.match(url)
+    return m is not None and "@" in m.group("password")
+
+
+def _mask_conservatively(url: str) -> str:
+    """``url`` with everything that could be a password masked, read by :data:`_USERINFO`
+    and :data:`_SECRET_PARAM` (for a URL SQLAlchemy cannot parse, or an ambiguous one)."""
+    m = _USERINFO.match(url)
+    if m is not None:
+        url = m.group("head") + _MASK + "@" + url[m.end():]
+    return _SECRET_PARAM.sub(lambda p: p.group("key") + _MASK, url)
+
+
 def mask_url(url: str) -> str:
-    """A storage URL with its password masked, fit to print: ``postgresql://me:***@db/x``."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    """A storage URL with its secrets masked, fit to print or to pass on a command line:
+    ``postgresql://me:***@db/x``, ``postgresql://me@db/x?password=***``.
 
-
-def split_password(url: str) -> tuple[str, str | None]:
-    """``(the URL without its password, the password)``; ``(url, None)`` when it has none.
-
-    Worker processes get the first on their command line (which every user of the
-    machine can read with ``ps``) and the password in :data:`PASSWORD_ENV`.
+    The password of the user info is masked by SQLAlchemy's own rendering
+    (``render_as_string(hide_password=True)``), the value of every query parameter whose
+    name holds ``pass``, ``pwd``, ``secret`` or ``token`` (any case) too. A URL without
+    secrets, and anything that is not a URL (a journal file path), comes back unchanged.
+    A URL SQLAlchemy cannot parse, or one where an ``@`` follows the password (a raw ``@``
+    in it, which SQLAlchemy would take for the host's), is masked conservatively: from the
+    user name's ``:`` to the last ``@``, and every such parameter.
     """
-    m = re.match(r"([^:/]+://[^:/@]*):([^@/]*)@", url)
-    if m is None:
-        return url, None
-    return m.group(1) + "@" + url[m.end():], m.group(2)
-
-
-def _with_password(url: str) -> str:
-    """``url`` with the password of :data:`PASSWORD_ENV` when it names a user and no password."""
-    password = os.environ.get(PASSWORD_ENV)
-    m = re.match(r"[^:/]+://[^:/@]+@", url)
-    if not password or m is None:
+    if not _SCHEME.match(url):
         return url
-    return url[: m.end() - 1] + ":" + password + url[m.end() - 1:]
+    u = _parsed(url)
+    if u is None or _ambiguous(url):
+        return _mask_conservatively(url)
+    secret = [k for k in u.query if _SECRET_KEY.search(k)]
+    if u.password in (None, _MASK) and all(v == _MASK for k in secret for v in _as_list(u.query[k])):
+        return url  # as given (or masked already): a rendering would quote it anew (a:b -> a%3Ab)
+    from urllib.parse import quote_plus
+
+    query = "&".join(f"{quote_plus(k)}={_MASK if k in secret else quote_plus(v)}"
+                     for k in sorted(u.query) for v in _as_list(u.query[k]))
+    return u.set(query={}).render_as_string(hide_password=True) + ("?" + query if query else "")
 
 
-def _redact(text: str, url: str) -> str:
-    """``text`` (a driver's message) with the URL's password masked wherever it shows."""
-    password = split_password(url)[1]
-    text = mask_url(text)
-    return text.replace(password, "***") if password else text
+def _as_list(value: str | tuple[str, ...] | list[str]) -> list[str]:
+    """A query parameter's values (SQLAlchemy keeps a repeated one as a tuple)."""
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _secrets(url: str) -> set[str]:
+    """Every string of ``url`` that :func:`mask_url` hides, as written and as decoded."""
+    from urllib.parse import unquote, unquote_plus
+
+    found: set[str] = set()
+    if not _SCHEME.match(url):
+        return found
+    u, m = _parsed(url), _USERINFO.match(url)
+    if m is not None and (u is None or u.password is not None or _ambiguous(url)):
+        found |= {m.group("password"), unquote(m.group("password"))}
+    if u is not None and u.password is not None:
+        found.add(str(u.password))
+    for p in _SECRET_PARAM.finditer(url):
+        found |= {p.group("value"), unquote_plus(p.group("value"))}
+    for k in u.query if u is not None else ():
+        if _SECRET_KEY.search(k):
+            found.update(_as_list(u.query[k]))
+    return {s for s in found if s and s != _MASK}
+
+
+def redact(text: str, storage: str | None) -> str:
+    """``text`` (a driver's or a storage's error message) with every URL in it masked and
+    each secret of the storage URL ``storage`` (or of the full URL a worker was given for
+    it, :func:`storage_url`) replaced by ``***`` wherever it shows."""
+    text = _URL_IN_TEXT.sub(lambda m: mask_url(m.group()), text)
+    if storage is None:
+        return text
+    for secret in sorted(_secrets(storage) | _secrets(storage_url(storage)), key=len, reverse=True):
+        text = text.replace(secret, _MASK)
+    return text
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """A command line with the URL of each argument masked (``--storage URL``,
+    ``--storage=URL``): what a trial's ``config.yaml`` records."""
+    out = []
+    for a in argv:
+        m = re.search(r"[A-Za-z][\w+.-]*://", a)
+        out.append(a if m is None else a[:m.start()] + mask_url(a[m.start():]))
+    return out
+
+
+def hide_secrets(storage: str) -> tuple[str, dict[str, str]]:
+    """What a worker process's command line carries for ``storage`` (its masked form), and
+    the environment that hands it the full URL (:data:`STORAGE_ENV`; empty without secrets).
+
+    Every user of the machine can read a command line (``ps``); a process's environment
+    only its own user.
+    """
+    shown = mask_url(storage)
+    return shown, ({} if shown == storage else {STORAGE_ENV: storage})
+
+
+def storage_url(storage: str) -> str:
+    """The URL a process opens for ``--storage``: the full URL of :data:`STORAGE_ENV` when
+    ``storage`` is its masked form (a ``--workers`` worker), else ``storage`` itself."""
+    full = os.environ.get(STORAGE_ENV)
+    if full and full != storage and mask_url(full) == storage:
+        return full
+    return storage
 
 
 def resolve_storage(
@@ -159,19 +262,21 @@ def open_storage(
 
     Args:
         run_dir: ``<runs-dir>/<study>``.
-        storage: an Optuna RDB URL (``sqlite:///...``, ``postgresql://...``) or the path of
-            a journal file; ``None`` = the run directory's ``journal.log`` or ``study.db``,
+        storage: an Optuna RDB URL (``sqlite:///...``, ``postgresql://...``; its masked
+            form opens the full URL of :data:`STORAGE_ENV`, see :func:`storage_url`) or the
+            path of a journal file; ``None`` = the run directory's ``journal.log`` or ``study.db``,
             whichever exists, else a new one (journal for several workers, SQLite for one).
         workers: processes that will share it (picks the kind of a new storage).
         create: whether a missing run-directory storage may be created.
 
     Returns:
-        The storage and a description for messages (URL with the password masked, or
-        ``"journal file PATH"``).
+        The storage and a description for messages (the URL masked by :func:`mask_url`,
+        or ``"journal file PATH"``).
 
     Raises:
-        ConfigError: the URL cannot be opened; both storage files exist; none exists and
-            ``create`` is false.
+        ConfigError: the URL cannot be opened, or an ``@`` follows its password's (a raw
+            ``@`` in the password); both storage files exist; none exists and ``create``
+            is false.
     """
     if storage is None and create:
         make_dir(run_dir)
@@ -188,20 +293,25 @@ def open_storage(
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             raise ConfigError(f"cannot read the journal file: {first}", source=storage) from None
         return journal, f"journal file {path}"
+    full, shown = storage_url(storage), mask_url(storage)  # a worker is given `shown`
+    if _ambiguous(full):  # SQLAlchemy would take the password's end for the host's
+        raise ConfigError(f"cannot open the storage {shown!r}: more than one '@' follows its user "
+                          "name; write an '@' of the password (or of the host, database or query) "
+                          "URL-encoded, as %40", source="--storage")
     kwargs: dict[str, Any] = {}
-    if storage.startswith("sqlite"):
+    if full.startswith("sqlite"):
         # several processes on one SQLite file wait for each other's writes
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
-    elif storage.startswith(("postgresql", "mysql")):
+    elif full.startswith(("postgresql", "mysql")):
         # a trial can outlast a server's or a firewall's idle timeout: test connections
         # before use instead of failing on a dropped one
         kwargs["engine_kwargs"] = {"pool_pre_ping": True}
-    url = _with_installed_driver(_with_password(storage))
+    url = _with_installed_driver(full)
     for attempt in range(3):
         try:
-            return optuna.storages.RDBStorage(url, **kwargs), mask_url(storage)
+            return optuna.storages.RDBStorage(url, **kwargs), shown
         except ImportError:
-            raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: its database driver "
+            raise ConfigError(f"cannot open the storage {shown!r}: its database driver "
                               "is not installed (PostgreSQL: pip install 'geosearch[postgres]')",
                               source="--storage") from None
         except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors of many kinds
@@ -212,8 +322,8 @@ def open_storage(
                                                     "ProgrammingError"):
                 time.sleep(0.5 + random.random())
                 continue
-            first = _redact((str(e).strip().splitlines() or [type(e).__name__])[0][:200], url)
-            raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: {first}",
+            first = redact((str(e).strip().splitlines() or [type(e).__name__])[0], full)[:200]
+            raise ConfigError(f"cannot open the storage {shown!r}: {first}",
                               source="--storage") from None
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -8,8 +8,9 @@ forwards Ctrl-C (and SIGTERM, taken as Ctrl-C by :func:`sigterm_as_ctrl_c`) once
 fails with a worker's last log line when one exits with an error. The workers share one
 process group apart from the terminal's, and follow their parent (:func:`follow_parent`):
 when it dies, even by SIGKILL, they get SIGTERM, record their trial as interrupted and
-exit. A storage URL's password reaches them in the environment, not on their command
-line. How the workers share the study is in ``docs/design.md`` ("Workers").
+exit. A storage URL with secrets (a password, a ``password=`` parameter) reaches them in
+the environment; their command line carries its masked form. How the workers share the
+study is in ``docs/design.md`` ("Workers").
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from geosearch.search.runtime.interrupts import DEFERRED
 from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER, Owner
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
-from geosearch.search.runtime.storage import PASSWORD_ENV, SPACE_FILE, WORKERS_DIR, split_password
+from geosearch.search.runtime.storage import SPACE_FILE, WORKERS_DIR, hide_secrets
 
 __all__ = ["follow_parent", "run_workers", "share_cpu", "sigterm_as_ctrl_c"]
 
@@ -162,13 +163,13 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
     logs.mkdir(parents=True, exist_ok=True)
     if gpus and workers > len(gpus):
         echo(f"note: {workers} workers share {len(gpus)} GPUs")
-    cmd, password = _worker_command(space, run_dir, storage, workers, stale_after, max_retries)
+    cmd, secret_env = _worker_command(space, run_dir, storage, workers, stale_after, max_retries)
     procs: list[tuple[int, subprocess.Popen, Path]] = []
     threads = _cpu_share(workers)
     owner = Owner(run_dir)  # a later command sees this run as live until the workers are done
     try:
         for i in range(workers):
-            env = _worker_env(i, gpus, password, threads)
+            env = _worker_env(i, gpus, secret_env, threads)
             log = logs / f"worker{i}.log"
             procs.append((i, _start_worker(i, cmd, env, log, procs), log))
         where = "GPUs " + ", ".join(gpus[:workers]) if gpus else f"{threads} CPU threads each"
@@ -196,26 +197,26 @@ def _worker_gpus(space: SearchSpace) -> list[str]:
 
 
 def _worker_command(space: SearchSpace, run_dir: Path, storage: str | None, workers: int,
-                    stale_after: float, max_retries: int | None) -> tuple[list[str], str | None]:
-    """Every worker's command line (without ``--worker-index``) and the storage password it leaves out."""
+                    stale_after: float, max_retries: int | None) -> tuple[list[str], dict[str, str]]:
+    """Every worker's command line (without ``--worker-index``), and the environment that
+    hands them the full storage URL when the command line carries its masked form."""
     cmd = [sys.executable, "-m", "geosearch", "search", "--space", str(run_dir / SPACE_FILE),
            "--study", space.name, "--runs-dir", str(run_dir.parent), "--workers", str(workers)]
-    password = None
+    secret_env: dict[str, str] = {}
     if storage is not None:
-        storage, password = split_password(storage)  # `ps` shows command lines to everyone
+        storage, secret_env = hide_secrets(storage)  # `ps` shows command lines to everyone
         cmd += ["--storage", storage]
     if stale_after != STALE_AFTER:
         cmd += ["--stale-after", repr(stale_after)]
     if max_retries is not None:
         cmd += ["--max-retries", str(max_retries)]
-    return cmd, password
+    return cmd, secret_env
 
 
-def _worker_env(i: int, gpus: list[str], password: str | None, threads: int) -> dict[str, str]:
-    """Worker ``i``'s environment: its parent's pid, the password, and its GPU or CPU threads."""
-    env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})
-    if password is not None:
-        env[PASSWORD_ENV] = password
+def _worker_env(i: int, gpus: list[str], secret_env: dict[str, str], threads: int) -> dict[str, str]:
+    """Worker ``i``'s environment: its parent's pid, the full storage URL (``secret_env``),
+    and its GPU or CPU threads."""
+    env = dict(os.environ, **{PARENT_ENV: str(os.getpid())}, **secret_env)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
     else:

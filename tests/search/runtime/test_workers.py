@@ -1,5 +1,5 @@
 """``--workers N`` processes: they follow their parent, take SIGTERM as Ctrl-C, and get a
-storage password through the environment, not on their command line."""
+storage URL's secrets through the environment, not on their command line."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from _secret_urls import ABSENT, FORMS
 
-from geosearch.search.runtime.liveness import PARENT_ENV
-from geosearch.search.runtime.storage import PASSWORD_ENV, _with_password, split_password
+from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER
+from geosearch.search.runtime.storage import STORAGE_ENV, mask_url
+from geosearch.search.runtime.workers import _worker_command, _worker_env
 
 REPO = Path(__file__).resolve().parents[3]
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -88,12 +91,16 @@ def test_sigterm_is_ctrl_c_only_inside_the_block():
     assert r.stdout.split() == ["interrupted", "True"], r.stderr
 
 
-def test_a_storage_password_is_kept_off_command_lines(monkeypatch):
-    url = "postgresql://me:s3cret@db:5432/studies"
-    bare, password = split_password(url)
-    assert (bare, password) == ("postgresql://me@db:5432/studies", "s3cret")
-    assert split_password("sqlite:////runs/a:b@c/study.db")[1] is None  # a path, no password
-    monkeypatch.setenv(PASSWORD_ENV, password)
-    assert _with_password(bare) == url  # what a worker opens
-    assert _with_password("postgresql://db/x") == "postgresql://db/x"  # no user: left alone
-    assert _with_password(url) == url  # a password given stays
+@pytest.mark.parametrize("form", FORMS, ids=lambda f: f.form)
+def test_a_storage_secret_is_kept_off_command_lines(form, tmp_path):
+    url = form.url(ABSENT)
+    space = SimpleNamespace(name="s")
+    cmd, secret_env = _worker_command(space, tmp_path / "s", url, 2, STALE_AFTER, None)
+    assert cmd[cmd.index("--storage") + 1] == mask_url(url)  # `ps` shows the masked form
+    assert form.leaks(" ".join(cmd)) == []
+    env = _worker_env(0, [], secret_env, 1)
+    assert env[STORAGE_ENV] == url and env[PARENT_ENV] == str(os.getpid())  # the worker opens it
+    # a storage without secrets goes on the command line as it is, and nothing in the environment
+    cmd, secret_env = _worker_command(space, tmp_path / "s", "sqlite:////runs/a:b@c/study.db", 2,
+                                      STALE_AFTER, None)
+    assert "sqlite:////runs/a:b@c/study.db" in cmd and secret_env == {}
