@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 from torch import nn
 
 from geosearch.assignment import Assignment
+from geosearch.errors import ConfigError
+from geosearch.manifolds import ADAMW
 from geosearch.optim import settings as catalog
+from geosearch.optim import sharded
 from geosearch.optim.muon import ManifoldMuon
 from geosearch.plan import Plan, bind
 from geosearch.text import text_table
@@ -69,12 +73,28 @@ def build_optimizer(
     Raises:
         ConfigError: an unknown override or bad value; a rule that matches no parameter; a
             2-D hidden weight no rule matches; a fused weight whose blocks mix ``adamw`` and
-            manifolds or ask for different options (see :func:`geosearch.plan.bind`).
+            manifolds or ask for different options (see :func:`geosearch.plan.bind`); a
+            model wrapped in FSDP1 (``FullyShardedDataParallel``), or a manifold weight
+            sharded in a layout manifold Muon cannot step (a 2-D device mesh, a placement
+            other than ``Shard``/``Replicate``). FSDP2 (``fully_shard`` on a 1-D mesh)
+            works: build the optimizer after sharding the model (docs/design.md, "Sharded
+            training").
 
     Example:
         >>> opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"))  # doctest: +SKIP
     """
+    _refuse_fsdp1(model)
     return optimizer_from_plan(bind(model, assignment, overrides, source=SOURCE), verbose=verbose)
+
+
+def _refuse_fsdp1(model: nn.Module) -> None:
+    """FSDP1 replaces the weights by flat 1-D shards, which have no rows and columns."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not loaded: no model can be wrapped in it
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
+    if wrapper is not None and any(isinstance(m, wrapper) for m in model.modules()):
+        raise ConfigError("the model is wrapped in FSDP1 (FullyShardedDataParallel), whose flat parameter "
+                          "shards manifold Muon cannot step; shard it with FSDP2's fully_shard instead",
+                          source=SOURCE)
 
 
 def optimizer_from_plan(plan: Plan, *, verbose: bool = True) -> ManifoldMuon:
@@ -87,6 +107,7 @@ def optimizer_from_plan(plan: Plan, *, verbose: bool = True) -> ManifoldMuon:
     """
     param_groups = plan.param_groups()
     _check_partition(plan, param_groups)
+    _check_layouts(plan, param_groups)
     opt = ManifoldMuon(param_groups)
     note = plan.rules_label + (f"; {plan.frozen} frozen tensor(s) left out" if plan.frozen else "")
     text = optimizer_summary(opt, note=note)
@@ -117,6 +138,21 @@ def _check_partition(plan: Plan, param_groups: list[dict]) -> None:
     missing = [r.name for r in plan.params if r.trainable and id(r.param) not in seen]
     if missing:
         raise RuntimeError(f"parameters in no group: {', '.join(missing)}")
+
+
+def _check_layouts(plan: Plan, param_groups: list[dict]) -> None:
+    """Every manifold weight sharded in a layout manifold Muon steps, said with its name
+    (the optimizer itself can name only its param group)."""
+    names = {id(r.param): r.name for r in plan.params}
+    for g in param_groups:
+        if g["geometry"] == ADAMW:
+            continue
+        for p in g["params"]:
+            problem = sharded.layout_problem(p)
+            if problem is not None:
+                raise ConfigError(f"{problem}, which manifold Muon ({_geometry_label(g['geometry'])}) cannot step: "
+                                  f"it steps sharded weights on {sharded.SUPPORTED}; shard this weight so, or "
+                                  "assign it 'adamw'", source=SOURCE, key=names[id(p)])
 
 
 def _geometry_label(geometry: Any) -> str:

@@ -17,6 +17,11 @@ initialisation; the optimizer then keeps them there. Parameters already on it (c
 error at most 1e-4 of the scale of ``WᵀW``, e.g. weights resumed from a checkpoint) are
 left bit-for-bit untouched.
 
+Sharded weights (FSDP2's ``fully_shard``: DTensor parameters on a 1-D device mesh) work:
+momentum and AdamW run on each rank's slice, while each manifold matrix is gathered, placed,
+stepped and retracted whole on every rank, and every rank keeps its slice
+(:mod:`geosearch.optim.sharded`; docs/design.md, "Sharded training").
+
 Group keys, their defaults and their checks come from :mod:`geosearch.optim.settings`.
 """
 
@@ -31,7 +36,7 @@ from torch import Tensor
 
 from geosearch.errors import ConfigError
 from geosearch.manifolds import ADAMW, Manifold, get_manifold, manifold_names
-from geosearch.optim import settings
+from geosearch.optim import settings, sharded
 from geosearch.optim.blocks import block_view
 from geosearch.optim.solvers import manifold_muon_update
 
@@ -69,12 +74,16 @@ class ManifoldMuon(torch.optim.Optimizer):
 
     Raises:
         ConfigError (a ``ValueError``): a missing or unknown geometry, an unknown key
-            (the message lists the allowed ones), a bad value, or a weight whose split
-            dimension does not divide into ``split`` blocks.
+            (the message lists the allowed ones), a bad value, a weight whose split
+            dimension does not divide into ``split`` blocks, or a manifold weight sharded
+            in a layout it cannot step (a DTensor on a 2-D device mesh, or placed other
+            than ``Shard``/``Replicate``); at a step, a manifold weight replaced by a flat
+            shard since construction (DeepSpeed ZeRO).
 
     State per parameter: ``momentum_buffer``; ``dual`` (Λ, with ``warm_start``) and
     ``residual`` (float, the dual solver's last tangent residual, largest over blocks);
-    AdamW: ``exp_avg``, ``exp_avg_sq``, ``step``.
+    AdamW: ``exp_avg``, ``exp_avg_sq``, ``step``. The buffers of a sharded parameter are
+    DTensors sharded like it; ``dual`` is a plain tensor, whole and equal on every rank.
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
@@ -102,10 +111,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             with torch.no_grad():
                 for p in group["params"]:
                     _check_param(p, group, index)
-                    for manifold, view in _pieces(p, group):
-                        # Already on it (e.g. resumed from a checkpoint): leave it untouched.
-                        if not _on_manifold(manifold, view):
-                            view.copy_(manifold.project(view))
+                    _place_on_manifold(p, group)
 
     # -------------------------------------------------------------------- step
     @torch.no_grad()
@@ -119,19 +125,25 @@ class ManifoldMuon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
             if group["geometry"] == ADAMW:
                 self._adamw_step(group)
             else:
                 for p in group["params"]:
                     if p.grad is not None:
-                        self._muon_step(p, group)
+                        self._muon_step(p, group, index)
         return loss
 
-    def _muon_step(self, p: Tensor, group: dict[str, Any]) -> None:
+    def _muon_step(self, p: Tensor, group: dict[str, Any], index: int) -> None:
         grad = p.grad
         if grad.is_sparse:
             raise RuntimeError("ManifoldMuon does not support sparse gradients")
+        if p.ndim != 2:
+            raise ConfigError(
+                f"{_where(group, index)}: a manifold-Muon weight became a tensor of shape {tuple(p.shape)} "
+                "after the optimizer was built; wrappers that flatten weights into shards (DeepSpeed ZeRO, "
+                "FSDP1) cannot train manifold geometries: shard with FSDP2's fully_shard",
+                source=_SOURCE, key="params")
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p)
@@ -145,7 +157,10 @@ class ManifoldMuon(torch.optim.Optimizer):
         kwargs = {k: group[k] for k in settings.solver_keys()}
         lams: list[Tensor] = []
         residuals: list[float] = []
-        pieces = zip(_pieces(p, group), _pieces(update, group))
+        # A sharded (FSDP2) weight is stepped whole, on every rank: gathered here, written
+        # back into this rank's slice below (geosearch.optim.sharded). Plain: `p` itself.
+        weight, update = sharded.whole(p), sharded.whole(update)
+        pieces = zip(_pieces(weight, group), _pieces(update, group))
         for i, ((manifold, W), (_, U)) in enumerate(pieces):
             # lam0 is (k, k) for one piece, (split, k, k) for blocks stepped one by one
             start = lam0 if lam0 is None or _uniform(group) else lam0[i]
@@ -156,6 +171,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             lams.append(lam if lam is not None else _zeros_dual(W))
             if res is not None:
                 residuals.append(res)
+        sharded.write_back(p, weight)
         if group["solver"] == "dual":
             state["residual"] = max(residuals, default=0.0)
             if warm and any(m.is_gram for m in _geometries(group)):
@@ -183,19 +199,25 @@ class ManifoldMuon(torch.optim.Optimizer):
             return
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
         beta1, beta2 = group["betas"]
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-        if wd:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        for step in sorted(set(steps)):  # usually one: every param stepped equally often
-            idx = [i for i, s in enumerate(steps) if s == step]
+        # One batch of foreach calls per step count (usually one: every param stepped equally
+        # often) and kind of tensor: foreach refuses lists mixing DTensors (FSDP2 shards) and
+        # plain tensors. The ops are elementwise, so batching does not change the numbers.
+        batches: dict[tuple[int, bool], list[int]] = {}
+        for i, (p, step) in enumerate(zip(params, steps)):
+            batches.setdefault((step, sharded.is_sharded(p)), []).append(i)
+        for (step, _), idx in sorted(batches.items()):
+            ps, gs = [params[i] for i in idx], [grads[i] for i in idx]
+            avgs, sqs = [exp_avgs[i] for i in idx], [exp_avg_sqs[i] for i in idx]
+            torch._foreach_lerp_(avgs, gs, 1 - beta1)
+            torch._foreach_mul_(sqs, beta2)
+            torch._foreach_addcmul_(sqs, gs, gs, value=1 - beta2)
+            if wd:
+                torch._foreach_mul_(ps, 1 - lr * wd)
             bias1, bias2 = 1 - beta1**step, 1 - beta2**step
-            denom = torch._foreach_sqrt([exp_avg_sqs[i] for i in idx])
+            denom = torch._foreach_sqrt(sqs)
             torch._foreach_div_(denom, math.sqrt(bias2))
             torch._foreach_add_(denom, eps)
-            torch._foreach_addcdiv_([params[i] for i in idx], [exp_avgs[i] for i in idx], denom,
-                                    value=-lr / bias1)
+            torch._foreach_addcdiv_(ps, avgs, denom, value=-lr / bias1)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -251,7 +273,16 @@ def _check_values(group: dict[str, Any], where: str, names: tuple[str, ...], key
                           source=_SOURCE, key="weight_decay")
 
 
+def _where(group: dict[str, Any], index: int) -> str:
+    name = group.get("name")
+    return f"param group {index}" + (f" ({name})" if isinstance(name, str) and name else "")
+
+
 def _check_param(p: Tensor, group: dict[str, Any], index: int) -> None:
+    problem = sharded.layout_problem(p)
+    if problem is not None:
+        raise ConfigError(f"{_where(group, index)}: a weight is {problem}, which manifold Muon cannot step: it "
+                          f"steps sharded weights on {sharded.SUPPORTED}", source=_SOURCE, key="params")
     if p.ndim != 2:
         raise ConfigError(f"param group {index}: manifold geometries take 2-D weights, got a tensor of "
                           f"shape {tuple(p.shape)}; train it with 'adamw'", source=_SOURCE, key="params")
@@ -280,6 +311,20 @@ def _pieces(t: Tensor, group: dict[str, Any]) -> list[tuple[Manifold, Tensor]]:
     if _uniform(group):
         return [(geos[0], views)]
     return list(zip(geos, views.unbind(0)))
+
+
+def _place_on_manifold(p: Tensor, group: dict[str, Any]) -> None:
+    """Project each block of ``p`` that is off its manifold onto it; blocks already on it
+    (e.g. resumed from a checkpoint) are left untouched. A sharded ``p`` is judged and
+    projected whole, every rank taking the same decision, and each rank keeps its slice."""
+    full = sharded.whole(p)
+    pieces = _pieces(full, group)
+    off = sharded.any_rank(p, [not _on_manifold(manifold, view) for manifold, view in pieces])
+    for (manifold, view), project in zip(pieces, off):
+        if project:
+            view.copy_(manifold.project(view))
+    if any(off):
+        sharded.write_back(p, full)
 
 
 def _on_manifold(manifold: Manifold, W: Tensor) -> bool:

@@ -1,0 +1,95 @@
+"""Whole matrices of sharded weights: FSDP2 (``fully_shard``) and other DTensor parameters.
+
+Under FSDP2 every parameter is a ``DTensor`` of which each rank holds a slice (``Shard(0)``
+by default: a block of rows). Elementwise work (Nesterov momentum, AdamW) runs on the
+slices as they are, but a manifold-Muon step needs the whole matrix: ``msign`` and the
+projection onto the tangent space see all of it, the retraction (a polar factor, column
+norms) too, and a fused weight is split into its blocks (Q, K, V) along the whole matrix,
+not along a rank's rows. So :class:`~geosearch.optim.ManifoldMuon` gathers the weight and
+its momentum (:func:`whole`), steps the whole matrix **on every rank**, and each rank
+keeps its own slice (:func:`write_back`), as Moonlight's distributed Muon does (gather,
+compute the full update, keep the local part). Per matrix and step that costs two
+all-gathers of the weight's size (the weight and its Nesterov momentum; FSDP2 itself
+gathers the weight once for the forward pass and, by default, once more for the
+backward), one whole-matrix step per rank (the compute of unsharded training, repeated on
+every rank rather than divided among them), and the whole matrices of one weight at a
+time in memory (what training it unsharded needs, transiently). Dividing the matrices
+among the ranks (round-robin owners that step and scatter, as other distributed Muon
+implementations do) would cut the compute by the number of ranks for more code; it is
+not done.
+
+Supported layouts: a ``DTensor`` on a one-dimensional device mesh whose placement is
+``Shard(d)`` (any dimension: FSDP2's default ``Shard(0)`` or a ``shard_placement_fn``'s
+``Shard(1)``) or ``Replicate()``. Anything else (a 2-D mesh, as HSDP or FSDP with tensor
+parallelism make; ``Partial``; strided shards) is refused by :func:`layout_problem`
+before training. Plain tensors pass through untouched.
+
+``torch.distributed`` is looked up only when a DTensor can exist (its module is loaded),
+so unsharded training imports nothing more.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import Tensor
+
+__all__ = ["is_sharded", "layout_problem", "whole", "write_back", "any_rank", "SUPPORTED"]
+
+SUPPORTED = "a 1-D device mesh with a Shard or Replicate placement (FSDP2's fully_shard on one mesh dimension)"
+"""The sharded layouts manifold Muon steps, in words (for messages)."""
+
+
+def is_sharded(t: Tensor) -> bool:
+    """Whether ``t`` is a ``DTensor`` (an FSDP2 parameter, its gradient or momentum)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def layout_problem(p: Tensor) -> str | None:
+    """``None`` when manifold Muon can step ``p`` (a plain tensor or a supported DTensor);
+    else the layout in words, e.g. ``"a DTensor on a 2-D device mesh, placements
+    (Replicate(), Shard(dim=0))"`` (HSDP)."""
+    if not is_sharded(p):
+        return None
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh, placements = p.device_mesh, tuple(p.placements)
+    ok = mesh.ndim == 1 and all(type(pl) in (Shard, Replicate) for pl in placements)
+    if ok:
+        return None
+    return f"a DTensor on a {mesh.ndim}-D device mesh, placements ({', '.join(map(repr, placements))})"
+
+
+def whole(t: Tensor) -> Tensor:
+    """The whole matrix of ``t`` on every rank (an all-gather), or ``t`` itself when plain."""
+    return t.full_tensor() if is_sharded(t) else t
+
+
+def write_back(p: Tensor, full: Tensor) -> None:
+    """Write ``full`` (the whole new value of ``p``, equal on every rank) into ``p``: into
+    this rank's slice when ``p`` is sharded (no communication), else into ``p`` itself."""
+    if not is_sharded(p):
+        if full is not p:
+            p.copy_(full)
+        return
+    from torch.distributed.tensor import distribute_tensor
+
+    # src_data_rank=None: every rank cuts its own slice out of its own copy of `full`
+    # with the placement's own rule (uneven shards included), without communication.
+    mine = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+    p.to_local().copy_(mine)
+
+
+def any_rank(p: Tensor, flags: list[bool]) -> list[bool]:
+    """``flags`` or-ed over the ranks of ``p``'s mesh (one small all-reduce), so that every
+    rank takes the same branch for its slice of a sharded weight; plain ``p``: as given."""
+    if not is_sharded(p):
+        return flags
+    import torch.distributed as dist
+
+    local = p.to_local()
+    t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=local.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=p.device_mesh.get_group())
+    return [bool(v) for v in t.tolist()]
