@@ -50,6 +50,26 @@ class ConfigError(GeosearchError, ValueError):
         return msg
 
 
+class SettingsError(ConfigError):
+    """A :class:`ConfigError` of the settings every run of a command shares, whatever it
+    trains: the device, the mixed precision, how the batch splits over processes and
+    micro-batches, the trackers, the data, the model. A run refuses them before it trains;
+    a search stops on one instead of failing each of its trials
+    (:func:`geosearch.search.study.failures.failure_kind` calls it ``settings``).
+
+    Example:
+        >>> str(SettingsError("fp16 needs a CUDA device", source="c.yaml", key="mixed_precision"))
+        'c.yaml: mixed_precision: fp16 needs a CUDA device'
+    """
+
+    @classmethod
+    def of(cls, error: ConfigError) -> SettingsError:
+        """``error`` said again as a settings error (the same line)."""
+        if isinstance(error, SettingsError):
+            return error
+        return cls(error.problem, source=error.source, key=error.key, allowed=error.allowed)
+
+
 def unknown_name(kind: str, name: object, known: Iterable[object], **where) -> ConfigError:
     """The error for a name missing from a registry, listing the known names."""
     return ConfigError(f"unknown {kind} {name!r}", allowed=sorted(map(str, known)), **where)

@@ -89,3 +89,29 @@ def make_model(vocab_size: int, block_size: int, width: int = 32, depth: int = 2
 def not_a_model(vocab_size: int, block_size: int) -> str:
     """A factory that breaks the contract (returns no nn.Module)."""
     return "model"
+
+
+class CheckedLM(TinyLM):
+    """A TinyLM whose forward looks at its token ids (``.item()``): it cannot run on the
+    meta device, whose tensors hold no values."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.max().item() >= self.embed.num_embeddings:
+            raise ValueError(f"token id {idx.max().item()} out of range")
+        return super().forward(idx)
+
+
+def ignores_vocab(vocab_size: int, block_size: int, width: int = 32, depth: int = 2, heads: int = 2) -> TinyLM:
+    """A factory that breaks the contract: its logits are 100 wide, whatever ``vocab_size`` is."""
+    return TinyLM(100, block_size, width, depth, heads)
+
+
+def checked_ignores_vocab(vocab_size: int, block_size: int, width: int = 32, depth: int = 2,
+                          heads: int = 2) -> CheckedLM:
+    """:func:`ignores_vocab`, with a forward that cannot run on the meta device."""
+    return CheckedLM(100, block_size, width, depth, heads)
+
+
+def checked(vocab_size: int, block_size: int, width: int = 32, depth: int = 2, heads: int = 2) -> CheckedLM:
+    """A model that keeps the contract, with a forward that cannot run on the meta device."""
+    return CheckedLM(vocab_size, block_size, width, depth, heads)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["lm_logits", "lm_loss"]
+__all__ = ["lm_logits", "lm_loss", "output_logits"]
 
 
 def lm_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -27,7 +27,15 @@ def lm_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     Raises:
         TypeError: the output holds no (B, T, V) logits.
     """
-    out = model(x)
+    return output_logits(model(x), model, x)
+
+
+def output_logits(out: object, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The logits in what ``model(x)`` returned (:func:`lm_logits`).
+
+    Raises:
+        TypeError: ``out`` holds no (B, T, V) logits.
+    """
     logits = getattr(out, "logits", None)
     if logits is None:
         logits = out[0] if isinstance(out, (tuple, list)) and out else out

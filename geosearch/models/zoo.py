@@ -37,6 +37,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import itertools
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -47,7 +48,7 @@ import torch
 from torch import nn
 
 from geosearch.checks import is_int
-from geosearch.errors import ConfigError, GeosearchError
+from geosearch.errors import ConfigError, GeosearchError, SettingsError
 from geosearch.modules import ModuleRule
 from geosearch.models.hf_configs import (
     SIZE_FIELDS,
@@ -61,6 +62,7 @@ from geosearch.models.hf_configs import (
     make_hf_config,
     small_kwargs,
 )
+from geosearch.models.lm import output_logits
 from geosearch.models.model import GPT, make_config
 from geosearch.models.qk import QK_SOURCES, detect_qk_source
 from geosearch.rule_inference import model_rules
@@ -78,7 +80,7 @@ from geosearch.models.specs import (  # the spec names live without torch
 from geosearch.yaml_io import plain
 
 __all__ = [
-    "BuiltModel", "build_meta_model", "build_model", "check_model_spec", "default_rules",
+    "BuiltModel", "build_meta_model", "build_model", "check_logits", "check_model_spec", "default_rules",
     "hf_config_fields",
 ]
 
@@ -227,6 +229,64 @@ def build_meta_model(spec: str, *, vocab_size: int, block_size: int | None = Non
         raise
     except Exception:  # noqa: BLE001 - cannot be built on meta: build it for real
         return build()
+
+
+def check_logits(built: BuiltModel, data_vocab: int, *, source: str | None = _SOURCE,
+                 key: str | None = "model") -> bool:
+    """Run the model once, as a run would, and check the logits it returns.
+
+    One forward pass of ``built.model`` in eval mode, without gradients (and with the CPU's
+    random state kept), on a batch of 2 sequences of its context ``built.block_size``
+    (token 0), on the device it is on: on the meta device it costs nothing and gives the
+    shapes. The logits must be (2, T, V) with V the vocabulary the model was built for
+    (``built.vocab_size``: the data's, unless ``model_args.vocab_size`` raises it), the
+    contract of a ``py:`` factory; else every run would fail or train a different model.
+
+    Args:
+        built: the model, built for real or on the meta device (:func:`build_meta_model`).
+        data_vocab: the data's vocabulary size.
+        source, key: where the model spec came from, for the error.
+
+    Returns:
+        True when checked; False when the forward could not tell: it cannot run on the
+        meta device (a data-dependent operation; build the model for real to check it),
+        or the host ran out of memory.
+
+    Raises:
+        SettingsError: the forward raised (for real), or its logits are not (2, T, V).
+    """
+    model, spec = built.model, built.spec
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    x = torch.zeros((2, built.block_size), dtype=torch.long, device=device)  # (2, T)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = model(x)
+    except ConfigError as e:
+        raise SettingsError.of(e) from None
+    except (MemoryError, torch.OutOfMemoryError):
+        return False
+    except Exception as e:  # noqa: BLE001 - the model's own code: any error, as one line
+        if device.type == "meta":
+            return False
+        raise SettingsError(f"model {spec!r}: its forward(idx) on a batch of shape {tuple(x.shape)} raised "
+                            f"{_one_line(e)}", source=source, key=key) from e
+    finally:
+        model.train(training)
+    try:
+        logits = output_logits(out, model, x)  # (2, T, V)
+    except TypeError as e:
+        raise SettingsError(f"model {spec!r}: {e}", source=source, key=key) from None
+    want = built.vocab_size if is_int(built.vocab_size) else data_vocab
+    if logits.size(-1) != want:
+        whose = "the data's" if want == data_vocab else f"model_args.vocab_size; the data's is {data_vocab}"
+        raise SettingsError(
+            f"model {spec!r}: forward(idx) returned logits of shape {tuple(logits.shape)}, expected "
+            f"{(*x.shape, want)}: their last dimension must be the vocabulary it was built for "
+            f"(vocab_size={want}, {whose})", source=source, key=key)
+    return True
 
 
 _Build = Callable[[], BuiltModel]

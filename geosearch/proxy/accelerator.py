@@ -19,7 +19,7 @@ from typing import Any, get_args
 
 import torch
 
-from geosearch.errors import ConfigError
+from geosearch.errors import SettingsError
 from geosearch.proxy.config import Device, Precision
 
 DIST_TIMEOUT_ENV = "GEOSEARCH_DIST_TIMEOUT"
@@ -43,13 +43,13 @@ def resolve_precision(mixed_precision: Precision | None) -> str:
     process's one Accelerator can be compared with what a later run asks for.
 
     Raises:
-        ConfigError: the variable holds a value geosearch does not train in (``fp8``).
+        SettingsError: the variable holds a value geosearch does not train in (``fp8``).
     """
     if mixed_precision is not None:
         return mixed_precision
     value = os.environ.get(PRECISION_ENV, "no").strip().lower() or "no"
     if value not in get_args(Precision):
-        raise ConfigError(f"unsupported mixed precision {value!r}", source=PRECISION_ENV,
+        raise SettingsError(f"unsupported mixed precision {value!r}", source=PRECISION_ENV,
                           allowed=get_args(Precision))
     return value
 
@@ -58,13 +58,13 @@ def check_distributed_type() -> None:
     """Refuse the FSDP and DeepSpeed settings of ``accelerate config`` / ``accelerate launch``.
 
     Raises:
-        ConfigError: ``ACCELERATE_USE_FSDP`` or ``ACCELERATE_USE_DEEPSPEED`` is true.
+        SettingsError: ``ACCELERATE_USE_FSDP`` or ``ACCELERATE_USE_DEEPSPEED`` is true.
     """
     for env, what in _UNSUPPORTED_ENV.items():
         if os.environ.get(env, "false").strip().lower() in ("1", "true", "yes", "y", "on", "t"):
-            raise ConfigError(f"{what} is not supported yet: geosearch trains data parallel "
-                              "(DDP); unset it or choose no FSDP/DeepSpeed in `accelerate config`",
-                              source=env)
+            raise SettingsError(f"{what} is not supported yet: geosearch trains data parallel "
+                                "(DDP); unset it or choose no FSDP/DeepSpeed in `accelerate config`",
+                                source=env)
 
 
 def check_device(device: Device, *, source: str | None = None, key: str | None = "device") -> str:
@@ -73,15 +73,44 @@ def check_device(device: Device, *, source: str | None = None, key: str | None =
     ``auto`` is CUDA when a CUDA device is visible, else the CPU.
 
     Raises:
-        ConfigError: ``cuda`` asked for on a machine where none is visible, naming ``source``
+        SettingsError: ``cuda`` asked for on a machine where none is visible, naming ``source``
             and ``key`` (a file and its key, or a flag).
     """
     cuda = torch.cuda.is_available()
     if device == "cuda" and not cuda:
-        raise ConfigError("'cuda' asked for, but no CUDA device is visible "
+        raise SettingsError("'cuda' asked for, but no CUDA device is visible "
                           "(torch.cuda.is_available() is False)", source=source, key=key,
                           allowed=["auto", "cpu"])
     return "cuda" if device == "cuda" or (device == "auto" and cuda) else "cpu"
+
+
+def check_precision(device: Device, mixed_precision: Precision | None, *, source: str | None = None,
+                    key: str | None = "mixed_precision") -> str:
+    """The precision a run asking for ``mixed_precision`` on ``device`` trains in here, or
+    the error :func:`get_accelerator` would raise: fp16 needs a CUDA device, bf16 on CUDA
+    needs a GPU that supports it (``torch.cuda.is_bf16_supported()``, as Accelerate checks).
+    Creates nothing: the search checks its precision with it before any trial.
+
+    Args:
+        device: the run's device (``auto``, ``cpu``, ``cuda``).
+        mixed_precision: the run's; None = Accelerate's configuration
+            (:func:`resolve_precision`), and the error then names its variable.
+        source, key: where the value came from (a file and its key, or a flag).
+
+    Raises:
+        SettingsError: a precision this machine cannot train in, naming ``source`` and
+            ``key`` and the precisions it can.
+    """
+    where = {"source": source, "key": key} if mixed_precision is not None else {"source": PRECISION_ENV}
+    precision = resolve_precision(mixed_precision)
+    resolved = check_device(device)
+    if precision == "fp16" and resolved != "cuda":
+        why = "the device is cpu" if device == "cpu" else "none is visible (torch.cuda.is_available() is False)"
+        raise SettingsError(f"fp16 needs a CUDA device, and {why}", **where, allowed=["no", "bf16"])
+    if precision == "bf16" and resolved == "cuda" and not torch.cuda.is_bf16_supported():
+        raise SettingsError("bf16 needs a GPU that supports it (torch.cuda.is_bf16_supported() is False)",
+                            **where, allowed=["no", "fp16"])
+    return precision
 
 
 def get_accelerator(device: Device = "auto", mixed_precision: Precision | None = None):
@@ -98,23 +127,20 @@ def get_accelerator(device: Device = "auto", mixed_precision: Precision | None =
     whose peers died unnoticed by the launcher gives up after it.
 
     Raises:
-        ConfigError: CUDA or fp16 asked for without a GPU, a device/precision other than
-            the one this process already uses, or an FSDP/DeepSpeed configuration.
+        SettingsError: CUDA or fp16 asked for without a GPU, bf16 on a GPU without it
+            (:func:`check_precision`), a device/precision other than the one this process
+            already uses, or an FSDP/DeepSpeed configuration.
     """
     global _ACCELERATOR
     from accelerate import Accelerator
 
     check_distributed_type()
-    where = {"key": "mixed_precision"} if mixed_precision is not None else {"source": PRECISION_ENV}
-    mixed_precision = resolve_precision(mixed_precision)
-
+    mixed_precision = check_precision(device, mixed_precision)
     resolved = check_device(device)
-    if mixed_precision == "fp16" and resolved != "cuda":
-        raise ConfigError("fp16 needs a CUDA device", **where, allowed=["no", "bf16"])
     key = (resolved, mixed_precision)
     if _ACCELERATOR is not None:
         if _ACCELERATOR[0] != key:
-            raise ConfigError(
+            raise SettingsError(
                 f"this process already trains with device={_ACCELERATOR[0][0]}, "
                 f"mixed_precision={_ACCELERATOR[0][1]}; Accelerate allows one device and "
                 f"precision per process: run device={resolved}, "
@@ -130,11 +156,11 @@ def get_accelerator(device: Device = "auto", mixed_precision: Precision | None =
         accelerator = Accelerator(cpu=resolved == "cpu", mixed_precision=mixed_precision,
                                   kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)])
     except ValueError as e:  # the state was already made by someone else, differently
-        raise ConfigError(f"Accelerate refused device={resolved}, "
-                          f"mixed_precision={mixed_precision}: {e}") from None
+        raise SettingsError(f"Accelerate refused device={resolved}, "
+                            f"mixed_precision={mixed_precision}: {e}") from None
     kind = getattr(accelerator.distributed_type, "name", str(accelerator.distributed_type))
     if kind in _UNSUPPORTED_TYPES:
-        raise ConfigError(f"{_UNSUPPORTED_TYPES[kind]} is not supported yet: geosearch trains "
+        raise SettingsError(f"{_UNSUPPORTED_TYPES[kind]} is not supported yet: geosearch trains "
                           "data parallel (DDP); choose no FSDP/DeepSpeed in `accelerate config`",
                           key="distributed_type")
     if accelerator.num_processes > 1:
@@ -153,6 +179,6 @@ def _dist_timeout() -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise ConfigError(f"must be a positive number of seconds but got {text!r}",
+        raise SettingsError(f"must be a positive number of seconds but got {text!r}",
                           source=DIST_TIMEOUT_ENV)
     return value

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from geosearch.checks import is_int
-from geosearch.errors import ConfigError
+from geosearch.errors import ConfigError, SettingsError
 from geosearch.optim import settings as optim_settings
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -222,6 +222,41 @@ class TrainConfig:
             return cls(**d)
         except ConfigError as e:
             raise ConfigError(e.problem, source=source, key=e.key, allowed=e.allowed) from None
+
+
+def check_batch_split(batch_size: int, grad_accum: int, processes: int = 1, *,
+                      source: str | None = "TrainConfig", prefix: str = "") -> None:
+    """Refuse a global batch that does not split evenly over ``processes`` and then into
+    ``grad_accum`` micro-batches: every run of these settings would be refused.
+
+    Args:
+        batch_size: the global batch, in sequences.
+        grad_accum: micro-batches per optimizer step.
+        processes: the processes that share each step (data parallel).
+        source: where the values came from; ``prefix`` goes before the key
+            (``"proxy."`` in a search space).
+
+    Raises:
+        SettingsError: naming ``batch_size`` when the processes do not divide it, else
+            ``grad_accum`` and the values that split this process's rows.
+
+    Example:
+        >>> check_batch_split(4, 3, source="s.yaml", prefix="proxy.")
+        Traceback (most recent call last):
+        ...
+        geosearch.errors.SettingsError: s.yaml: proxy.grad_accum: global batch 4 does not split over 1 process x 3 micro-batches; expected one of: 1, 2, 4
+    """
+    if batch_size % processes:
+        raise SettingsError(f"global batch {batch_size} does not split over the {processes} processes "
+                            "of this launch", source=source, key=f"{prefix}batch_size")
+    rows = batch_size // processes  # each process's
+    if rows % grad_accum:
+        divisors = [d for d in range(1, rows + 1) if rows % d == 0] if rows <= 1 << 20 else []
+        many = not divisors or len(divisors) > 16
+        where = f"{processes} process{'es' if processes > 1 else ''} x {grad_accum} micro-batches"
+        raise SettingsError(f"global batch {batch_size} does not split over {where}"
+                            + (f"; expected a divisor of {rows}" if many else ""),
+                            source=source, key=f"{prefix}grad_accum", allowed=None if many else divisors)
 
 
 def _tracker_names(value: Any, src: str) -> list[str]:

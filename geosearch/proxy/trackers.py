@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from geosearch.errors import ConfigError
+from geosearch.errors import SettingsError
 
 SCALARS = ("train_loss", "val_loss", "grad_norm", "lr", "max_logit", "min_entropy",
            "mean_entropy", "dual_residual")
@@ -33,21 +33,25 @@ def known_trackers() -> list[str]:
     return list(LOGGER_TYPE_TO_CLASS)
 
 
-def check_trackers(names: list[str]) -> None:
+def check_trackers(names: list[str], *, source: str | None = "TrainConfig", key: str | None = "log_with") -> None:
     """Refuse unknown trackers and those whose package is missing, before any training.
 
+    Args:
+        names: tracker names (``TrainConfig.log_with``).
+        source, key: where they came from (the search: its space and ``proxy.log_with``).
+
     Raises:
-        ConfigError: naming ``log_with``, the known trackers, or the package to install.
+        SettingsError: naming ``source`` and ``key``, the known trackers, or the package
+            to install.
     """
     known = known_trackers()
     for name in names:
         if name not in known:
-            raise ConfigError(f"unknown tracker {name!r}", source="TrainConfig", key="log_with",
-                              allowed=known)
+            raise SettingsError(f"unknown tracker {name!r}", source=source, key=key, allowed=known)
         package = _PACKAGE.get(name, name)
         if importlib.util.find_spec(package) is None:
-            raise ConfigError(f"tracker {name!r} needs the package {package} (pip install "
-                              f"{package})", source="TrainConfig", key="log_with")
+            raise SettingsError(f"tracker {name!r} needs the package {package} (pip install "
+                                f"{package})", source=source, key=key)
 
 
 class Trackers:

@@ -40,18 +40,18 @@ from typing import Any
 import torch
 
 from geosearch.assignment import Assignment, load_assignment
-from geosearch.errors import ConfigError, GeosearchError
+from geosearch.errors import ConfigError, GeosearchError, SettingsError
 from geosearch.build import optimizer_from_plan
 from geosearch.plan import bind
 from geosearch.proxy.accelerator import get_accelerator
-from geosearch.proxy.config import TrainConfig, TrainResult
+from geosearch.proxy.config import TrainConfig, TrainResult, check_batch_split
 from geosearch.proxy.data import get_batch, load_corpus
 from geosearch.proxy.probes import WeightProbe, attention_stats
 from geosearch.proxy.qkclip import QKClip
 from geosearch.proxy.rundir import Progress, RunWriter, describe_run
 from geosearch.proxy.trackers import Trackers, check_trackers
 from geosearch.models.lm import lm_loss
-from geosearch.models.zoo import build_model
+from geosearch.models.zoo import build_model, check_logits
 
 __all__ = ["VAL_SEED", "train"]
 
@@ -99,8 +99,12 @@ def train(
         in it, not raised.
 
     Raises:
-        ConfigError: bad config, an assignment that does not fit the model, or a batch
-            size that does not split over the processes (before anything is trained).
+        ConfigError: bad config or an assignment that does not fit the model (before
+            anything is trained); a :class:`~geosearch.errors.SettingsError` for what fails
+            every run of these settings, whatever it trains: a device or precision this
+            machine lacks, a batch that does not split over the processes x ``grad_accum``,
+            an unknown tracker, the data, the model (a ``py:`` model's logits not of the
+            data's vocabulary).
         Exception: whatever fails while building the data, model or optimizer (e.g. out
             of memory), before step 1; only the training loop reports errors as ``failed``.
         KeyboardInterrupt: passed through.
@@ -143,19 +147,25 @@ class _Run:
                  tracking: tuple[str, str] = ("geosearch", "run")) -> None:
         self.config, self.accelerator = config, accelerator
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
-        if config.batch_size % (self.world * config.grad_accum):
-            raise ConfigError(f"global batch {config.batch_size} does not split over "
-                              f"{self.world} processes x {config.grad_accum} micro-batches "
-                              "(grad_accum)", source="TrainConfig", key="batch_size")
-        check_trackers(config.log_with)  # every rank, before any work
+        # The run's settings, every rank, before any work: what fails here fails every run
+        # of these settings, whatever it trains (SettingsError; the search stops on one).
+        check_batch_split(config.batch_size, config.grad_accum, self.world)
+        check_trackers(config.log_with)
         from accelerate.utils import set_seed
 
         set_seed(config.seed)  # python, numpy, torch (CPU and CUDA): the initialisation
-        self.corpus = load_corpus(config.data, tokenizer=config.tokenizer)
-        # preset, hf:gpt2, hf:llama or py:module:factory; checks vocab_size >= the corpus's
-        self.built = build_model(config.model, vocab_size=self.corpus.vocab_size, block_size=None,
-                                 model_args=config.model_args)
-        self.corpus.check_block_size(self.built.block_size)
+        try:
+            self.corpus = load_corpus(config.data, tokenizer=config.tokenizer)
+            # preset, hf:gpt2, hf:llama or py:module:factory; checks vocab_size >= the corpus's
+            self.built = build_model(config.model, vocab_size=self.corpus.vocab_size, block_size=None,
+                                     model_args=config.model_args)
+            self.corpus.check_block_size(self.built.block_size)
+            if self.built.family == "py":  # a factory's logits: the data's vocabulary (on the CPU)
+                check_logits(self.built, self.corpus.vocab_size, source="TrainConfig")
+        except SettingsError:
+            raise
+        except ConfigError as e:  # the data or the model: the same for every assignment
+            raise SettingsError.of(e) from e
         device = accelerator.device
         model = self.built.model.to(device)  # on the device before the optimizer
         # What every parameter gets, bound once: the optimizer, the probes and config.yaml

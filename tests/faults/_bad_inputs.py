@@ -133,6 +133,48 @@ def _user_model(d: Path, body: str, name: str = "user_model.py") -> str:
 
 _RULES = json.dumps(USER_RULES)
 _RAISES = "def make_model(vocab_size, block_size):\n    raise RuntimeError('no GPU memory left')\n"
+# A factory that ignores vocab_size: its logits are 100 wide, the bytes of the data are 256.
+# Its attention follows the record_qk protocol, so the probes hook it (no warning line).
+_NARROW = """import torch
+from torch import nn
+
+
+class Mix(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 8, bias=False)
+        self.record_qk, self.last_q, self.last_k = False, None, None
+
+    def forward(self, x):
+        return self.qkv(x)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mix, self.ff = Mix(), nn.Module()
+        self.ff.up = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x):
+        return self.ff.up(self.mix(x))
+
+
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.blocks = nn.Embedding(256, 8), nn.ModuleList([Block()])
+        self.head = nn.Linear(8, 100, bias=False)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def make_model(vocab_size, block_size):
+    return LM()
+"""
 _SQLITE_HEADER = b"SQLite format 3\x00" + bytes(84)
 
 CASES: list[Case] = [
@@ -199,6 +241,15 @@ CASES: list[Case] = [
          lambda d: _existing_study(d) or _search(d, "--device", "cuda"), cpu_only=True),
     Case("`--set proxy.device=cuda` on a machine without CUDA",
          lambda d: _search(d, "--set", "proxy.device=cuda"), cpu_only=True),
+    # --- run-time settings every trial would fail on (what `train` refuses)
+    Case("`--grad-accum 3` with a batch of 4", lambda d: _search(d, "--batch-size", "4", "--grad-accum", "3")),
+    Case("`--grad-accum 3` with a batch of 4, resuming a study",
+         lambda d: _existing_study(d) or _search(d, "--batch-size", "4", "--grad-accum", "3")),
+    Case("`--mixed-precision fp16` with `proxy.device: cpu`", lambda d: _search(d, "--mixed-precision", "fp16")),
+    Case("`--log-with nosuchtracker`", lambda d: _search(d, "--log-with", "nosuchtracker")),
+    Case("`py:` factory whose logits are not the data's vocabulary (100 wide, not 256)",
+         lambda d: _search(d, "--model", "py:" + _user_model(d, _NARROW) + ":make_model",
+                           "--set", "rules=" + _RULES)),
     # --- train
     Case("`train --config` holding a list",
          lambda d: ["train", "--assign", "attn=adamw", "--config", _file(d, "c.yaml", "- 1\n- 2\n")]),

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from geosearch.assignment import Assignment
-from geosearch.errors import ConfigError
+from geosearch.errors import ConfigError, SettingsError
 from geosearch.inspect import describe_parameters
 from geosearch.modules import get_rule_set, match_parameters, module_types
 from geosearch.build import build_optimizer
@@ -25,6 +25,7 @@ from geosearch.models.zoo import (
     BuiltModel,
     build_meta_model,
     build_model,
+    check_logits,
     check_model_spec,
     default_rules,
 )
@@ -411,6 +412,69 @@ def test_lm_logits_rejects_outputs_without_logits():
     # Rule: a forward that breaks the contract is a TypeError that states the contract.
     with pytest.raises(TypeError, match=r"must return logits of shape \(B, T, V\)"):
         lm_logits(Bad(), torch.zeros(2, 3, dtype=torch.long))
+
+
+# --------------------------------------------------------------------------- one forward pass
+def test_check_logits_passes_the_models_that_keep_the_contract(user_model):
+    for spec in ("tiny", "small", "py:_user_model:make_model"):
+        # Rule: on the meta device the forward costs nothing and gives the logits' shape.
+        assert check_logits(build_meta_model(spec, vocab_size=256, block_size=T), 256) is True
+    # Rule: a vocabulary raised by model_args.vocab_size is the one the logits must have.
+    wide = build_model("py:_user_model:make_model", vocab_size=256, block_size=T, model_args={"vocab_size": 300})
+    assert check_logits(wide, 256) is True
+
+
+def test_check_logits_refuses_logits_that_are_not_the_models_vocabulary(user_model):
+    for build in (build_meta_model, build_model):
+        built = build("py:_user_model:ignores_vocab", vocab_size=256, block_size=T)
+        # Rule: a factory whose logits are not the vocabulary it was asked for is a settings
+        # error naming the spec, the shapes and the vocabulary (meta or real alike).
+        with pytest.raises(SettingsError) as e:
+            check_logits(built, 256, source="s.yaml", key="proxy.model")
+        assert str(e.value) == (
+            f"s.yaml: proxy.model: model 'py:_user_model:ignores_vocab': forward(idx) returned logits of "
+            f"shape (2, {T}, 100), expected (2, {T}, 256): their last dimension must be the vocabulary it "
+            "was built for (vocab_size=256, the data's)")
+
+
+def test_check_logits_of_a_forward_that_cannot_run_on_the_meta_device(user_model):
+    # Rule: on the meta device it cannot tell (False); built for real, it checks.
+    assert check_logits(build_meta_model("py:_user_model:checked", vocab_size=256, block_size=T), 256) is False
+    assert check_logits(build_model("py:_user_model:checked", vocab_size=256, block_size=T), 256) is True
+    narrow = "py:_user_model:checked_ignores_vocab"
+    assert check_logits(build_meta_model(narrow, vocab_size=256, block_size=T), 256) is False
+    with pytest.raises(SettingsError, match=r"returned logits of shape \(2, 16, 100\), expected \(2, 16, 256\)"):
+        check_logits(build_model(narrow, vocab_size=256, block_size=T), 256)
+
+
+def test_check_logits_of_a_forward_that_raises_keeps_the_models_mode_and_the_random_state():
+    class Draws(torch.nn.Module):
+        def __init__(self, fail):
+            super().__init__()
+            self.head, self.fail = torch.nn.Embedding(256, 256), fail
+
+        def forward(self, idx):
+            noise = torch.rand(())  # draws from the CPU generator
+            if self.fail:
+                raise RuntimeError("mat1 and mat2 shapes cannot be multiplied\n(second line)")
+            return self.head(idx) + noise
+
+    for fail in (False, True):
+        model = Draws(fail)
+        built = BuiltModel(model, "py:m:f", "py", None, 8, 256, None)
+        torch.manual_seed(0)
+        if fail:
+            # Rule: a forward that raises on real tensors is one line naming the spec.
+            with pytest.raises(SettingsError) as e:
+                check_logits(built, 256)
+            assert str(e.value) == ("--model: model: model 'py:m:f': its forward(idx) on a batch of shape "
+                                    "(2, 8) raised RuntimeError: mat1 and mat2 shapes cannot be "
+                                    "multiplied (second line)")
+        else:
+            assert check_logits(built, 256) is True
+        # Rule: the run's random stream and the model's training mode are as they were.
+        assert torch.rand(()) == torch.rand((), generator=torch.Generator().manual_seed(0))
+        assert model.training
 
 
 # --------------------------------------------------------------------------- errors

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geosearch.errors import ConfigError
+from geosearch.errors import ConfigError, SettingsError
 from geosearch.proxy import accelerator as accelerator_mod
-from geosearch.proxy.accelerator import get_accelerator
+from geosearch.proxy.accelerator import check_precision, get_accelerator
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,6 +73,26 @@ def test_resolve_precision_reads_accelerates_variable(monkeypatch):
     monkeypatch.setenv(accelerator_mod.PRECISION_ENV, "fp8")
     with pytest.raises(ConfigError, match=r"ACCELERATE_MIXED_PRECISION: unsupported .*'fp8'"):
         accelerator_mod.resolve_precision(None)
+
+
+def test_check_precision_refuses_what_this_machine_cannot_train_in(monkeypatch):
+    monkeypatch.delenv(accelerator_mod.PRECISION_ENV, raising=False)
+    assert check_precision("cpu", "bf16") == "bf16" and check_precision("cpu", None) == "no"
+    # Rule: fp16 needs CUDA: one line naming where the value came from and what is allowed.
+    with pytest.raises(SettingsError) as e:
+        check_precision("cpu", "fp16", source="s.yaml", key="proxy.mixed_precision")
+    assert str(e.value) == ("s.yaml: proxy.mixed_precision: fp16 needs a CUDA device, and the device "
+                            "is cpu; expected one of: no, bf16")
+    # Rule: Accelerate's configuration is checked too, naming its variable.
+    monkeypatch.setenv(accelerator_mod.PRECISION_ENV, "fp16")
+    with pytest.raises(SettingsError, match=r"^ACCELERATE_MIXED_PRECISION: fp16 needs a CUDA device"):
+        check_precision("cpu", None, source="s.yaml", key="proxy.mixed_precision")
+    # Rule: bf16 on a GPU needs one that supports it (what Accelerate refuses later).
+    monkeypatch.setattr(accelerator_mod.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(accelerator_mod.torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    with pytest.raises(SettingsError, match=r"key: bf16 needs a GPU that supports it.*expected one of: no, fp16"):
+        check_precision("cuda", "bf16", key="key")
+    assert check_precision("auto", "fp16") == "fp16"
 
 
 @pytest.mark.parametrize("env, what", [("ACCELERATE_USE_FSDP", "FSDP"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from geosearch.errors import ConfigError
-from geosearch.proxy.config import TrainConfig, TrainResult
+from geosearch.errors import ConfigError, SettingsError
+from geosearch.proxy.config import TrainConfig, TrainResult, check_batch_split
 
 
 def test_config_errors_name_the_key_and_the_allowed_values():
@@ -43,3 +43,19 @@ def test_summary_names_the_stop_the_peak_logit_and_its_layer():
     assert [m["step"] for m in result.probe_history] == [10, 20]
     assert set(result.to_dict()) == {"status", "reason", "stop_step", "final_val_loss", "best_val_loss",
                                      "mean_step_ms", "tokens_per_s"}
+
+
+def test_the_batch_must_split_over_the_processes_then_the_micro_batches():
+    check_batch_split(8, 4, 2)  # 4 rows per process, in 4 micro-batches of 1
+    # Rule: processes that do not divide the batch name batch_size (grad_accum cannot help).
+    with pytest.raises(SettingsError) as e:
+        check_batch_split(7, 1, 2, source="s.yaml", prefix="proxy.")
+    assert str(e.value) == "s.yaml: proxy.batch_size: global batch 7 does not split over the 2 processes of this launch"
+    # Rule: micro-batches that do not divide a process's rows name grad_accum and list the
+    # values that do.
+    with pytest.raises(SettingsError) as e:
+        check_batch_split(8, 3, 2)
+    assert str(e.value) == ("TrainConfig: grad_accum: global batch 8 does not split over 2 processes x 3 "
+                            "micro-batches; expected one of: 1, 2, 4")
+    with pytest.raises(SettingsError, match=r"over 1 process x 7 micro-batches; expected a divisor of 720$"):
+        check_batch_split(720, 7)  # 30 divisors: named, not listed

@@ -73,6 +73,9 @@ def test_search_logs_one_run_per_trial_and_seed_in_the_studys_project(monkeypatc
 def test_unknown_or_missing_trackers_are_refused_before_training(monkeypatch):
     with pytest.raises(ConfigError, match=r"log_with: unknown tracker 'tensorbord'.*tensorboard"):
         train(TrainConfig(model="tiny", steps=2, device="cpu", log_with="tensorbord"), MIXED_A)
+    # Rule: the search names its own key (its preflight checks before any trial)
+    with pytest.raises(ConfigError, match=r"^s.yaml: proxy.log_with: unknown tracker 'x'; expected one of: .*tensorboard"):
+        trackers_mod.check_trackers(["x"], source="s.yaml", key="proxy.log_with")
     monkeypatch.setattr(trackers_mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"log_with: tracker 'wandb' needs the package wandb"):
         trackers_mod.check_trackers(["wandb"])

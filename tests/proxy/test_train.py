@@ -22,7 +22,7 @@ import geosearch.proxy.train as train_mod
 import geosearch.models.zoo as zoo_mod
 from geosearch.assignment import Assignment
 from geosearch.cli import main
-from geosearch.errors import ConfigError
+from geosearch.errors import ConfigError, SettingsError
 from geosearch.proxy.accelerator import get_accelerator
 from geosearch.proxy.config import TrainConfig, TrainResult
 from geosearch.proxy.train import train
@@ -330,6 +330,33 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, where, capsys):
     assert len(err.strip().splitlines()) == 1 and where in err
 
 
+USER_MODEL = REPO / "tests" / "_user_model.py"
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"batch_size": 4, "grad_accum": 3}, "TrainConfig: grad_accum: global batch 4 does not split over 1 process x 3"),
+    ({"log_with": "nosuchtracker"}, "TrainConfig: log_with: unknown tracker 'nosuchtracker'"),
+    ({"data": "no/such/corpus.txt"}, "no/such/corpus.txt: no such file or directory"),
+    ({"model": f"py:{USER_MODEL}:ignores_vocab"}, "TrainConfig: model: model 'py:"),
+])
+def test_settings_every_run_would_fail_on_are_refused_before_training(fields, expected, monkeypatch):
+    # Rule: what fails whatever the assignment is a SettingsError, raised before step 1 (the
+    # search stops on one instead of failing each trial).
+    monkeypatch.setattr(train_mod._Run, "run", lambda *a, **k: pytest.fail("it trained"))
+    with pytest.raises(SettingsError) as e:
+        train(tiny(**fields), Assignment.parse(MIXED))
+    assert str(e.value).startswith(expected), e.value
+    if "model" in fields:  # a py: factory's logits must be the data's vocabulary
+        assert "returned logits of shape (2, 128, 100), expected (2, 128, 256)" in str(e.value)
+
+
+def test_a_setting_the_assignment_does_not_fit_is_not_a_settings_error():
+    # Rule: QK-clip refuses constrained attention: the assignment's failure, not the run's.
+    with pytest.raises(ConfigError) as e:
+        train(tiny(qk_clip=100.0), Assignment.parse(MIXED))
+    assert not isinstance(e.value, SettingsError)
+
+
 # --------------------------------------------------------------------------- knobs
 def _first_step_weights(**kw) -> dict[str, torch.Tensor]:
     """The weights after one optimizer step of a tiny run."""
@@ -360,7 +387,8 @@ def test_grad_accum_run_lowers_the_loss():
     result = train(tiny(grad_accum=2), Assignment.parse(MIXED))
     assert result.status == "completed"
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"] - 0.3
-    with pytest.raises(ConfigError, match=r"batch_size: .*3 micro-batches"):
+    # the key to change is grad_accum (the batch is what a search measures), with its values
+    with pytest.raises(SettingsError, match=r"grad_accum: .*3 micro-batches; expected one of: 1, 2, 4, 8$"):
         train(tiny(grad_accum=3), Assignment.parse(MIXED))
 
 

@@ -1,13 +1,18 @@
 """Why a trial failed, and which failures run their point again.
 
-A trial fails either because of its ENVIRONMENT (the GPU ran out of memory, a CUDA or NCCL
-runtime error, the host ran out of memory or disk, the storage's database failed) or
-because of the ASSIGNMENT it trains (anything else: a bad setting, an error in the model,
-a ValueError from the optimizer). :func:`failure_kind` tells the two apart, from the
-exception or from the ``"TypeName: message"`` line the trainer keeps of one it caught. An
-environment failure runs its point again, up to ``--max-retries`` times in a row
-(:func:`earlier_retries` counts them along the ``retry_of`` chain); an assignment failure
-stays failed (:func:`failed_attrs`). :func:`requeue_failed` is ``--retry-failed``: the
+A trial fails because of its ENVIRONMENT (the GPU ran out of memory, a CUDA or NCCL
+runtime error, the host ran out of memory or disk, the storage's database failed), because
+of the run's SETTINGS (what the trainer refuses before it trains, whatever the assignment:
+a device or precision the machine lacks, a batch that does not split into ``grad_accum``
+micro-batches, an unknown tracker, the data, the model: a
+:class:`~geosearch.errors.SettingsError`), or because of the ASSIGNMENT it trains (anything
+else: a setting the assignment does not fit, an error in the model's training, a ValueError
+from the optimizer). :func:`failure_kind` tells them apart, from the exception or from the
+``"TypeName: message"`` line the trainer keeps of one it caught. An environment failure
+runs its point again, up to ``--max-retries`` times in a row (:func:`earlier_retries`
+counts them along the ``retry_of`` chain); an assignment failure stays failed
+(:func:`failed_attrs`); a settings failure is not the point's: the trial loop records the
+trial as interrupted, queues its point again and stops the search with the error. :func:`requeue_failed` is ``--retry-failed``: the
 failed points, once each. A worker that is killed or crashes mid-trial is an environment
 failure too; the stale-trial recovery of :mod:`geosearch.search.runtime.liveness` queues its
 point again. Torch-free: the exception types are recognised by name. The rules are in
@@ -50,13 +55,18 @@ from geosearch.search.records import (
     trial_status,
 )
 
-__all__ = ["ASSIGNMENT_FAILURE", "DEFAULT_MAX_RETRIES", "ENVIRONMENT_FAILURE", "earlier_retries",
-           "failed_attrs", "failure_kind", "requeue_failed", "settle_dead", "worker_died"]
+__all__ = ["ASSIGNMENT_FAILURE", "DEFAULT_MAX_RETRIES", "ENVIRONMENT_FAILURE", "SETTINGS_FAILURE",
+           "earlier_retries", "failed_attrs", "failure_kind", "requeue_failed", "settle_dead",
+           "worker_died"]
 
 ENVIRONMENT_FAILURE = "environment"
 """``failure_kind`` of a trial that failed because of the machine or the storage."""
 ASSIGNMENT_FAILURE = "assignment"
 """``failure_kind`` of a trial that failed because of what it trains."""
+SETTINGS_FAILURE = "settings"
+"""``failure_kind`` of a trial stopped because the run's settings fail every trial alike
+(a :class:`~geosearch.errors.SettingsError`): not the point's failure; its point is
+queued again and the search stops."""
 DEFAULT_MAX_RETRIES = 2
 """Times in a row an environment failure runs its point again (``--max-retries``)."""
 
@@ -83,7 +93,8 @@ _NAMED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): ")
 
 
 def failure_kind(error: BaseException | str) -> str:
-    """Whether a trial's failure comes from its environment or from its assignment.
+    """Whether a trial's failure comes from its environment, the run's settings or its
+    assignment.
 
     Args:
         error: the exception the trial raised, or the ``"TypeName: message"`` reason the
@@ -91,14 +102,18 @@ def failure_kind(error: BaseException | str) -> str:
 
     Returns:
         :data:`ENVIRONMENT_FAILURE` (out of memory, a CUDA/NCCL runtime error, an OSError
-        such as a full disk, a storage or connection error) or :data:`ASSIGNMENT_FAILURE`
-        (everything else).
+        such as a full disk, a storage or connection error), :data:`SETTINGS_FAILURE` (a
+        :class:`~geosearch.errors.SettingsError`, unless an environment failure caused it:
+        a model factory out of memory) or :data:`ASSIGNMENT_FAILURE` (everything else).
 
     Example:
         >>> failure_kind(MemoryError())
         'environment'
         >>> failure_kind("ValueError: expected a finite spectral_lr")
         'assignment'
+        >>> from geosearch.errors import SettingsError
+        >>> failure_kind(SettingsError("does not split", key="grad_accum"))
+        'settings'
     """
     if isinstance(error, BaseException):
         names = {c.__name__ for c in type(error).__mro__}
@@ -109,6 +124,10 @@ def failure_kind(error: BaseException | str) -> str:
         names = {match["type"].rsplit(".", 1)[-1]} if match else set()
         code = None
         text = error
+    if "SettingsError" in names:
+        cause = _first_cause(error) if isinstance(error, BaseException) else None
+        return ENVIRONMENT_FAILURE if cause is not None and failure_kind(cause) == ENVIRONMENT_FAILURE \
+            else SETTINGS_FAILURE
     if "GeosearchError" in names or _ASSIGNMENT_TEXT.search(text):  # a setting's, said as such
         return ASSIGNMENT_FAILURE
     if names & _ENVIRONMENT_TYPES or _ENVIRONMENT_TEXT.search(text):
@@ -116,6 +135,19 @@ def failure_kind(error: BaseException | str) -> str:
     if "OSError" in names or "IOError" in names:
         return ASSIGNMENT_FAILURE if code in _PATH_ERRORS or names & _PATH_TYPES else ENVIRONMENT_FAILURE
     return ASSIGNMENT_FAILURE
+
+
+def _first_cause(error: BaseException) -> BaseException | None:
+    """The first exception behind ``error`` (``raise ... from``) that is not a geosearch
+    error: what a wrapped error of the user's code really was."""
+    seen = {id(error)}
+    cause = error.__cause__
+    while cause is not None and id(cause) not in seen:
+        if "GeosearchError" not in {c.__name__ for c in type(cause).__mro__}:
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
 
 
 def worker_died(trial: FrozenTrial) -> bool:

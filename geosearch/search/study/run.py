@@ -33,8 +33,8 @@ from optuna.trial import FrozenTrial
 
 from geosearch import __version__
 from geosearch.errors import ConfigError
-from geosearch.proxy.accelerator import check_device
-from geosearch.proxy.accelerator import get_accelerator
+from geosearch.proxy.accelerator import check_device, check_precision, get_accelerator
+from geosearch.proxy.config import check_batch_split
 from geosearch.proxy.train import train
 from geosearch.search.runtime.artifacts import ArtifactStore, TrialFiles, default_store
 from geosearch.search.runtime.distributed import RankGroup, follow, launch_world
@@ -113,25 +113,52 @@ def _study_attrs(space: SearchSpace) -> dict[str, Any]:
             STABILITY: stability_record(space)}
 
 
-def preflight(space: SearchSpace) -> None:
-    """Errors that would fail every trial, found before the study is touched: a device this
-    machine does not have, the data, the model (a zoo spec, built on the meta device), a
-    context the data cannot fill, and rules that do not fit the model, match nothing or leave a hidden weight without a
+def preflight(space: SearchSpace, processes: int = 1) -> None:
+    """Errors that would fail every trial, found before the study is touched.
+
+    The run's settings, as :func:`geosearch.proxy.train.train` refuses them: a device this
+    machine does not have, a mixed precision it cannot train in
+    (:func:`~geosearch.proxy.accelerator.check_precision`), a tracker of ``log_with`` that is
+    unknown or not installed, a global batch that does not split over ``processes`` x
+    ``grad_accum`` micro-batches. Then the data, the model (a zoo spec, built on the meta
+    device), a context the data cannot fill, one forward pass of the model
+    (:func:`~geosearch.models.zoo.check_logits`: logits of the data's vocabulary; a ``py:``
+    model whose forward cannot run on the meta device is built for real on the CPU for it),
+    and rules that do not fit the model, match nothing or leave a hidden weight without a
     geometry: the plan (:func:`geosearch.plan.bind`) of the space's first assignment, with
     the proxy's optimizer settings. ``space.rules`` are the rules every trial's assignment
-    carries: the space's, or the model's default rule set when the space names none."""
+    carries: the space's, or the model's default rule set when the space names none.
+
+    Args:
+        space: the search space, flags applied.
+        processes: the processes that train each trial (a data-parallel launch's world).
+
+    Raises:
+        ConfigError: the first problem, naming the space's key (``proxy.grad_accum``, ...);
+            a :class:`~geosearch.errors.SettingsError` for the run's settings.
+    """
     from geosearch.assignment import Assignment
     from geosearch.modules import empty_rule_error, get_rule_set, match_parameters
     from geosearch.plan import bind
     from geosearch.proxy.data import load_corpus
-    from geosearch.models.zoo import build_meta_model
+    from geosearch.proxy.trackers import check_trackers
+    from geosearch.models.specs import PY_PREFIX
+    from geosearch.models.zoo import build_meta_model, build_model, check_logits
 
     proxy = space.proxy
     where = space.source or "the search space"
     check_device(proxy.device, source=where, key="proxy.device")
+    check_precision(proxy.device, proxy.mixed_precision, source=where, key="proxy.mixed_precision")
+    check_trackers(proxy.log_with, source=where, key="proxy.log_with")
+    check_batch_split(proxy.batch_size, proxy.grad_accum, processes, source=where, prefix="proxy.")
     corpus = load_corpus(proxy.data, tokenizer=proxy.tokenizer)
     built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
     corpus.check_block_size(built.block_size)
+    if not check_logits(built, corpus.vocab_size, source=where, key="proxy.model") \
+            and proxy.model.startswith(PY_PREFIX):  # its forward needs real tensors
+        real = build_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
+        check_logits(real, corpus.vocab_size, source=where, key="proxy.model")
+        del real
     rules = get_rule_set(space.rules) if isinstance(space.rules, str) else space.rules
     try:
         match = match_parameters(built.model, rules)
@@ -301,10 +328,8 @@ def run_search(
             f"distributed launch ({world} processes) runs each trial on all of them: pick one "
             "(drop --workers, or start `geosearch search --workers N` without torchrun/accelerate "
             "launch)", source="--workers")
-    if space.proxy.batch_size % world:
-        raise ConfigError(f"global batch {space.proxy.batch_size} does not split over the "
-                          f"{world} processes of this launch", source=space.source or "search space",
-                          key="proxy.batch_size")
+    check_batch_split(space.proxy.batch_size, space.proxy.grad_accum, world,
+                      source=space.source or "search space", prefix="proxy.")
     group = RankGroup(get_accelerator(space.proxy.device, space.proxy.mixed_precision))
     if group.rank != 0:
         stopped = follow(group, train)
@@ -329,7 +354,7 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
     echo = functools.partial(print, file=options.out or sys.stdout, flush=True)
 
     check_no_other_run(run_dir, space.name, echo)  # at once, before the preflight's work
-    preflight(space)
+    preflight(space, group.world if group is not None else 1)  # before the storage is opened
     with contextlib.ExitStack() as held:
         def claim() -> None:  # once the storage opened (a bad one writes nothing), before any ask
             held.enter_context(CommandLock(run_dir, space.name))  # of two commands, one runs

@@ -20,19 +20,24 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from geosearch.errors import GeosearchError
+from geosearch.errors import ConfigError, GeosearchError
 from geosearch.proxy.config import TrainResult
 from geosearch.proxy.train import train
 from geosearch.search.space.baselines import BASELINES
 from geosearch.search.study.baselines import baseline_suggestion
 from geosearch.search.runtime.distributed import RankGroup
 from geosearch.search.study.extras import extra_plan, mark_extra, queue_extras, seed_twin_of
-from geosearch.search.study.failures import DEFAULT_MAX_RETRIES, failed_attrs, failure_kind
+from geosearch.search.study.failures import (
+    DEFAULT_MAX_RETRIES,
+    SETTINGS_FAILURE,
+    failed_attrs,
+    failure_kind,
+)
 from geosearch.search.runtime.interrupts import ctrl_c_latch, sigint_deferred
 from geosearch.search.study.recovery import recover_stale, recovered_line
 from geosearch.search.runtime.liveness import HEARTBEAT_EVERY, Heartbeat, Owner, TrialLost
@@ -47,6 +52,7 @@ from geosearch.search.records import (
     DUPLICATE,
     DUPLICATE_OF,
     FAIL_REASON,
+    FAILURE_KIND,
     HEARTBEAT,
     INTERRUPTED,
     LOGIT_SCALE,
@@ -257,6 +263,53 @@ class Searcher:
             except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
                 return  # failed meanwhile by a worker that took it for dead
 
+    def _raised(self, trial: optuna.Trial, error: Exception, trial_dir: Path) -> int:
+        """Fail a trial whose runs raised ``error`` (its traceback kept in the trial's
+        folder), as :func:`failure_kind` sorts it; a settings error stops the search."""
+        message = str(error) if isinstance(error, GeosearchError) else f"{type(error).__name__}: {error}"
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        (trial_dir / TRACEBACK_FILE).write_text(traceback.format_exc(), encoding="utf-8")
+        kind = failure_kind(error)
+        if kind == SETTINGS_FAILURE:  # every trial would fail alike: not this point's failure
+            self._stop_on_settings(trial, error)
+        return self._fail(trial, message, kind, {})
+
+    def _stop_on_settings(self, trial: optuna.Trial, error: BaseException) -> NoReturn:
+        """A run of the trial refused the run's settings (a
+        :class:`~geosearch.errors.SettingsError`: ``failure_kind`` ``settings``), which every
+        trial shares: not the point's failure. Record the trial as interrupted (it does not
+        count towards the budget, uses up no retry), queue its point again before the
+        trial is told (as :meth:`_interrupted` does), then stop the search with the error:
+        the rerun with the setting fixed trains the point.
+
+        Raises:
+            GeosearchError: the setting's line, and what became of the trial.
+        """
+        line = self._settings_line(error)
+        with sigint_deferred():
+            try:
+                trial.set_user_attr(STATUS, INTERRUPTED)
+                trial.set_user_attr(FAILURE_KIND, SETTINGS_FAILURE)
+                trial.set_user_attr(FAIL_REASON, f"interrupted: the run's settings fail every trial "
+                                                 f"({line}); queued again: fix them, then rerun")
+                point = trial_params(trial)
+                if point:
+                    enqueue(self.study, point, retry_of=trial.number)
+                self._tell(trial, TrialState.FAIL)
+            except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+                pass  # failed meanwhile by a worker that took it for dead (it queued the point)
+        raise GeosearchError(f"{line}; every trial would fail alike, so the search stops: trial "
+                             f"{trial.number} is not counted and its point is queued again; fix the "
+                             "setting, then rerun the same command to resume") from None
+
+    def _settings_line(self, error: BaseException) -> str:
+        """The settings error in the space's words: a proxy run's key (``TrainConfig:
+        grad_accum``) is the space's ``proxy.grad_accum``."""
+        if isinstance(error, ConfigError) and error.source in (None, "TrainConfig") and error.key:
+            return str(ConfigError(error.problem, source=self.space.source or "the search space",
+                                   key=f"proxy.{error.key}", allowed=error.allowed))
+        return str(error)
+
     def _run_extra(self, trial: optuna.Trial) -> int | None:
         """Train a baseline or an adaptive seed (queued by :func:`queue_extras`): never
         budget-checked, never a duplicate of a point, never Optuna's best; a (point, seed)
@@ -328,10 +381,7 @@ class Searcher:
         except TrialLost:
             raise
         except Exception as e:  # noqa: BLE001 - a trial's error must not end the search
-            message = str(e) if isinstance(e, GeosearchError) else f"{type(e).__name__}: {e}"
-            trial_dir.mkdir(parents=True, exist_ok=True)
-            (trial_dir / TRACEBACK_FILE).write_text(traceback.format_exc(), encoding="utf-8")
-            return self._fail(trial, message, failure_kind(e), {})
+            return self._raised(trial, e, trial_dir)
         if stability is not None and stability.status != "completed":
             return self._stability_stopped(trial, stability)
 

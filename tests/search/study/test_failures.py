@@ -1,4 +1,4 @@
-"""Tests of geosearch.search.study.failures: environment or assignment, retries, --retry-failed.
+"""Tests of geosearch.search.study.failures: environment, settings or assignment, retries, --retry-failed.
 
 The retries in a whole search (the trial loop queueing a point again) are tested in
 test_trial_loop.py; here the classification and the bookkeeping on hand-made trials.
@@ -14,10 +14,11 @@ import sqlalchemy.exc
 import torch
 from optuna.trial import TrialState, create_trial
 
-from geosearch.errors import ConfigError
+from geosearch.errors import ConfigError, SettingsError
 from geosearch.search.study.failures import (
     ASSIGNMENT_FAILURE,
     ENVIRONMENT_FAILURE,
+    SETTINGS_FAILURE,
     earlier_retries,
     failed_attrs,
     failure_kind,
@@ -51,6 +52,27 @@ ENV, ASSIGN = ENVIRONMENT_FAILURE, ASSIGNMENT_FAILURE
 ])
 def test_failure_kind_of_an_exception(error, kind):
     assert failure_kind(error) == kind
+
+
+def _raised(error, cause):
+    try:
+        raise error from cause
+    except Exception as e:  # noqa: BLE001 - the exception with its cause, as a trial sees it
+        return e
+
+
+def test_a_settings_error_is_the_runs_failure_unless_the_environment_caused_it():
+    # Rule: what the trainer refuses whatever the assignment is the run's settings' failure.
+    assert failure_kind(SettingsError("global batch 4 does not split", key="grad_accum")) == SETTINGS_FAILURE
+    assert failure_kind("SettingsError: TrainConfig: log_with: unknown tracker 'x'") == SETTINGS_FAILURE
+    # Rule: a settings error that wraps a failure of the environment (a model factory out of
+    # memory, said as a ConfigError, then as the data's or model's settings error) is that.
+    factory = _raised(ConfigError("model 'py:m:f': f() raised MemoryError"), MemoryError())
+    assert failure_kind(_raised(SettingsError.of(factory), factory)) == ENVIRONMENT_FAILURE
+    wrapped = _raised(ConfigError("model 'py:m:f': f() raised ValueError: bad"), ValueError("bad"))
+    assert failure_kind(_raised(SettingsError.of(wrapped), wrapped)) == SETTINGS_FAILURE
+    # ... while a plain ConfigError stays the assignment's, as before
+    assert failure_kind(factory) == ASSIGNMENT_FAILURE
 
 
 @pytest.mark.parametrize(("reason", "kind"), [

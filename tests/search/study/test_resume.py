@@ -2,6 +2,8 @@
 
 Run through the command (``geosearch search`` in this process, with the fake trainer of
 tests/_search_helpers.py): the note, the one error line, the exit code, the study untouched.
+The run-time settings a resumed study may change are checked before any trial (the
+preflight of geosearch.search.study.run) as a new study's are.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import optuna
 import pytest
 import yaml
-from _search_helpers import TINY_PROXY, make_space, search, trials_of
+from _search_helpers import TINY_PROXY, FakeTrain, make_space, search, trials_of, use_train
 
 from geosearch.cli import main
 from geosearch.errors import ConfigError
@@ -74,3 +76,62 @@ def test_a_smaller_batch_is_refused_with_the_grad_accum_that_keeps_it(fake, tmp_
     # and that advice resumes the study
     search(make_space(proxy={**TINY_PROXY, "batch_size": 8, "grad_accum": 4}), tmp_path)
     assert len(trials_of(tmp_path)) == 2
+
+
+# --------------------------------------------------------------------------- preflight on resume
+GRID4 = {"attn": ["adamw", "euclidean"], "mlp": ["adamw", "euclidean"]}
+
+
+def _study_files(run):
+    """Every file of the run directory with its size and modification time."""
+    return {str(p.relative_to(run)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def _everything(tmp_path):
+    """The study as stored: its attrs, and each trial's state, value, params and attrs."""
+    study = open_run_study(tmp_path / "runs" / "t")
+    return study.user_attrs, [(t.number, t.state, t.value, t.params, t.user_attrs) for t in study.get_trials()]
+
+
+@pytest.mark.parametrize("flags", [
+    ["--grad-accum", "3"],                # the batch of 4 does not split into 3 micro-batches
+    ["--mixed-precision", "fp16"],        # the proxy's device is cpu
+    ["--log-with", "nosuchtracker"],
+])
+def test_a_bad_run_time_flag_on_a_resumed_study_is_refused_before_any_trial(flags, monkeypatch,
+                                                                              tmp_path, capsys):
+    # A first run trains one point of four, then is stopped by Ctrl-C on the second: three
+    # points are left pending (the interrupted one queued again, two never started).
+    f = use_train(monkeypatch, FakeTrain(raises=lambda key, seed: KeyboardInterrupt() if len(f.calls) == 2 else None))
+    space = make_space(GRID4, proxy={**TINY_PROXY, "batch_size": 4})
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space.to_dict()), encoding="utf-8")
+    command = ["search", "--space", str(path), "--runs-dir", str(tmp_path / "runs")]
+    with pytest.raises(KeyboardInterrupt):
+        search(space, tmp_path)
+    pending = [t.number for t in trials_of(tmp_path) if t.state == optuna.trial.TrialState.WAITING]
+    assert len(pending) == 3
+    before, files = _everything(tmp_path), _study_files(tmp_path / "runs" / "t")
+    capsys.readouterr()
+
+    # Rule: the flags a resumed study may change are checked as a new study's: one line,
+    # exit 2, before the storage is opened: no trial asked, nothing written.
+    fixed = use_train(monkeypatch, FakeTrain())
+    assert main([*command, *flags]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    key = {"--grad-accum": "proxy.grad_accum", "--mixed-precision": "proxy.mixed_precision",
+           "--log-with": "proxy.log_with"}[flags[0]]
+    assert len(lines) == 1 and lines[0].startswith(f"geosearch search: error: overrides of {path}: {key}: ")
+    assert "expected one of: " in lines[0]
+    assert fixed.calls == []
+    assert _everything(tmp_path) == before and _study_files(tmp_path / "runs" / "t") == files
+
+    # ... and the corrected command trains the pending points, each once.
+    assert main(command) == 0
+    trials = trials_of(tmp_path)
+    assert len(fixed.calls) == 3
+    complete = sorted(tuple(sorted(t.params.items())) for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
+    assert len(complete) == 4 and len(set(complete)) == 4
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert [t.user_attrs["status"] for t in trials if t.state == optuna.trial.TrialState.FAIL] == ["interrupted"]

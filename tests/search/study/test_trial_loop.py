@@ -12,9 +12,11 @@ import math
 import optuna
 import pytest
 import torch
+import yaml
 from _search_helpers import FakeTrain, make_space, search, trials_of, use_train
 from optuna.trial import TrialState
 
+from geosearch.cli import main
 from geosearch.errors import GeosearchError
 from geosearch.proxy.config import TrainResult
 from geosearch.search.study import trial_loop
@@ -268,6 +270,45 @@ def test_an_assignment_failure_is_not_retried(monkeypatch, tmp_path):
     failed = next(t for t in trials_of(tmp_path) if t.state == TrialState.FAIL)
     assert failed.user_attrs["failure_kind"] == "assignment"
     assert failed.user_attrs["fail_reason"] == "ValueError: bad shape"
+
+
+def test_a_settings_error_in_a_trial_stops_the_search_and_leaves_its_point_queued(monkeypatch, tmp_path,
+                                                                                 capsys):
+    # What the preflight cannot see (a setting that goes bad mid-search: here the real
+    # trainer given 3 micro-batches of a batch of 2) fails every trial alike: it is the
+    # run's failure, not the point's.
+    real, fake = trial_loop.train, FakeTrain()
+
+    def second_run_refused(config, assignment, **kw):
+        if fake.calls:
+            return real(dataclasses.replace(config, grad_accum=3), assignment, **kw)
+        return fake(config, assignment, **kw)
+
+    use_train(monkeypatch, second_run_refused)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(make_space().to_dict()), encoding="utf-8")
+    command = ["search", "--space", str(path), "--runs-dir", str(tmp_path / "runs")]
+    # Rule: the search stops with one line, exit 2, naming the space's key.
+    assert main(command) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"geosearch search: error: {path}: proxy.grad_accum: global batch 2 does not split over 1 "
+        "process x 3 micro-batches; expected one of: 1, 2; every trial would fail alike, so the "
+        "search stops: trial 1 is not counted and its point is queued again")
+    # Rule: the trial is not the point's verdict: interrupted, kind "settings", no retry used,
+    # nothing counted; its point waits in the queue.
+    study = open_run_study(tmp_path / "runs" / "t")
+    stopped = next(t for t in study.get_trials() if t.state == TrialState.FAIL)
+    assert stopped.user_attrs["status"] == "interrupted" and stopped.user_attrs["failure_kind"] == "settings"
+    assert stopped.user_attrs["fail_reason"].startswith("interrupted: the run's settings fail every trial (")
+    queued = study.get_trials(states=(TrialState.WAITING,))
+    assert len(queued) == 1 and queued[0].user_attrs["retry_of"] == stopped.number
+    assert queued[0].user_attrs["queued_params"] == stopped.params and done_count(study) == 1
+    # ... so the corrected rerun trains it, and the budget counts each point once.
+    fixed = use_train(monkeypatch, FakeTrain())
+    assert main(command) == 0
+    assert len(fixed.calls) == 1 and done_count(open_run_study(tmp_path / "runs" / "t")) == 2
+    assert sorted(_verdicts(tmp_path).values()) == [["completed"], ["interrupted", "completed"]]
 
 
 def test_retry_failed_runs_the_failed_points_again_once(monkeypatch, tmp_path):
