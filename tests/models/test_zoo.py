@@ -14,11 +14,12 @@ import torch
 
 from geosearch.assignment import Assignment
 from geosearch.errors import ConfigError
-from geosearch.inspect import describe_parameters
+from geosearch.inspect import describe_parameters, fitting_rule_sets
 from geosearch.modules import get_rule_set, match_parameters, module_types
 from geosearch.build import build_optimizer
 from geosearch.models.model import GPT, make_config
 from geosearch.proxy.probes import WeightProbe, attention_stats
+from geosearch.rule_inference import infer_rules
 from geosearch.models.lm import lm_logits, lm_loss
 from geosearch.models.specs import model_spec_names
 from geosearch.models.zoo import (
@@ -272,6 +273,30 @@ def test_a_model_the_probes_cannot_hook_is_built_with_a_warning(hf, caplog, monk
     assert "cannot hook the queries and keys of Gemma2ForCausalLM" in lines[0]
     assert "logit-growth pruner has no signal" in lines[0]
     assert first.warnings == again.warnings == lines and first.describe()["warnings"] == lines
+
+
+@pytest.mark.parametrize("multi_query", [True, False])
+def test_gpt_bigcode_c_attn_is_never_cut_into_equal_thirds(hf, multi_query):
+    built = build_meta_model("hf:gpt_bigcode", vocab_size=256, model_args={"n_layer": 2, "multi_query": multi_query})
+    model = built.model
+    # Rule: c_attn is Q (128 rows) then K and V (32 each: one key/value head) under multi-query
+    # attention, q, k, v interleaved head by head without it; neither splits into equal thirds,
+    # so nanogpt_split does not fit and the default rules keep c_attn one type ...
+    assert fitting_rule_sets(model) == ["nanogpt"] and built.rules == "nanogpt"
+    assert all(not r.split for r in infer_rules(model))
+    # ... and naming the split rules anyway is refused in one line that names the shapes.
+    if multi_query:
+        problem = (r"rule 'attn_qkv' cuts 'transformer\.h\.0\.attn\.c_attn\.weight' \(192 outputs\) into 3 "
+                   r"equal blocks of 64, but it holds Q in 128 rows \(4 heads × 32\) and K, V in 32 each "
+                   r"\(1 key/value head\)")
+    else:
+        problem = r"\(384 outputs\) into 3 equal blocks of 128, but it holds q, k and v interleaved head by head"
+    with pytest.raises(ConfigError, match=problem + ".*keep it one module type") as e:
+        match_parameters(model, "nanogpt_split")
+    assert "\n" not in str(e.value)
+    # Rule: rules whose split is right for the model still bind: nanogpt's proxy, GPT-2.
+    assert match_parameters(GPT(make_config("tiny")), "nanogpt_split").matched
+    assert match_parameters(build_meta_model("hf:gpt2", vocab_size=256).model, "gpt2_split").matched
 
 
 def test_default_rules_of_hf_model_types(hf):
