@@ -9,7 +9,8 @@ of the registered ones (``attn_q``, ``attn_k``, ``attn_v``, ``attn_qkv``, ``attn
 ``mlp_gate``, ``mlp_in``, ``mlp_out``), the layout of the module that holds each weight
 (``nn.Linear``: ``out_in``, ``Conv1D``: ``in_out``), and a ``split`` for fused weights whose
 blocks are stacked whole (``c_attn``, ``qkv_proj``, ``Wqkv``, ``W_pack``: ``[Q | K | V]``
-when the three are equally wide; ``gate_up_proj``: ``[gate | up]``). Weights stored per
+when the attention module's head counts make the three equally wide; ``gate_up_proj``:
+``[gate | up]``). Weights stored per
 head interleaved (``query_key_value`` of GPT-NeoX, Falcon, BLOOM) stay one type,
 ``attn_qkv``. :func:`model_rules` picks a model's rules: the first registered rule set that
 fits it (:func:`rules_fit`), else the inferred ones.
@@ -32,7 +33,9 @@ from geosearch.modules import (
     _embedding_and_head_ids,
     _module_kind,
     check_rules,
+    fused_qkv_layout,
     match_parameters,
+    qkv_split_problem,
     rule_set_names,
 )
 
@@ -147,31 +150,24 @@ def _type_of(module_name: str) -> str | None:
 
 
 def _split(type_: str, entries: list[tuple[str, nn.Module]], modules: dict[str, nn.Module]) -> tuple[str, ...]:
-    """The split of a fused type when every weight of it is stacked in equal whole blocks."""
+    """The split of a fused type when every weight of it is stacked in equal whole blocks:
+    for ``attn_qkv``, when the attention module's head counts say Q, K and V are equally wide
+    and stacked whole (:func:`~geosearch.modules.fused_qkv_layout`)."""
     leaves = {n.split(".")[-2] for n, _ in entries}
     if len(leaves) != 1 or next(iter(leaves)) not in _CONTIGUOUS_SPLITS:
         return ()
-    blocks = _CONTIGUOUS_SPLITS[next(iter(leaves))]
+    leaf = next(iter(leaves))
+    blocks = _CONTIGUOUS_SPLITS[leaf]
     for name, module in entries:
         layout = _module_kind(module) or "out_in"
         out_dim = module.weight.shape[1 if layout == "in_out" else 0]
         if out_dim % len(blocks):
             return ()
-        if type_ == "attn_qkv" and _query_width(name, modules) != out_dim // 3:
-            return ()  # grouped-query attention: K and V narrower than Q
+        if type_ == "attn_qkv":
+            attention = modules.get(name.rsplit(".", 2)[0])
+            if fused_qkv_layout(attention, leaf) is None or qkv_split_problem(attention, leaf, out_dim):
+                return ()  # unknown heads, grouped-query or multi-query (K, V narrower), per head
     return blocks
-
-
-def _query_width(name: str, modules: dict[str, nn.Module]) -> int | None:
-    """Width of the queries of the attention block holding weight ``name``: the input
-    width of its output projection (a sibling module of type ``attn_out``)."""
-    parent = name.rsplit(".", 2)[0]
-    for mod_name, module in modules.items():
-        if mod_name.rpartition(".")[0] == parent and _type_of(mod_name) == "attn_out":
-            weight = getattr(module, "weight", None)
-            if weight is not None and weight.dim() == 2:
-                return int(weight.shape[0 if _module_kind(module) == "in_out" else 1])
-    return None
 
 
 def _pattern(names: list[str], all_names: list[str]) -> str:

@@ -1,52 +1,50 @@
-"""Queries and keys of any supported model, captured with hooks, for the attention probes.
+"""Queries and keys of any supported model, captured for the attention probes.
 
-The instability probes (:func:`geosearch.proxy.probes.attention_stats`) need each
-layer's queries and keys exactly as its attention sees them, and the scale it multiplies
-``q·kᵀ`` by. :func:`qk_capture` gets them from one ordinary forward pass, without
-touching the attention computation (SDPA or flash kernels stay in use), from one of
-these *sources* (:data:`QK_SOURCES`):
+The instability probes (:func:`geosearch.proxy.probes.attention_stats`) and QK-clip
+(:mod:`geosearch.proxy.qkclip`) need each attention layer's queries and keys exactly as its
+attention kernel gets them, the scale it multiplies ``q·kᵀ`` by and the soft cap it puts on
+the result. :func:`qk_capture` gets them during ordinary forward passes without changing
+what the forward computes, from one of these *sources* (:data:`QK_SOURCES`):
 
 ``nanogpt``
     Modules with a ``record_qk`` switch that store ``last_q``/``last_k`` (B, nh, T, hs)
-    when it is on: :class:`geosearch.models.model.CausalSelfAttention`, or any user
-    module that follows the same protocol. Scale ``hs**-0.5``.
-``gpt2``
-    Hugging Face ``GPT2Attention``: a forward hook on the fused ``c_attn`` (a ``Conv1D``)
-    keeps its output (B, T, 3C), which is cut into q, k, v and into heads the way the
-    model does (``split(split_size, dim=2)``, ``view(B, T, nh, hs).transpose(1, 2)``).
-    Scale: the module's own (``hs**-0.5`` when ``scale_attn_weights``, divided by
-    ``layer_idx + 1`` when ``scale_attn_by_inverse_layer_idx``; 1 when neither).
-``llama``
-    Hugging Face ``LlamaAttention`` and the attention modules built the same way: rotary
-    embeddings handed in as ``position_embeddings=(cos, sin)`` and applied by their modeling
-    file's own ``apply_rotary_pos_emb`` (Mistral, Mixtral, Qwen2, Qwen3, Gemma, Gemma 3,
-    Phi, Phi-3, GPT-NeoX, OLMo, OLMo 2, StableLM, Starcoder2, Granite, Cohere, SmolLM3, ...
-    in ``transformers`` 5). Forward hooks keep the projections' outputs: ``q_proj`` and
-    ``k_proj``; or the fused ``qkv_proj`` (Phi-3: ``[Q | K | V]``, K and V
-    ``num_key_value_heads`` wide); or ``query_key_value`` (GPT-NeoX, Persimmon: per head
-    ``[q | k | v]``). A forward pre-hook on the attention module keeps the
-    ``position_embeddings`` the decoder passes it. The capture then redoes what the module
-    does between its projections and its attention: ``clip_qkv`` clamping (OLMo), the q/k
-    norms (``q_norm``/``k_norm`` on (B, T, nh, hd) heads, or on the whole width when that
-    is their size (OLMo 2); ``q_layernorm``/``k_layernorm`` on (B, nh, T, hd)), rotary
-    embeddings on the first ``rotary_ndims`` of each head when the module says so (Phi,
-    StableLM) and on none when ``use_rope`` is off (SmolLM3's NoPE layers), then repeats the
-    key heads for grouped-query attention with ``repeat_kv``. When the layer is not given
-    ``position_embeddings`` (older ``transformers``), they are recomputed with the model's
-    ``rotary_emb`` from the ``position_ids`` the layer got, else ``arange(T)``. Scale: the
-    module's ``scaling``. Not captured (the probes then say so, see
-    :mod:`geosearch.models.zoo`): soft-capped attention logits (Gemma 2), attention without
-    ``position_embeddings`` (GPT-J, OPT, BLOOM, CodeGen: their positions are applied inside
-    the module), cross-attention.
+    when it is on: the built-in proxies' :class:`geosearch.models.model.CausalSelfAttention`,
+    or a ``py:`` model's own module that follows the same protocol. Scale ``hs**-0.5``.
+``attention_interface``
+    Hugging Face models whose attention modules call ``transformers``' attention functions
+    (``ALL_ATTENTION_FUNCTIONS``: every decoder-only family of ``transformers`` 5 except a
+    few older ones that compute their logits themselves, e.g. BLOOM, Falcon, GPT-Neo, MPT),
+    with a ``transformers`` that has ``AttentionInterface`` and ``AttentionMaskInterface``.
+    While the capture is on, the config of those modules names a geosearch attention
+    function (``AttentionInterface.register``; its mask function is the original
+    implementation's, so the masks are made as before). It receives what the kernel would:
+    ``query`` (B, nh, T, hd) and ``key`` (B, nkv, T, hd) after the model's rotary
+    embeddings, q/k norms, clamps and fused or multi-query layouts, ``scaling``, ``softcap``
+    (Gemma 2) and the attention mask; it hands them over and then calls the kernel the model
+    is configured with (``sdpa``, ``eager``, flash, ...), so the forward's result is what it
+    was. Nothing about a family is redone here. On exit the config names its kernel again.
+``gpt2``, ``llama``
+    Forward hooks, for a ``transformers`` without ``AttentionInterface`` and for LLaMA-style
+    modules of one's own (a ``py:`` model). ``gpt2``: Hugging Face ``GPT2Attention``, its
+    fused ``c_attn`` output cut by its ``split_size`` and head size; scale: the module's own.
+    ``llama``: modules with ``q_proj``/``k_proj`` whose modeling file's
+    ``apply_rotary_pos_emb(q, k, cos, sin)`` rotates all of each head by the
+    ``position_embeddings`` the layer is handed (recomputed with the model's ``rotary_emb``
+    when it is not), keys repeated for grouped-query attention; scale: the module's
+    ``scaling``. An attention that does more between its projections and its kernel (q/k
+    norms, clamps, partial or no rotary embeddings, soft caps, sliding windows, fused
+    projections) is not hooked: such a model gets no source, and :func:`why_no_qk_source`
+    says why.
 
 Example:
-    >>> with qk_capture(model, "llama") as capture:
+    >>> with qk_capture(model) as capture:
     ...     model(x)
-    >>> [(layer.q.shape, layer.k.shape, layer.scale) for layer in capture.layers()]
+    >>> [(layer.q.shape, layer.k.shape, layer.scale, layer.softcap) for layer in capture.layers()]
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Callable, Iterator
@@ -56,23 +54,29 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-QK_SOURCES = ("nanogpt", "gpt2", "llama")
-"""How queries and keys can be captured; see the module docstring."""
+QK_SOURCES = ("nanogpt", "attention_interface", "gpt2", "llama")
+"""How queries and keys can be captured, in the order :func:`detect_qk_source` tries them."""
 
 
 class LayerQK(NamedTuple):
-    """One attention layer's queries and keys as its softmax sees them.
+    """One attention layer's queries and keys as its kernel gets them.
 
     Attributes:
         q: queries (B, nh, T, hs), position embeddings applied.
         k: keys (B, nh, T, hs); with grouped-query attention, each key head repeated for
             the query heads that share it.
-        scale: the attention logits are ``scale * q @ kᵀ``.
+        scale: the raw attention logits are ``scale * q @ kᵀ``.
+        softcap: when set, the kernel caps the logits to ``softcap * tanh(z / softcap)``
+            before its softmax (Gemma 2); None = no cap.
+        allowed: where the kernel's attention mask lets a query see a key, (B or 1, nh or
+            1, T, T) booleans (a sliding window, say); None = the plain causal mask.
     """
 
     q: torch.Tensor
     k: torch.Tensor
     scale: float
+    softcap: float | None = None
+    allowed: torch.Tensor | None = None
 
 
 # --------------------------------------------------------------------------- detection
@@ -80,35 +84,87 @@ def _is_recording(m: nn.Module) -> bool:
     return hasattr(m, "record_qk") and hasattr(m, "last_q") and hasattr(m, "last_k")
 
 
+def interface_missing() -> str | None:
+    """Why the ``attention_interface`` source is unavailable, in words; None when it is
+    available (``transformers`` with ``AttentionInterface`` and ``AttentionMaskInterface``)."""
+    try:
+        import transformers
+    except ImportError:
+        return "transformers is not installed"
+    try:
+        from transformers import AttentionInterface  # noqa: F401
+        from transformers.masking_utils import AttentionMaskInterface  # noqa: F401
+    except ImportError:
+        return f"transformers {transformers.__version__} has no AttentionInterface"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _calls_attention_functions(cls: type) -> bool:
+    """True when ``cls.forward`` calls ``transformers``' attention functions."""
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def _is_interface(m: nn.Module) -> bool:
+    return (hasattr(getattr(m, "config", None), "_attn_implementation")
+            and _calls_attention_functions(type(m))
+            and not getattr(m, "is_cross_attention", False)
+            and getattr(m, "is_causal", True) is not False)  # not an encoder's (a vision tower's)
+
+
 def _is_gpt2(m: nn.Module) -> bool:
     return (type(m).__name__ == "GPT2Attention" and hasattr(m, "c_attn")
             and not getattr(m, "is_cross_attention", False))
 
 
-_FUSED_QK = ("qkv_proj", "query_key_value")
-"""Fused projections the ``llama`` source reads queries and keys from (see the docstring)."""
-
-
 def _is_llama(m: nn.Module) -> bool:
-    has_projections = (hasattr(m, "q_proj") and hasattr(m, "k_proj")) or any(hasattr(m, f) for f in _FUSED_QK)
-    if not (type(m).__name__.endswith("Attention") and has_projections and _head_dim(m)):
-        return False
-    if getattr(m, "is_cross_attention", False) or getattr(m, "attn_logit_softcapping", None) is not None:
-        return False  # another attention than scale * q @ kᵀ over the layer's own tokens
+    return type(m).__name__.endswith("Attention") and _llama_refusal(m) is None
+
+
+_MORE_THAN_ROTARY = {
+    "q_norm": "q/k norms", "k_norm": "q/k norms", "q_layernorm": "q/k norms", "k_layernorm": "q/k norms",
+    "rotary_ndims": "rotary embeddings on part of each head", "use_rope": "layers without rotary embeddings",
+    "attn_logit_softcapping": "soft-capped logits",
+}
+"""Attributes of an attention that does more between its projections and its kernel than
+the ``llama`` hooks follow, and what it does."""
+
+
+def _llama_refusal(m: nn.Module) -> str | None:
+    """Why the ``llama`` hooks cannot follow attention module ``m``, in words; None when they can."""
+    if not (hasattr(m, "q_proj") and hasattr(m, "k_proj")):
+        return "it has no separate q_proj and k_proj"
+    if not _head_dim(m):
+        return "it states no head_dim"
+    if getattr(m, "is_cross_attention", False):
+        return "it is cross-attention"
+    for attr, what in _MORE_THAN_ROTARY.items():
+        if getattr(m, attr, None) is not None:
+            return f"it applies {what}"
+    config = getattr(m, "config", None)
+    if getattr(config, "clip_qkv", None) is not None:
+        return "it clamps q, k and v"
+    if (getattr(config, "partial_rotary_factor", None) or 1.0) != 1.0:
+        return "it applies rotary embeddings on part of each head"
+    window = getattr(config, "sliding_window", None)
+    if (isinstance(window, int) and getattr(config, "use_sliding_window", True) is not False
+            and window < (getattr(config, "max_position_embeddings", None) or window + 1)):
+        return "its sliding window hides keys from queries, which hooks on the projections cannot see"
     try:
         takes_rotary = "position_embeddings" in inspect.signature(type(m).forward).parameters
     except (TypeError, ValueError):
         takes_rotary = False
-    if hasattr(m, "query_key_value") and not hasattr(m, "q_proj"):
-        heads = getattr(m, "num_heads", None) or getattr(getattr(m, "config", None), "num_attention_heads", 0)
-        if m.query_key_value.weight.shape[0] != 3 * heads * _head_dim(m):
-            return False  # Falcon's multi-query / grouped layouts: not per head [q | k | v]
     rotary = _rotary_function(m)
     try:  # LLaMA's (q, k, cos, sin), not GPT-J's apply_rotary_pos_emb(tensor, sin, cos)
         takes_pair = rotary is not None and list(inspect.signature(rotary).parameters)[:4] == ["q", "k", "cos", "sin"]
     except (TypeError, ValueError):
         takes_pair = False
-    return (takes_rotary or hasattr(m, "rotary_emb")) and takes_pair
+    if not ((takes_rotary or hasattr(m, "rotary_emb")) and takes_pair):
+        return "its positions are not LLaMA's rotary embeddings handed in as (cos, sin)"
+    return None
 
 
 def _head_dim(m: nn.Module) -> int | None:
@@ -116,47 +172,86 @@ def _head_dim(m: nn.Module) -> int | None:
 
 
 _DETECT: dict[str, Callable[[nn.Module], bool]] = {
-    "nanogpt": _is_recording, "gpt2": _is_gpt2, "llama": _is_llama}
+    "nanogpt": _is_recording, "attention_interface": _is_interface, "gpt2": _is_gpt2, "llama": _is_llama}
 
 
 def attention_layers(model: nn.Module, source: str) -> list[nn.Module]:
-    """The attention modules of ``model`` that ``source`` can capture, in module order.
+    """The attention modules of ``model`` that ``source`` can capture, in module order
+    (none for ``attention_interface`` when :func:`interface_missing`).
 
     Raises:
         ValueError: unknown source.
     """
     if source not in _DETECT:
         raise ValueError(f"unknown qk source {source!r}; expected one of: {', '.join(QK_SOURCES)}")
+    if source == "attention_interface" and interface_missing() is not None:
+        return []
+    if source == "llama":  # all or none: a model is not probed on some of its layers
+        candidates = [m for m in model.modules() if type(m).__name__.endswith("Attention") and hasattr(m, "q_proj")]
+        return candidates if all(map(_is_llama, candidates)) else []
     return [m for m in model.modules() if _DETECT[source](m)]
 
 
 def detect_qk_source(model: nn.Module) -> str | None:
     """The first source of :data:`QK_SOURCES` that finds attention layers in ``model``,
-    or None when none does (the attention probes are then unavailable)."""
+    or None when none does (the attention probes are then unavailable:
+    :func:`why_no_qk_source` says why)."""
     for source in QK_SOURCES:
         if attention_layers(model, source):
             return source
     return None
 
 
+def why_no_qk_source(model: nn.Module) -> str:
+    """Why :func:`detect_qk_source` finds nothing in ``model``, in plain words (a phrase
+    that follows "cannot capture the queries and keys of <class>: ")."""
+    attention = next((m for m in model.modules() if "Attention" in type(m).__name__), None)
+    if attention is None:
+        return ("it has no attention layer geosearch recognises (none follows the record_qk protocol, "
+                "calls transformers' attention functions, or is GPT-2 or LLaMA attention)")
+    name = type(attention).__name__
+    missing = interface_missing()
+    if missing is None and type(attention).__module__.startswith("transformers."):
+        if _calls_attention_functions(type(attention)):
+            return f"its {name} is cross-attention or an encoder's, not the causal self-attention the probes read"
+        return (f"its {name} computes the attention logits inside its own forward instead of calling "
+                "transformers' attention functions (AttentionInterface), so its queries and keys never "
+                "reach geosearch")
+    refusal = _llama_refusal(attention) or "it is neither GPT-2 nor LLaMA attention"
+    hooks = f"forward hooks cannot follow its {name}: {refusal}"
+    if missing is not None and type(attention).__module__.startswith("transformers."):
+        return f"{missing} (install a newer transformers to capture any family) and {hooks}"
+    return f"its {name} does not follow the record_qk protocol and {hooks}"
+
+
 # --------------------------------------------------------------------------- capture
 class QKCapture:
     """What :func:`qk_capture` yields; read :meth:`layers` after a forward pass."""
 
-    def __init__(self, model: nn.Module, source: str, layers: list[nn.Module]) -> None:
+    def __init__(self, model: nn.Module, source: str, layers: list[nn.Module],
+                 on_layer: Callable[[int, LayerQK], None] | None) -> None:
         self.model, self.source, self.modules = model, source, layers
-        self.raw: list[dict[str, Any]] = [{} for _ in layers]  # per layer: captured tensors
+        self.raw: list[dict[str, Any]] = [{} for _ in layers]  # hooks: per layer, captured tensors
+        self._taken: dict[int, LayerQK] = {}
+        self._on_layer = on_layer
+
+    def take(self, i: int, layer: LayerQK) -> None:
+        """Attention layer ``i`` has run: stream it to ``on_layer``, or keep it."""
+        if self._on_layer is not None:
+            self._on_layer(i, layer)
+        else:
+            self._taken[i] = layer
 
     def layers(self) -> list[LayerQK]:
         """Per-layer :class:`LayerQK` of the last forward pass, in layer order.
 
         Raises:
-            RuntimeError: no forward pass ran inside the ``with`` block.
+            RuntimeError: no forward pass ran inside the ``with`` block (or every layer was
+                streamed to ``on_layer``).
         """
-        out = [_FINISH[self.source](m, raw, self.model) for m, raw in zip(self.modules, self.raw)]
-        if any(layer is None for layer in out):
+        if not self._taken:
             raise RuntimeError("no queries/keys captured: run a forward pass inside qk_capture()")
-        return out
+        return [self._taken[i] for i in sorted(self._taken)]
 
 
 @contextmanager
@@ -164,82 +259,176 @@ def qk_capture(model: nn.Module, source: str | None = None,
                on_layer: Callable[[int, LayerQK], None] | None = None) -> Iterator[QKCapture]:
     """Capture every attention layer's queries and keys during forward passes in the block.
 
-    Hooks (or the ``record_qk`` switch) are installed on entry and removed on exit; the
-    captured tensors are detached and dropped on exit. The last forward pass wins.
+    On entry the hooks, the ``record_qk`` switch or the geosearch attention function are
+    put in place; on exit they are removed (the model's own attention implementation
+    named again) and the captured tensors dropped. The last forward pass wins. The
+    forward computes what it computes without the capture, gradients included.
 
     Args:
-        model: the unwrapped model (not a DDP wrapper: hooks see the same modules either
-            way, but pass the one whose attention layers you mean).
+        model: the unwrapped model (not a DDP wrapper: pass the one whose attention layers
+            you mean).
         source: one of :data:`QK_SOURCES`; None = :func:`detect_qk_source`.
         on_layer: streaming mode: called as ``on_layer(i, layer_qk)`` as soon as attention
-            layer ``i`` has run, after which its tensors are dropped, so a training forward
-            keeps nothing beyond what ``on_layer`` keeps (e.g. a per-head max); ``layers()``
-            then has nothing to return.
+            layer ``i`` has its queries and keys, which are then dropped, so a training
+            forward keeps nothing beyond what ``on_layer`` keeps (e.g. a per-head max);
+            ``layers()`` then has nothing to return.
 
     Yields:
         A :class:`QKCapture`; ``capture.layers()`` after a forward.
 
     Raises:
-        ValueError: unknown source, or the model has no attention layer of that source.
+        ValueError: unknown source, or the model has no attention layer of that source
+            (the message says why).
+        RuntimeError: the model's attention is already being captured (captures do not nest).
     """
     if source is None:
         source = detect_qk_source(model)
         if source is None:
-            raise ValueError(f"{type(model).__name__} has no attention layer that geosearch can probe "
-                             f"(known kinds: {', '.join(QK_SOURCES)})")
+            raise ValueError(f"cannot capture the queries and keys of {type(model).__name__}: "
+                             f"{why_no_qk_source(model)}")
     layers = attention_layers(model, source)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no {source!r} attention layer to probe")
-    capture = QKCapture(model, source, layers)
-    handles: list[Any] = []
+    capture = QKCapture(model, source, layers, on_layer)
+    undo: list[Callable[[], None]] = []
     try:
-        for i, (module, raw) in enumerate(zip(layers, capture.raw)):
-            handles += _INSTALL[source](module, raw)
-            if on_layer is not None:
-                handles.append(module.register_forward_hook(_stream(i, raw, source, model, on_layer)))
+        _INSTALL[source](capture, undo)
         yield capture
     finally:
-        for h in handles:
-            h.remove()
-        if source == "nanogpt":
-            for m in layers:
-                m.record_qk, m.last_q, m.last_k = False, None, None
+        for step in reversed(undo):
+            step()
         for raw in capture.raw:
             raw.clear()
+        capture._taken.clear()
 
 
+# nanogpt: the module records them itself -------------------------------------------------
+def _install_recording(capture: QKCapture, undo: list) -> None:
+    for i, m in enumerate(capture.modules):
+        def hook(m: nn.Module, _inputs: Any, _output: Any, i: int = i) -> None:
+            if m.last_q is not None:
+                q, k = m.last_q, m.last_k
+                m.last_q, m.last_k = None, None
+                capture.take(i, LayerQK(q, k, q.size(-1) ** -0.5))
+        m.record_qk = True
+        undo.append(m.register_forward_hook(hook).remove)
+        undo.append(functools.partial(_stop_recording, m))
+
+
+def _stop_recording(m: nn.Module) -> None:
+    m.record_qk, m.last_q, m.last_k = False, None, None
+
+
+# attention_interface: a registered attention function --------------------------------------
+_PREFIX = "geosearch_qk:"
+"""The geosearch attention functions are registered as ``_PREFIX + <the original's name>``."""
+_STATE = "_geosearch_qk"
+"""Attribute an attention module carries while captured: ``(capture, layer index)``."""
+
+
+def _install_interface(capture: QKCapture, undo: list) -> None:
+    configs = {id(m.config): m.config for m in capture.modules}
+    for m in capture.modules:
+        if _STATE in m.__dict__:
+            raise RuntimeError(f"the attention of {type(capture.model).__name__} is already being "
+                               "captured; qk_capture() blocks do not nest")
+    for config in configs.values():
+        original = config._attn_implementation
+        _set_implementation(config, _register(original))
+        undo.append(functools.partial(_set_implementation, config, original))
+    for i, m in enumerate(capture.modules):
+        m.__dict__[_STATE] = (capture, i)
+        undo.append(functools.partial(m.__dict__.pop, _STATE, None))
+
+
+def _set_implementation(config: Any, name: str | None) -> None:
+    """Name the attention implementation of ``config`` alone (not of its sub-configs)."""
+    if hasattr(config, "_attn_implementation_internal"):
+        config._attn_implementation_internal = name
+    else:
+        config._attn_implementation = name
+
+
+@functools.lru_cache(maxsize=None)
+def _register(original: str | None) -> str:
+    """Register the geosearch attention function standing in for ``original`` (and the
+    original's mask function under the same name); return that name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    name = f"{_PREFIX}{original}"
+    AttentionInterface.register(name, _capturing_attention)
+    if original in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+    return name
+
+
+def _kernel(module: nn.Module) -> Callable:
+    """The attention function ``module`` calls without the capture: its config's
+    implementation looked up as its modeling file looks it up (``eager`` = the file's own
+    ``eager_attention_forward``)."""
+    name = module.config._attn_implementation
+    original = name[len(_PREFIX):] if isinstance(name, str) and name.startswith(_PREFIX) else name
+    home = sys.modules.get(type(module).__module__)
+    eager = getattr(home, "eager_attention_forward", None)
+    if eager is None:
+        from transformers.models.llama.modeling_llama import eager_attention_forward as eager
+    interface = getattr(home, "ALL_ATTENTION_FUNCTIONS", None)
+    if interface is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as interface
+    return interface[original] if original not in (None, "None", "eager") and original in interface else eager
+
+
+def _capturing_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
+                         **kwargs: Any) -> Any:
+    """The geosearch attention function: hand ``query``, ``key`` (heads repeated for
+    grouped-query attention), ``scaling``, ``softcap`` and the mask over, then run the kernel."""
+    state = module.__dict__.get(_STATE)
+    if state is not None and query.size(-2) == key.size(-2):  # self-attention over the layer's tokens
+        capture, i = state
+        q, k = query.detach(), key.detach()  # (B, nh, T, hd), (B, nkv, T, hd)
+        if k.size(1) != q.size(1):  # key head j serves query heads j·n .. (j+1)·n - 1
+            B, nkv, T, hd = k.shape
+            k = k[:, :, None].expand(B, nkv, q.size(1) // nkv, T, hd).reshape(B, q.size(1), T, hd)
+        softcap = kwargs.get("softcap")
+        capture.take(i, LayerQK(q, k, float(q.size(-1) ** -0.5 if scaling is None else scaling),
+                                None if softcap is None else float(softcap), _allowed(attention_mask, q.size(-2))))
+    return _kernel(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def _allowed(mask: Any, T: int) -> torch.Tensor | None:
+    """Where a 4-D (B, 1 or nh, T, T) attention mask lets queries see keys: a boolean mask
+    as is, an additive one where it is not (close to) its dtype's minimum; None for any
+    other mask (None, a padding mask, a flex ``BlockMask``)."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or tuple(mask.shape[-2:]) != (T, T):
+        return None
+    if mask.dtype == torch.bool:
+        return mask.detach()
+    return mask.detach() > torch.finfo(mask.dtype).min / 2
+
+
+# gpt2: hooks on the fused c_attn output (B, T, 3C) ------------------------------------------
 def _keep(raw: dict[str, Any], key: str) -> Callable:
     def hook(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
         raw[key] = output.detach()
     return hook
 
 
-def _stream(i: int, raw: dict[str, Any], source: str, model: nn.Module,
-            on_layer: Callable[[int, LayerQK], None]) -> Callable:
-    """The attention module's forward hook of streaming mode: hand over, then drop."""
-    def hook(m: nn.Module, _inputs: Any, _output: Any) -> None:
-        layer = _FINISH[source](m, raw, model)
-        raw.clear()
-        if source == "nanogpt":
-            m.last_q, m.last_k = None, None
-        if layer is not None:
-            on_layer(i, layer)
-    return hook
+def _install_hooks(capture: QKCapture, undo: list) -> None:
+    """The ``gpt2`` and ``llama`` sources: hooks that keep what they need as each layer
+    runs, and a forward hook on the attention module that finishes and hands it over."""
+    install, finish = _HOOKS[capture.source]
+    for i, (m, raw) in enumerate(zip(capture.modules, capture.raw)):
+        def done(m: nn.Module, _inputs: Any, _output: Any, i: int = i, raw: dict = raw) -> None:
+            layer = finish(m, raw, capture.model)
+            raw.clear()
+            if layer is not None:
+                capture.take(i, layer)
+        undo.extend(h.remove for h in install(m, raw))
+        undo.append(m.register_forward_hook(done).remove)
 
 
-# nanogpt: the module records them itself
-def _install_recording(m: nn.Module, raw: dict[str, Any]) -> list:
-    m.record_qk = True
-    return []
-
-
-def _finish_recording(m: nn.Module, raw: dict[str, Any], model: nn.Module) -> LayerQK | None:
-    if m.last_q is None:
-        return None
-    return LayerQK(m.last_q, m.last_k, m.last_q.size(-1) ** -0.5)
-
-
-# gpt2: the fused c_attn output (B, T, 3C)
 def _install_gpt2(m: nn.Module, raw: dict[str, Any]) -> list:
     return [m.c_attn.register_forward_hook(_keep(raw, "qkv"))]
 
@@ -256,23 +445,21 @@ def _gpt2_scale(m: nn.Module) -> float:
 def _finish_gpt2(m: nn.Module, raw: dict[str, Any], model: nn.Module) -> LayerQK | None:
     if "qkv" not in raw:
         return None
-    q, k, _ = raw["qkv"].split(m.split_size, dim=2)  # 3 x (B, T, C)
+    q, k, _ = raw["qkv"].split(m.split_size, dim=2)  # 3 x (B, T, C): Q, K, V of nh heads each
     B, T, _ = q.shape
     q = q.view(B, T, -1, m.head_dim).transpose(1, 2)  # (B, nh, T, hs)
     k = k.view(B, T, -1, m.head_dim).transpose(1, 2)  # (B, nh, T, hs)
     return LayerQK(q, k, _gpt2_scale(m))
 
 
-# llama: projection outputs (B, T, nh*hd) and (B, T, nkv*hd), or a fused one, and (cos, sin)
+# llama: hooks on q_proj (B, T, nh*hd), k_proj (B, T, nkv*hd) and the layer's (cos, sin) ----
 def _install_llama(m: nn.Module, raw: dict[str, Any]) -> list:
     def pre_hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
         raw["position_embeddings"] = kwargs.get("position_embeddings")
         raw["position_ids"] = kwargs.get("position_ids")
 
-    fused = next((f for f in _FUSED_QK if hasattr(m, f)), None)
-    outputs = [(fused, "qkv")] if fused and not hasattr(m, "q_proj") else [("q_proj", "q"), ("k_proj", "k")]
     return [m.register_forward_pre_hook(pre_hook, with_kwargs=True),
-            *(getattr(m, name).register_forward_hook(_keep(raw, key)) for name, key in outputs)]
+            m.q_proj.register_forward_hook(_keep(raw, "q")), m.k_proj.register_forward_hook(_keep(raw, "k"))]
 
 
 def _rotary_function(m: nn.Module) -> Callable | None:
@@ -313,57 +500,25 @@ def llama_rotary(model: nn.Module, m: nn.Module, x: torch.Tensor,
     return rotary(x, position_ids)
 
 
-def _llama_projections(m: nn.Module, raw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Queries (B, T, nh*hd) and keys (B, T, nkv*hd) as the projections gave them."""
-    if "qkv" not in raw:
-        return raw["q"], raw["k"]
-    qkv, hd = raw["qkv"], _head_dim(m)
-    if hasattr(m, "query_key_value"):  # per head [q | k | v]
-        B, T, _ = qkv.shape
-        q, k, _ = qkv.view(B, T, -1, 3 * hd).chunk(3, dim=-1)  # (B, T, nh, hd) each
-        return q.reshape(B, T, -1), k.reshape(B, T, -1)
-    n_q = m.config.num_attention_heads * hd
-    n_kv = getattr(m, "num_key_value_heads", None) or m.config.num_key_value_heads
-    return qkv[..., :n_q], qkv[..., n_q:n_q + n_kv * hd]  # [Q | K | V]
-
-
 def _finish_llama(m: nn.Module, raw: dict[str, Any], model: nn.Module) -> LayerQK | None:
-    if not ("qkv" in raw or ("q" in raw and "k" in raw)):
+    if "q" not in raw or "k" not in raw:
         return None
-    q, k = _llama_projections(m, raw)  # (B, T, nh*hd), (B, T, nkv*hd)
-    clip = getattr(getattr(m, "config", None), "clip_qkv", None)
-    if clip is not None:
-        q, k = q.clamp(-clip, clip), k.clamp(-clip, clip)
     hd = _head_dim(m)
-    B, T, _ = q.shape
-    q_norm, k_norm = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
-    weight = getattr(q_norm, "weight", None)
-    whole = weight is not None and weight.dim() == 1 and weight.numel() == q.size(-1) != hd
-    if whole:  # one norm over the whole width (OLMo 2)
-        q, k = q_norm(q), k_norm(k)
-    q = q.view(B, T, -1, hd)  # (B, T, nh, hd)
-    k = k.view(B, T, -1, hd)  # (B, T, nkv, hd)
-    if q_norm is not None and not whole:  # per head (Qwen3, Gemma 3; Cohere's (nh, hd) weight)
-        q, k = q_norm(q), k_norm(k)
-    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
-    if getattr(m, "q_layernorm", None) is not None:  # Phi, StableLM, Persimmon
-        q, k = m.q_layernorm(q), m.k_layernorm(k)
-    if getattr(m, "use_rope", True):
-        cos_sin = raw.get("position_embeddings")
-        if cos_sin is None:
-            cos_sin = llama_rotary(model, m, q, raw.get("position_ids"))
-        cos, sin = cos_sin  # (B or 1, T, rotary dims)
-        rot = getattr(m, "rotary_ndims", None) or hd  # partial rotary (Phi, StableLM)
-        q_rot, k_rot = _rotary_function(m)(q[..., :rot], k[..., :rot], cos, sin)
-        q, k = torch.cat([q_rot, q[..., rot:]], dim=-1), torch.cat([k_rot, k[..., rot:]], dim=-1)
-    n_rep = q.size(1) // k.size(1)
-    k = _llama_function(m, "repeat_kv")(k, n_rep)  # (B, nh, T, hd)
+    B, T, _ = raw["q"].shape
+    q = raw["q"].view(B, T, -1, hd).transpose(1, 2)  # (B, nh, T, hd)
+    k = raw["k"].view(B, T, -1, hd).transpose(1, 2)  # (B, nkv, T, hd)
+    cos_sin = raw.get("position_embeddings")
+    if cos_sin is None:
+        cos_sin = llama_rotary(model, m, q, raw.get("position_ids"))
+    q, k = _rotary_function(m)(q, k, *cos_sin)
+    k = _llama_function(m, "repeat_kv")(k, q.size(1) // k.size(1))  # (B, nh, T, hd)
     scale = getattr(m, "scaling", None)
     return LayerQK(q, k, float(hd ** -0.5 if scale is None else scale))
 
 
-_INSTALL: dict[str, Callable[[nn.Module, dict], list]] = {
-    "nanogpt": _install_recording, "gpt2": _install_gpt2, "llama": _install_llama}
-_FINISH: dict[str, Callable[[nn.Module, dict, nn.Module], LayerQK | None]] = {
-    "nanogpt": _finish_recording, "gpt2": _finish_gpt2, "llama": _finish_llama}
-
+_HOOKS: dict[str, tuple[Callable[[nn.Module, dict], list],
+                        Callable[[nn.Module, dict, nn.Module], LayerQK | None]]] = {
+    "gpt2": (_install_gpt2, _finish_gpt2), "llama": (_install_llama, _finish_llama)}
+_INSTALL: dict[str, Callable[[QKCapture, list], None]] = {
+    "nanogpt": _install_recording, "attention_interface": _install_interface,
+    "gpt2": _install_hooks, "llama": _install_hooks}

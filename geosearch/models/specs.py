@@ -47,7 +47,6 @@ class HFFamily:
         block_field: the config field holding the context length.
         size_fields: fields that must be positive integers.
         rules: its rule set in :mod:`geosearch.modules`.
-        qk_source: how :mod:`geosearch.models.qk` captures its queries and keys.
     """
 
     config_class: str
@@ -56,7 +55,6 @@ class HFFamily:
     block_field: str
     size_fields: tuple[str, ...]
     rules: str
-    qk_source: str
 
 
 HF_MODELS: dict[str, HFFamily] = {
@@ -65,7 +63,7 @@ HF_MODELS: dict[str, HFFamily] = {
         defaults=dict(n_layer=4, n_head=4, n_embd=128, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                       bos_token_id=None, eos_token_id=None),
         block_field="n_positions", size_fields=("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"),
-        rules="gpt2", qk_source="gpt2"),
+        rules="gpt2"),
     "llama": HFFamily(
         "LlamaConfig", "LlamaForCausalLM",
         defaults=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -73,7 +71,7 @@ HF_MODELS: dict[str, HFFamily] = {
         block_field="max_position_embeddings",
         size_fields=("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "max_position_embeddings", "vocab_size"),
-        rules="llama", qk_source="llama"),
+        rules="llama"),
 }
 """``hf:<name>`` -> how to build it. One entry per family.
 

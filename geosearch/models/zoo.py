@@ -13,21 +13,23 @@ causal LM of ``transformers``: ``mistral``, ``qwen2``, ``gemma``, ``phi3``, ...)
 ``hf:PATH`` (a directory holding ``config.json``) are made by
 :mod:`geosearch.models.hf_configs`; their rules are the first registered rule set that fits,
 else rules read off their module names (:func:`geosearch.rule_inference.model_rules`). A
-model whose queries and keys the probes cannot hook is built with a warning (logged once
-per spec, and kept in :attr:`BuiltModel.warnings`, hence in each run's ``config.yaml``): its
-runs report no attention logits, and the logit-growth pruner has nothing to go on. A ``py:`` factory (``py:package.module:factory`` or ``py:path/to/file.py:factory``)
+model whose queries and keys the probes cannot capture (:mod:`geosearch.models.qk`) is
+built with a warning that says why (logged once per spec, and kept in
+:attr:`BuiltModel.warnings`, hence in each run's ``config.yaml``): its runs report no
+attention logits, and the logit-growth pruner has nothing to go on. A ``py:`` factory
+(``py:package.module:factory`` or ``py:path/to/file.py:factory``)
 is called as ``factory(vocab_size=..., block_size=..., **model_args)`` and must return an
 ``nn.Module`` whose ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab_size), an
 object with ``.logits``, or a tuple starting with them; it has no default rule set
 (:func:`geosearch.inspect.fitting_rule_sets` lists the registered ones that fit), and its
-attention is probed when its modules are Hugging Face GPT-2/LLaMA-style or follow the
-proxy's ``record_qk`` protocol (:mod:`geosearch.models.qk`); otherwise ``qk_source`` is None
-and its runs report no attention logits.
+attention is probed when its modules follow the proxy's ``record_qk`` protocol, are
+``transformers`` attention modules, or are LLaMA-style (:mod:`geosearch.models.qk`);
+otherwise ``qk_source`` is None and its runs report no attention logits.
 
 Example:
     >>> built = build_model("hf:llama", vocab_size=256, block_size=None, model_args={"num_hidden_layers": 2})
     >>> built.rules, built.qk_source, built.block_size
-    ('llama', 'llama', 128)
+    ('llama', 'attention_interface', 128)
     >>> loss = lm_loss(built.model, x, y)          # x, y: (B, T) token ids
 """
 
@@ -64,7 +66,7 @@ from geosearch.models.hf_configs import (
 )
 from geosearch.models.lm import output_logits
 from geosearch.models.model import GPT, make_config
-from geosearch.models.qk import QK_SOURCES, detect_qk_source
+from geosearch.models.qk import detect_qk_source, why_no_qk_source
 from geosearch.rule_inference import model_rules
 from geosearch.models.specs import (  # the spec names live without torch
     DEFAULT_BLOCK_SIZE,
@@ -300,9 +302,9 @@ def _plan(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[s
         built = build()
         if built.qk_source is None:
             built.warnings.append(
-                f"model {spec!r}: the attention probes cannot hook the queries and keys of "
-                f"{type(built.model).__name__} (known kinds: {', '.join(QK_SOURCES)}); its runs "
-                "report no attention logits and the logit-growth pruner has no signal")
+                f"model {spec!r}: the attention probes cannot capture the queries and keys of "
+                f"{type(built.model).__name__}: {why_no_qk_source(built.model)}; its runs report no "
+                "attention logits and the logit-growth pruner has no signal")
         for line in built.warnings:
             _warn_once(line)
         return built
@@ -416,10 +418,10 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
             raise ConfigError(f"model {spec!r}: {model_class} rejected its config: {e}",
                               source=_SOURCE, key="model_args") from None
         if family is not None:
-            rules, qk_source, kind = family.rules, family.qk_source, name
+            rules, kind = family.rules, name
         else:
-            rules, qk_source, kind = model_rules(model), detect_qk_source(model), source.model_type
-        return BuiltModel(model, spec, kind, rules, int(context), int(config.vocab_size), qk_source,
+            rules, kind = model_rules(model), source.model_type
+        return BuiltModel(model, spec, kind, rules, int(context), int(config.vocab_size), detect_qk_source(model),
                           plain(config.to_diff_dict()))
     return build
 

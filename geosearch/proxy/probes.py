@@ -3,8 +3,9 @@
 Two measurements, both cheap enough to run every few training steps:
 
 * :func:`attention_stats` runs one extra forward pass (no grad, eval mode) on a fixed
-  probe batch with every attention layer recording its queries and keys, and reduces the
-  attention logits ``z = q·kᵀ/√hs`` of each layer to
+  probe batch with every attention layer's queries and keys captured as its kernel gets
+  them (:mod:`geosearch.models.qk`), and reduces the attention logits ``z = q·kᵀ/√hs``
+  of each layer (soft-capped as the kernel caps them, when it does) to
 
   - ``max_logit``: the largest logit over heads, sequences and causal (query, key)
     pairs; future positions, which the softmax never sees, are excluded. Signed max, as
@@ -50,6 +51,7 @@ from geosearch.models.model import CausalSelfAttention
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment
+    from geosearch.models.qk import LayerQK
 
 
 # --------------------------------------------------------------------------- attention
@@ -72,21 +74,30 @@ def recording_qk(model: nn.Module) -> Iterator[list[CausalSelfAttention]]:
             m.record_qk, m.last_q, m.last_k = False, None, None
 
 
-def causal_logits(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+def causal_logits(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, *,
+                  softcap: float | None = None, allowed: torch.Tensor | None = None) -> torch.Tensor:
     """Attention logits q·kᵀ/√hs in float32 with the future masked to -inf.
 
     Args:
         q, k: (B, nh, T, hs).
         scale: the model's attention scale when it is not 1/√hs (logits ``scale·q·kᵀ``).
+        softcap: the kernel's soft cap: logits ``softcap·tanh(z / softcap)``; None = none.
+        allowed: (B or 1, nh or 1, T, T) booleans, where the kernel's mask lets a query see
+            a key; pairs it forbids are masked too. None = causal only.
 
     Returns:
-        (B, nh, T, T); entry [b, h, i, j] is the logit of query i for key j, -inf for j > i.
+        (B, nh, T, T); entry [b, h, i, j] is the logit of query i for key j, -inf for j > i
+        and for pairs ``allowed`` forbids.
     """
     T, hs = q.size(-2), q.size(-1)
     z = q.float() @ k.float().transpose(-2, -1)  # (B, nh, T, T)
     z = z / math.sqrt(hs) if scale is None else z * scale
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T, T) j > i
-    return z.masked_fill(future, float("-inf"))
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    masked = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T, T) j > i
+    if allowed is not None:
+        masked = masked | ~allowed  # (B or 1, nh or 1, T, T)
+    return z.masked_fill(masked, float("-inf"))
 
 
 def row_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -102,60 +113,68 @@ def row_entropy(logits: torch.Tensor) -> torch.Tensor:
     return torch.special.entr(p).sum(dim=-1)  # entr(p) = -p ln p, entr(0) = 0
 
 
-def layer_attention_stats(q: torch.Tensor, k: torch.Tensor,
-                          scale: float | None = None) -> tuple[float, float, float]:
-    """``(max_logit, min_entropy, mean_entropy)`` of one layer (definitions in the module doc).
+def layer_attention_stats(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, *,
+                          softcap: float | None = None,
+                          allowed: torch.Tensor | None = None) -> tuple[float, float, float]:
+    """``(max_logit, min_entropy, mean_entropy)`` of one layer (definitions in the module
+    doc), of the logits as the kernel's softmax sees them (soft-capped when ``softcap``).
 
     Args:
         q, k: (B, nh, T, hs) with T ≥ 2.
-        scale: attention scale, when not 1/√hs (see :func:`causal_logits`).
+        scale, softcap, allowed: as :func:`causal_logits`.
     """
     if q.size(-2) < 2:
         raise ValueError("attention entropy needs sequences of at least 2 tokens")
-    z = causal_logits(q, k, scale)  # (B, nh, T, T)
+    z = causal_logits(q, k, scale, softcap=softcap, allowed=allowed)  # (B, nh, T, T)
     max_logit = z.amax()  # masked entries are -inf, never the max
     head_entropy = row_entropy(z)[..., 1:].mean(dim=(0, 2))  # (nh,) rows 1..T-1, batch
     return max_logit.item(), head_entropy.min().item(), head_entropy.mean().item()
 
 
 @torch.no_grad()
-def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str = "nanogpt") -> dict:
+def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str | None = "nanogpt") -> dict:
     """Per-layer max attention logit and attention entropy on the probe batch ``x``.
 
     One forward pass of ``model`` under ``torch.no_grad`` in eval mode (the training mode
-    is restored). Pass the unwrapped model (not a DDP wrapper).
+    is restored), each layer reduced to its statistics as soon as it has run. Pass the
+    unwrapped model (not a DDP wrapper).
 
     Args:
         model: a model holding :class:`CausalSelfAttention` layers (e.g. the proxy GPT),
-            or any model whose attention :func:`geosearch.models.qk.qk_capture` can hook.
+            or any model whose attention :func:`geosearch.models.qk.qk_capture` captures.
         x: token ids (B, T), T ≥ 2; a fixed batch of a few sequences.
-        qk_source: how to get each layer's queries and keys: ``"nanogpt"`` (the proxy's
-            ``record_qk`` switch), ``"gpt2"`` or ``"llama"`` (Hugging Face models, hooks;
-            see :mod:`geosearch.models.qk`); ``BuiltModel.qk_source`` of a zoo model.
+        qk_source: how to get each layer's queries and keys, one of
+            :data:`geosearch.models.qk.QK_SOURCES` (``BuiltModel.qk_source`` of a zoo model);
+            None = detected.
 
     Returns:
         ``max_logit_per_layer``, ``min_entropy_per_layer``, ``mean_entropy_per_layer``
         (lists, layer order), and ``max_logit`` (max over layers), ``min_entropy`` (min
-        over layers), ``mean_entropy`` (mean over layers), as floats. A diverged model
+        over layers), ``mean_entropy`` (mean over layers), as floats, of the logits the
+        kernel's softmax sees. A model that soft-caps its logits (Gemma 2) has them capped
+        here too, and gets ``raw_max_logit_per_layer`` and ``raw_max_logit``: the largest
+        logits before the cap (what grows when the capped ones saturate). A diverged model
         gives NaN/inf values, which the pruner treats as unstable.
     """
+    from geosearch.models.qk import qk_capture
+
+    per_layer: dict[int, tuple[float, float, float]] = {}
+    raw: dict[int, float] = {}
+
+    def reduce(i: int, t: LayerQK) -> None:
+        per_layer[i] = layer_attention_stats(t.q, t.k, t.scale, softcap=t.softcap, allowed=t.allowed)
+        if t.softcap is not None:
+            raw[i] = causal_logits(t.q, t.k, t.scale, allowed=t.allowed).amax().item()
+
     was_training = model.training
     model.eval()
     try:
-        if qk_source == "nanogpt" and any(isinstance(m, CausalSelfAttention) for m in model.modules()):
-            with recording_qk(model) as layers:
-                model(x)
-                per_layer = [layer_attention_stats(m.last_q, m.last_k) for m in layers]
-        else:
-            from geosearch.models.qk import qk_capture
-
-            with qk_capture(model, qk_source) as capture:
-                model(x)
-                per_layer = [layer_attention_stats(t.q, t.k, t.scale) for t in capture.layers()]
+        with qk_capture(model, qk_source, on_layer=reduce):
+            model(x)
     finally:
         model.train(was_training)
-    max_logit, min_entropy, mean_entropy = (list(v) for v in zip(*per_layer))
-    return {
+    max_logit, min_entropy, mean_entropy = (list(v) for v in zip(*(per_layer[i] for i in sorted(per_layer))))
+    out = {
         "max_logit_per_layer": max_logit,
         "min_entropy_per_layer": min_entropy,
         "mean_entropy_per_layer": mean_entropy,
@@ -163,6 +182,10 @@ def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str = "nanogpt
         "min_entropy": min(min_entropy, key=lambda v: -math.inf if math.isnan(v) else v),
         "mean_entropy": sum(mean_entropy) / len(mean_entropy),
     }
+    if raw:
+        out["raw_max_logit_per_layer"] = [raw.get(i, per_layer[i][0]) for i in sorted(per_layer)]
+        out["raw_max_logit"] = max(out["raw_max_logit_per_layer"], key=_nan_first)
+    return out
 
 
 def _nan_first(v: float) -> float:

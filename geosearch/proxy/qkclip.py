@@ -22,9 +22,11 @@ and the next step moves the weights again, so the probes (another batch, one ste
 can read a little above τ. Only downscaling happens, which keeps a weight in its set
 for AdamW, ``euclidean`` (plain Muon) and ``spectral_ball`` (σ_max cannot grow); it
 would move a weight off a manifold (Stiefel, DGram, sphere, oblique), so :class:`QKClip`
-refuses those. The head maxima are taken inside the capture hooks of
-:mod:`geosearch.models.qk` as each layer runs (one matmul per layer) and only the
-``(n_head,)`` vector is kept; the rescale needs no host sync.
+refuses those. The head maxima are taken inside the capture of :mod:`geosearch.models.qk`
+as each layer runs (one matmul per layer) and only the ``(n_head,)`` vector is kept; the
+rescale needs no host sync. They are maxima of the raw logits ``scale·q·kᵀ`` (before a
+soft cap, which is what the weights scale) over every causal pair (a sliding window's
+mask is not applied: the bound is conservative).
 
 Example:
     >>> clip = QKClip(model, tau=100.0, plan=plan)
@@ -45,9 +47,10 @@ from torch import nn
 
 from geosearch.errors import ConfigError
 from geosearch.manifolds import ADAMW
+from geosearch.modules import fused_qkv_layout
 from geosearch.plan import ParamPlan, Plan
 from geosearch.proxy.config import check_qk_clip
-from geosearch.models.qk import LayerQK, attention_layers, detect_qk_source, qk_capture
+from geosearch.models.qk import LayerQK, attention_layers, detect_qk_source, qk_capture, why_no_qk_source
 
 __all__ = ["CLIP_GEOMETRIES", "HeadBlock", "HeadLayout", "QKClip", "head_layout", "head_max_logits"]
 
@@ -91,44 +94,43 @@ class HeadLayout(NamedTuple):
 
 
 # --------------------------------------------------------------------------- layouts
-def _nanogpt_layout(m: nn.Module) -> HeadLayout:
-    # nn.Linear(C, 3C): rows [0, C) are q, [C, 2C) k, [2C, 3C) v; head h of q is rows h·hs..(h+1)·hs
-    c_attn = getattr(m, "c_attn", None)
-    if not isinstance(c_attn, nn.Linear) or not hasattr(m, "n_head") or c_attn.out_features % 3:
-        raise ValueError(f"{type(m).__name__} records q/k but has no fused c_attn Linear(C, 3C) "
-                         "and n_head to find each head's rows in")
-    C = c_attn.out_features // 3
-    hs = C // m.n_head
-    return HeadLayout(HeadBlock(c_attn.weight, c_attn.bias, 0, 0, m.n_head, hs),
-                      HeadBlock(c_attn.weight, c_attn.bias, 0, C, m.n_head, hs))
+_FUSED = ("c_attn", "qkv_proj", "Wqkv", "W_pack")
+"""Fused projections stacked as ``[Q | K | V]`` whose heads :func:`head_layout` can find."""
 
 
-def _gpt2_layout(m: nn.Module) -> HeadLayout:
-    # Conv1D weight (C, 3C), y = x @ W + b: columns [0, C) are q, [C, 2C) k
-    w, b, C = m.c_attn.weight, m.c_attn.bias, m.split_size
-    n = C // m.head_dim
-    return HeadLayout(HeadBlock(w, b, 1, 0, n, m.head_dim), HeadBlock(w, b, 1, C, n, m.head_dim))
-
-
-def _llama_layout(m: nn.Module) -> HeadLayout:
-    # q_proj (nh·hd, C), k_proj (nkv·hd, C): rows
-    hd = m.head_dim
-    q, k = m.q_proj, m.k_proj
-    return HeadLayout(HeadBlock(q.weight, q.bias, 0, 0, q.weight.size(0) // hd, hd),
-                      HeadBlock(k.weight, k.bias, 0, 0, k.weight.size(0) // hd, hd))
-
-
-_LAYOUTS = {"nanogpt": _nanogpt_layout, "gpt2": _gpt2_layout, "llama": _llama_layout}
-
-
-def head_layout(m: nn.Module, qk_source: str) -> HeadLayout:
-    """Where attention module ``m`` (of :data:`~geosearch.models.qk.QK_SOURCES` kind
-    ``qk_source``) keeps each head's query and key outputs.
+def head_layout(m: nn.Module) -> HeadLayout:
+    """Where attention module ``m`` keeps each head's query and key outputs: the rows of
+    ``q_proj`` and ``k_proj`` (``nn.Linear``), or the ``[Q | K | V]`` blocks of a fused
+    projection (rows of an ``nn.Linear``, columns of a ``Conv1D``) sized by the module's
+    head counts (:func:`geosearch.modules.fused_qkv_layout`: Q ``heads·head_dim`` wide, K
+    ``kv_heads·head_dim``).
 
     Raises:
-        ValueError: the module does not have the weights its kind should have.
+        ValueError: neither is there, or the fused one is not stacked that way.
     """
-    layout = _LAYOUTS[qk_source](m)
+    if hasattr(m, "q_proj") and hasattr(m, "k_proj"):
+        hd = getattr(m, "head_dim", None) or getattr(m, "head_size", None)
+        if not hd:
+            raise ValueError(f"{type(m).__name__} has q_proj/k_proj but states no head_dim to find its heads by")
+        q, k = m.q_proj, m.k_proj
+        layout = HeadLayout(HeadBlock(q.weight, q.bias, 0, 0, q.weight.size(0) // hd, hd),
+                            HeadBlock(k.weight, k.bias, 0, 0, k.weight.size(0) // hd, hd))
+    else:
+        leaf = next((f for f in _FUSED if isinstance(getattr(getattr(m, f, None), "weight", None), nn.Parameter)),
+                    None)
+        fused = fused_qkv_layout(m, leaf) if leaf is not None else None
+        if fused is None:
+            raise ValueError(f"{type(m).__name__} has no q_proj/k_proj and no fused c_attn, qkv_proj, Wqkv or "
+                             "W_pack with head counts to find each head's query and key rows in")
+        proj = getattr(m, leaf)
+        dim = 1 if type(proj).__name__ == "Conv1D" else 0  # Conv1D weight (in, out), y = x @ W + b
+        out = proj.weight.size(dim)
+        if fused.per_head or fused.q_rows + 2 * fused.kv_rows != out:
+            raise ValueError(f"{type(m).__name__}.{leaf} ({out} outputs) is not [Q | K | V] blocks of "
+                             f"{fused.heads} query and {fused.kv_heads} key heads of {fused.head_dim}")
+        layout = HeadLayout(
+            HeadBlock(proj.weight, proj.bias, dim, 0, fused.heads, fused.head_dim),
+            HeadBlock(proj.weight, proj.bias, dim, fused.q_rows, fused.kv_heads, fused.head_dim))
     if layout.k.heads < 1 or layout.q.heads % layout.k.heads:
         raise ValueError(f"{type(m).__name__}: {layout.q.heads} query heads cannot share "
                          f"{layout.k.heads} key heads")
@@ -145,7 +147,8 @@ def head_max_logits(layer: LayerQK) -> torch.Tensor:
     and masking the logits afterwards.
 
     Args:
-        layer: queries and keys (B, nh, T, hs) as the softmax sees them.
+        layer: queries and keys (B, nh, T, hs) as the kernel gets them; its soft cap and
+            mask are not applied (see the module doc).
 
     Returns:
         (nh,): ``max_{b, j ≤ i} scale·q[b,h,i]·k[b,h,j]``.
@@ -179,7 +182,7 @@ class QKClip:
 
     Raises:
         ConfigError: τ not a positive finite number, α outside [0, 1], a model whose
-            attention cannot be hooked or whose query/key weights cannot be found, or
+            attention cannot be captured or whose query/key weights cannot be found, or
             query/key weights on a manifold.
     """
 
@@ -196,10 +199,10 @@ class QKClip:
             raise ConfigError(f"alpha must be in [0, 1] but got {alpha!r}", source=source, key="qk_clip")
         self.qk_source = qk_source or detect_qk_source(model)
         if self.qk_source is None:
-            raise ConfigError(f"{type(model).__name__} has no attention layer geosearch can hook, "
-                              "so its logits cannot be clipped", source=source, key="qk_clip")
+            raise ConfigError(f"the logits of {type(model).__name__} cannot be clipped: {why_no_qk_source(model)}",
+                              source=source, key="qk_clip")
         try:
-            self.layouts = [head_layout(m, self.qk_source) for m in attention_layers(model, self.qk_source)]
+            self.layouts = [head_layout(m) for m in attention_layers(model, self.qk_source)]
         except ValueError as e:
             raise ConfigError(f"cannot clip this model's logits: {e}", source=source, key="qk_clip") from None
         if plan is not None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from geosearch.errors import SettingsError
 
-SCALARS = ("train_loss", "val_loss", "grad_norm", "lr", "max_logit", "min_entropy",
+SCALARS = ("train_loss", "val_loss", "grad_norm", "lr", "max_logit", "raw_max_logit", "min_entropy",
            "mean_entropy", "dual_residual")
 """The keys of a metrics record logged as scalars (when measured), besides ``sigma_max/<type>``."""
 _PACKAGE = {"tensorboard": "tensorboard"}  # the import a tracker needs, where not its name

@@ -61,7 +61,7 @@ Callback = Callable[[int, dict], "str | None"]
 # is, so runs with different seeds are scored on the same text.
 VAL_SEED = 1234
 
-# A py: model whose attention geosearch cannot hook: no logits or entropies to report.
+# A model whose attention geosearch cannot capture: no logits or entropies to report.
 _NO_ATTENTION = {"max_logit": None, "max_logit_per_layer": None, "min_entropy": None, "mean_entropy": None}
 
 
@@ -443,4 +443,6 @@ class _Run:
             "sigma_max": weights["sigma_max"],
             "constraint_error": weights["constraint_error"],  # manifold types only
             "dual_residual": max(residuals) if residuals else None,
+            # a soft-capping model's logits before the cap: only for such a model
+            **{key: att[key] for key in ("raw_max_logit", "raw_max_logit_per_layer") if key in att},
         }

@@ -1,7 +1,7 @@
 """Hugging Face models through the whole tool: ``inspect``, ``search`` (two trials, exported
 assignment), ``train``, for GPT-2 and LLaMA, model types (``hf:mistral``, ``hf:qwen2``,
-``hf:gemma``, ``hf:phi3``: rules read off its names) and a model the probes cannot hook
-(``hf:gemma2``), and a tokenizer of one's own (``--tokenizer``); each on a tiny
+``hf:gemma``, ``hf:phi3``: rules read off its names, ``hf:gemma2``: soft-capped logits) and a
+model the probes cannot capture (``hf:falcon``), and a tokenizer of one's own (``--tokenizer``); each on a tiny
 configuration (2 layers, width 32, context 32, 10 steps of batch 4) on CPU, in-process.
 """
 
@@ -34,6 +34,7 @@ TINY = {  # model_args of each family: 2 layers, width 32, context 32
     "hf:llama": {**_SMALL, "num_key_value_heads": 1},
     **{f"hf:{t}": {**_SMALL, "num_key_value_heads": 1} for t in ("mistral", "qwen2", "gemma", "gemma2")},
     "hf:phi3": _SMALL,  # all heads for K and V: qkv_proj splits into equal Q, K, V blocks
+    "hf:falcon": {k: v for k, v in _SMALL.items() if k != "intermediate_size"},  # logits computed in-module
 }
 RULES = {"hf:gpt2": "gpt2", "hf:llama": "llama"}
 RUN = {"batch_size": 4, "eval_every": 5, "probe_every": 5, "eval_batches": 1, "probe_batch_size": 2,
@@ -135,11 +136,11 @@ def test_train_hf_llama_writes_metrics_with_finite_max_logit(tmp_path, capsys):
                                   "mlp_out": "dgram"}
     model = config["model"]
     assert (model["spec"], model["class"], model["rules"], model["qk_source"], model["block_size"]) == (
-        "hf:llama", "LlamaForCausalLM", "llama", "llama", T)
+        "hf:llama", "LlamaForCausalLM", "llama", "attention_interface", T)
     assert model["config"]["num_hidden_layers"] == 2
 
 
-@pytest.mark.parametrize("spec", ["hf:mistral", "hf:qwen2", "hf:gemma", "hf:phi3"])
+@pytest.mark.parametrize("spec", ["hf:mistral", "hf:qwen2", "hf:gemma", "hf:phi3", "hf:gemma2"])
 def test_train_hf_model_types_probe_attention_and_record_the_model(spec, tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "--model", spec, *model_args_flags(spec), "--assign", "attn=stiefel,mlp=dgram",
@@ -148,28 +149,34 @@ def test_train_hf_model_types_probe_attention_and_record_the_model(spec, tmp_pat
     captured = capsys.readouterr()
     assert rc == 0, captured.out + captured.err
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    # Rule: the probes hook q and k: a finite max attention logit per layer at each probe step.
+    # Rule: the probes capture q and k: a finite max attention logit per layer at each probe
+    # step; Gemma 2's soft-capped logits as its kernel sees them, and the raw ones too.
     assert all(math.isfinite(m["max_logit"]) and len(m["max_logit_per_layer"]) == 2 for m in records)
+    capped = spec == "hf:gemma2"
+    assert all(("raw_max_logit" in m) == capped for m in records)
+    assert all(m["raw_max_logit"] >= m["max_logit"] and len(m["raw_max_logit_per_layer"]) == 2
+               for m in records if capped)
     assert all(math.isfinite(m["val_loss"]) for m in records)
     config = yaml.safe_load((out / "config.yaml").read_text())
     model = config["model"]
     # Rule: config.yaml records the family, the rules --assign was read with, and no warning.
     assert (model["spec"], model["family"], model["qk_source"], model["warnings"]) == (
-        spec, spec[3:], "llama", [])
+        spec, spec[3:], "attention_interface", [])
     assert set(config["geometry"]) == {"attn_q", "attn_k", "attn_v", "attn_out", "mlp_gate", "mlp_in", "mlp_out"}
     assert config["assignment"]["rules"] == (model["rules"] if spec == "hf:phi3" else "llama")
 
 
 def test_a_model_without_probes_says_so_on_stderr_and_in_config_yaml(tmp_path, capsys):
     # Rule: the command line prints one warning line on stderr (a fresh process: no handler).
-    flags = model_args_flags("hf:gemma2")
-    proc = subprocess.run([sys.executable, "-m", "geosearch", "inspect", "--model", "hf:gemma2", *flags],
+    flags = model_args_flags("hf:falcon")
+    proc = subprocess.run([sys.executable, "-m", "geosearch", "inspect", "--model", "hf:falcon", *flags],
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if "attention probes cannot hook" in line]
-    assert len(lines) == 1 and "Gemma2ForCausalLM" in lines[0] and "pruner has no signal" in lines[0]
+    lines = [line for line in proc.stderr.splitlines() if "attention probes cannot capture" in line]
+    assert len(lines) == 1 and "FalconForCausalLM: its FalconAttention computes the attention logits" in lines[0]
+    assert "pruner has no signal" in lines[0]
     out = tmp_path / "run"
-    rc = main(["train", "--model", "hf:gemma2", *flags, "--assign", "attn=stiefel,mlp=dgram",
+    rc = main(["train", "--model", "hf:falcon", *flags, "--assign", "attn=stiefel,mlp=dgram",
                "--steps", "4", "--batch-size", "4", "--eval-every", "2", "--probe-every", "2",
                "--device", "cpu", "--out", str(out), "--quiet"])
     assert rc == 0, capsys.readouterr().err

@@ -14,11 +14,12 @@ import torch
 
 from geosearch.assignment import Assignment
 from geosearch.errors import ConfigError, SettingsError
-from geosearch.inspect import describe_parameters
+from geosearch.inspect import describe_parameters, fitting_rule_sets
 from geosearch.modules import get_rule_set, match_parameters, module_types
 from geosearch.build import build_optimizer
 from geosearch.models.model import GPT, make_config
 from geosearch.proxy.probes import WeightProbe, attention_stats
+from geosearch.rule_inference import infer_rules
 from geosearch.models.lm import lm_logits, lm_loss
 from geosearch.models.specs import model_spec_names
 from geosearch.models.zoo import (
@@ -86,7 +87,7 @@ def test_hf_models_build_offline_and_start_at_uniform_loss(spec, hf, monkeypatch
     built = _tiny(spec)
     family = spec.split(":")[1]
     # Rule: the family's rule set and qk source, the data's vocabulary and context length.
-    assert (built.family, built.rules, built.qk_source) == (family, family, family)
+    assert (built.family, built.rules, built.qk_source) == (family, family, "attention_interface")
     assert built.vocab_size == 256 and built.block_size == T
     assert built.model.config.vocab_size == 256 and not built.model.config.use_cache
     x, y = _batch()
@@ -179,8 +180,8 @@ def test_hf_model_types_build_offline_with_rules_probes_and_constraints(spec, hf
             "attn_qkv": ("attn_q", "attn_k", "attn_v"), "mlp_gate_up": ("mlp_gate", "mlp_in")}
     else:
         assert built.rules == "llama"
-    # Rule: their attention is probed (q, k hooked), so no warning is attached.
-    assert built.qk_source == "llama" and built.warnings == []
+    # Rule: their attention is probed (q, k captured), so no warning is attached.
+    assert built.qk_source == "attention_interface" and built.warnings == []
     stats = attention_stats(built.model, _batch()[0], built.qk_source)
     assert len(stats["max_logit_per_layer"]) == 2 and math.isfinite(stats["max_logit"])
     import yaml
@@ -226,7 +227,7 @@ def test_hf_path_builds_the_config_json_as_written(hf, tmp_path, monkeypatch):
         48, 2, 2, 80, 300)
     # Rule: the model reaches 512 positions; the proxy trains on the default context (128).
     assert c.max_position_embeddings == 512 and built.block_size == 128
-    assert built.rules == "llama" and built.qk_source == "llama"
+    assert built.rules == "llama" and built.qk_source == "attention_interface"
     # Rule: model_args override the file; block_size sets both the field and the context.
     other = build_model(spec, vocab_size=256, model_args={"num_hidden_layers": 1, "block_size": 64})
     assert (other.model.config.num_hidden_layers, other.model.config.max_position_embeddings,
@@ -256,23 +257,62 @@ def test_unknown_and_encoder_decoder_types_are_refused(hf):
         check_model_spec("hf:mistral", {"num_key_value_heads": 3})
 
 
-def test_a_model_the_probes_cannot_hook_is_built_with_a_warning(hf, caplog, monkeypatch):
+def test_a_model_the_probes_cannot_capture_is_built_with_a_warning_that_says_why(hf, caplog, monkeypatch):
     from geosearch.models import zoo
 
     monkeypatch.setattr(zoo, "_WARNED", set())  # as in a fresh process
-    args = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
-                intermediate_size=64)
+    args = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2)
     with caplog.at_level(logging.WARNING, logger="geosearch"):
-        first = build_model("hf:gemma2", vocab_size=256, block_size=T, model_args=args)
-        again = build_meta_model("hf:gemma2", vocab_size=256, block_size=T, model_args=args)
-    # Rule: Gemma 2 soft-caps its attention logits: no q/k capture, and one warning line per
-    # process that says what is lost; the built model carries it (config.yaml records it).
+        first = build_model("hf:falcon", vocab_size=256, block_size=T, model_args=args)
+        again = build_meta_model("hf:falcon", vocab_size=256, block_size=T, model_args=args)
+    # Rule: Falcon computes its attention logits itself: no q/k capture, and one warning line
+    # per process that says why and what is lost; the built model carries it (config.yaml
+    # records it).
     assert first.qk_source is None and again.qk_source is None
     lines = [r.getMessage() for r in caplog.records if r.name == "geosearch"]
     assert len(lines) == 1 and "\n" not in lines[0]
-    assert "cannot hook the queries and keys of Gemma2ForCausalLM" in lines[0]
+    assert ("cannot capture the queries and keys of FalconForCausalLM: its FalconAttention computes the "
+            "attention logits inside its own forward") in lines[0]
     assert "logit-growth pruner has no signal" in lines[0]
     assert first.warnings == again.warnings == lines and first.describe()["warnings"] == lines
+
+
+def test_gemma2_opt_and_gpt_bigcode_are_probed(hf):
+    # Rule: soft-capped Gemma 2, OPT's learned positions and GPT-BigCode's multi-query c_attn
+    # reach the probes through AttentionInterface: a finite max logit per layer, no warning.
+    small = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2)
+    for spec, args in (("hf:gemma2", dict(small, num_key_value_heads=1, intermediate_size=64)),
+                       ("hf:opt", dict(small, ffn_dim=64)), ("hf:gpt_bigcode", {"n_layer": 2, "n_embd": 32})):
+        torch.manual_seed(0)
+        built = build_model(spec, vocab_size=256, block_size=T, model_args=args)
+        assert built.qk_source == "attention_interface" and built.warnings == [], spec
+        stats = attention_stats(built.model, _batch()[0], built.qk_source)
+        assert len(stats["max_logit_per_layer"]) == 2 and math.isfinite(stats["max_logit"]), spec
+        assert ("raw_max_logit" in stats) == (spec == "hf:gemma2"), spec
+
+
+@pytest.mark.parametrize("multi_query", [True, False])
+def test_gpt_bigcode_c_attn_is_never_cut_into_equal_thirds(hf, multi_query):
+    built = build_meta_model("hf:gpt_bigcode", vocab_size=256, model_args={"n_layer": 2, "multi_query": multi_query})
+    model = built.model
+    # Rule: c_attn is Q (128 rows) then K and V (32 each: one key/value head) under multi-query
+    # attention, q, k, v interleaved head by head without it; neither splits into equal thirds,
+    # so nanogpt_split does not fit and the default rules keep c_attn one type ...
+    assert fitting_rule_sets(model) == ["nanogpt"] and built.rules == "nanogpt"
+    assert all(not r.split for r in infer_rules(model))
+    # ... and naming the split rules anyway is refused in one line that names the shapes.
+    if multi_query:
+        problem = (r"rule 'attn_qkv' cuts 'transformer\.h\.0\.attn\.c_attn\.weight' \(192 outputs\) into 3 "
+                   r"equal blocks of 64, but it holds Q in 128 rows \(4 heads × 32\) and K, V in 32 each "
+                   r"\(1 key/value head\)")
+    else:
+        problem = r"\(384 outputs\) into 3 equal blocks of 128, but it holds q, k and v interleaved head by head"
+    with pytest.raises(ConfigError, match=problem + ".*keep it one module type") as e:
+        match_parameters(model, "nanogpt_split")
+    assert "\n" not in str(e.value)
+    # Rule: rules whose split is right for the model still bind: nanogpt's proxy, GPT-2.
+    assert match_parameters(GPT(make_config("tiny")), "nanogpt_split").matched
+    assert match_parameters(build_meta_model("hf:gpt2", vocab_size=256).model, "gpt2_split").matched
 
 
 def test_default_rules_of_hf_model_types(hf):

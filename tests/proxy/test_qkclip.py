@@ -23,13 +23,18 @@ from geosearch.models.lm import lm_loss
 
 T = 16
 HF_REASON = "Hugging Face transformers is not installed (pip install 'geosearch[hf]')"
-# Tiny models, 2 layers; the LLaMA one with grouped-query attention (4 query heads, 2 key heads).
+# Tiny models, 2 layers; the LLaMA one with grouped-query attention (4 query heads, 2 key heads),
+# GPT-BigCode with multi-query attention in a fused c_attn (4 query heads, 1 key head).
 MODELS = {
     "nanogpt": None,
     "hf:gpt2": dict(n_layer=2, n_head=2, n_embd=32),
     "hf:llama": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=96),
+    "hf:gpt_bigcode": dict(n_layer=2, n_head=4, n_embd=64),
+    "hf:phi3": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                    intermediate_size=96),  # fused qkv_proj [Q | K | V]: 64 + 32 + 32 rows
 }
+SHARED_KEYS = ("hf:llama", "hf:gpt_bigcode", "hf:phi3")
 
 
 def _model(key: str) -> tuple[torch.nn.Module, str]:
@@ -56,6 +61,11 @@ def _head0(key: str) -> dict[tuple[str, str], tuple]:
         return {(f"{w}.weight", "q"): (slice(None), slice(0, hs)),
                 (f"{w}.weight", "k"): (slice(None), slice(C, C + hs)),
                 (f"{w}.bias", "q"): (slice(0, hs),), (f"{w}.bias", "k"): (slice(C, C + hs),)}
+    if key == "hf:gpt_bigcode":  # Linear (64 + 16 + 16, 64): rows [0, 64) Q, [64, 80) the one key head
+        w = "transformer.h.1.attn.c_attn"
+        return {(f"{w}.weight", "q"): (slice(0, 16),), (f"{w}.bias", "q"): (slice(0, 16),)}
+    if key == "hf:phi3":  # Linear (64 + 32 + 32, 64): rows [0, 16) query head 0; no biases
+        return {("model.layers.1.self_attn.qkv_proj.weight", "q"): (slice(0, 16),)}
     # llama: 4 query heads of 16 share 2 key heads; no biases
     return {("model.layers.1.self_attn.q_proj.weight", "q"): (slice(0, 16),)}
 
@@ -81,7 +91,7 @@ def test_clip_caps_the_offending_head_and_leaves_the_rest_bit_for_bit(key):
         for (name, which), index in where.items():
             if which == "q":  # one head with huge logits: its query outputs × 60
                 params[name][index] *= 60.0
-    before = _head_maxima(model, source, x)
+    before = _head_maxima(model, source, x[:, :-1])  # the tokens the clip observes
     big = before[-1][0].item()
     tau = big / 2
     # Precondition: only that head is over τ, so exactly one head must be clipped.
@@ -92,7 +102,7 @@ def test_clip_caps_the_offending_head_and_leaves_the_rest_bit_for_bit(key):
     with clip.observe():  # a training forward, with grad
         lm_loss(model, x[:, :-1], x[:, 1:])
     assert clip.apply().item() == 1
-    after = _head_maxima(model, source, x)
+    after = _head_maxima(model, source, x[:, :-1])  # the tokens the clip observes
 
     # Rule: every head's max logit on the same batch is now ≤ τ, and the clipped head's
     # is τ (the last layer: its input did not change, and the logit scaled by exactly γ).
@@ -101,7 +111,7 @@ def test_clip_caps_the_offending_head_and_leaves_the_rest_bit_for_bit(key):
     # Rule: head 0's query outputs shrank by γ^α = √γ and its key outputs by γ^(1−α) = √γ;
     # with grouped-query attention the query took all of γ and the shared key nothing ...
     gamma = tau / big
-    factor = {"q": gamma if key == "hf:llama" else gamma ** 0.5, "k": gamma ** 0.5}
+    factor = {"q": gamma if key in SHARED_KEYS else gamma ** 0.5, "k": gamma ** 0.5}
     for name, p in model.named_parameters():
         scaled = torch.zeros_like(p, dtype=torch.bool)
         for (pname, which), index in where.items():
@@ -152,8 +162,18 @@ def test_switched_off_and_misused():
     # or that has no attention to hook, is told so in one line naming qk_clip.
     with pytest.raises(ConfigError, match=r"qk_clip: cannot clip .*no fused c_attn"):
         QKClip(torch.nn.Sequential(Recording()), 100.0)
-    with pytest.raises(ConfigError, match=r"qk_clip: Linear has no attention layer"):
+    with pytest.raises(ConfigError, match=r"qk_clip: the logits of Linear cannot be clipped: it has no attention layer"):
         QKClip(torch.nn.Linear(2, 2), 100.0)
+    # Rule: a fused projection stored head by head (GPT-NeoX's query_key_value) has no
+    # [Q | K | V] blocks to rescale: refused in one line, not rescaled in the wrong rows.
+    pytest.importorskip("transformers", reason=HF_REASON)
+    from geosearch.models.zoo import build_meta_model
+
+    neox = build_meta_model("hf:gpt_neox", vocab_size=256, model_args={"num_hidden_layers": 1}).model
+    with pytest.raises(ConfigError, match=r"qk_clip: cannot clip this model's logits: GPTNeoXAttention has no "
+                                          r"q_proj/k_proj and no fused c_attn") as e:
+        QKClip(neox, 100.0)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), "abc", True])
