@@ -18,9 +18,16 @@ Three sources, all offline (nothing is ever downloaded):
   native byte order, ``uint16`` unless ``meta.json`` says ``"dtype": "uint32"``, which
   vocabularies above 65,536 need), memory-mapped. The vocabulary size comes from the
   ``vocab_size`` argument, else the tokenizer's, else ``meta.json`` / ``meta.yaml`` next to
-  them (``{"vocab_size": 50257, "dtype": "uint16"}``). The files are read once at load to
-  check that every id is below the vocabulary size. nanoGPT's ``meta.pkl`` is not read:
-  unpickling runs arbitrary code.
+  them (``{"vocab_size": 50257, "dtype": "uint16"}``; :data:`META_FIELDS`: ``vocab_size`` a
+  whole number >= 1, ``dtype`` one of :data:`TOKEN_DTYPES`, other keys ignored). The files
+  are read once at load to check that every id is below the vocabulary size. nanoGPT's
+  ``meta.pkl`` is not read: unpickling runs arbitrary code.
+
+Every file is read as a user's file (:mod:`geosearch.files`): a named pipe, a device or a
+socket is refused before it is opened; ``meta.json`` / ``meta.yaml`` may hold 1 MiB, a
+``tokenizer.json`` 128 MiB, a text corpus 2 GiB in all (it is read into memory; token
+files are memory-mapped and not bounded); ``meta.json`` and ``tokenizer.json`` must be
+UTF-8.
 
 **Tokenizer** (``tokenizer=PATH``: a Hugging Face ``tokenizer.json``, or a directory
 holding one; ``pip install 'geosearch[tokenizers]'``): text (the default corpus included)
