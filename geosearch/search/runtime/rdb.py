@@ -92,7 +92,8 @@ def sqlite_tables(path: Path) -> list[str]:
         con.close()
 
 
-def check_rdb(url: str, *, read_only: bool, source: str | None, engine_kwargs: dict[str, Any]) -> None:
+def check_rdb(url: str, *, read_only: bool, source: str | None, engine_kwargs: dict[str, Any],
+              shown: str | None = None) -> None:
     """Refuse, before Optuna opens it, a database that is not an Optuna storage.
 
     Args:
@@ -103,6 +104,8 @@ def check_rdb(url: str, *, read_only: bool, source: str | None, engine_kwargs: d
             directory's own ``study.db``.
         engine_kwargs: what the storage's engine is made with (a database other than
             SQLite is looked at only when ``read_only``).
+        shown: the SQLite file's name in messages (default: the URL's path), e.g. the run
+            directory's ``study.db`` as the user named the directory.
 
     Raises:
         ConfigError: naming the file (or the flag): an SQLite file that is missing (read-only),
@@ -112,18 +115,17 @@ def check_rdb(url: str, *, read_only: bool, source: str | None, engine_kwargs: d
     """
     path = sqlite_file(url)
     if path is not None:
-        _check_sqlite(path, read_only=read_only, source=source)
+        _check_sqlite(path, read_only=read_only, source=source, name=shown or os.fspath(path))
     elif read_only and not url.startswith("sqlite"):
         _check_tables(_rdb_tables(url, engine_kwargs), read_only=True, source=source, name=None)
 
 
-def _check_sqlite(path: Path, *, read_only: bool, source: str | None) -> None:
-    name = os.fspath(path)
+def _check_sqlite(path: Path, *, read_only: bool, source: str | None, name: str) -> None:
     if not path.exists() and not path.is_symlink():
         if read_only:
             raise _problem("no such SQLite file", source, name)
         return  # search creates it
-    st = check_user_file(path, what="an SQLite database file", source=f"{source}: {name}" if source else None)
+    st = check_user_file(path, what="an SQLite database file", source=f"{source}: {name}" if source else name)
     if st.st_size == 0:
         if read_only:
             raise _problem("is an empty file, not an Optuna storage: no study was ever stored in it",

@@ -189,6 +189,7 @@ def open_storage(
             given, else the run directory's file.
     """
     flag = "--storage" if storage is not None else None
+    shown = None if storage is not None else os.fspath(Path(run_dir) / DB_FILE)  # as the user named it
     create = create and not read_only
     if storage is None and create:
         make_dir(run_dir)
@@ -201,7 +202,7 @@ def open_storage(
         if not read_only:
             make_dir(path.parent)
         return open_journal(path, read_only=read_only), f"journal file {path}"  # replays the file
-    return _open_rdb(storage, flag=flag, read_only=read_only), mask_url(storage)
+    return _open_rdb(storage, flag=flag, read_only=read_only, shown=shown), mask_url(storage)
 
 
 def _rdb_kwargs(storage: str, read_only: bool) -> dict[str, Any]:
@@ -222,13 +223,15 @@ def _rdb_kwargs(storage: str, read_only: bool) -> dict[str, Any]:
     return {}
 
 
-def _open_rdb(storage: str, *, flag: str | None, read_only: bool) -> optuna.storages.RDBStorage:
+def _open_rdb(storage: str, *, flag: str | None, read_only: bool,
+              shown: str | None = None) -> optuna.storages.RDBStorage:
     """The RDB storage at the URL ``storage``, once :func:`check_rdb` has looked at it."""
     kwargs = _rdb_kwargs(storage, read_only)
     url = _with_installed_driver(_with_password(storage))
     for attempt in range(3):
         try:
-            check_rdb(url, read_only=read_only, source=flag, engine_kwargs=kwargs.get("engine_kwargs", {}))
+            check_rdb(url, read_only=read_only, source=flag, engine_kwargs=kwargs.get("engine_kwargs", {}),
+                      shown=shown)
             return optuna.storages.RDBStorage(url, **kwargs)
         except ConfigError:
             raise
