@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from geosearch.errors import ConfigError
+from geosearch.files import CONFIG_LIMIT, read_user_text
 
 __all__ = ["MAX_ALIASES", "MAX_VALUES", "load_yaml", "parse_value", "parse_yaml"]
 
@@ -104,32 +104,27 @@ def parse_value(text: str, *, source: str | None = None) -> Any:
         return text
 
 
-def load_yaml(path: str | os.PathLike, *, what: str = "a YAML mapping", default: Any = _RAISE) -> Any:
-    """Read and parse the YAML file at ``path``.
+def load_yaml(path: str | os.PathLike, *, what: str = "a YAML mapping", default: Any = _RAISE,
+              limit: int = CONFIG_LIMIT) -> Any:
+    """Read and parse the YAML file at ``path`` (:func:`geosearch.files.read_user_text`).
 
     Args:
         path: the file.
         what: what the file should hold, for the message about an empty file
             (``"empty file; expected <what>"``).
         default: returned for an empty file (no document) instead of raising.
+        limit: the most bytes it may hold (1 MiB).
 
     Returns:
         The parsed data (dicts, lists, scalars).
 
     Raises:
-        ConfigError: naming the file: not found, a directory, unreadable (permissions,
-            not UTF-8), malformed (line and column), too many aliases, or empty without a
-            ``default``.
+        ConfigError: naming the file: not found, a directory, a pipe or a device, larger
+            than ``limit``, unreadable (permissions, not UTF-8), malformed (line and column),
+            too many aliases, or empty without a ``default``.
     """
     source = os.fspath(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("file not found", source=source) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory, expected a file", source=source) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read the file ({getattr(e, 'strerror', None) or e})", source=source) from None
+    text = read_user_text(path, what="a YAML file", limit=limit, missing="file not found")
     data = parse_yaml(text, source=source)
     if data is None:
         if default is _RAISE:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from geosearch.errors import ConfigError
+from geosearch.files import CONFIG_LIMIT
 from geosearch.yaml_io import MAX_ALIASES, load_yaml, parse_value, parse_yaml
 
 
@@ -18,12 +21,15 @@ def test_reads_a_mapping(tmp_path):
 
 @pytest.mark.parametrize("make, words", [
     (lambda p: p, "file not found"),
-    (lambda p: p.mkdir() or p, "is a directory, expected a file"),
-    (lambda p: p.write_bytes(b"a: \xff\xfe\n") and p, "cannot read the file"),
+    (lambda p: p.mkdir() or p, "is a directory, expected a YAML file"),
+    (lambda p: os.mkfifo(p) or p, "is a named pipe (FIFO), expected a YAML file"),  # not opened: no hang
+    (lambda p: p.write_bytes(b"a: \xff\xfe\n") and p, "is not UTF-8 text (byte 0xff at offset 3)"),
+    (lambda p: p.write_text("a: 1\n" + "#" * CONFIG_LIMIT) and p,
+     f"is 1.0 MB ({CONFIG_LIMIT + 5} bytes), more than the 1 MiB a YAML file may hold"),
     (lambda p: p.write_text("a: [1, 2\nb: 3\n") and p, "malformed YAML at line 2, column 2: expected ',' or ']'"),
     (lambda p: p.write_text("a:\n\tb: 1\n") and p, "malformed YAML at line 2, column 1"),
     (lambda p: p.write_text("# only a comment\n") and p, "empty file; expected a search space"),
-], ids=["missing", "directory", "not-utf8", "unclosed", "tab", "empty"])
+], ids=["missing", "directory", "fifo", "not-utf8", "too-large", "unclosed", "tab", "empty"])
 def test_failures_are_one_line_naming_the_file(tmp_path, make, words):
     path = make(tmp_path / "f.yaml")
     with pytest.raises(ConfigError) as e:

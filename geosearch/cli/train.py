@@ -87,14 +87,19 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
 
     Raises:
         ConfigError: an unreadable config file, a bad field, an unknown module type or
-            geometry, ``rules`` with an assignment file (before anything is trained).
+            geometry, ``rules`` with an assignment file, an ``out`` that is a file or cannot
+            be written (before anything is trained).
     """
     from geosearch.errors import ConfigError
+    from geosearch.files import check_dir
     from geosearch.proxy.accelerator import check_device
     from geosearch.proxy.accelerator import get_accelerator
+    from geosearch.proxy.data import load_corpus
     from geosearch.proxy.train import train
 
     config = _config(config_file, fields, model_args)
+    if out:  # a file there, or a directory that cannot be written: said before any work
+        check_dir(out, source="--out")
     if config.log_with and not out:
         raise ConfigError("the trackers write their files under the run directory: add --out DIR",
                           source="--log-with")
@@ -104,6 +109,9 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     flag = "device" in fields  # else the config file's, or the default
     check_device(config.device, source="--device" if flag else os.fspath(config_file or "--config"),
                  key=None if flag else "device")
+    # bad data (a pipe, meta.json, a tokenizer) is one line before the run says it starts;
+    # the corpus is cached for the run
+    load_corpus(config.data, tokenizer=config.tokenizer)
     main_process = get_accelerator(config.device, config.mixed_precision).is_main_process
     if main_process:
         print(f"training {config.model} with {source}: "

@@ -26,6 +26,7 @@ from typing import Any
 
 from geosearch.checks import is_int
 from geosearch.errors import ConfigError
+from geosearch.files import read_user_text
 
 SMALL_SIZE: dict[str, int] = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4}
 """``hf:<model_type>`` defaults: the ``small`` proxy's width, depth and heads (standard
@@ -145,11 +146,12 @@ def default_config(config_class: Any) -> Any:
 
 def _read_config_json(spec: str, path: Path) -> dict[str, Any]:
     config_file = path / CONFIG_FILE
-    if not config_file.is_file():
+    if not (config_file.exists() or config_file.is_symlink()):
         raise ConfigError(f"model {spec!r}: no {CONFIG_FILE} in {path}; hf:PATH takes a directory holding "
                           "a Hugging Face config.json", source=_SOURCE, key="model")
+    text = read_user_text(config_file, what="a Hugging Face config.json")
     try:
-        data = json.loads(config_file.read_text())
+        data = json.loads(text)
     except ValueError as e:
         raise ConfigError(f"cannot parse it: {e}", source=str(config_file)) from None
     if not isinstance(data, dict):

@@ -18,9 +18,16 @@ Three sources, all offline (nothing is ever downloaded):
   native byte order, ``uint16`` unless ``meta.json`` says ``"dtype": "uint32"``, which
   vocabularies above 65,536 need), memory-mapped. The vocabulary size comes from the
   ``vocab_size`` argument, else the tokenizer's, else ``meta.json`` / ``meta.yaml`` next to
-  them (``{"vocab_size": 50257, "dtype": "uint16"}``). The files are read once at load to
-  check that every id is below the vocabulary size. nanoGPT's ``meta.pkl`` is not read:
-  unpickling runs arbitrary code.
+  them (``{"vocab_size": 50257, "dtype": "uint16"}``; :data:`META_FIELDS`: ``vocab_size`` a
+  whole number >= 1, ``dtype`` one of :data:`TOKEN_DTYPES`, other keys ignored). The files
+  are read once at load to check that every id is below the vocabulary size. nanoGPT's
+  ``meta.pkl`` is not read: unpickling runs arbitrary code.
+
+Every file is read as a user's file (:mod:`geosearch.files`): a named pipe, a device or a
+socket is refused before it is opened; ``meta.json`` / ``meta.yaml`` may hold 1 MiB, a
+``tokenizer.json`` 128 MiB, a text corpus 2 GiB in all (it is read into memory; token
+files are memory-mapped and not bounded); ``meta.json`` and ``tokenizer.json`` must be
+UTF-8.
 
 **Tokenizer** (``tokenizer=PATH``: a Hugging Face ``tokenizer.json``, or a directory
 holding one; ``pip install 'geosearch[tokenizers]'``): text (the default corpus included)
@@ -61,10 +68,18 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from geosearch.checks import is_int
 from geosearch.errors import ConfigError
+from geosearch.files import (
+    CONFIG_LIMIT,
+    TEXT_CORPUS_LIMIT,
+    TOKENIZER_LIMIT,
+    check_user_file,
+    read_user_text,
+    size_text,
+)
+from geosearch.yaml_io import parse_yaml
 
 DEFAULT_MAX_BYTES = 4 * 2**20  # cap on the default corpus (train + validation)
 EXCLUDED_STDLIB_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",
@@ -224,14 +239,15 @@ class _Tokenizer:
         """Read ``path`` (a ``tokenizer.json`` or a directory holding one).
 
         Raises:
-            ConfigError: no such file, ``tokenizers`` not installed, or not a tokenizer.
+            ConfigError: no such file, not a regular file, more than :data:`TOKENIZER_LIMIT`
+                bytes, not UTF-8, ``tokenizers`` not installed, or not a tokenizer.
         """
         p = Path(path).expanduser()
         if p.is_dir():
             p = p / TOKENIZER_FILE
-        if not p.is_file():
-            raise ConfigError(f"no such file; expected a Hugging Face {TOKENIZER_FILE} or a "
-                              "directory holding one", source=str(p), key="tokenizer")
+        what = f"a Hugging Face {TOKENIZER_FILE} or a directory holding one"
+        text = read_user_text(p, what=what, limit=TOKENIZER_LIMIT, missing=f"no such file; expected {what}",
+                              source=f"{p}: tokenizer")
         try:
             from tokenizers import Tokenizer
         except ImportError:
@@ -239,7 +255,7 @@ class _Tokenizer:
                               "installed; install it with: pip install 'geosearch[tokenizers]'",
                               source=str(p), key="tokenizer") from None
         try:
-            return cls(Tokenizer.from_file(str(p)), p)
+            return cls(Tokenizer.from_str(text), p)
         except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exceptions
             first = (str(e).strip().splitlines() or [""])[0]
             raise ConfigError(f"cannot read it as a Hugging Face tokenizer ({first})",
@@ -310,13 +326,21 @@ def _load_stdlib(val_fraction: float, max_bytes: int, tok: _Tokenizer | None) ->
 
 
 def _load_text(p: Path, val_fraction: float, tok: _Tokenizer | None) -> Corpus:
-    files = [p] if p.is_file() else _walk(p, stdlib=False)
+    if not p.is_dir():  # a pipe or a device would be read forever
+        check_user_file(p, what="a text file, a directory of text files, or a directory with "
+                        "train.bin and val.bin")
+    files = [p] if not p.is_dir() else _walk(p, stdlib=False)
     key = ("text", str(p.resolve()), val_fraction, tok and tok.stamp(), *_stamps(files))
     if key in _CACHE:
         return _CACHE[key]
     if not files:
         raise ConfigError("the directory holds no files; expected text files (or train.bin and "
                           "val.bin)", source=str(p))
+    total = sum(size for _, size, _ in _stamps(files))
+    if total > TEXT_CORPUS_LIMIT:
+        raise ConfigError(f"{size_text(total)} of text, more than the {size_text(TEXT_CORPUS_LIMIT)} "
+                          "a text corpus may hold (it is read into memory); write larger data as "
+                          "train.bin and val.bin token files, which are memory-mapped", source=str(p))
     read, vocab, unit = _reader(tok)
     n_val = _n_held_out(len(files), val_fraction)
     if 0 < n_val < len(files):
@@ -335,9 +359,9 @@ def _load_text(p: Path, val_fraction: float, tok: _Tokenizer | None) -> Corpus:
 def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None) -> Corpus:
     paths = [p / name for name in TOKEN_FILES]
     for f in paths:
-        if not f.is_file():
-            raise ConfigError(f"{f.name} is missing; a token directory needs both train.bin and "
-                              "val.bin (token ids)", source=str(p))
+        check_user_file(f, what="a file of token ids", source=str(p) if not f.exists() else None,
+                        missing=f"{f.name} is missing; a token directory needs both train.bin and "
+                                "val.bin (token ids)")
     key = ("tokens", str(p.resolve()), vocab_size, tok and tok.stamp(),
            *_stamps(paths + [p / m for m in META_FILES]))
     if key in _CACHE:
@@ -345,17 +369,16 @@ def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None) -> Cor
     meta, meta_path = _read_meta(p)
     if vocab_size is None and tok is not None:
         vocab_size = tok.vocab_size
-    if vocab_size is None:
+    from_meta = vocab_size is None
+    if from_meta:
         vocab_size = _meta_vocab_size(p, meta, meta_path)
-    dtype_name = meta.get("dtype", "uint16")
-    if dtype_name not in TOKEN_DTYPES:
-        raise ConfigError(f"unknown token dtype {dtype_name!r} for train.bin and val.bin",
-                          source=str(meta_path), key="dtype", allowed=TOKEN_DTYPES)
+    dtype_name = meta.get("dtype", "uint16")  # a name of TOKEN_DTYPES: _read_meta checked it
     dtype, limit = TOKEN_DTYPES[dtype_name], 2 ** (8 * TOKEN_DTYPES[dtype_name].itemsize)
     if not is_int(vocab_size) or not 1 <= vocab_size <= limit:
         hint = ' (a larger vocabulary needs "dtype": "uint32" in meta.json)' if dtype_name == "uint16" else ""
         raise ConfigError(f"vocab_size must be an integer in [1, {limit}] for {dtype_name} tokens but got "
-                          f"{vocab_size!r}{hint}", source=str(p), key="vocab_size")
+                          f"{_shown(vocab_size)}{hint}", source=str(meta_path if from_meta else p),
+                          key="vocab_size")
     splits = []
     for f in paths:
         n_bytes, width = f.stat().st_size, dtype.itemsize
@@ -431,20 +454,74 @@ def _check_ids(data: torch.Tensor, vocab_size: int, source: str) -> None:
 
 def _read_meta(p: Path) -> tuple[dict, Path | None]:
     """The first of ``meta.json`` / ``meta.yaml`` / ``meta.yml`` in ``p`` and its path,
-    or ``({}, None)`` when there is none."""
+    or ``({}, None)`` when there is none. Read as a user's config
+    (:func:`geosearch.files.read_user_text`: a regular file, 1 MiB at most, UTF-8), and its
+    fields checked (:data:`META_FIELDS`).
+
+    Raises:
+        ConfigError: naming the file (and the key): not a regular file, too large, not UTF-8,
+            malformed, not a mapping, or a field of the wrong type or value.
+    """
     for name in META_FILES:
         meta_path = p / name
-        if not meta_path.is_file():
+        if not (meta_path.exists() or meta_path.is_symlink()):
             continue
-        text = meta_path.read_text()
-        try:
-            meta = json.loads(text) if name == "meta.json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as e:
-            raise ConfigError(f"cannot parse it: {e}", source=str(meta_path)) from None
+        source = str(meta_path)
+        text = read_user_text(meta_path, what='a mapping such as {"vocab_size": 50257, "dtype": "uint16"}',
+                              limit=CONFIG_LIMIT)
+        if name == "meta.json":
+            try:
+                meta = json.loads(text)
+            except ValueError as e:
+                where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+                raise ConfigError(f"malformed JSON{where}: {getattr(e, 'msg', e)}", source=source) from None
+        else:
+            meta = parse_yaml(text, source=source)
         if not isinstance(meta, dict):
-            raise ConfigError("expected a mapping with a 'vocab_size' key", source=str(meta_path))
+            raise ConfigError(f"expected a mapping with a 'vocab_size' key, got {_type_word(meta)}",
+                              source=source)
+        _check_meta(meta, source)
         return meta, meta_path
     return {}, None
+
+
+META_FIELDS = {"vocab_size": "a whole number >= 1", "dtype": "uint16 or uint32"}
+"""The fields of ``meta.json`` geosearch reads, and what each must be (others are ignored)."""
+
+
+def _check_meta(meta: dict, source: str) -> None:
+    """Raise a ConfigError naming ``source`` and the key for a field of :data:`META_FIELDS`
+    of the wrong type or value."""
+    if "dtype" in meta:
+        dtype = meta["dtype"]
+        if not isinstance(dtype, str) or dtype not in TOKEN_DTYPES:
+            what = f"unknown token dtype {_shown(dtype)}" if isinstance(dtype, str) else \
+                f"got {_described(dtype)}, not the name of a token dtype"
+            raise ConfigError(f"{what} for train.bin and val.bin", source=source, key="dtype",
+                              allowed=TOKEN_DTYPES)
+    if "vocab_size" in meta:
+        v = meta["vocab_size"]
+        if not is_int(v) or v < 1:
+            raise ConfigError(f"expected {META_FIELDS['vocab_size']}, got {_described(v)}",
+                              source=source, key="vocab_size")
+
+
+def _type_word(v: object) -> str:
+    """``"a list"``, ``"a string"``, ``"null"``... for a message."""
+    words = {type(None): "null", bool: "a boolean", str: "a string", int: "a whole number",
+             float: "a number", list: "a list", dict: "a mapping"}
+    return words.get(type(v), f"a {type(v).__name__}")
+
+
+def _described(v: object) -> str:
+    """``"['uint16'] (a list)"``: a value and its type, for a message."""
+    return f"{_shown(v)} ({_type_word(v)})"
+
+
+def _shown(v: object, width: int = 60) -> str:
+    """``repr(v)``, cut to ``width`` characters."""
+    text = repr(v)
+    return text if len(text) <= width else text[:width] + "..."
 
 
 def _meta_vocab_size(p: Path, meta: dict, meta_path: Path | None) -> int:

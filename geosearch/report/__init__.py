@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from geosearch.errors import ConfigError
+from geosearch.files import check_dir, check_out_file
 from geosearch.report.analysis import (
     CostRow,
     CostTable,
@@ -105,7 +107,18 @@ def write_report(
     Returns:
         The files written. Without matplotlib the report is still written and says how
         to get the plots.
+
+    Raises:
+        ConfigError: no such run directory; ``report.md`` or ``plots/`` cannot be written
+            there (checked before the study is read); what :func:`load_run` raises. The
+            storage is opened read-only: a refused report writes and changes nothing.
     """
+    run_dir = Path(run_dir)
+    if storage is None and not run_dir.is_dir():
+        raise ConfigError("no such run directory", source=str(run_dir))
+    check_out_file(run_dir / "report.md", source=None)
+    if plots:
+        check_dir(run_dir / "plots", source=None)
     run = load_run(run_dir, study_name=study_name, storage=storage)
     ranking = rank_study(run.study)
     importance = geometry_importances(run.study, ranking.effects)

@@ -349,15 +349,16 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
         storage: storage URL or journal path overriding the run directory's own.
 
     Returns:
-        The run's data; nothing is written.
+        The run's data; nothing is written (the storage is opened read-only).
 
     Raises:
-        ConfigError: no such directory, no storage or both storages in it, no study, or
+        ConfigError: no such directory, no storage or both storages in it, a storage that
+            is not an Optuna storage (an empty or another application's database), no study, or
             several studies and no ``study_name`` (see
             :func:`geosearch.search.runtime.storage.open_run_study`).
     """
     run_dir = Path(run_dir)
-    study = open_run_study(run_dir, study_name=study_name, storage=storage)
+    study = open_run_study(run_dir, study_name=study_name, storage=storage, read_only=True)
     where = mask_url(resolve_storage(run_dir, storage, create=False))
     attrs = dict(study.user_attrs)
     every = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)

@@ -123,6 +123,51 @@ def _existing_study(d: Path) -> None:
     optuna.create_study(study_name="s", storage=f"sqlite:///{d / 'runs' / 's' / 'study.db'}")
 
 
+def _fifo(d: Path, name: str) -> str:
+    """A named pipe: opening it for reading would block until a writer comes."""
+    os.mkfifo(d / name)
+    return name
+
+
+def _tokens(d: Path, meta: bytes, name: str = "tok") -> str:
+    """A token directory (``train.bin``, ``val.bin`` of uint16 ids) with ``meta`` as its meta.json."""
+    (d / name).mkdir()
+    for split in ("train.bin", "val.bin"):
+        (d / name / split).write_bytes(bytes(range(64)) * 4)  # ids below 16,192
+    (d / name / "meta.json").write_bytes(meta)
+    return name
+
+
+def _train(*extra: str) -> list[str]:
+    return ["train", "--assign", "attn=adamw,mlp=adamw", "--model", "tiny", "--device", "cpu", *extra]
+
+
+def _foreign_db(d: Path, name: str) -> str:
+    """Another application's SQLite database (one table of its own)."""
+    import sqlite3
+
+    (d / name).parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(d / name)
+    con.execute("CREATE TABLE notes (body TEXT)")
+    con.execute("INSERT INTO notes VALUES ('mine')")
+    con.commit()
+    con.close()
+    return name
+
+
+def _journal(d: Path, extra: bytes, at: int | None = None) -> None:
+    """``run/journal.log``: a study's journal with ``extra`` put after its line ``at`` (None: appended)."""
+    import optuna
+
+    (d / "run").mkdir()
+    path = d / "run" / "journal.log"
+    backend = optuna.storages.journal.JournalFileBackend(str(path))
+    optuna.create_study(study_name="s", storage=optuna.storages.JournalStorage(backend)).set_user_attr("a", 1)
+    lines = path.read_bytes().splitlines(keepends=True)
+    at = len(lines) if at is None else at
+    path.write_bytes(b"".join(lines[:at]) + extra + b"".join(lines[at:]))
+
+
 def _search(d: Path, *extra: str) -> list[str]:
     return ["search", "--space", _space(d), "--runs-dir", "runs", *extra]
 
@@ -199,6 +244,9 @@ CASES: list[Case] = [
          lambda d: _search(d, "--storage", f"postgresql://me:{SECRET}@127.0.0.1:9/x"), volatile=True),
     Case("`--storage sqlite:///notes.txt`, a text file",
          lambda d: _search(d, "--storage", "sqlite:///" + _file(d, "notes.txt", "my notes\n"))),
+    Case("`--storage sqlite:///foreign.db`, another application's SQLite database",
+         lambda d: _search(d, "--storage", "sqlite:///" + _foreign_db(d, "foreign.db"))),
+    Case("`--storage` naming a named pipe (FIFO)", lambda d: _search(d, "--storage", _fifo(d, "pipe.log"))),
     # --- the run directory
     Case("`--runs-dir` naming a file", lambda d: _search(d)[:-1] + [_file(d, "afile", "x\n")]),
     Case("`--runs-dir` below a file", lambda d: _search(d)[:-1] + [_file(d, "afile", "x\n") + "/sub"]),
@@ -230,6 +278,9 @@ CASES: list[Case] = [
     Case("`--space` of an empty file", lambda d: ["search", "--space", _file(d, "empty.yaml", "")]),
     Case("`--space` of a binary file",
          lambda d: ["search", "--space", _file(d, "binary.yaml", b"\xff\xfe\x00\x01" * 8)]),
+    Case("`--space` naming a named pipe (FIFO)", lambda d: ["search", "--space", _fifo(d, "s.yaml")]),
+    Case("`--space` of 1.8 MB (more than 1 MiB)",
+         lambda d: ["search", "--space", _file(d, "big.yaml", "version: 1\n" + "# filler\n" * 200_000)]),
     Case("`--workers 0`", lambda d: _search(d, "--workers", "0")),
     Case("`--stale-after -1`", lambda d: _search(d, "--stale-after", "-1")),
     Case("`--set` without `=`", lambda d: _search(d, "--set", "proxy.steps")),
@@ -259,7 +310,20 @@ CASES: list[Case] = [
          lambda d: ["train", "--assign", "attn=adamw", "--config", _file(d, "c.yaml", _laughs())]),
     Case("`train --config` naming a missing file",
          lambda d: ["train", "--assign", "attn=adamw", "--config", "nope.yaml"]),
+    Case("`train --config` naming a named pipe (FIFO)",
+         lambda d: ["train", "--assign", "attn=adamw", "--config", _fifo(d, "c.yaml")]),
+    Case("`train --assignment` of a file larger than 1 MiB",
+         lambda d: ["train", "--assignment", _file(d, "a.yaml", "version: 1\n" + "#" * 2**20 + "\n")]),
     Case("`train --assign` with an unknown geometry", lambda d: ["train", "--assign", "attn=stiefle"]),
+    Case("`train --out` naming an existing file", lambda d: _train("--out", _file(d, "afile", "x\n"))),
+    Case("`train --data` naming a named pipe (FIFO)", lambda d: _train("--data", _fifo(d, "corpus.txt"))),
+    Case("token directory whose `meta.json` has a list as `dtype`",
+         lambda d: _train("--data", _tokens(d, b'{"vocab_size": 300, "dtype": ["uint16"]}'))),
+    Case("token directory whose `meta.json` has a string as `vocab_size`",
+         lambda d: _train("--data", _tokens(d, b'{"vocab_size": "300"}'))),
+    Case("token directory whose `meta.json` is not UTF-8",
+         lambda d: _train("--data", _tokens(d, b'{"vocab_size": 300, "note": "caf\xe9"}'))),
+    Case("`--tokenizer` naming a named pipe (FIFO)", lambda d: _train("--tokenizer", _fifo(d, "tokenizer.json"))),
     Case("`train --device cuda` on a machine without CUDA",
          lambda d: ["train", "--assign", "attn=adamw,mlp=adamw", "--model", "tiny", "--device", "cuda"],
          cpu_only=True),
@@ -268,6 +332,17 @@ CASES: list[Case] = [
     Case("`export --storage notes.txt`, a text file",
          lambda d: ["export", ".", "--storage", _file(d, "notes.txt", "my notes\n")]),
     Case("`export --top 0`", lambda d: ["export", ".", "--top", "0"]),
+    Case("`export -o` naming a directory", lambda d: (d / "adir").mkdir() or ["export", ".", "-o", "adir"]),
+    Case("`export` of a run directory whose `study.db` is an empty file",
+         lambda d: _file(d, "run/study.db", b"") and ["export", "run"]),
+    Case("`export` of a run directory whose `study.db` is another application's SQLite database",
+         lambda d: _foreign_db(d, "run/study.db") and ["export", "run"]),
+    Case("`report --storage sqlite:///foreign.db`, another application's SQLite database",
+         lambda d: (d / "run").mkdir() or ["report", "run", "--storage", "sqlite:///" + _foreign_db(d, "foreign.db")]),
+    Case("`report` of a run directory whose `journal.log` has a line that is not JSON",
+         lambda d: _journal(d, b"garbage\n", at=1) or ["report", "run"]),
+    Case("`export` of a journal with a record of an unknown operation",
+         lambda d: _journal(d, b'{"op_code": 99, "worker_id": "w"}\n') or ["export", "run"]),
     Case("`report` of a directory without a study", lambda d: (d / "run").mkdir() or ["report", "run"]),
     Case("`inspect --model py:` module with a syntax error",
          lambda d: ["inspect", "--model", "py:" + _user_model(d, "def make_model(:\n") + ":make_model"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import socket
 import sys
 from pathlib import Path
@@ -242,6 +243,15 @@ def test_hf_path_builds_the_config_json_as_written(hf, tmp_path, monkeypatch):
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(ConfigError, match="has model_type 'bert', which is not a decoder-only causal LM"):
+        check_model_spec(f"hf:{tmp_path / 'bert'}")
+    # Rule: config.json is read as a user's config: a pipe is refused unopened, bytes that are
+    # not UTF-8 are named.
+    (tmp_path / "pipe").mkdir()
+    os.mkfifo(tmp_path / "pipe" / "config.json")
+    with pytest.raises(ConfigError, match=r"config.json: is a named pipe \(FIFO\), expected a Hugging Face config"):
+        check_model_spec(f"hf:{tmp_path / 'pipe'}")
+    (tmp_path / "bert" / "config.json").write_bytes(b'{"model_type": "\xff"}')
+    with pytest.raises(ConfigError, match=r"config.json: is not UTF-8 text \(byte 0xff at offset 16\)"):
         check_model_spec(f"hf:{tmp_path / 'bert'}")
 
 

@@ -1,6 +1,7 @@
 """Corpora and batches: the stdlib default, text files and directories, token files, errors."""
 
 import json
+import os
 import socket
 import sysconfig
 
@@ -329,6 +330,25 @@ def test_bad_tokenizers_name_the_file(tmp_path, monkeypatch):
         load_corpus(tmp_path / "c.txt", tokenizer=tmp_path / "tokenizer.json")
 
 
+def test_a_tokenizer_is_read_as_a_bounded_utf8_regular_file(tmp_path, monkeypatch):
+    (tmp_path / "c.txt").write_text("hello " * 50)
+    tok = tmp_path / "tokenizer.json"
+    os.mkfifo(tok)
+    # Rule: a named pipe is refused before it is opened (the tokenizer library would block on it).
+    with pytest.raises(ConfigError, match=rf"^{tok}: tokenizer: is a named pipe \(FIFO\), expected a Hugging "
+                                          "Face tokenizer.json"):
+        load_corpus(tmp_path / "c.txt", tokenizer=tmp_path)
+    tok.unlink()
+    tok.write_bytes(b'{"version": "1.0", \xff}')
+    # Rule: not UTF-8 names the file and the byte.
+    with pytest.raises(ConfigError, match=rf"^{tok}: tokenizer: is not UTF-8 text \(byte 0xff at offset 19\)"):
+        load_corpus(tmp_path / "c.txt", tokenizer=tok)
+    monkeypatch.setattr(data_mod, "TOKENIZER_LIMIT", 16)
+    # Rule: a size limit (128 MiB), said before the file is read.
+    with pytest.raises(ConfigError, match=rf"^{tok}: tokenizer: is 21 bytes, more than the 16 bytes"):
+        load_corpus(tmp_path / "c.txt", tokenizer=tok)
+
+
 # --------------------------------------------------------------------------- errors
 def test_missing_empty_and_short_data_name_the_path(tmp_path):
     missing = tmp_path / "nope.txt"
@@ -367,8 +387,93 @@ def test_bad_token_files_name_the_file(tmp_path):
         load_corpus(tmp_path / "train.bin")
     (tmp_path / "meta.json").write_text("{not json")
     write_tokens(tmp_path, range(10), range(10))
-    with pytest.raises(ConfigError, match=r"meta.json: cannot parse it"):
+    with pytest.raises(ConfigError, match=r"meta.json: malformed JSON at line 1, column 2: Expecting property"):
         load_corpus(tmp_path)
+
+
+@pytest.mark.parametrize("meta, message", [
+    ('{"vocab_size": 10, "dtype": ["uint16"]}',
+     "dtype: got ['uint16'] (a list), not the name of a token dtype for train.bin and val.bin; "
+     "expected one of: uint16, uint32"),
+    ('{"vocab_size": 10, "dtype": 16}',
+     "dtype: got 16 (a whole number), not the name of a token dtype for train.bin and val.bin; "
+     "expected one of: uint16, uint32"),
+    ('{"vocab_size": "10"}', "vocab_size: expected a whole number >= 1, got '10' (a string)"),
+    ('{"vocab_size": true}', "vocab_size: expected a whole number >= 1, got True (a boolean)"),
+    ('{"vocab_size": 10.0}', "vocab_size: expected a whole number >= 1, got 10.0 (a number)"),
+    ('{"vocab_size": 0}', "vocab_size: expected a whole number >= 1, got 0 (a whole number)"),
+    ('{"vocab_size": [1, 2]}', "vocab_size: expected a whole number >= 1, got [1, 2] (a list)"),
+    ('[1, 2]', "expected a mapping with a 'vocab_size' key, got a list"),
+    ('"vocab"', "expected a mapping with a 'vocab_size' key, got a string"),
+])
+def test_every_field_of_meta_json_is_type_checked(tmp_path, meta, message):
+    write_tokens(tmp_path, range(10), range(10), meta)
+    with pytest.raises(ConfigError) as e:
+        load_corpus(tmp_path)
+    # Rule: a field of the wrong type is one line naming meta.json, the key and what it must be
+    # (a list as dtype raised TypeError: unhashable type).
+    assert str(e.value) == f"{tmp_path / 'meta.json'}: {message}"
+
+
+def test_meta_json_is_read_as_a_bounded_utf8_regular_file(tmp_path, monkeypatch):
+    write_tokens(tmp_path, range(10), range(10))
+    meta = tmp_path / "meta.json"
+    meta.write_bytes(b'\xff\xfe{"vocab_size": 10}')
+    # Rule: not UTF-8 is one line naming the file (was UnicodeDecodeError).
+    with pytest.raises(ConfigError, match=rf"^{meta}: is not UTF-8 text \(byte 0xff at offset 0\)"):
+        load_corpus(tmp_path)
+    meta.write_text('{"vocab_size": 10}' + " " * data_mod.CONFIG_LIMIT)
+    # Rule: a config-sized limit (1 MiB), said before the file is read.
+    with pytest.raises(ConfigError, match=rf"^{meta}: is 1.0 MB \(\d+ bytes\), more than the 1 MiB"):
+        load_corpus(tmp_path)
+    meta.unlink()
+    os.mkfifo(meta)
+    # Rule: a named pipe is refused without being opened (opening it would block).
+    with pytest.raises(ConfigError, match=rf"^{meta}: is a named pipe \(FIFO\), expected a mapping"):
+        load_corpus(tmp_path)
+    meta.unlink()
+    (tmp_path / "meta.yaml").write_text(
+        'l0: &l0 [a, a, a, a, a, a, a, a, a, a]\n'
+        + "".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]\n" for i in range(1, 9)))
+    # Rule: meta.yaml goes through the YAML loader's alias limits.
+    with pytest.raises(ConfigError, match=r"meta.yaml: malformed YAML at line \d+, column \d+: its aliases"):
+        load_corpus(tmp_path)
+
+
+def test_pipes_and_devices_are_refused_as_data_without_being_opened(tmp_path):
+    os.mkfifo(tmp_path / "corpus.txt")
+    # Rule: a text corpus that is a named pipe is refused (reading it would block for ever).
+    with pytest.raises(ConfigError, match=r"corpus.txt: is a named pipe \(FIFO\), expected a text file"):
+        load_corpus(tmp_path / "corpus.txt")
+    with pytest.raises(ConfigError, match=r"^/dev/null: is a character device, expected a text file"):
+        load_corpus("/dev/null")
+    tokens = tmp_path / "tok"
+    write_tokens(tokens, range(10), range(10), json.dumps({"vocab_size": 10}))
+    (tokens / "val.bin").unlink()
+    os.mkfifo(tokens / "val.bin")
+    # Rule: a token file that is a named pipe is named as such, not as missing.
+    with pytest.raises(ConfigError, match=r"val.bin: is a named pipe \(FIFO\), expected a file of token ids"):
+        load_corpus(tokens)
+    # Rule: in a directory of text files, pipes are skipped (only regular files are text).
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_bytes(b"a" * 100)
+    os.mkfifo(tmp_path / "texts" / "pipe.txt")
+    corpus = load_corpus(tmp_path / "texts")
+    assert corpus.source.startswith("text directory (1 files)") and len(corpus.train) == 90
+
+
+def test_a_text_corpus_larger_than_its_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_mod, "TEXT_CORPUS_LIMIT", 1024)
+    (tmp_path / "a.txt").write_bytes(b"a" * 600)
+    (tmp_path / "b.txt").write_bytes(b"b" * 600)
+    read = []
+    monkeypatch.setattr(data_mod, "_read_bytes", lambda files, source: read.append(files))
+    # Rule: the text is read into memory: more than the limit (in all) is refused, and says
+    # what to do instead.
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}: 1.2 kB of text, more than the 1 KiB a text "
+                                          r"corpus may hold .* train.bin and val.bin token files"):
+        load_corpus(tmp_path)
+    assert read == []
 
 
 def test_bad_arguments():

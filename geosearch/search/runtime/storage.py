@@ -15,6 +15,7 @@ and the command lines of worker processes (:func:`mask_url`, :func:`redact`,
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import random
 import re
@@ -25,7 +26,9 @@ from typing import Any
 import optuna
 
 from geosearch.errors import ConfigError
+from geosearch.files import check_dir
 from geosearch.search.runtime.journal import check_journal_file, open_journal
+from geosearch.search.runtime.rdb import check_rdb, read_only_engine_kwargs, sqlite_file
 
 __all__ = [
     "BEST_FILE",
@@ -256,7 +259,12 @@ def resolve_storage(
 
 
 def open_storage(
-    run_dir: str | os.PathLike, storage: str | None = None, *, workers: int = 1, create: bool = True
+    run_dir: str | os.PathLike,
+    storage: str | None = None,
+    *,
+    workers: int = 1,
+    create: bool = True,
+    read_only: bool = False,
 ) -> tuple[optuna.storages.BaseStorage, str]:
     """The Optuna storage of a run directory.
 
@@ -268,16 +276,26 @@ def open_storage(
             whichever exists, else a new one (journal for several workers, SQLite for one).
         workers: processes that will share it (picks the kind of a new storage).
         create: whether a missing run-directory storage may be created.
+        read_only: open it for reading only (export, report): it must exist and be an
+            Optuna storage already, an SQLite file is opened read-only and a journal file
+            for reading (nothing is created or written); implies ``create=False``.
 
     Returns:
         The storage and a description for messages (the URL masked by :func:`mask_url`,
         or ``"journal file PATH"``).
 
     Raises:
-        ConfigError: the URL cannot be opened, or an ``@`` follows its password's (a raw
-            ``@`` in the password); both storage files exist; none exists and ``create``
-            is false.
+        ConfigError: the storage cannot be opened, or an ``@`` follows its password's (a
+            raw ``@`` in the password); it is not an Optuna storage (an empty SQLite file or
+            one without Optuna's tables, read-only; another application's SQLite database,
+            always: :func:`geosearch.search.runtime.rdb.check_rdb`); a damaged journal
+            (naming the line); both storage files exist; none exists and ``create`` is
+            false. A message names ``--storage`` only when ``storage`` was given, else the
+            run directory's file.
     """
+    flag = "--storage" if storage is not None else None
+    shown = None if storage is not None else os.fspath(Path(run_dir) / DB_FILE)  # as the user named it
+    create = create and not read_only
     if storage is None and create:
         make_dir(run_dir)
     storage = resolve_storage(run_dir, storage, workers=workers, create=create)
@@ -286,34 +304,52 @@ def open_storage(
         if not path.is_file() and not create:
             raise ConfigError("journal file not found", source=storage)
         check_journal_file(path)
-        make_dir(path.parent)
-        try:
-            journal = open_journal(path)  # replays the file
-        except Exception as e:  # noqa: BLE001 - OSError, or a corrupt file
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise ConfigError(f"cannot read the journal file: {first}", source=storage) from None
-        return journal, f"journal file {path}"
-    full, shown = storage_url(storage), mask_url(storage)  # a worker is given `shown`
+        if not read_only:
+            make_dir(path.parent)
+        return open_journal(path, read_only=read_only), f"journal file {path}"  # replays the file
+    full, masked = storage_url(storage), mask_url(storage)  # a worker is given `masked`
     if _ambiguous(full):  # SQLAlchemy would take the password's end for the host's
-        raise ConfigError(f"cannot open the storage {shown!r}: more than one '@' follows its user "
+        raise ConfigError(f"cannot open the storage {masked!r}: more than one '@' follows its user "
                           "name; write an '@' of the password (or of the host, database or query) "
                           "URL-encoded, as %40", source="--storage")
-    kwargs: dict[str, Any] = {}
-    if full.startswith("sqlite"):
+    return _open_rdb(full, masked, flag=flag, read_only=read_only, shown=shown), masked
+
+
+def _rdb_kwargs(storage: str, read_only: bool) -> dict[str, Any]:
+    """``RDBStorage``'s keyword arguments for the URL ``storage``."""
+    if storage.startswith("sqlite"):
+        path = sqlite_file(storage)
+        if read_only and path is not None:
+            kwargs: dict[str, Any] = {"engine_kwargs": read_only_engine_kwargs(path)}
+            if "skip_table_creation" in inspect.signature(optuna.storages.RDBStorage).parameters:
+                kwargs["skip_table_creation"] = True  # where Optuna has it; the tables were checked
+            return kwargs
         # several processes on one SQLite file wait for each other's writes
-        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
-    elif full.startswith(("postgresql", "mysql")):
+        return {"engine_kwargs": {"connect_args": {"timeout": 60}}}
+    if storage.startswith(("postgresql", "mysql")):
         # a trial can outlast a server's or a firewall's idle timeout: test connections
         # before use instead of failing on a dropped one
-        kwargs["engine_kwargs"] = {"pool_pre_ping": True}
+        return {"engine_kwargs": {"pool_pre_ping": True}}
+    return {}
+
+
+def _open_rdb(full: str, masked: str, *, flag: str | None, read_only: bool,
+              shown: str | None = None) -> optuna.storages.RDBStorage:
+    """The RDB storage at the URL ``full`` (``masked`` in messages), once :func:`check_rdb`
+    has looked at it."""
+    kwargs = _rdb_kwargs(full, read_only)
     url = _with_installed_driver(full)
     for attempt in range(3):
         try:
-            return optuna.storages.RDBStorage(url, **kwargs), shown
+            check_rdb(url, read_only=read_only, source=flag, engine_kwargs=kwargs.get("engine_kwargs", {}),
+                      shown=shown)
+            return optuna.storages.RDBStorage(url, **kwargs)
+        except ConfigError:
+            raise
         except ImportError:
-            raise ConfigError(f"cannot open the storage {shown!r}: its database driver "
+            raise ConfigError(f"cannot open the storage {masked!r}: its database driver "
                               "is not installed (PostgreSQL: pip install 'geosearch[postgres]')",
-                              source="--storage") from None
+                              source=flag) from None
         except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors of many kinds
             # Two processes creating the schema of a new database at once: one of them
             # fails on the version table (IntegrityError) or a lock (OperationalError).
@@ -323,8 +359,7 @@ def open_storage(
                 time.sleep(0.5 + random.random())
                 continue
             first = redact((str(e).strip().splitlines() or [type(e).__name__])[0], full)[:200]
-            raise ConfigError(f"cannot open the storage {shown!r}: {first}",
-                              source="--storage") from None
+            raise ConfigError(f"cannot open the storage {masked!r}: {first}", source=flag) from None
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -345,28 +380,6 @@ def make_dir(path: str | os.PathLike) -> None:
         raise ConfigError("the directory is not writable", source=os.fspath(path))
 
 
-def check_dir(path: str | os.PathLike, *, source: str) -> None:
-    """Check, writing nothing, that ``path`` is or can be made a writable directory: it, or
-    its nearest existing ancestor, is a directory this process may write to.
-
-    Raises:
-        ConfigError: naming ``source`` (the flag) and the path.
-    """
-    p = Path(path)
-    while not p.exists():
-        if p.is_symlink():  # a dangling link
-            raise ConfigError(f"{os.fspath(p)!r} is a broken symbolic link", source=source)
-        if p.parent == p:
-            break
-        p = p.parent
-    if p.exists() and not p.is_dir():
-        what = "is a file" if os.fspath(p) == os.fspath(path) else f"is below the file {os.fspath(p)!r}"
-        raise ConfigError(f"{os.fspath(path)!r} {what}, expected a directory", source=source)
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise ConfigError(f"{os.fspath(path)!r} cannot be written ({os.fspath(p)!r} is read-only "
-                          "to this user)", source=source)
-
-
 def _with_installed_driver(url: str) -> str:
     """``postgresql://`` with the driver that is installed: SQLAlchemy 2.1 takes it as
     psycopg 3, 2.0 as psycopg2 (``geosearch[postgres]`` installs psycopg2-binary)."""
@@ -379,17 +392,26 @@ def _with_installed_driver(url: str) -> str:
 
 
 def open_run_study(
-    run_dir: str | os.PathLike, *, study_name: str | None = None, storage: str | None = None
+    run_dir: str | os.PathLike,
+    *,
+    study_name: str | None = None,
+    storage: str | None = None,
+    read_only: bool = False,
 ) -> optuna.Study:
     """Load the study of an existing run directory (for export, report, inspection).
 
+    Args:
+        read_only: open the storage for reading only (:func:`open_storage`): export and
+            report, which must leave what they read as it was.
+
     Raises:
-        ConfigError: no storage, no study, or several studies and no ``study_name``.
+        ConfigError: no storage, not an Optuna storage, no study, or several studies and no
+            ``study_name``.
     """
     run_dir = Path(run_dir)
     if storage is None and not run_dir.is_dir():
         raise ConfigError("no such run directory", source=str(run_dir))
-    backend, desc = open_storage(run_dir, storage, create=False)
+    backend, desc = open_storage(run_dir, storage, create=False, read_only=read_only)
     names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
     if not names:
         raise ConfigError(f"{desc} holds no study", source=str(run_dir))

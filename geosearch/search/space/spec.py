@@ -30,6 +30,7 @@ import optuna
 
 from geosearch.assignment import Assignment
 from geosearch.errors import ConfigError
+from geosearch.files import read_user_text
 from geosearch.modules import ModuleRule
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.horizon.pruner import LogitGrowthPruner
@@ -319,8 +320,9 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
     working directory holds (write ``./default`` for a file named ``default``).
 
     Raises:
-        ConfigError: missing or unreadable file (listing the shipped names), malformed
-            YAML (with line and column), too many YAML aliases; :class:`SearchSpaceError`
+        ConfigError: missing or unreadable file (listing the shipped names), a directory,
+            pipe or device, more than 1 MiB, not UTF-8 (:func:`geosearch.files.read_user_text`),
+            malformed YAML (with line and column), too many YAML aliases; :class:`SearchSpaceError`
             for every problem of its content.
     """
     text_path = os.fspath(path)
@@ -330,17 +332,9 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
         name = text_path
     else:
         source, name = text_path, Path(text_path).stem
-        try:
-            text = Path(text_path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError("no such file, nor a shipped search space of that name",
-                              source=source, allowed=space_names()) from None
-        except IsADirectoryError:
-            raise ConfigError("is a directory, expected a search-space YAML file or a shipped "
-                              "space", source=source, allowed=space_names()) from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"cannot read the file ({getattr(e, 'strerror', None) or e})",
-                              source=source) from None
+        text = read_user_text(text_path, what="a search-space YAML file",
+                              missing="no such file, nor a shipped search space of that name",
+                              allowed=space_names())
     data = parse_yaml(text, source=source)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"

@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from geosearch import __version__
 from geosearch.errors import ConfigError, GeosearchError
+from geosearch.files import check_dir, check_out_file
 from geosearch.search.study.baselines import baseline_table, baselines_lines
 from geosearch.search.horizon.outlook import stability_lines, stability_record, stability_rows
 from geosearch.search.study.queue import done_count
@@ -172,14 +173,28 @@ def export_best(
     (:meth:`~geosearch.assignment.Assignment.with_rules`), e.g. a proxy's answer for a
     Hugging Face model.
 
+    The output is checked before the study is read (:func:`geosearch.files.check_out_file`,
+    :func:`~geosearch.files.check_dir`), and the study is opened read-only: a refused export
+    writes nothing and changes nothing.
+
     Raises:
         GeosearchError: no trial completed.
-        ConfigError: no study in ``run_dir`` (or ``storage``).
+        ConfigError: no study in ``run_dir`` (or ``storage``), a storage that is not an
+            Optuna storage; ``out`` is a directory (``top == 1``) or a file (``top > 1``),
+            or cannot be written.
     """
     run_dir = Path(run_dir)
     if top < 1:
         raise ConfigError(f"expected a whole number >= 1, got {top}", source="--top")
-    study = study or open_run_study(run_dir, study_name=study_name, storage=storage)
+    target = Path(out) if out is not None else run_dir / (BEST_FILE if top == 1 else TOP_DIR)
+    if study is None and storage is None and not run_dir.is_dir():
+        raise ConfigError("no such run directory", source=str(run_dir))
+    flag = "-o" if out is not None else None  # the CLI's flag (--out too)
+    if top == 1:  # checked before the study is read: nothing is written when it cannot be
+        check_out_file(target, source=flag, hint=" (--top K > 1 writes one file per rank into a directory)")
+    else:
+        check_dir(target, source=flag)
+    study = study or open_run_study(run_dir, study_name=study_name, storage=storage, read_only=True)
     ranking = rank_study(study)
     if not ranking.rows:
         raise GeosearchError(f"{run_dir}: no trial of study {study.study_name!r} completed, so "
@@ -192,9 +207,8 @@ def export_best(
         except ConfigError as e:
             raise ConfigError(e.problem, source="--rules", allowed=e.allowed) from None
     if top == 1:
-        return [answers[0].save(Path(out) if out is not None else run_dir / BEST_FILE)]
-    folder = Path(out) if out is not None else run_dir / TOP_DIR
-    return [a.save(folder / f"rank{r.rank}-trial{r.number}.yaml") for a, r in zip(answers, rows)]
+        return [answers[0].save(target)]
+    return [a.save(target / f"rank{r.rank}-trial{r.number}.yaml") for a, r in zip(answers, rows)]
 
 
 def export_summary(paths: list[Path]) -> str:

@@ -142,3 +142,73 @@ def test_the_lock_of_a_journal_named_by_a_relative_path_resolves(monkeypatch, tm
         assert os.stat(link).st_mtime > 0  # what the grace period reads: no OSError
     finally:
         journal.lock.release()
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (b"garbage\n", r"line 2: not a JSON record \(Expecting value at column 1\); an Optuna journal holds one "
+                   r"JSON record per line"),
+    (b"\xff\xfe\n", r"line 2: not UTF-8 text \(byte 0xff at column 1\)"),
+    (b"[1, 2]\n", r"line 2: not a journal record \(a JSON list, expected an object\)"),
+    (b'{"op_code": "x"}\n', r"line 2: not a journal record \(no whole-number op_code\)"),
+    (b"\n", r"line 2: not a JSON record \(Expecting value at column 1\)"),
+])
+def test_a_damaged_line_is_named_by_its_number_before_optuna_reads_the_journal(tmp_path, bad, message):
+    path = tmp_path / "journal.log"
+    study = _study(path)
+    study.set_user_attr("a", 1)
+    study.set_user_attr("b", 2)
+    lines = _lines(path)
+    path.write_bytes(lines[0] + bad + b"".join(lines[1:]))
+    content = path.read_bytes()
+    # Rule: the first bad line is named (Optuna said "Expecting value: line 1 column 1 (char 0)"
+    # of no line of the file), for a search as for a read-only command; nothing is written.
+    for read_only in (False, True):
+        with pytest.raises(ConfigError, match=rf"^{path}: {message}"):
+            open_journal(path, read_only=read_only)
+    assert path.read_bytes() == content and sorted(os.listdir(tmp_path)) == ["journal.log"]
+
+
+@pytest.mark.parametrize("record, problem", [
+    (b'{"op_code": 99, "worker_id": "w"}\n', "op_code 99: an operation it does not know"),
+    (b'{"op_code": 2, "worker_id": "w"}\n', "op_code 2: no 'study_id' field"),
+])
+def test_a_record_optunas_replay_fails_on_is_named_by_its_line_never_should_not_reach(tmp_path, record, problem):
+    path = tmp_path / "journal.log"
+    _study(path).set_user_attr("a", 1)
+    n = len(_lines(path))
+    with open(path, "ab") as f:
+        f.write(record)
+    # Rule: Optuna's own words ("Should not reach.", a KeyError) become the line and the record.
+    with pytest.raises(ConfigError) as e:
+        open_journal(path, read_only=True)
+    assert str(e.value) == f"{path}: line {n + 1}: Optuna cannot replay this record ({problem})"
+    assert "Should not reach" not in str(e.value)
+
+
+def test_a_journal_opened_read_only_is_never_written_locked_or_created(tmp_path):
+    path = tmp_path / "journal.log"
+    _study(path).set_user_attr("a", 1)
+    with open(path, "ab") as f:
+        f.write(b'{"op_code":8,"wor')  # a torn last record: only a writer cuts it
+    content = path.read_bytes()
+    storage = open_journal(path, read_only=True)
+    study = optuna.load_study(study_name="j", storage=storage)
+    # Rule: the study reads back; the torn tail stays; no lock file appears; a write is refused.
+    assert study.user_attrs == {"a": 1}
+    with pytest.raises(RuntimeError, match="opened for reading only"):
+        study.set_user_attr("b", 2)
+    assert path.read_bytes() == content and sorted(os.listdir(tmp_path)) == ["journal.log"]
+    with pytest.raises(ConfigError, match=r"nope.log: journal file not found"):
+        open_journal(tmp_path / "nope.log", read_only=True)
+    assert not (tmp_path / "nope.log").exists()
+
+
+def test_a_pipe_given_as_a_journal_is_refused_without_being_opened(tmp_path):
+    os.mkfifo(tmp_path / "pipe.log")
+    # Rule: reading a named pipe's first line would block until a writer comes.
+    with pytest.raises(ConfigError, match=r"pipe.log: is a named pipe \(FIFO\), expected a journal file"):
+        open_storage(tmp_path, str(tmp_path / "pipe.log"))

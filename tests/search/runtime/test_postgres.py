@@ -76,6 +76,36 @@ def test_a_postgresql_storage_tests_its_connections_before_use(postgres_url):
     assert storage.engine_kwargs["pool_pre_ping"] is True
 
 
+def test_a_read_only_open_of_a_database_without_a_study_creates_no_tables(postgres_url):
+    import sqlalchemy
+
+    from geosearch.errors import ConfigError
+    from geosearch.search.runtime.storage import _with_installed_driver, open_run_study
+
+    def tables() -> list[str]:
+        engine = sqlalchemy.create_engine(_with_installed_driver(postgres_url))
+        try:
+            return sqlalchemy.inspect(engine).get_table_names()
+        finally:
+            engine.dispose()
+
+    if tables():
+        pytest.skip("no database of its own on this server (no CREATEDB right)")
+    # Rule: export and report (read-only) refuse a database without Optuna's tables instead of
+    # creating them, naming --storage (given) and leaving it empty.
+    with pytest.raises(ConfigError, match=r"^--storage: holds no tables, not an Optuna storage"):
+        open_run_study("unused", storage=postgres_url, read_only=True)
+    assert tables() == []
+    optuna.create_study(study_name="pg", storage=load_storage(postgres_url))
+    assert open_run_study("unused", storage=postgres_url, read_only=True).study_name == "pg"
+
+
+def load_storage(url: str) -> optuna.storages.BaseStorage:
+    from geosearch.search.runtime.storage import open_storage
+
+    return open_storage("unused", url)[0]
+
+
 def test_a_killed_worker_on_another_machine_has_its_trial_run_again(postgres_url, tmp_path):
     """Workers A and B share the study through PostgreSQL, each with its own run directory
     (as on two machines). A is killed mid-trial. Its lock file is removed first, as it would

@@ -7,15 +7,21 @@ search, its files, its workers' command lines) in tests/faults/test_secrets.py.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import sqlite3
 import subprocess
+import sys
 
 import optuna
 import pytest
+import yaml
 from _secret_urls import ABSENT, FORMS, RAW_AT
 from _small_fs import small_filesystem
 
 from geosearch.errors import ConfigError
 from geosearch.search.runtime import storage as storage_module
+from geosearch.search.runtime.rdb import REQUIRED_TABLES, sqlite_tables
 from geosearch.search.runtime.storage import (
     MAX_STUDY_NAME,
     STORAGE_ENV,
@@ -24,11 +30,14 @@ from geosearch.search.runtime.storage import (
     make_dir,
     mask_argv,
     mask_url,
+    open_run_study,
     open_storage,
     redact,
     storage_url,
     study_name_problem,
 )
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def test_bad_storage_url_is_one_config_error(tmp_path):
@@ -172,3 +181,122 @@ def test_a_raw_at_in_the_password_is_refused_before_connecting(tmp_path, monkeyp
     assert RAW_AT.leaks(str(e.value)) == []
     assert "\n" not in str(e.value) and len(str(e.value)) < 400
     assert storage_module._ambiguous(FORMS[2].url(ABSENT)) is False  # the same, URL-encoded
+
+
+# --------------------------------------------------------------------------- not an Optuna storage
+def _foreign(path):
+    """Another application's SQLite database: one table of its own."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE notes (body TEXT)")
+    con.execute("INSERT INTO notes VALUES ('mine')")
+    con.commit()
+    con.close()
+    return path
+
+
+def _state(folder):
+    """Every file below ``folder`` with its bytes' hash: what a refused command must leave."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_read_only_opens_refuse_an_empty_file_or_a_foreign_database_and_change_nothing(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "study.db").write_bytes(b"")
+    before = _state(tmp_path)
+    # Rule: an empty study.db is not opened (Optuna would write its 13 tables into it); the
+    # message names the file, not --storage, which was not given.
+    with pytest.raises(ConfigError, match=rf"^{run / 'study.db'}: is an empty file, not an Optuna storage"):
+        open_storage(run, read_only=True)
+    foreign = _foreign(tmp_path / "foreign.db")
+    before = _state(tmp_path)
+    # Rule: another application's database is refused, naming --storage when it was given.
+    with pytest.raises(ConfigError, match=r"^--storage: .*foreign.db: is another application's database "
+                                          r"\(tables: notes\), not an Optuna storage; it is left as it is$"):
+        open_storage(run, f"sqlite:///{foreign}", read_only=True)
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE version_info (x)")  # one table of Optuna's name is not enough
+    con.commit()
+    con.close()
+    before = _state(tmp_path)
+    with pytest.raises(ConfigError, match=r"holds only part of an Optuna storage \(no table studies, trials\)"):
+        open_storage(run, f"sqlite:///{foreign}", read_only=True)
+    with pytest.raises(ConfigError, match=r"^--storage: .*nope.db: no such SQLite file$"):
+        open_storage(run, f"sqlite:///{tmp_path / 'nope.db'}", read_only=True)
+    assert _state(tmp_path) == before
+
+
+def test_search_may_fill_a_new_or_empty_file_but_not_a_foreign_database(tmp_path):
+    foreign = _foreign(tmp_path / "foreign.db")
+    before = _state(tmp_path)
+    # Rule: search refuses another application's non-empty database instead of adopting it.
+    with pytest.raises(ConfigError, match=r"^--storage: .*foreign.db: is another application's database "
+                                          r"\(tables: notes\), not an Optuna storage; it is left as it is: "
+                                          "name a new file or an Optuna storage$"):
+        open_storage(tmp_path / "run", f"sqlite:///{foreign}")
+    assert _state(tmp_path) == before and not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "study.db").write_text("my notes\n")
+    # Rule: the run directory's own file is named by its path, not as --storage.
+    with pytest.raises(ConfigError, match=r"^/.*run/study.db: is not an SQLite database \(nor an Optuna storage\)$"):
+        open_storage(tmp_path / "run")
+    # Rule: a new file, or an empty one, becomes a new Optuna storage.
+    (tmp_path / "empty.db").write_bytes(b"")
+    for name in ("new.db", "empty.db"):
+        storage, _ = open_storage(tmp_path, f"sqlite:///{tmp_path / name}")
+        optuna.create_study(study_name="s", storage=storage)
+        assert set(REQUIRED_TABLES) <= set(sqlite_tables(tmp_path / name))
+
+
+def test_a_study_opened_read_only_reads_everything_and_stays_byte_identical(tmp_path):
+    storage, _ = open_storage(tmp_path / "run")
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.set_user_attr("a", 1)
+    study.enqueue_trial({"x": 1.0})
+    before = _state(tmp_path)
+    loaded = open_run_study(tmp_path / "run", read_only=True)
+    # Rule: what was stored reads back; a write through the read-only connection fails.
+    assert loaded.user_attrs == {"a": 1} and len(loaded.get_trials()) == 1
+    with pytest.raises(Exception, match="(?i)readonly|read-only|commit"):
+        loaded.set_user_attr("b", 2)
+    assert _state(tmp_path) == before
+
+
+def test_a_hot_sqlite_journal_is_said_rather_than_rolled_back(tmp_path):
+    storage, _ = open_storage(tmp_path / "run")
+    optuna.create_study(study_name="s", storage=storage)
+    db = tmp_path / "run" / "study.db"
+    # a writer killed mid-transaction leaves a hot journal (its lock gone with it)
+    code = ("import sqlite3, os; c = sqlite3.connect(os.environ['DB']); c.execute('PRAGMA cache_size=1'); "
+            "c.execute('BEGIN'); c.execute('CREATE TABLE big (x)'); "
+            "[c.execute('INSERT INTO big VALUES (?)', ('x' * 500,)) for _ in range(3000)]; os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "DB": str(db)}, check=True)
+    assert (tmp_path / "run" / "study.db-journal").stat().st_size > 0
+    before = _state(tmp_path)
+    # Rule: a read-only command cannot roll it back: it says so, and what to do.
+    with pytest.raises(ConfigError, match=r"study.db: a write that was cut off left study.db-journal to roll "
+                                          r"back, which a read-only command does not do; rerun the search"):
+        open_run_study(tmp_path / "run", read_only=True)
+    assert _state(tmp_path) == before
+    assert open_run_study(tmp_path / "run").study_name == "s"  # a writer rolls it back
+
+
+def test_a_foreign_database_is_byte_identical_after_export_report_and_search_refuse_it(tmp_path, monkeypatch):
+    from geosearch.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({
+        "version": 1, "geometries": {"attn": ["adamw"], "mlp": ["adamw"]},
+        "proxy": {"model": "tiny", "steps": 2, "batch_size": 2, "device": "cpu"}}))
+    (tmp_path / "run").mkdir()
+    _foreign(tmp_path / "run" / "study.db")
+    _foreign(tmp_path / "foreign.db")
+    before = _state(tmp_path)
+    for argv in (["export", "run"], ["report", "run"], ["export", "run", "--storage", "sqlite:///foreign.db"],
+                 ["report", "run", "--storage", "sqlite:///foreign.db"],
+                 ["search", "--space", "s.yaml", "--runs-dir", "runs", "--storage", "sqlite:///foreign.db"]):
+        assert main(argv) == 2, argv
+        # Rule: refused before anything is opened for writing: the bytes are as they were,
+        # and no file appears beside them (no -journal, no run directory).
+        assert _state(tmp_path) == before, argv
