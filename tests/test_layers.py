@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("geosearch.errors", "geosearch.text", "geosearch.frozen", "geosearch.lazy", "geosearch.checks",
      "geosearch.yaml_io", "geosearch.files"),
     ("geosearch.manifolds",),
-    ("geosearch.modules", "geosearch.rule_inference"),
+    ("geosearch.modules", "geosearch.rule_inference", "geosearch.retarget"),
     ("geosearch.models",),
     ("geosearch.optim",),
     ("geosearch.assignment",),
