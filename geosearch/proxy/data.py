@@ -61,10 +61,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from geosearch.checks import is_int
 from geosearch.errors import ConfigError
+from geosearch.yaml_io import parse_yaml
 
 DEFAULT_MAX_BYTES = 4 * 2**20  # cap on the default corpus (train + validation)
 EXCLUDED_STDLIB_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",
@@ -437,10 +437,13 @@ def _read_meta(p: Path) -> tuple[dict, Path | None]:
         if not meta_path.is_file():
             continue
         text = meta_path.read_text()
-        try:
-            meta = json.loads(text) if name == "meta.json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as e:
-            raise ConfigError(f"cannot parse it: {e}", source=str(meta_path)) from None
+        if name != "meta.json":
+            meta = parse_yaml(text, source=str(meta_path))  # the loader of every YAML file read
+        else:
+            try:
+                meta = json.loads(text)
+            except ValueError as e:
+                raise ConfigError(f"cannot parse it: {e}", source=str(meta_path)) from None
         if not isinstance(meta, dict):
             raise ConfigError("expected a mapping with a 'vocab_size' key", source=str(meta_path))
         return meta, meta_path
