@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from geosearch.checks import is_number, is_whole, parse_number
+from geosearch.checks import STEPS, Range, is_number, is_whole
 from geosearch.errors import ConfigError
 from geosearch.optim.settings import ADAMW
 from geosearch.proxy.config import TrainConfig
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace, Suggestion
 
 __all__ = [
-    "STABILITY_RUNG", "LadderSpec", "Target", "TargetSpec", "check_horizon", "horizon_lines",
+    "LADDER_LIMITS", "STABILITY_RUNG", "TARGET_LIMITS", "LadderSpec", "Target", "TargetSpec", "check_horizon", "horizon_lines",
     "horizon_note", "horizon_verdict", "ladder_record", "model_logit_scale", "parse_horizon", "plan_rungs",
     "plan_stability", "probe_sum_eta", "stability_clock", "stability_record", "takes_spectral_qk", "target_step_at",
     "reading_record",
@@ -72,7 +72,7 @@ class TargetSpec:
     proxy's model with its ``model_args``."""
 
     def __post_init__(self) -> None:
-        _check_fields(self, whole=("steps",), positive=("spectral_lr",))
+        _check_fields(self, TARGET_LIMITS)
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError(f"expected a model spec (a preset, hf:NAME or py:MODULE:FACTORY) "
                               f"or null, got {self.model!r}", key="model")
@@ -101,10 +101,24 @@ class LadderSpec:
     Σ η instead). Its loss is not ranked."""
 
     def __post_init__(self) -> None:
-        _check_fields(self, whole=("rungs", "max_steps", "lower_seeds", "stability_steps"),
-                      positive=("max_spectral_lr",))
-        if self.rungs is None:
-            raise ConfigError("expected a whole number >= 1, got None", key="rungs")
+        _check_fields(self, LADDER_LIMITS)
+
+
+TARGET_LIMITS: dict[str, Range] = {
+    "steps": Range(1, 1_000_000_000, whole=True, null=True),
+    "spectral_lr": Range(0, open_low=True, null=True),
+}
+"""The numbers of ``target:`` -> their ranges (the target is not trained, only its Σ η is
+computed: up to 10⁹ steps)."""
+LADDER_LIMITS: dict[str, Range] = {
+    "rungs": Range(1, 20, whole=True),
+    "max_spectral_lr": Range(0, open_low=True, null=True),
+    "max_steps": dataclasses.replace(STEPS, null=True),
+    "lower_seeds": Range(1, 100, whole=True, null=True),
+    "stability_steps": dataclasses.replace(STEPS, null=True),
+}
+"""The numbers of ``ladder:`` -> their ranges (a rung is trained: at most
+:data:`~geosearch.checks.MAX_STEPS` steps)."""
 
 
 class _Parser(Protocol):
@@ -470,18 +484,12 @@ def target_line(space: SearchSpace) -> str:
 
 
 # --------------------------------------------------------------------------- helpers
-def _check_fields(spec: Any, *, whole: Sequence[str], positive: Sequence[str]) -> None:
-    """Whole numbers >= 1 and positive numbers (numeric strings too: YAML 1.1 reads ``1e-2``
-    as one) or ``None``; raises a ConfigError keyed by the field."""
-    for name in whole:
-        v = getattr(spec, name)
-        if v is not None and not (is_whole(v) and v >= 1):
-            raise ConfigError(f"expected a whole number >= 1 or null, got {v!r}", key=name)
-    for name in positive:
-        v = getattr(spec, name)
-        if v is None:
-            continue
-        x = parse_number(v)
-        if x is None or not x > 0:
-            raise ConfigError(f"expected a number > 0 or null, got {v!r}", key=name)
-        object.__setattr__(spec, name, x)
+def _check_fields(spec: Any, limits: dict[str, Range]) -> None:
+    """Each field of ``limits`` in its range (numeric strings too, for the fields that are
+    not whole: YAML 1.1 reads ``1e-2`` as one), kept as checked; raises a ConfigError keyed
+    by the field."""
+    for name, allowed in limits.items():
+        value, problem = allowed.check(getattr(spec, name))
+        if problem is not None:
+            raise ConfigError(problem, key=name)
+        object.__setattr__(spec, name, value)
