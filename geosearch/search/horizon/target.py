@@ -54,7 +54,7 @@ __all__ = [
     "horizon_note", "horizon_verdict", "ladder_record", "model_logit_scale", "parse_horizon", "plan_rungs",
     "plan_stability", "probe_sum_eta", "stability_clock", "stability_record", "takes_spectral_qk", "target_step_at",
     "reading_record",
-    "resolve_target", "rung_dir", "rung_means", "rung_run", "run_sum_eta", "study_reading",
+    "resolve_target", "rung_dir", "rung_means", "rung_run", "run_sum_eta", "short_target", "study_reading",
     "target_line",
 ]
 
@@ -155,8 +155,12 @@ def parse_horizon(parser: _Parser, target: Any, ladder: Any,
 
 def check_horizon(target: TargetSpec, ladder: LadderSpec, proxy: TrainConfig) -> list[ConfigError]:
     """The problems between the two sections and the proxy, each keyed by its path: an
-    unknown target model, a ladder whose ``max_steps`` is below the proxy's steps."""
+    unknown target model, a ladder whose ``max_steps`` is below the proxy's steps, a target
+    shorter (in Σ η) than the proxy run (:func:`short_target`)."""
     problems = []
+    short = short_target(target, proxy)
+    if short is not None:
+        problems.append(short)
     if target.model is not None:
         from geosearch.models.zoo import check_model_spec  # torch: only when a model is named
 
@@ -168,6 +172,31 @@ def check_horizon(target: TargetSpec, ladder: LadderSpec, proxy: TrainConfig) ->
         problems.append(ConfigError(f"expected at least proxy.steps ({proxy.steps}), got "
                                     f"{ladder.max_steps}: rung 0 is the proxy run", key="ladder.max_steps"))
     return problems
+
+
+def short_target(target: TargetSpec, proxy: TrainConfig) -> ConfigError | None:
+    """The problem of a target whose Σ η is below the proxy run's, else ``None``.
+
+    The ranking is read at the proxy run (rung 0) or above: the ladder climbs from it towards
+    the target and never below it (docs/design.md, "The ladder"). A shorter target would get
+    the answer for a longer run than the user's, with the header saying "the proxy run
+    itself", so it is refused, keyed by ``target.steps`` when the target has fewer steps,
+    else by ``target.spectral_lr``.
+    """
+    steps = target.steps if target.steps is not None else proxy.steps
+    lr = target.spectral_lr if target.spectral_lr is not None else proxy.spectral_lr
+    theirs = run_sum_eta(proxy, proxy.steps, proxy.spectral_lr)
+    ours = run_sum_eta(proxy, steps, lr)
+    if not (theirs > 0 and ours < theirs * (1 - 1e-9)):
+        return None
+    if steps < proxy.steps:
+        key, fix = "target.steps", f"train the proxy no longer (--steps {steps} or fewer)"
+    else:
+        key, fix = "target.spectral_lr", f"give the proxy your run's step (proxy.spectral_lr={lr:g})"
+    return ConfigError(
+        f"your run ({steps:,} steps at spectral_lr {lr:g}, Σ η {ours:.3g}) is shorter than the proxy "
+        f"run ({proxy.steps:,} steps at {proxy.spectral_lr:g}, Σ η {theirs:.3g}), where the ranking "
+        f"is read; {fix}, or give your run's length (--target-steps N)", key=key)
 
 
 # --------------------------------------------------------------------------- Σ η
