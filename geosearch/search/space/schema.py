@@ -203,11 +203,17 @@ class _Parser(SchemaReader):
         name = top.get("name", "search")
         if study_name_problem(name):  # it names the run directory
             self.error("name", study_name_problem(name))
+        n_before = len(self.problems)
+        proxy = self.proxy(top.get("proxy"))  # first: the rules may come from its model
+        model_wrong = any(p.key is not None and p.key.split(".")[:2] in (["proxy", "model"], ["proxy", "model_args"])
+                          for p in self.problems[n_before:])
         rules_from_model = "rules" not in top
-        rules = self.model_rules(top.get("proxy")) if rules_from_model else self.rules(top["rules"])
+        if rules_from_model:  # a wrong model has no rules: its own problem says why, not "rules: missing"
+            rules = None if model_wrong else self.model_rules(top.get("proxy"))
+        else:
+            rules = self.rules(top["rules"])
         geometries = self.geometries(top.get("geometries"), rules)
         hyperparams = self.hyperparams(top.get("hyperparams"), geometries)
-        proxy = self.proxy(top.get("proxy"))
         repeats, problem = REPEATS.check(top.get("repeats", 1))
         if problem is not None:
             self.error("repeats", problem)

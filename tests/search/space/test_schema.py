@@ -134,6 +134,39 @@ def test_rules_default_to_the_models_rule_set(monkeypatch):
     assert "num_hidden_layers" in problems(e)["proxy.model_args.n_layers"].allowed
 
 
+def test_a_wrong_model_is_its_own_problem_not_rules_missing():
+    pytest.importorskip("transformers", reason="hf: models need Hugging Face transformers")
+    # Rule: a space whose rules come from its model reports a wrong model (or model field)
+    # once, as the model's problem; "rules: missing" would only be its consequence.
+    for proxy, key in [({"model": "hf:bogus"}, "proxy.model"),
+                       ({"model": "hf:mistral", "model_args": {"num_layers": 1}}, "proxy.model_args.num_layers")]:
+        with pytest.raises(SearchSpaceError) as e:
+            space(proxy=proxy)
+        assert set(problems(e)) == {key}, str(e.value)
+        assert "\n" not in str(e.value) and len(str(e.value)) <= 360
+
+
+def test_a_long_list_of_allowed_values_is_cut_to_a_line_and_points_to_where_it_is_whole(tmp_path):
+    pytest.importorskip("transformers", reason="hf: models need Hugging Face transformers")
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    for proxy in [{"model": f"hf:{tmp_path / 'bert'}"}, {"model": "hf:gpt2", "model_args": {"n_layers": 2}}]:
+        with pytest.raises(SearchSpaceError) as e:
+            space(proxy=proxy)
+        msg = str(e.value)
+        # Rule: at most 360 characters, so that the command's line stays within 400 (the
+        # model types were a line of 1,942 characters).
+        assert len(msg) <= 360 and "\n" not in msg, msg
+    # Rule: the model types are not listed; the message says which command lists them ...
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model": f"hf:{tmp_path / 'bert'}"})
+    assert "(geosearch inspect --models lists them)" in str(e.value) and "afmoe" not in str(e.value)
+    # ... and a long list of fields is cut, saying how many it leaves out, after a near miss.
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model": "hf:gpt2", "model_args": {"n_layers": 2}})
+    assert "(did you mean n_layer" in str(e.value) and str(e.value).endswith(" more")
+
+
 # ---------------------------------------------------------------------- numbers
 def _nested(path, value):
     """``{"a": {"b": value}}`` for the path ``a.b``."""
