@@ -3,7 +3,8 @@
 Both are plain dataclasses without torch, so a search space, a report or the command line
 can build, check and print them without loading the trainer; :func:`geosearch.proxy.train.train`
 takes the one and returns the other. Every field of a run's settings, its default and its
-check live in :class:`TrainConfig` (the fields) and :meth:`TrainConfig._check` (the checks).
+check live in :class:`TrainConfig` (the fields), :data:`LIMITS` (the ranges of its numbers) and
+:meth:`TrainConfig._check` (the checks).
 """
 
 from __future__ import annotations
