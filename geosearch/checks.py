@@ -10,11 +10,22 @@ every check here rejects ``True`` and ``False``. Two families of types:
 Strings count as numbers only in the two parsers: YAML 1.1 reads ``1e-4`` (no dot) as a
 string. Imports nothing of geosearch, and nothing heavier than :mod:`numbers`.
 
+:class:`Range` is the one rule for a number a user sets (a field of ``TrainConfig``, an
+optimizer setting, a key of a search space): NaN, ±inf and bools are never in a range, and
+a value out of it is refused with the range in words ("expected a number in [0, 1], got
+nan"). Every whole count has an upper bound, so that a typo (``steps: 1e30`` written as an
+integer) is refused instead of promising a run that never ends; :data:`STEPS` and
+:data:`SEED` are the bounds several sections share.
+
 Example:
     >>> is_number(0.5), is_number(True), is_whole(3), is_whole(3.0), is_int(True)
     (True, False, True, False, False)
     >>> finite_or_none(float("inf")), parse_number("1e-4"), parse_decimal("1_000")
     (None, 0.0001, None)
+    >>> Range(0, 1).check(float("nan"))
+    (nan, 'expected a number in [0, 1], got nan')
+    >>> STEPS.check(10**30)[1]
+    'expected a whole number in [1, 10,000,000], got 1000000000000000000000000000000'
 """
 
 from __future__ import annotations
@@ -22,8 +33,12 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["finite_or_none", "is_int", "is_number", "is_positive", "is_whole", "parse_decimal", "parse_number"]
+__all__ = ["MAX_STEPS", "SEED", "STEPS", "Range", "finite_or_none", "is_int", "is_number", "is_positive",
+           "is_whole", "parse_decimal", "parse_number", "shown"]
 
 
 def is_number(v: object) -> bool:
@@ -78,3 +93,98 @@ def parse_decimal(v: object) -> float | None:
     if isinstance(v, (int, float)) and math.isfinite(v):
         return float(v)
     return None
+
+
+# --------------------------------------------------------------------------- ranges
+@dataclass(frozen=True)
+class Range:
+    """The values a number a user sets may take: from ``low`` to ``high``, each end included
+    unless ``open_low`` / ``open_high``; whole numbers only when ``whole``; ``None`` too when
+    ``null``. NaN, ±inf and bools are in no range.
+
+    Attributes:
+        low: the smallest value (``-inf``: no lower bound).
+        high: the largest value (``inf``: no upper bound; a whole number always has one).
+        whole: a whole number (:func:`is_whole`; a float such as ``3.0`` is not one).
+        open_low: ``low`` itself is out (``> 0`` rather than ``>= 0``).
+        open_high: ``high`` itself is out.
+        null: ``None`` is allowed (the key's "off" or "default").
+
+    Example:
+        >>> Range(0, open_low=True).text, Range(1, 100, whole=True, null=True).text
+        ('a number > 0', 'a whole number in [1, 100] or null')
+    """
+
+    low: float = -math.inf
+    high: float = math.inf
+    whole: bool = False
+    open_low: bool = False
+    open_high: bool = False
+    null: bool = False
+
+    def __post_init__(self) -> None:
+        if self.whole and not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise ValueError(f"a whole-number range needs finite bounds, got [{self.low}, {self.high}]")
+
+    def contains(self, x: float) -> bool:
+        """Whether the (already finite) number ``x`` is in the range."""
+        above = x > self.low if self.open_low else x >= self.low
+        below = x < self.high if self.open_high else x <= self.high
+        return above and below
+
+    def check(self, value: Any, *, read: Callable[[Any], float | None] | None = None) -> tuple[Any, str | None]:
+        """``(value normalised, None)`` when ``value`` is in the range (a whole number as an
+        ``int``, any other as a ``float``), else ``(value, "expected <text>, got <value>")``.
+
+        Args:
+            value: the value as given (YAML, a flag, a keyword).
+            read: how a number that is not whole is read (default :func:`parse_number`, which
+                takes numeric strings too: YAML 1.1 reads ``1e-4`` as one); the optimizer
+                settings pass :func:`parse_decimal`.
+        """
+        if value is None and self.null:
+            return None, None
+        if self.whole:
+            x: float | None = int(value) if is_whole(value) else None
+        else:
+            x = (read or parse_number)(value)
+        if x is None or not self.contains(x):
+            return value, f"expected {self.text}, got {shown(value)}"
+        return x, None
+
+    @property
+    def text(self) -> str:
+        """The range in words: ``a whole number in [1, 10,000,000]``, ``a number > 0``, ``a
+        number in [0, 1)``, with ``or null`` when ``None`` is allowed."""
+        kind = "a whole number" if self.whole else "a number"
+        if math.isinf(self.high) and math.isinf(self.low):
+            words = kind
+        elif math.isinf(self.high):
+            words = f"{kind} {'>' if self.open_low else '>='} {_num(self.low)}"
+        elif math.isinf(self.low):
+            words = f"{kind} {'<' if self.open_high else '<='} {_num(self.high)}"
+        else:
+            words = (f"{kind} in {'(' if self.open_low else '['}{_num(self.low)}, {_num(self.high)}"
+                     f"{')' if self.open_high else ']'}")
+        return words + (" or null" if self.null else "")
+
+
+def _num(x: float) -> str:
+    """A bound in words: whole numbers with thousands separators, others as ``%g``."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+MAX_STEPS = 10_000_000
+"""The most optimizer steps of one run geosearch trains (a proxy run, a rung, the stability
+rung), and of a step count of such a run (warmup, eval and probe intervals)."""
+STEPS = Range(1, MAX_STEPS, whole=True)
+"""A step count of a run geosearch trains."""
+SEED = Range(0, 2**31 - 1, whole=True)
+"""A seed: numpy and Accelerate take 0 to 2³² − 1; half that leaves room for the seeds a
+study adds to it (one per repeat, one per worker)."""

@@ -11,6 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
+MAX_MESSAGE = 360
+"""The length a message keeps to, so that a command's line (``geosearch <command>: error: ``
+and the message) stays within 400 characters: a list of allowed values is cut to fit, saying
+how many it leaves out (a message points to where the whole list is, e.g. ``geosearch
+inspect --models``, when it may be long)."""
+
+
 class GeosearchError(Exception):
     """An error caused by user input; its message is meant to be shown as is."""
 
@@ -46,7 +53,8 @@ class ConfigError(GeosearchError, ValueError):
         where = ": ".join(str(x) for x in (self.source, self.key) if x)
         msg = f"{where}: {self.problem}" if where else self.problem
         if self.allowed is not None:
-            msg += "; expected one of: " + ", ".join(str(a) for a in self.allowed)
+            head = "; expected one of: "
+            msg += head + fit_list(self.allowed, MAX_MESSAGE - len(msg) - len(head))
         return msg
 
 
@@ -68,6 +76,26 @@ class SettingsError(ConfigError):
         if isinstance(error, SettingsError):
             return error
         return cls(error.problem, source=error.source, key=error.key, allowed=error.allowed)
+
+
+def fit_list(items: Iterable[object], room: int) -> str:
+    """``items`` joined by commas, cut to ``room`` characters (one item at least), the cut
+    said as ``, ... and N more``.
+
+    Example:
+        >>> fit_list(range(100), 30)
+        '0, 1, 2, 3, 4, ... and 95 more'
+    """
+    names = [str(a) for a in items]
+    text = ", ".join(names)
+    if len(text) <= room:
+        return text
+    kept = names[:1]
+    for name in names[1:]:
+        if len(", ".join([*kept, name])) + len(f", ... and {len(names) - len(kept) - 1} more") > room:
+            break
+        kept.append(name)
+    return ", ".join(kept) + f", ... and {len(names) - len(kept)} more"
 
 
 def unknown_name(kind: str, name: object, known: Iterable[object], **where) -> ConfigError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -38,7 +39,7 @@ from geosearch.models.zoo import BuiltModel, build_meta_model
 from geosearch.rule_inference import infer_rules, rules_fit
 from geosearch.search.space.spec import SearchSpace, load_space
 
-__all__ = ["ParamRow", "describe_parameters", "fitting_rule_sets", "inspect_model"]
+__all__ = ["ParamRow", "describe_parameters", "fitting_rule_sets", "inspect_model", "model_lines"]
 
 # --------------------------------------------------------------------------- parameters
 def fitting_rule_sets(model: nn.Module) -> list[str]:
@@ -131,6 +132,34 @@ def describe_parameters(built: BuiltModel | nn.Module, rules: str | Sequence[Mod
         role = "embedding" if name in embeddings else "unassigned" if name in unassigned else "norm/bias"
         rows.append(ParamRow(name, shape, role, None, None, None, ("adamw",)))
     return rows
+
+
+# --------------------------------------------------------------------------- the models
+def model_lines(width: int = 100) -> list[str]:
+    """The model specs a run takes (``--model``, ``proxy.model``, ``target.model``), each kind
+    on its lines; every ``hf:MODEL_TYPE`` of the installed transformers, which error messages
+    point to rather than list (``geosearch inspect --models``)."""
+    from geosearch.models.specs import HF_MODELS, PRESETS, PY_SPEC_HELP
+
+    presets = ", ".join(f"{name} ({p['n_layer']} layers, width {p['n_embd']})" for name, p in PRESETS.items())
+    lines = [f"presets (the nanoGPT GPT): {presets}",
+             f"Hugging Face families with their rule sets: {', '.join('hf:' + n for n in HF_MODELS)}"]
+    try:
+        import transformers
+
+        from geosearch.models.hf_configs import causal_lm_types
+    except ImportError:
+        lines.append("hf:MODEL_TYPE: needs Hugging Face transformers, which is not installed "
+                     "(pip install 'geosearch[hf]')")
+    else:
+        types = causal_lm_types()
+        lines.append(f"hf:MODEL_TYPE, the {len(types)} decoder-only causal LM types of transformers "
+                     f"{transformers.__version__} (random weights, no download):")
+        lines += textwrap.wrap(", ".join(types), width=width, initial_indent="  ", subsequent_indent="  ",
+                               break_on_hyphens=False)
+    lines += ["hf:PATH: a directory holding a Hugging Face config.json (hf:./DIR for one here)",
+              f"{PY_SPEC_HELP}: your own nn.Module, made by FACTORY(vocab_size, block_size, **model_args)"]
+    return lines
 
 
 # --------------------------------------------------------------------------- the command

@@ -6,7 +6,11 @@ a directory, unreadable, empty, or malformed (``"malformed YAML at line L, colum
 ..."``). Documents with many aliases, or whose aliases expand to a large tree, are
 refused before they are built: aliases let a few lines stand for an exponentially large
 tree (a "billion laughs" file: 90 aliases make 10^9 values), which every later walk over
-the data, or a message printing it, would pay for.
+the data, or a message printing it, would pay for. A key given twice in one mapping is
+refused, naming the key and both lines: PyYAML would keep the second silently (a second
+``proxy:`` would reset every proxy key the first one set). Every YAML file the tool reads
+(search spaces, assignments, train configs, a corpus's ``meta.yaml``) and every
+``--set KEY=VALUE`` goes through this loader.
 
 Example:
     >>> data = load_yaml("best_assignment.yaml", what="an assignment")  # doctest: +SKIP
@@ -35,8 +39,9 @@ _MAX_PROBLEM = 200  # characters of PyYAML's own problem text kept in a message
 _RAISE = object()
 
 
-class _AliasLimit(yaml.MarkedYAMLError):
-    pass
+class _Refused(yaml.MarkedYAMLError):
+    """A document the loader refuses although PyYAML would read it: too many aliases, or a
+    key given twice."""
 
 
 class _Loader(yaml.SafeLoader):
@@ -52,7 +57,7 @@ class _Loader(yaml.SafeLoader):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
                 mark = self.peek_event().start_mark
-                raise _AliasLimit(problem=f"more than {MAX_ALIASES} aliases; write the values out",
+                raise _Refused(problem=f"more than {MAX_ALIASES} aliases; write the values out",
                                   problem_mark=mark)
         node = super().compose_node(parent, index)
         if id(node) not in self._sizes:  # an alias returns its anchor's node, sized already
@@ -60,9 +65,38 @@ class _Loader(yaml.SafeLoader):
                 [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
             self._sizes[id(node)] = 1 + sum(self._sizes.get(id(c), 1) for c in children)
         if parent is None and self._sizes[id(node)] > MAX_VALUES:  # the whole document
-            raise _AliasLimit(problem=f"its aliases expand to more than {MAX_VALUES} values; write "
-                                      "the values out", problem_mark=node.start_mark)
+            raise _Refused(problem=f"its aliases expand to more than {MAX_VALUES} values; write "
+                                   "the values out", problem_mark=node.start_mark)
         return node
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        """The mapping, once no key of it is given twice (merge keys ``<<`` may repeat keys:
+        that is what they are for)."""
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, Any] = {}  # key -> the node where it was first given
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first.get(key)
+                except TypeError:  # an unhashable key: PyYAML's own error says so below
+                    continue
+                if seen is None:
+                    first[key] = key_node
+                else:
+                    line, again = seen.start_mark.line + 1, key_node.start_mark.line + 1
+                    where = f"lines {line} and {again}" if line != again else f"both on line {line}"
+                    raise _Refused(problem=f"key {_short(key)} is given twice ({where}); give it once "
+                                           "(the second would replace the first)",
+                                   problem_mark=key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _short(key: Any) -> str:
+    """A key as a message shows it: its repr, at most 60 characters."""
+    text = repr(key)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def parse_yaml(text: str, *, source: str | None = None) -> Any:
@@ -91,14 +125,15 @@ def parse_value(text: str, *, source: str | None = None) -> Any:
     lists, mappings; text that is not valid YAML stays the text itself; empty is ``None``.
 
     Raises:
-        ConfigError: the value uses too many aliases, or its aliases expand to too much
-            (one line naming ``source``), as in :func:`parse_yaml`.
+        ConfigError: the value uses too many aliases, its aliases expand to too much, or a
+            mapping in it gives a key twice (one line naming ``source``), as in
+            :func:`parse_yaml`.
     """
     if not text.strip():
         return None
     try:
         return yaml.load(text, Loader=_Loader)  # safe: _Loader is a SafeLoader
-    except _AliasLimit:
+    except _Refused:
         return parse_yaml(text, source=source)  # raises the one-line message
     except yaml.YAMLError:
         return text

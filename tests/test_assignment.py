@@ -62,7 +62,7 @@ def test_parse_geometries_and_options():
     ("attn=stiefel,attn=dgram", ["'attn' is given twice"]),
     ("attn=stiefel", ["no geometry for module type(s) mlp_in, mlp_out of rule set 'nanogpt'"]),
     ("attn=stiefel,mlp=dgram,mlp.foo=1", ["--assign: mlp.foo: unknown option 'foo' for family 'mlp'", "solver"]),
-    ("attn=stiefel,mlp=dgram,mlp.lr=fast", ["--assign: mlp.lr: expected a number, got 'fast'"]),
+    ("attn=stiefel,mlp=dgram,mlp.lr=fast", ["--assign: mlp.lr: expected a number > 0, got 'fast'"]),
     ("", ["no 'type=geometry' item"]),
 ])
 def test_parse_errors(text, expected):
@@ -203,7 +203,7 @@ BAD_YAML = [
      ["options.mlp_in.solver: unknown option 'solver' for 'mlp_in' (adamw)", "lr, betas, eps, weight_decay"]),
     ("no-decay-on-manifold", GOOD + "options: {attn: {weight_decay: 0.1}}\n",
      ["options.attn.weight_decay: unknown option 'weight_decay' for family 'attn'"]),
-    ("option-type", GOOD + "options: {attn_qkv: {lr: fast}}\n", ["options.attn_qkv.lr: expected a number, got 'fast'"]),
+    ("option-type", GOOD + "options: {attn_qkv: {lr: fast}}\n", ["options.attn_qkv.lr: expected a number > 0, got 'fast'"]),
     ("option-range", GOOD + "options: {mlp: {momentum: 1.5}}\n", ["options.mlp.momentum: expected a number in [0, 1)"]),
     ("option-bool", GOOD + "options: {mlp: {nesterov: 1}}\n", ["options.mlp.nesterov: expected true or false"]),
     ("option-count", GOOD + "options: {mlp: {dual_steps: 2.5}}\n", ["options.mlp.dual_steps: expected a whole number"]),

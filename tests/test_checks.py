@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 from geosearch.checks import (
+    SEED,
+    STEPS,
+    Range,
     finite_or_none,
     is_int,
     is_number,
@@ -61,3 +64,37 @@ def test_the_module_imports_nothing_of_geosearch():
             "print(sorted(m for m in set(sys.modules) - before if m.startswith('geosearch')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "['geosearch.checks']"
+
+
+@pytest.mark.parametrize("allowed, value, out, problem", [
+    (Range(0, 1), 0.5, 0.5, None),
+    (Range(0, 1), "1e-1", 0.1, None),  # YAML 1.1 reads 1e-1 as a string
+    (Range(0, 1), 1, 1.0, None),
+    (Range(0, 1), math.nan, math.nan, "expected a number in [0, 1], got nan"),
+    (Range(0, 1), "nan", "nan", "expected a number in [0, 1], got 'nan'"),
+    (Range(0, 1), True, True, "expected a number in [0, 1], got True"),
+    (Range(0, open_low=True), 0, 0, "expected a number > 0, got 0"),
+    (Range(0, open_low=True), math.inf, math.inf, "expected a number > 0, got inf"),
+    (Range(0, 1, open_low=True, open_high=True, null=True), None, None, None),
+    (Range(0, 1, open_low=True, open_high=True, null=True), 1.0, 1.0, "expected a number in (0, 1) or null, got 1.0"),
+    (STEPS, np.int64(7), 7, None),
+    (STEPS, 7.0, 7.0, "expected a whole number in [1, 10,000,000], got 7.0"),
+    (STEPS, 10**30, 10**30, "expected a whole number in [1, 10,000,000], got 1000000000000000000000000000000"),
+    (STEPS, None, None, "expected a whole number in [1, 10,000,000], got None"),
+    (SEED, -1, -1, "expected a whole number in [0, 2,147,483,647], got -1"),
+    (Range(0, 1), "x" * 100, "x" * 100, "expected a number in [0, 1], got '" + "x" * 56 + "..."),
+])
+def test_a_range_refuses_nan_inf_bools_and_out_of_range_in_words(allowed, value, out, problem):
+    got, why = allowed.check(value)
+    # Rule: one rule for numbers: NaN, ±inf and bools are in no range; the message gives the
+    # range in words and the value (cut to 60 characters); a valid value comes back normalised.
+    assert why == problem
+    assert (got is out or got == out or (math.isnan(got) and math.isnan(out))) and type(got) is type(out)
+
+
+def test_a_whole_range_is_bounded_and_decimal_reading_is_the_callers_choice():
+    with pytest.raises(ValueError, match="finite bounds"):
+        Range(1, whole=True)
+    # Rule: the settings catalog reads decimals strictly ("1_000" is no decimal literal).
+    assert Range(0).check("1_000") == (1000.0, None)
+    assert Range(0).check("1_000", read=parse_decimal)[1] == "expected a number >= 0, got '1_000'"

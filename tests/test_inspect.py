@@ -51,6 +51,26 @@ def test_fitting_rule_sets_are_the_families_own():
     assert fitting_rule_sets(build_meta_model("tiny", vocab_size=256).model) == ["nanogpt", "nanogpt_split"]
 
 
+# --------------------------------------------------------------------------- --models
+def test_models_lists_every_spec_kind_and_every_hf_type_that_messages_point_to(capsys):
+    transformers = pytest.importorskip("transformers", reason=HF_REASON)
+    from geosearch.cli import main
+    from geosearch.models.hf_configs import LIST_HINT, causal_lm_types
+
+    assert main(["inspect", "--models"]) == 0
+    out = capsys.readouterr().out
+    listed = {name.strip() for line in out.splitlines() if line.startswith("  ") for name in line.split(",")
+              if name.strip()}
+    # Rule: every hf:MODEL_TYPE the zoo takes is listed, with the version it comes from, so that
+    # messages name this command (LIST_HINT) instead of a line of 200 names.
+    assert listed == set(causal_lm_types()) and "mistral" in listed
+    assert f"transformers {transformers.__version__}" in out and LIST_HINT.startswith("geosearch inspect --models")
+    # Rule: the other kinds are there too: presets, the families with rule sets, paths, py:.
+    for words in ("tiny (2 layers, width 32)", "hf:gpt2, hf:llama", "hf:PATH", "py:MODULE:FACTORY"):
+        assert words in out
+    assert all(len(line) <= 100 for line in out.splitlines() if line.startswith("  "))
+
+
 # --------------------------------------------------------------------------- inspect_model
 def test_the_table_takes_the_models_rules_and_the_spaces_candidates(capsys):
     inspect_model("tiny", space="default")

@@ -70,3 +70,27 @@ def test_a_command_line_value_is_yaml_or_its_text_and_its_aliases_are_bounded():
     with pytest.raises(ConfigError, match=r"^--set x: malformed YAML .*more than 100000 values") as e:
         parse_value(bomb, source="--set x")
     assert len(str(e.value)) < 200
+
+
+def test_a_key_given_twice_is_refused_naming_the_key_and_both_lines(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("version: 1\nproxy: {steps: 4, batch_size: 2}\nrepeats: 2\nproxy: {steps: 8}\n")
+    with pytest.raises(ConfigError) as e:
+        load_yaml(path)
+    # Rule: PyYAML would keep the second `proxy:` and drop batch_size silently; the loader
+    # names the key, the line of each, and says to give it once.
+    assert str(e.value) == (f"{path}: malformed YAML at line 4, column 1: key 'proxy' is given twice "
+                            "(lines 2 and 4); give it once (the second would replace the first)")
+    # nested, on one line; keys equal as values (1 and 1.0, yes and true) are the same key
+    for text, key in [("p:\n  a: {x: 1, x: 2}\n", "'x'"), ("1: a\n1.0: b\n", "1.0"), ("yes: 1\ntrue: 2\n", "True")]:
+        with pytest.raises(ConfigError, match=rf"key {key} is given twice"):
+            parse_yaml(text, source="f")
+
+
+def test_merge_keys_may_repeat_a_key_and_a_value_given_on_the_command_line_may_not():
+    # Rule: `<<` merges are how YAML repeats keys on purpose; the explicit key wins, as in YAML.
+    text = "base: &b {steps: 4, lr: 0.1}\nrun:\n  <<: *b\n  steps: 8\n"
+    assert parse_yaml(text)["run"] == {"steps": 8, "lr": 0.1}
+    with pytest.raises(ConfigError, match=r"^--set proxy: malformed YAML at line 1, column 14: key 'a' "
+                                          r"is given twice \(both on line 1\)"):
+        parse_value("{a: 1, b: 2, a: 3}", source="--set proxy")

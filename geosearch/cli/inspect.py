@@ -12,6 +12,9 @@ def add(p: argparse.ArgumentParser) -> None:
     p.epilog = ("The model is built on the meta device (no memory, no initialisation), with the "
                 "byte-level vocabulary (256) unless --model-arg vocab_size=N says otherwise.")
     p.add_argument("--model", metavar="SPEC", help=MODEL_HELP + " (default: the space's)")
+    p.add_argument("--models", action="store_true",
+                   help="list the model specs --model takes, every hf:MODEL_TYPE of the installed "
+                        "transformers included, and stop")
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help=MODEL_ARG_HELP)
     p.add_argument("--space", metavar="FILE|NAME", help="show each type's candidate geometries from this space")
     p.add_argument("--rules", metavar="NAME",
@@ -22,7 +25,11 @@ def add(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from geosearch.inspect import inspect_model
+    from geosearch.inspect import inspect_model, model_lines
+
+    if args.models:
+        print("\n".join(model_lines()))
+        return 0
 
     inspect_model(args.model, model_args=key_values(args.model_arg, "--model-arg"),
                   space=args.space, rules=args.rules, assign=args.assign)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geosearch.checks import is_int
+from geosearch.checks import is_int, shown
 from geosearch.errors import ConfigError
 from geosearch.files import read_user_text
 
@@ -75,6 +75,11 @@ class HFSource:
         return real if real in self.fields else None
 
 
+LIST_HINT = "geosearch inspect --models lists them"
+"""Where the model types ``hf:MODEL_TYPE`` takes are listed: a message names it instead of
+the list, which holds some 200 names."""
+
+
 def is_path(target: str) -> bool:
     """``hf:PATH`` rather than ``hf:<model_type>``: the text has a path separator or starts
     with ``.`` or ``~`` (``hf:./my_model`` for a directory in the current one)."""
@@ -110,17 +115,17 @@ def hf_source(spec: str, target: str, transformers: Any, allowed: list[str]) -> 
         model_type = base.pop("model_type", None)
         label = str(path)
         if model_type not in types:
-            raise ConfigError(f"model {spec!r}: {path / CONFIG_FILE} has model_type {model_type!r}, which "
-                              f"is not a decoder-only causal LM of transformers {transformers.__version__}",
-                              source=_SOURCE, key="model", allowed=types)
+            raise ConfigError(f"model {spec!r}: {path / CONFIG_FILE} has model_type {shown(model_type)}, which "
+                              f"is not a decoder-only causal LM of transformers {transformers.__version__} "
+                              f"({LIST_HINT})", source=_SOURCE, key="model")
     else:
         model_type = target
         if model_type not in types:
             near = difflib.get_close_matches(model_type, types, n=3)
             hint = f" (did you mean {', '.join('hf:' + t for t in near)}?)" if near else ""
-            raise ConfigError(f"unknown Hugging Face model {spec!r}{hint}: hf:MODEL_TYPE takes a decoder-only "
-                              f"causal LM type of transformers {transformers.__version__} (e.g. mistral, "
-                              "qwen2, gemma, phi3), hf:PATH a directory holding config.json (hf:./DIR for one here)",
+            raise ConfigError(f"unknown Hugging Face model {shown(spec)}{hint}: hf:MODEL_TYPE takes a "
+                              f"decoder-only causal LM type of transformers {transformers.__version__} "
+                              f"({LIST_HINT}), hf:PATH a directory holding config.json",
                               source=_SOURCE, key="model", allowed=allowed)
     config_class = CONFIG_MAPPING[model_type]
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
@@ -256,7 +261,9 @@ def checked_args(spec: str, model_args: dict[str, Any], allowed: list[str], labe
     """``model_args`` checked, by the config's own names, and the context a config without a block field takes."""
     for key in model_args:
         if key not in allowed:
-            raise ConfigError(f"unknown field {key!r} for model {spec!r} ({label})",
+            near = difflib.get_close_matches(str(key), allowed, n=3)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise ConfigError(f"unknown field {shown(key)} for model {shown(spec)} ({label}){hint}",
                               source=_SOURCE, key=f"model_args.{key}", allowed=allowed)
     aliases = getattr(config_class, "attribute_map", {})
     args = {aliases.get(k, k): v for k, v in model_args.items()}  # hidden_size -> n_embd for GPT-2

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from geosearch.checks import is_int, parse_decimal
+from geosearch.checks import Range, parse_decimal
 from geosearch.errors import ConfigError
 
 __all__ = [
-    "ADAMW", "EUCLIDEAN", "KINDS", "LAYOUT", "MUON", "SCOPES", "SETTINGS", "Setting",
+    "ADAMW", "EUCLIDEAN", "KINDS", "LAYOUT", "MUON", "RANGES", "RANGES_OF", "SCOPES", "SETTINGS", "Setting",
     "check", "defaults", "group_defaults", "group_setting", "group_values", "help", "kinds", "names",
     "option_keys", "option_setting", "solver_keys", "validate",
 ]
@@ -51,12 +51,22 @@ SCOPES = (MUON, ADAMW, EUCLIDEAN, LAYOUT)
 """The scopes of the module docstring. ``"adamw"`` and ``"euclidean"`` are also the
 geometry names of the same meaning (see :mod:`geosearch.manifolds`)."""
 
+RANGES: dict[str, Range] = {
+    "positive": Range(0, open_low=True),
+    "nonnegative": Range(0),
+    "unit": Range(0, 1, open_high=True),
+    "count": Range(1, 10_000, whole=True),
+}
+"""The numeric kinds -> their :class:`~geosearch.checks.Range` (the one rule for numbers: NaN,
+±inf and bools are in none; a count has an upper bound, so that ``ns_steps: 1e12`` written as
+an integer is refused rather than run out of memory)."""
+
 KINDS = {
-    "positive": "a number > 0",
-    "nonnegative": "a number >= 0",
-    "unit": "a number in [0, 1)",
+    "positive": RANGES["positive"].text,
+    "nonnegative": RANGES["nonnegative"].text,
+    "unit": RANGES["unit"].text,
     "bool": "true or false",
-    "count": "a whole number >= 1",
+    "count": RANGES["count"].text,
     "choice": "one of the allowed values",
     "betas": "two numbers in [0, 1), e.g. [0.9, 0.95]",
 }
@@ -143,6 +153,10 @@ _TABLE = (
 
 SETTINGS: MappingProxyType[str, Setting] = MappingProxyType({s.name: s for s in _TABLE})
 """Setting name -> :class:`Setting`, in the order settings are listed everywhere."""
+RANGES_OF: MappingProxyType[str, Range] = MappingProxyType(
+    {s.name: RANGES[s.group_kind or s.kind] for s in _TABLE if (s.group_kind or s.kind) in RANGES})
+"""Setting name -> the range a value of it may take (in a param group, where that is looser),
+for the settings that are one number."""
 
 
 # --------------------------------------------------------------------------- views
@@ -264,12 +278,10 @@ def validate(name: str, value: Any, *, group: bool = False) -> tuple[Any, str | 
     out = _normalise(kind, value, s.choices)
     if out is _BAD:
         return value, s.what or KINDS[kind]
-    if out is _NAN:
-        return value, "a number"
     return out, None
 
 
-_BAD, _NAN = object(), object()  # _normalise: out of range / not a number at all
+_BAD = object()  # _normalise: not a valid value of the kind
 
 
 def _normalise(kind: str, value: Any, choices: tuple[Any, ...]) -> Any:
@@ -277,17 +289,13 @@ def _normalise(kind: str, value: Any, choices: tuple[Any, ...]) -> Any:
         return value if isinstance(value, bool) else _BAD
     if kind == "choice":
         return value if any(value == c and type(value) is type(c) for c in choices) else _BAD
-    if kind == "count":
-        return value if is_int(value) and value >= 1 else _BAD
     if kind == "betas":
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
             return _BAD
         pair = tuple(parse_decimal(b) for b in value)
         return pair if all(b is not None and 0 <= b < 1 for b in pair) else _BAD
-    x = parse_decimal(value)
-    if x is None:
-        return _NAN
-    return x if {"positive": x > 0, "nonnegative": x >= 0, "unit": 0 <= x < 1}[kind] else _BAD
+    x, problem = RANGES[kind].check(value, read=parse_decimal)
+    return _BAD if problem else x
 
 
 def check(name: str, value: Any, *, source: str | None = None, key: str | None = None) -> Any:

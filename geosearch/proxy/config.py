@@ -3,7 +3,8 @@
 Both are plain dataclasses without torch, so a search space, a report or the command line
 can build, check and print them without loading the trainer; :func:`geosearch.proxy.train.train`
 takes the one and returns the other. Every field of a run's settings, its default and its
-check live in :class:`TrainConfig` (the fields) and :meth:`TrainConfig._check` (the checks).
+check live in :class:`TrainConfig` (the fields), :data:`LIMITS` (the ranges of its numbers) and
+:meth:`TrainConfig._check` (the checks).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from geosearch.checks import is_int
+from geosearch.checks import MAX_STEPS, SEED, STEPS, Range
 from geosearch.errors import ConfigError, SettingsError
 from geosearch.optim import settings as optim_settings
 
@@ -25,6 +26,28 @@ OPTIMIZER_FIELDS = ("lr", "spectral_lr", "weight_decay", "betas", "momentum", "s
 """The optimizer settings that are fields of their own (the common ones); the others go in
 ``optimizer_args``. Defaults, checks and docs come from :mod:`geosearch.optim.settings`."""
 _OPT = optim_settings.defaults()
+_COUNT = 10_000  # the most batches, micro-batches or probe sequences of one step
+
+LIMITS: dict[str, Range] = {
+    "steps": STEPS,
+    "batch_size": Range(1, 100_000, whole=True),
+    "warmup_steps": Range(0, MAX_STEPS, whole=True, null=True),
+    "min_lr_ratio": Range(0, 1),
+    "grad_clip": Range(0),
+    "qk_clip": Range(0, open_low=True, null=True),
+    "eval_every": STEPS,
+    "eval_batches": Range(1, _COUNT, whole=True),
+    "probe_every": STEPS,
+    "probe_batch_size": Range(1, _COUNT, whole=True),
+    "seed": SEED,
+    "grad_accum": Range(1, _COUNT, whole=True),
+}
+"""Every number field of :class:`TrainConfig` but the optimizer's (whose ranges are the
+settings catalog's, :mod:`geosearch.optim.settings`) -> the values it may take: the one rule
+for numbers (:class:`~geosearch.checks.Range`: NaN and ±inf never, counts bounded)."""
+LIMIT_NOTES = {"qk_clip": " (the cap on each head's max attention logit, e.g. 100; null: off)",
+               "grad_clip": " (0: no clipping)"}
+"""What a message adds to the range of a field, where the range alone does not say it."""
 
 
 # --------------------------------------------------------------------------- settings
@@ -119,22 +142,13 @@ class TrainConfig:
         self._check_run_options(src)
 
     def _check_numbers(self, src: str) -> None:
-        """Check the counts, the seed and the schedule's numbers; make ``qk_clip`` a float or None."""
-        for name in ("steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "probe_every",
-                     "probe_batch_size"):
-            _positive_int(self, name, src)
-        if self.warmup_steps is not None:
-            _positive_int(self, "warmup_steps", src, allow_zero=True)
-        if not is_int(self.seed):
-            raise ConfigError(f"must be an integer but got {self.seed!r}", source=src, key="seed")
-        for name in ("min_lr_ratio", "grad_clip"):
-            value = _number(self, name, src)
-            if value < 0:
-                raise ConfigError(f"must be >= 0 but got {value!r}", source=src, key=name)
-        self.qk_clip = check_qk_clip(self.qk_clip, src)
-        if self.min_lr_ratio > 1:
-            raise ConfigError(f"must be in [0, 1] but got {self.min_lr_ratio}", source=src,
-                              key="min_lr_ratio")
+        """Check every number field but the optimizer's against :data:`LIMITS`; keep the
+        checked values (``int`` counts, ``float`` others: ``"1e-4"`` too, as YAML 1.1 reads it)."""
+        for name, allowed in LIMITS.items():
+            value, problem = allowed.check(getattr(self, name))
+            if problem is not None:
+                raise ConfigError(problem + LIMIT_NOTES.get(name, ""), source=src, key=name)
+            setattr(self, name, value)
 
     def _check_optimizer_fields(self, src: str) -> None:
         """Check the optimizer settings that are fields of their own; keep their checked values."""
@@ -276,36 +290,10 @@ def check_qk_clip(value: Any, source: str) -> float | None:
     Raises:
         ConfigError: not a positive finite number (errors name ``source``, key ``qk_clip``).
     """
-    if value is None:
-        return None
-    tau = _as_float(value, source, "qk_clip")
-    if not 0 < tau < float("inf"):
-        raise ConfigError(f"must be a positive number (the cap on each head's max attention logit, "
-                          f"e.g. 100) or null but got {value!r}", source=source, key="qk_clip")
+    tau, problem = LIMITS["qk_clip"].check(value)
+    if problem is not None:
+        raise ConfigError(problem + LIMIT_NOTES["qk_clip"], source=source, key="qk_clip")
     return tau
-
-
-def _positive_int(cfg: TrainConfig, name: str, src: str, allow_zero: bool = False) -> None:
-    value = getattr(cfg, name)
-    if not is_int(value) or value < (0 if allow_zero else 1):
-        kind = "a non-negative" if allow_zero else "a positive"
-        raise ConfigError(f"must be {kind} integer but got {value!r}", source=src, key=name)
-
-
-def _as_float(value: Any, src: str, name: str) -> float:
-    # YAML 1.1 reads "6e-4" (no dot) as a string: accept numeric strings too.
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"must be a number but got {value!r}", source=src, key=name) from None
-
-
-def _number(cfg: TrainConfig, name: str, src: str) -> float:
-    value = _as_float(getattr(cfg, name), src, name)
-    setattr(cfg, name, value)
-    return value
 
 
 # --------------------------------------------------------------------------- result

@@ -168,6 +168,33 @@ def _journal(d: Path, extra: bytes, at: int | None = None) -> None:
     path.write_bytes(b"".join(lines[:at]) + extra + b"".join(lines[at:]))
 
 
+def _created_study(d: Path) -> None:
+    """The study ``s`` of ``s.yaml`` in ``runs/s/study.db``, created with the space's attrs as
+    a first run leaves it (no trial yet): a rerun that changes its space resumes it."""
+    import optuna
+
+    from geosearch.search.space.spec import load_space
+    from geosearch.search.study.run import bind_study
+
+    run_dir = d / "runs" / "s"
+    run_dir.mkdir(parents=True)
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{run_dir / 'study.db'}")
+    bind_study(study, load_space(str(d / "s.yaml")), run_dir, "study.db")
+
+
+def _resumed(d: Path, *extra: str) -> list[str]:
+    """``_search`` of a study created from the same space before, with ``extra`` flags."""
+    command = _search(d, *extra)
+    _created_study(d)
+    return command
+
+
+_TWICE = ("version: 1\ngeometries: {attn: [adamw], mlp: [adamw, euclidean]}\n"
+          "proxy: {model: tiny, steps: 4, batch_size: 2, eval_every: 2, eval_batches: 1, probe_every: 2,\n"
+          "        probe_batch_size: 1, device: cpu}\n"
+          "repeats: 1\nproxy: {model: tiny, steps: 4}\n")
+
+
 def _search(d: Path, *extra: str) -> list[str]:
     return ["search", "--space", _space(d), "--runs-dir", "runs", *extra]
 
@@ -267,6 +294,11 @@ CASES: list[Case] = [
                            "--set", "rules=" + _RULES)),
     Case("`py:` spec without a factory name",
          lambda d: _search(d, "--model", "py:user_model.py", "--set", "rules=" + _RULES)),
+    # --- hf: models (the model's own error first; no list of every transformers type)
+    Case("`--model hf:bogus`, an unknown model type", lambda d: _search(d, "--model", "hf:bogus")),
+    Case("`--model hf:./DIR` whose config.json is not a causal LM",
+         lambda d: _search(d, "--model", "hf:./" + str(Path(_file(d, "bert/config.json",
+                                                                   '{"model_type": "bert"}')).parent))),
     # --- search spaces
     Case("`--space` naming a directory", lambda d: (d / "spaces").mkdir() or ["search", "--space", "spaces"]),
     Case("`--space` naming a missing file", lambda d: ["search", "--space", "nope.yaml"]),
@@ -281,6 +313,24 @@ CASES: list[Case] = [
     Case("`--space` naming a named pipe (FIFO)", lambda d: ["search", "--space", _fifo(d, "s.yaml")]),
     Case("`--space` of 1.8 MB (more than 1 MiB)",
          lambda d: ["search", "--space", _file(d, "big.yaml", "version: 1\n" + "# filler\n" * 200_000)]),
+    Case("`--space` giving a key twice (a second `proxy:`)",
+         lambda d: ["search", "--space", _file(d, "s.yaml", _TWICE), "--runs-dir", "runs"]),
+    Case("space file with `proxy.min_lr_ratio: .nan`",
+         lambda d: ["search", "--space", _space(d, proxy={**PROXY, "min_lr_ratio": float("nan")}),
+                    "--runs-dir", "runs"]),
+    Case("space file with `proxy.grad_clip: .nan`",
+         lambda d: ["search", "--space", _space(d, proxy={**PROXY, "grad_clip": float("nan")}),
+                    "--runs-dir", "runs"]),
+    Case("space file with `proxy.steps: 10^30` (a YAML int)",
+         lambda d: ["search", "--space", _space(d, proxy={**PROXY, "steps": 10**30}), "--runs-dir", "runs"]),
+    Case("`--set proxy.optimizer_args={ns_steps: 10^12}`",
+         lambda d: _search(d, "--set", "proxy.optimizer_args={ns_steps: 1000000000000}")),
+    Case("`--set proxy.seed=-1`", lambda d: _search(d, "--set", "proxy.seed=-1")),
+    Case("`--set sampler.seed=-1`", lambda d: _search(d, "--set", "sampler.seed=-1")),
+    Case("`--target-steps 5` on a 20-step proxy", lambda d: _search(d, "--steps", "20", "--target-steps", "5")),
+    Case("a resumed study with another `pruner.max_logit_factor`",
+         lambda d: _resumed(d, "--set", "pruner.max_logit_factor=20")),
+    Case("a resumed study with other `baselines`", lambda d: _resumed(d, "--set", "baselines=[muon]")),
     Case("`--workers 0`", lambda d: _search(d, "--workers", "0")),
     Case("`--stale-after -1`", lambda d: _search(d, "--stale-after", "-1")),
     Case("`--set` without `=`", lambda d: _search(d, "--set", "proxy.steps")),
@@ -308,6 +358,8 @@ CASES: list[Case] = [
          lambda d: ["train", "--assign", "attn=adamw", "--config", _file(d, "c.yaml", "42\n")]),
     Case("`train --config` with a YAML alias bomb",
          lambda d: ["train", "--assign", "attn=adamw", "--config", _file(d, "c.yaml", _laughs())]),
+    Case("`train --config` giving a key twice",
+         lambda d: ["train", "--assign", "attn=adamw", "--config", _file(d, "c.yaml", "steps: 4\nlr: 0.1\nsteps: 8\n")]),
     Case("`train --config` naming a missing file",
          lambda d: ["train", "--assign", "attn=adamw", "--config", "nope.yaml"]),
     Case("`train --config` naming a named pipe (FIFO)",

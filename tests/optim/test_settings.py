@@ -24,12 +24,17 @@ from geosearch.optim.solvers import manifold_muon_update
 # (setting, a bad value, words of the message)
 BAD = [
     ("lr", 0, "expected a number > 0, got 0"),
-    ("lr", "fast", "expected a number, got 'fast'"),
-    ("spectral_lr", float("nan"), "expected a number"),
+    ("lr", "fast", "expected a number > 0, got 'fast'"),
+    # Rule: NaN and inf are in no range, and the message gives the range.
+    ("spectral_lr", float("nan"), "expected a number > 0, got nan"),
+    ("eps", float("inf"), "expected a number > 0, got inf"),
+    ("weight_decay", ".nan", "expected a number >= 0, got '.nan'"),
     ("momentum", 1.0, "expected a number in [0, 1), got 1.0"),
     ("nesterov", 1, "expected true or false"),
-    ("dual_steps", 2.0, "expected a whole number >= 1"),
-    ("ns_steps", True, "expected a whole number >= 1"),
+    ("dual_steps", 2.0, "expected a whole number in [1, 10,000], got 2.0"),
+    ("ns_steps", True, "expected a whole number in [1, 10,000]"),
+    # Rule: a count has an upper bound (10**12 Newton-Schulz steps ran out of memory).
+    ("ns_steps", 10**12, "expected a whole number in [1, 10,000], got 1000000000000"),
     ("dual_tol", -1e-3, "expected a number >= 0"),
     ("betas", [0.9], "expected two numbers in [0, 1)"),
     ("betas", [0.9, 1.0], "expected two numbers in [0, 1)"),

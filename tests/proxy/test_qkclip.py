@@ -179,7 +179,8 @@ def test_switched_off_and_misused():
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), "abc", True])
 def test_config_rejects_a_cap_that_is_not_a_positive_number(bad):
     # Rule: the error names the key and says what is expected.
-    with pytest.raises(ConfigError, match=r"TrainConfig: qk_clip: must be a (positive )?number"):
+    with pytest.raises(ConfigError, match=r"TrainConfig: qk_clip: expected a number > 0 or null, got .* \(the "
+                                          r"cap on each head's max attention logit, e.g. 100; null: off\)"):
         TrainConfig(qk_clip=bad)
 
 

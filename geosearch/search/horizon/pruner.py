@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
-from geosearch.checks import is_number, is_positive, is_whole
+from geosearch.checks import MAX_STEPS, Range, is_number, is_whole
 from geosearch.search.horizon.forecast import LogitForecast, Measured, Outlook, forecast_max_logit, short_logit
 from geosearch.search.horizon.probes import Probe, non_finite, parse_probes, read_probes, stored_scales
 from geosearch.search.records import (
@@ -42,7 +43,7 @@ from geosearch.search.records import (
     TARGET_SUM_ETA,
 )
 
-__all__ = ["LogitGrowthPruner", "prune_verdict"]
+__all__ = ["ARG_LIMITS", "LogitGrowthPruner", "prune_verdict"]
 
 # Defaults, shared with the search-space schema; LogitGrowthPruner's docstring says why.
 DEFAULT_MAX_LOGIT = 1e3
@@ -52,6 +53,16 @@ DEFAULT_WINDOW = 5
 DEFAULT_INTERVAL = 0.9
 DEFAULT_MAX_EXTRAPOLATION = 4.0
 DEFAULT_TREND_MIN_LOGIT = 100.0  # the step-wise trend rule's, kept for older spaces
+ARG_LIMITS: dict[str, Range] = {
+    "max_logit": Range(0, open_low=True),
+    "max_logit_factor": Range(0, open_low=True),
+    "min_entropy": Range(0, null=True),
+    "n_warmup_steps": Range(0, MAX_STEPS, whole=True),
+    "window": Range(3, 10_000, whole=True),
+    "interval": Range(0, 1, open_low=True, open_high=True, null=True),
+    "max_extrapolation": Range(1, null=True),
+}
+"""The pruner's number arguments (a space's ``pruner:`` keys) -> the values each may take."""
 
 # Module types whose σ_max bounds the attention logits (the fused and the split query/key
 # weights of geosearch.modules' rule sets); the forecast's σ route reads the largest.
@@ -187,38 +198,24 @@ class LogitGrowthPruner(BasePruner):
             raise TypeError(
                 f"wrapped must be an optuna.pruners.BasePruner or None but got {wrapped!r}."
             )
-        if not is_positive(max_logit):
-            raise ValueError(f"max_logit must be positive and finite but got {max_logit}.")
-        if not is_positive(max_logit_factor):
-            raise ValueError(
-                f"max_logit_factor must be positive and finite but got {max_logit_factor}."
-            )
-        if min_entropy is not None and not (
-            is_number(min_entropy) and math.isfinite(min_entropy) and min_entropy >= 0
-        ):
-            raise ValueError(f"min_entropy must be non-negative or None but got {min_entropy}.")
-        if not (is_whole(n_warmup_steps) and n_warmup_steps >= 0):
-            raise ValueError(f"n_warmup_steps cannot be negative but got {n_warmup_steps}.")
-        if not (is_whole(window) and window >= 3):
-            raise ValueError(f"window must be an integer of at least 3 but got {window}.")
-        if interval is not None and not (is_number(interval) and 0 < interval < 1):
-            raise ValueError(f"interval must be between 0 and 1 or None but got {interval}.")
-        if max_extrapolation is not None and not (
-            is_number(max_extrapolation) and 1 <= max_extrapolation < math.inf
-        ):
-            raise ValueError(
-                f"max_extrapolation must be at least 1 or None but got {max_extrapolation}."
-            )
-        _check_removed(max_logit, trend_min_logit, horizon_steps)
+        given = {"max_logit": max_logit, "max_logit_factor": max_logit_factor, "min_entropy": min_entropy,
+                 "n_warmup_steps": n_warmup_steps, "window": window, "interval": interval,
+                 "max_extrapolation": max_extrapolation}
+        arg: dict[str, Any] = {}
+        for name, allowed in ARG_LIMITS.items():  # the one rule for numbers: NaN, inf never
+            arg[name], problem = allowed.check(given[name])
+            if problem is not None:
+                raise ValueError(f"{name} must be {allowed.text} but got {given[name]}.")
+        _check_removed(arg["max_logit"], trend_min_logit, horizon_steps)
 
         self._wrapped = wrapped
-        self._max_logit = float(max_logit)
-        self._factor = float(max_logit_factor)
-        self._min_entropy = None if min_entropy is None else float(min_entropy)
-        self._n_warmup_steps = n_warmup_steps
-        self._window = window
-        self._interval = None if interval is None else float(interval)
-        self._max_extrapolation = None if max_extrapolation is None else float(max_extrapolation)
+        self._max_logit: float = arg["max_logit"]
+        self._factor: float = arg["max_logit_factor"]
+        self._min_entropy: float | None = arg["min_entropy"]
+        self._n_warmup_steps: int = arg["n_warmup_steps"]
+        self._window: int = arg["window"]
+        self._interval: float | None = arg["interval"]
+        self._max_extrapolation: float | None = arg["max_extrapolation"]
         # (study name, trial number) -> (reported values, wrapped pruner's decision)
         self._wrapped_decisions: dict[tuple[str, int], tuple[tuple, bool]] = {}
 

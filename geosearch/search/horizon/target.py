@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from geosearch.checks import is_number, is_whole, parse_number
+from geosearch.checks import STEPS, Range, is_number, is_whole
 from geosearch.errors import ConfigError
 from geosearch.optim.settings import ADAMW
 from geosearch.proxy.config import TrainConfig
@@ -50,11 +50,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace, Suggestion
 
 __all__ = [
-    "STABILITY_RUNG", "LadderSpec", "Target", "TargetSpec", "check_horizon", "horizon_lines",
+    "LADDER_LIMITS", "STABILITY_RUNG", "TARGET_LIMITS", "LadderSpec", "Target", "TargetSpec", "check_horizon", "horizon_lines",
     "horizon_note", "horizon_verdict", "ladder_record", "model_logit_scale", "parse_horizon", "plan_rungs",
     "plan_stability", "probe_sum_eta", "stability_clock", "stability_record", "takes_spectral_qk", "target_step_at",
     "reading_record",
-    "resolve_target", "rung_dir", "rung_means", "rung_run", "run_sum_eta", "study_reading",
+    "resolve_target", "rung_dir", "rung_means", "rung_run", "run_sum_eta", "short_target", "study_reading",
     "target_line",
 ]
 
@@ -72,7 +72,7 @@ class TargetSpec:
     proxy's model with its ``model_args``."""
 
     def __post_init__(self) -> None:
-        _check_fields(self, whole=("steps",), positive=("spectral_lr",))
+        _check_fields(self, TARGET_LIMITS)
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError(f"expected a model spec (a preset, hf:NAME or py:MODULE:FACTORY) "
                               f"or null, got {self.model!r}", key="model")
@@ -101,10 +101,24 @@ class LadderSpec:
     Σ η instead). Its loss is not ranked."""
 
     def __post_init__(self) -> None:
-        _check_fields(self, whole=("rungs", "max_steps", "lower_seeds", "stability_steps"),
-                      positive=("max_spectral_lr",))
-        if self.rungs is None:
-            raise ConfigError("expected a whole number >= 1, got None", key="rungs")
+        _check_fields(self, LADDER_LIMITS)
+
+
+TARGET_LIMITS: dict[str, Range] = {
+    "steps": Range(1, 1_000_000_000, whole=True, null=True),
+    "spectral_lr": Range(0, open_low=True, null=True),
+}
+"""The numbers of ``target:`` -> their ranges (the target is not trained, only its Σ η is
+computed: up to 10⁹ steps)."""
+LADDER_LIMITS: dict[str, Range] = {
+    "rungs": Range(1, 20, whole=True),
+    "max_spectral_lr": Range(0, open_low=True, null=True),
+    "max_steps": dataclasses.replace(STEPS, null=True),
+    "lower_seeds": Range(1, 100, whole=True, null=True),
+    "stability_steps": dataclasses.replace(STEPS, null=True),
+}
+"""The numbers of ``ladder:`` -> their ranges (a rung is trained: at most
+:data:`~geosearch.checks.MAX_STEPS` steps)."""
 
 
 class _Parser(Protocol):
@@ -141,8 +155,12 @@ def parse_horizon(parser: _Parser, target: Any, ladder: Any,
 
 def check_horizon(target: TargetSpec, ladder: LadderSpec, proxy: TrainConfig) -> list[ConfigError]:
     """The problems between the two sections and the proxy, each keyed by its path: an
-    unknown target model, a ladder whose ``max_steps`` is below the proxy's steps."""
+    unknown target model, a ladder whose ``max_steps`` is below the proxy's steps, a target
+    shorter (in Σ η) than the proxy run (:func:`short_target`)."""
     problems = []
+    short = short_target(target, proxy)
+    if short is not None:
+        problems.append(short)
     if target.model is not None:
         from geosearch.models.zoo import check_model_spec  # torch: only when a model is named
 
@@ -154,6 +172,31 @@ def check_horizon(target: TargetSpec, ladder: LadderSpec, proxy: TrainConfig) ->
         problems.append(ConfigError(f"expected at least proxy.steps ({proxy.steps}), got "
                                     f"{ladder.max_steps}: rung 0 is the proxy run", key="ladder.max_steps"))
     return problems
+
+
+def short_target(target: TargetSpec, proxy: TrainConfig) -> ConfigError | None:
+    """The problem of a target whose Σ η is below the proxy run's, else ``None``.
+
+    The ranking is read at the proxy run (rung 0) or above: the ladder climbs from it towards
+    the target and never below it (docs/design.md, "The ladder"). A shorter target would get
+    the answer for a longer run than the user's, with the header saying "the proxy run
+    itself", so it is refused, keyed by ``target.steps`` when the target has fewer steps,
+    else by ``target.spectral_lr``.
+    """
+    steps = target.steps if target.steps is not None else proxy.steps
+    lr = target.spectral_lr if target.spectral_lr is not None else proxy.spectral_lr
+    theirs = run_sum_eta(proxy, proxy.steps, proxy.spectral_lr)
+    ours = run_sum_eta(proxy, steps, lr)
+    if not (theirs > 0 and ours < theirs * (1 - 1e-9)):
+        return None
+    if steps < proxy.steps:
+        key, fix = "target.steps", f"train the proxy no longer (--steps {steps} or fewer)"
+    else:
+        key, fix = "target.spectral_lr", f"give the proxy your run's step (proxy.spectral_lr={lr:g})"
+    return ConfigError(
+        f"your run ({steps:,} steps at spectral_lr {lr:g}, Σ η {ours:.3g}) is shorter than the proxy "
+        f"run ({proxy.steps:,} steps at {proxy.spectral_lr:g}, Σ η {theirs:.3g}), where the ranking "
+        f"is read; {fix}, or give your run's length (--target-steps N)", key=key)
 
 
 # --------------------------------------------------------------------------- Σ η
@@ -470,18 +513,12 @@ def target_line(space: SearchSpace) -> str:
 
 
 # --------------------------------------------------------------------------- helpers
-def _check_fields(spec: Any, *, whole: Sequence[str], positive: Sequence[str]) -> None:
-    """Whole numbers >= 1 and positive numbers (numeric strings too: YAML 1.1 reads ``1e-2``
-    as one) or ``None``; raises a ConfigError keyed by the field."""
-    for name in whole:
-        v = getattr(spec, name)
-        if v is not None and not (is_whole(v) and v >= 1):
-            raise ConfigError(f"expected a whole number >= 1 or null, got {v!r}", key=name)
-    for name in positive:
-        v = getattr(spec, name)
-        if v is None:
-            continue
-        x = parse_number(v)
-        if x is None or not x > 0:
-            raise ConfigError(f"expected a number > 0 or null, got {v!r}", key=name)
-        object.__setattr__(spec, name, x)
+def _check_fields(spec: Any, limits: dict[str, Range]) -> None:
+    """Each field of ``limits`` in its range (numeric strings too, for the fields that are
+    not whole: YAML 1.1 reads ``1e-2`` as one), kept as checked; raises a ConfigError keyed
+    by the field."""
+    for name, allowed in limits.items():
+        value, problem = allowed.check(getattr(spec, name))
+        if problem is not None:
+            raise ConfigError(problem, key=name)
+        object.__setattr__(spec, name, value)

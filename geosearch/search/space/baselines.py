@@ -11,20 +11,23 @@ at τ = 100); none is tuned separately. This module reads a space's ``baselines:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from geosearch.checks import is_whole
+from geosearch.checks import Range, is_whole
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.horizon.target import rung_seeds
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["BASELINES", "KIMI_QK_CLIP", "BaselineSpec", "baseline_rungs", "parse_extras", "plan_line"]
+__all__ = ["BASELINES", "KIMI_QK_CLIP", "REPEATS", "BaselineSpec", "baseline_rungs", "parse_extras", "plan_line"]
 
+REPEATS = Range(1, 100, whole=True)
+"""Seeds per assignment (``repeats``, and ``max_repeats`` with adaptive seeds)."""
 KIMI_QK_CLIP = 100.0
 """Kimi K2's τ: the cap on each head's max attention logit that QK-clip enforces."""
 
@@ -57,14 +60,14 @@ class _Parser(Protocol):
 
 def parse_extras(parser: _Parser, max_repeats: Any, repeats: Any,
                  baselines: Any) -> tuple[int | None, tuple[str, ...]]:
-    """A space's ``max_repeats`` (null, or a whole number >= ``repeats``) and ``baselines``
+    """A space's ``max_repeats`` (null, or a whole number of :data:`REPEATS` >= ``repeats``) and ``baselines``
     (names of :data:`BASELINES`; null = none), read for the schema's parser
     (:mod:`geosearch.search.space.schema`); problems go to ``parser``."""
-    whole = is_whole(max_repeats)
-    if max_repeats is not None and not (whole and max_repeats >= 1):
-        parser.error("max_repeats", f"expected a whole number >= 1 or null, got {max_repeats!r}")
+    max_repeats, problem = dataclasses.replace(REPEATS, null=True).check(max_repeats)
+    if problem is not None:
+        parser.error("max_repeats", problem)
         max_repeats = None
-    elif whole and isinstance(repeats, int) and max_repeats < repeats:
+    elif max_repeats is not None and is_whole(repeats) and max_repeats < repeats:
         parser.error("max_repeats", f"expected at least repeats ({repeats}), got {max_repeats}")
         max_repeats = None
     names = list(BASELINES)

@@ -12,13 +12,12 @@ whole file (:mod:`geosearch.search.space.schema`) extends it. Torch-free.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, get_args
 
-from geosearch.checks import is_whole, parse_number
+from geosearch.checks import MAX_STEPS, SEED, Range, shown
 from geosearch.errors import ConfigError
-from geosearch.search.horizon.pruner import LogitGrowthPruner
+from geosearch.search.horizon.pruner import ARG_LIMITS
 from geosearch.search.space.sections import (
     Budget,
     Hyperparams,
@@ -28,8 +27,8 @@ from geosearch.search.space.sections import (
     SamplerType,
 )
 
-__all__ = ["HYPERPARAMS", "LOSS_PRUNER_ARGS", "REMOVED_PRUNER_KEYS", "SchemaReader", "SearchSpaceError",
-           "join_key"]
+__all__ = ["BUDGET_LIMITS", "HYPERPARAMS", "LOSS_PRUNER_ARGS", "LOSS_PRUNER_LIMITS", "REMOVED_PRUNER_KEYS",
+           "SAMPLER_LIMITS", "SchemaReader", "SearchSpaceError", "join_key"]
 
 REMOVED_PRUNER_KEYS = ("trend_min_logit", "horizon_steps")
 """Pruner keys of older spaces: an error says what replaced them."""
@@ -44,6 +43,32 @@ LOSS_PRUNER_ARGS: dict[str, tuple[str, ...]] = {
                            "bootstrap_count"),
 }
 """Loss pruner -> the Optuna constructor arguments a space may set."""
+
+
+BUDGET_LIMITS: dict[str, Range] = {
+    "trials": Range(1, 1_000_000, whole=True, null=True),
+    "timeout": Range(0, open_low=True, null=True),
+}
+"""``budget:``'s numbers -> their ranges."""
+SAMPLER_LIMITS: dict[str, Range] = {
+    "seed": dataclasses.replace(SEED, null=True),
+    "n_startup_trials": Range(0, 1_000_000, whole=True, null=True),
+}
+"""``sampler:``'s numbers -> their ranges (a seed as numpy takes it, with room for the
+workers' ``seed + i``)."""
+LOSS_PRUNER_LIMITS: dict[str, Range] = {
+    "percentile": Range(0, 100),
+    "n_startup_trials": Range(0, 1_000_000, whole=True),
+    "n_warmup_steps": Range(0, MAX_STEPS, whole=True),
+    "interval_steps": Range(1, MAX_STEPS, whole=True),
+    "n_min_trials": Range(1, 1_000_000, whole=True),
+    "min_resource": Range(1, MAX_STEPS, whole=True),
+    "reduction_factor": Range(2, 100, whole=True),
+    "min_early_stopping_rate": Range(0, 100, whole=True),
+    "bootstrap_count": Range(0, 1_000_000, whole=True),
+}
+"""The loss pruners' arguments (:data:`LOSS_PRUNER_ARGS`) -> their ranges (``min_resource``
+may also be ``auto``)."""
 
 
 class SearchSpaceError(ConfigError):
@@ -100,22 +125,20 @@ class SchemaReader:
         return out
 
     def budget(self, value: Any) -> Budget:
-        """``budget:``: trials (a whole number >= 1) and timeout (seconds > 0), each or null."""
+        """``budget:``: trials and timeout (seconds), each in its range of
+        :data:`BUDGET_LIMITS` or null."""
         d = self.mapping(value, "budget", [f.name for f in dataclasses.fields(Budget)])
-        trials, timeout = d.get("trials"), d.get("timeout")
-        if trials is not None and (not is_whole(trials) or trials < 1):
-            self.error("budget.trials", f"expected a whole number >= 1 or null, got {trials!r}")
-            trials = None
-        if timeout is not None:
-            t = parse_number(timeout)
-            if t is None or not 0 < t < math.inf:
-                self.error("budget.timeout", f"expected seconds > 0 or null, got {timeout!r}")
-            timeout = t
-        return Budget(trials=trials, timeout=timeout)
+        out = {}
+        for k, allowed in BUDGET_LIMITS.items():
+            out[k], problem = allowed.check(d.get(k))
+            if problem is not None:
+                self.error(f"budget.{k}", problem)
+                out[k] = None
+        return Budget(**out)
 
     def pruner(self, value: Any) -> PrunerSpec:
-        """``pruner:``: the LogitGrowthPruner's arguments, each checked by the pruner, and
-        its loss pruner."""
+        """``pruner:``: the LogitGrowthPruner's arguments, each in its range
+        (:data:`~geosearch.search.horizon.pruner.ARG_LIMITS`), and its loss pruner."""
         fields = [f.name for f in dataclasses.fields(PrunerSpec)]
         for k in [k for k in REMOVED_PRUNER_KEYS if isinstance(value, Mapping) and k in value]:
             self.error(f"pruner.{k}", "removed: the step-wise logit trend was replaced by a forecast "
@@ -124,22 +147,19 @@ class SchemaReader:
             value = {kk: v for kk, v in value.items() if kk != k}
         d = self.mapping(value, "pruner", fields)
         loss = self.loss_pruner(d.pop("loss", None))
-        for k in ("max_logit", "max_logit_factor", "min_entropy", "interval", "max_extrapolation"):
-            if isinstance(d.get(k), str) and parse_number(d[k]) is not None:
-                d[k] = parse_number(d[k])  # YAML 1.1 reads 1e3 as a string
         n_before = len(self.problems)
         for k, v in d.items():  # one key at a time, so that every bad key is reported
-            try:
-                LogitGrowthPruner(**{k: v})
-            except (ValueError, TypeError) as e:
-                self.error(f"pruner.{k}", str(e).rstrip("."))
+            d[k], problem = ARG_LIMITS[k].check(v)  # YAML 1.1's 1e3, a string, read as a number
+            if problem is not None:
+                self.error(f"pruner.{k}", problem)
         if len(self.problems) > n_before:
             return PrunerSpec(loss=loss)
         return PrunerSpec(loss=loss, **d)
 
     def loss_pruner(self, value: Any) -> LossPrunerSpec:
         """``pruner.loss:``: a name or ``{type, ...}`` with the arguments of
-        :data:`LOSS_PRUNER_ARGS`, range-checked by Optuna."""
+        :data:`LOSS_PRUNER_ARGS`, each in its range (:data:`LOSS_PRUNER_LIMITS`), then
+        range-checked by Optuna."""
         kinds = list(LOSS_PRUNER_ARGS)
         if value is None:
             return LossPrunerSpec()
@@ -155,13 +175,13 @@ class SchemaReader:
         args = self.mapping({k: v for k, v in d.items() if k != "type"}, "pruner.loss",
                             ["type", *LOSS_PRUNER_ARGS[kind]])
         for k, v in args.items():
-            if k == "percentile":
-                ok, expected = parse_number(v) is not None, "a number"
-                args[k] = parse_number(v)
-            else:
-                ok, expected = is_whole(v) or (k == "min_resource" and v == "auto"), "a whole number"
-            if not ok:
-                self.error(f"pruner.loss.{k}", f"expected {expected}, got {v!r}")
+            if k == "min_resource" and v == "auto":
+                continue
+            args[k], problem = LOSS_PRUNER_LIMITS[k].check(v)
+            if problem is not None and k == "min_resource":
+                problem = f"expected {LOSS_PRUNER_LIMITS[k].text} or 'auto', got {shown(v)}"
+            if problem is not None:
+                self.error(f"pruner.loss.{k}", problem)
         if kind == "percentile" and "percentile" not in args:
             self.error("pruner.loss.percentile", "missing: the percentile pruner needs it "
                        "(0-100; prune trials worse than this percentile)")
@@ -189,18 +209,18 @@ class SchemaReader:
             self.error("sampler.type", "a grid needs a finite space, but "
                        f"{', '.join('hyperparams.' + n for n in names)} is continuous",
                        [k for k in kinds if k != "grid"])
-        seed = d.get("seed", 0)
-        if seed is not None and not is_whole(seed):
-            self.error("sampler.seed", f"expected an integer or null, got {seed!r}")
+        seed, problem = SAMPLER_LIMITS["seed"].check(d.get("seed", 0))
+        if problem is not None:
+            self.error("sampler.seed", problem)
             seed = 0
         startup = d.get("n_startup_trials")
-        if startup is not None:
-            if kind in ("grid", "random"):
-                self.error("sampler.n_startup_trials", f"the {kind} sampler takes no "
-                           "n_startup_trials", ["auto", "tpe", "gp"])
-            elif not is_whole(startup) or startup < 0:
-                self.error("sampler.n_startup_trials", f"expected a whole number >= 0, got "
-                           f"{startup!r}")
+        if startup is not None and kind in ("grid", "random"):
+            self.error("sampler.n_startup_trials", f"the {kind} sampler takes no "
+                       "n_startup_trials", ["auto", "tpe", "gp"])
+        else:
+            startup, problem = SAMPLER_LIMITS["n_startup_trials"].check(startup)
+            if problem is not None:
+                self.error("sampler.n_startup_trials", problem)
         return SamplerSpec(type=kind, seed=seed, n_startup_trials=startup)
 
 

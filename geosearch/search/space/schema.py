@@ -52,17 +52,26 @@ optional but ``version`` and ``geometries``::
       loss: none                  # none | median | percentile | successive_halving, or
                                   #   {type: median, n_startup_trials: 2, ...}
     sampler: {type: auto, seed: 0}  # auto | grid | tpe | random | gp (+ n_startup_trials)
+
+Numbers: every number key takes a range (:func:`space_limits` gathers them; docs/design.md,
+"Numbers", tables them): NaN and ±inf never; the steps of a run geosearch trains
+(``proxy.steps``, ``ladder.max_steps``, ``ladder.stability_steps``, the warmup, eval and
+probe intervals, the pruners' step counts) at most 10,000,000; ``target.steps`` at most 10⁹
+(never trained); ``proxy.batch_size`` at most 100,000; ``eval_batches``,
+``probe_batch_size``, ``grad_accum``, ``dual_steps``, ``ns_steps`` at most 10,000;
+``repeats``, ``max_repeats``, ``ladder.lower_seeds`` at most 100; ``ladder.rungs`` at most
+20; ``budget.trials`` at most 10⁶; seeds in [0, 2³¹ − 1]. A key given twice in the file is
+refused (:mod:`geosearch.yaml_io`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from geosearch.assignment import geometry_names
-from geosearch.checks import is_whole, parse_number
+from geosearch.checks import Range, parse_number, shown
 from geosearch.errors import ConfigError
 from geosearch.optim import settings as optim_settings
 from geosearch.optim.settings import ADAMW
@@ -75,13 +84,22 @@ from geosearch.modules import (
     rule_from_mapping,
     rule_set_names,
 )
-from geosearch.proxy.config import TrainConfig
+from geosearch.proxy.config import LIMITS as TRAIN_LIMITS
+from geosearch.proxy.config import OPTIMIZER_FIELDS, TrainConfig
 from geosearch.models.specs import HF_PREFIX, PY_PREFIX, preset_rules
-from geosearch.search.space.baselines import parse_extras
-from geosearch.search.space.reader import HYPERPARAMS, SchemaReader, SearchSpaceError
+from geosearch.search.space.baselines import REPEATS, parse_extras
+from geosearch.search.space.reader import (
+    BUDGET_LIMITS,
+    HYPERPARAMS,
+    LOSS_PRUNER_LIMITS,
+    SAMPLER_LIMITS,
+    SchemaReader,
+    SearchSpaceError,
+)
+from geosearch.search.horizon.pruner import ARG_LIMITS as PRUNER_LIMITS
 from geosearch.search.space.sections import Hyperparams, LogRange
 from geosearch.search.runtime.storage import study_name_problem
-from geosearch.search.horizon.target import parse_horizon
+from geosearch.search.horizon.target import LADDER_LIMITS, TARGET_LIMITS, parse_horizon
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
@@ -89,6 +107,30 @@ if TYPE_CHECKING:  # pragma: no cover
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "name", "rules", "geometries", "hyperparams", "proxy", "repeats",
             "max_repeats", "baselines", "target", "ladder", "budget", "pruner", "sampler")
+def space_limits() -> dict[str, Range]:
+    """Every number key of a space, by its path, -> the values it may take: the ranges the
+    sections check with (:class:`~geosearch.checks.Range`, the one rule for numbers: NaN and
+    ±inf never, every count bounded), gathered from where each section keeps them. The
+    hyperparameter ranges (``hyperparams.*``: ``[low, high]``, 0 < low < high) are lists and
+    not in it. docs/design.md ("Numbers") shows this table.
+    """
+    out: dict[str, Range] = {"repeats": REPEATS, "max_repeats": dataclasses.replace(REPEATS, null=True)}
+    for name in (f.name for f in dataclasses.fields(TrainConfig)):
+        if name in TRAIN_LIMITS:
+            out[f"proxy.{name}"] = TRAIN_LIMITS[name]
+        elif name in OPTIMIZER_FIELDS and name in optim_settings.RANGES_OF:
+            out[f"proxy.{name}"] = optim_settings.RANGES_OF[name]
+    out.update({f"proxy.optimizer_args.{n}": r for n, r in optim_settings.RANGES_OF.items()
+                if n in optim_settings.names("global") and n not in OPTIMIZER_FIELDS})
+    out.update({f"target.{k}": r for k, r in TARGET_LIMITS.items()})
+    out.update({f"ladder.{k}": r for k, r in LADDER_LIMITS.items()})
+    out.update({f"budget.{k}": r for k, r in BUDGET_LIMITS.items()})
+    out.update({f"pruner.{k}": r for k, r in PRUNER_LIMITS.items()})
+    out.update({f"pruner.loss.{k}": r for k, r in LOSS_PRUNER_LIMITS.items()})
+    out.update({f"sampler.{k}": r for k, r in SAMPLER_LIMITS.items()})
+    return out
+
+
 def parse_space(cls: type[SearchSpace], d: Any, source: str | None = None) -> SearchSpace:
     """Validate a mapping in the YAML schema (see the module docstring) into a ``cls``
     (:class:`~geosearch.search.space.spec.SearchSpace`, whose ``from_dict`` calls this).
@@ -161,14 +203,20 @@ class _Parser(SchemaReader):
         name = top.get("name", "search")
         if study_name_problem(name):  # it names the run directory
             self.error("name", study_name_problem(name))
+        n_before = len(self.problems)
+        proxy = self.proxy(top.get("proxy"))  # first: the rules may come from its model
+        model_wrong = any(p.key is not None and p.key.split(".")[:2] in (["proxy", "model"], ["proxy", "model_args"])
+                          for p in self.problems[n_before:])
         rules_from_model = "rules" not in top
-        rules = self.model_rules(top.get("proxy")) if rules_from_model else self.rules(top["rules"])
+        if rules_from_model:  # a wrong model has no rules: its own problem says why, not "rules: missing"
+            rules = None if model_wrong else self.model_rules(top.get("proxy"))
+        else:
+            rules = self.rules(top["rules"])
         geometries = self.geometries(top.get("geometries"), rules)
         hyperparams = self.hyperparams(top.get("hyperparams"), geometries)
-        proxy = self.proxy(top.get("proxy"))
-        repeats = top.get("repeats", 1)
-        if not is_whole(repeats) or repeats < 1:
-            self.error("repeats", f"expected a whole number >= 1, got {repeats!r}")
+        repeats, problem = REPEATS.check(top.get("repeats", 1))
+        if problem is not None:
+            self.error("repeats", problem)
         max_repeats, baselines = parse_extras(self, top.get("max_repeats"), repeats,
                                               top.get("baselines", list(self.make.baselines)))
         target, ladder = parse_horizon(self, top.get("target"), top.get("ladder"), proxy)
@@ -317,14 +365,11 @@ class _Parser(SchemaReader):
 
     def log_range(self, value: Any, key: str) -> LogRange | None:
         nums = [parse_number(x) for x in value] if isinstance(value, (list, tuple)) else []
-        if len(nums) != 2 or any(x is None for x in nums):
-            self.error(key, f"expected [low, high] (a log-uniform range), got {value!r}")
+        if len(nums) != 2 or any(x is None for x in nums) or not 0 < nums[0] < nums[1]:
+            self.error(key, f"expected [low, high], two numbers with 0 < low < high (a log-uniform "
+                            f"range), got {shown(value)}")
             return None
-        low, high = nums
-        if not 0 < low < high or not math.isfinite(high):
-            self.error(key, f"expected 0 < low < high, got [{low}, {high}]")
-            return None
-        return LogRange(low, high)
+        return LogRange(*nums)
 
     def proxy(self, value: Any) -> TrainConfig:
         fields = [f.name for f in dataclasses.fields(TrainConfig)]

@@ -1,65 +1,130 @@
 """What a resumed study may change: its run-time settings, not what its trials measure.
 
-A study is created with a search space (its points, proxy run, seeds, target and ladder);
-a later run of the same study must measure the same thing, or its trials would not
-compare. :func:`check_identity` refuses a run whose space differs from the study's, with
-one line naming the key, except for the proxy's run-time settings (:data:`RUN_TIME_KEYS`:
-the device, the precision, the micro-batches of the same global batch, compilation, the
-trackers), whose changes it returns as notes. Which keys are which is in
-``docs/design.md`` ("Resuming a study").
+A study is created with a search space (its points, proxy run, seeds, target, ladder,
+pruner, baselines); a later run of the same study must measure and judge the same thing, or
+its trials would not compare. Every key of a space is classified once, in :data:`ON_RESUME`:
+a change of a key that changes a verdict (what a trial measures, how it is judged, what it
+is compared with, the question itself) is refused with one line naming the key, exit 2, the
+study untouched; a change of any other key (the proxy's run-time settings, the budget, the
+sampler) is allowed and returned as a one-line note. ``docs/design.md`` ("Resuming a study")
+shows the same table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 
+from geosearch.checks import shown
 from geosearch.errors import ConfigError
+from geosearch.proxy.config import TrainConfig
 from geosearch.search.records import SPACE
 from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["IDENTITY_KEYS", "RUN_TIME_KEYS", "check_identity"]
+__all__ = ["NOT_COMPARED", "ON_RESUME", "RUN_TIME_KEYS", "Resume", "check_identity"]
 
-# Study attrs that define what is measured: a resumed study must keep them.
-IDENTITY_KEYS = ("rules", "geometries", "hyperparams", "proxy", "repeats")
+
+class Resume(NamedTuple):
+    """What a change of one key of a resumed study's space does."""
+
+    refused: bool
+    """True: the change is refused (it changes verdicts); False: allowed, with a note."""
+    why: str
+    """What the key is, for the message."""
+
+
 RUN_TIME_KEYS = ("device", "mixed_precision", "grad_accum", "compile", "log_with")
 """Proxy fields that say how a trial runs, not what it measures: they may change between
 runs of one study (``grad_accum`` splits the same global batch into micro-batches)."""
 
+_POINTS = Resume(True, "the points of the study")
+_MEASURED = Resume(True, "what a trial measures")
+_RUN_TIME = Resume(False, "a run-time setting: what a trial measures is unchanged")
+_JUDGED = Resume(True, "how a trial is judged (which trials are pruned as unstable)")
+_SEEDS = Resume(True, "how many seeds a contender gets, which decides when a tie is called")
+_COMPARED = Resume(True, "what the assignments are compared with")
+_QUESTION = Resume(True, "the run the answer is for")
+_RUNGS = Resume(True, "the rungs a trial trains and is ranked at, the stability rung included")
+_BUDGET = Resume(False, "how long the study runs, not what a trial measures")
+_SAMPLER = Resume(False, "which points are proposed next, not how a trial is judged")
+
+ON_RESUME: dict[str, Resume] = {
+    "rules": _POINTS,
+    "geometries": _POINTS,
+    "hyperparams": _POINTS,
+    **{f"proxy.{f.name}": _RUN_TIME if f.name in RUN_TIME_KEYS else _MEASURED
+       for f in dataclasses.fields(TrainConfig)},
+    "repeats": _MEASURED,
+    "max_repeats": _SEEDS,
+    "baselines": _COMPARED,
+    "target": _QUESTION,
+    "ladder": _RUNGS,
+    "budget.trials": _BUDGET,
+    "budget.timeout": _BUDGET,
+    "pruner.max_logit": _JUDGED,
+    "pruner.max_logit_factor": _JUDGED,
+    "pruner.min_entropy": _JUDGED,
+    "pruner.n_warmup_steps": _JUDGED,
+    "pruner.window": _JUDGED,
+    "pruner.interval": _JUDGED,
+    "pruner.max_extrapolation": _JUDGED,
+    "pruner.loss": Resume(True, "how a trial is judged (which trials are pruned as slow)"),
+    "sampler.type": _SAMPLER,
+    "sampler.seed": _SAMPLER,
+    "sampler.n_startup_trials": _SAMPLER,
+}
+"""Every key of a space (a top-level key, or ``section.key``) -> what changing it on resume
+does. The proxy's fields all change what a trial measures but :data:`RUN_TIME_KEYS`."""
+NOT_COMPARED = ("version", "name")
+"""Keys that cannot differ: the schema's version, and the name, which selects the study."""
+
 
 def check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> list[str]:
-    """A resumed study must measure the same thing: same points, same proxy but for its
-    run-time settings (:data:`RUN_TIME_KEYS`), whose changes are returned as notes."""
+    """A resumed study must measure and judge the same thing (:data:`ON_RESUME`): a change of
+    a key that would change verdicts raises; the others are returned as notes, one line each.
+
+    A key the study's stored space lacks (a study of an older version, from before the key)
+    is not compared, but for the proxy's fields (a field the study lacks must be unset).
+
+    Raises:
+        ConfigError: one line naming the first refused key (``key``) and both values.
+    """
     old = study.user_attrs.get(SPACE)
     if not isinstance(old, dict):
         return []
     new = space.to_dict()
+    name = study.study_name
     _check_horizon(study, old, new, run_dir)
     notes = []
-    for key in IDENTITY_KEYS:
-        a, b = old.get(key), new.get(key)
-        if key == "proxy" and isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b)):
-                if a.get(k) == b.get(k):
-                    continue
-                if k in RUN_TIME_KEYS:
-                    notes.append(f"note: study {study.study_name!r} was created with proxy.{k}="
-                                 f"{a.get(k)!r}; this run uses {b.get(k)!r} (a run-time setting: "
-                                 "what a trial measures is unchanged)")
-                    continue
-                raise ConfigError(
-                    f"study {study.study_name!r} was created with proxy.{k}={a.get(k)!r}, not "
-                    f"{b.get(k)!r}; " + ((_batch_hint(a, b) if k == "batch_size" else None)
-                                         or "rerun with the same settings to resume it") +
-                    ", or start a new study with --study NAME", source=str(run_dir), key=f"proxy.{k}")
-        elif a != b:
-            raise ConfigError(
-                f"study {study.study_name!r} was created with a different {key} ({a!r}); rerun "
-                "with the same search space to resume it, or start a new study with --study NAME",
-                source=str(run_dir), key=key)
+    for key, resume in ON_RESUME.items():
+        if key in ("target", "ladder"):
+            continue  # _check_horizon
+        found, a, b = _values(old, new, key)
+        if not found or a == b:
+            continue
+        if not resume.refused:
+            notes.append(f"note: study {name!r} was created with {key}={shown(a)}; this run uses "
+                         f"{shown(b)} ({resume.why})")
+            continue
+        fix = (_batch_hint(old["proxy"], new["proxy"]) if key == "proxy.batch_size" else None) or (
+            f"{resume.why} cannot change on resume: rerun with the study's value to resume it")
+        raise ConfigError(f"study {name!r} was created with {key}={shown(a)}, not {shown(b)}; {fix}, or "
+                          "start a new study with --study NAME", source=str(run_dir), key=key)
     return notes
+
+
+def _values(old: dict[str, Any], new: dict[str, Any], key: str) -> tuple[bool, Any, Any]:
+    """``(whether the stored space has key, its value there, its value now)``."""
+    section, _, sub = key.partition(".")
+    if not sub:
+        return section in old, old.get(section), new.get(section)
+    a, b = old.get(section), new.get(section) or {}
+    if not isinstance(a, dict):
+        return False, None, None
+    return sub in a or section == "proxy", a.get(sub), b.get(sub)
 
 
 def _batch_hint(old: dict[str, Any], new: dict[str, Any]) -> str | None:
@@ -83,15 +148,15 @@ def _check_horizon(study: optuna.Study, old: dict[str, Any], new: dict[str, Any]
     name = study.study_name
     if "target" in old and old["target"] != new["target"]:
         raise ConfigError(
-            f"study {name!r} was created for the target {old['target']!r}, not {new['target']!r}: "
-            "another target is another question; start a new study with --study NAME, or rerun "
-            "with the study's target (--target-steps ...) to resume it", source=str(run_dir),
-            key="target")
+            f"study {name!r} was created for the target {shown(old['target'], 100)}, not "
+            f"{shown(new['target'], 100)}: another target is another question; start a new study with "
+            "--study NAME, or rerun with the study's target (--target-steps ...) to resume it",
+            source=str(run_dir), key="target")
     # older studies: all seeds at every rung, no stability rung
     a = {"lower_seeds": None, "stability_steps": None, **old.get("ladder", {"rungs": 1})}
     b = new["ladder"]
     one_rung = a.get("rungs") == b["rungs"] == 1 and a["stability_steps"] == b["stability_steps"]
     if a != b and not one_rung:
-        raise ConfigError(f"study {name!r} was created with the ladder {a!r}, not {b!r}; rerun "
-                          "with the same ladder to resume it, or start a new study with --study "
+        raise ConfigError(f"study {name!r} was created with the ladder {shown(a, 120)}, not {shown(b, 120)}; "
+                          "rerun with the same ladder to resume it, or start a new study with --study "
                           "NAME", source=str(run_dir), key="ladder")

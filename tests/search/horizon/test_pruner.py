@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import random
 
 import optuna
@@ -84,26 +85,25 @@ def target(steps, scale=GPT2, proxy_scale=TINY):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"max_logit": -1}, "max_logit must be positive and finite but got -1"),
-        ({"max_logit": 0}, "max_logit must be positive and finite but got 0"),
-        ({"max_logit": math.inf}, "max_logit must be positive and finite but got inf"),
-        ({"min_entropy": -0.1}, "min_entropy must be non-negative or None but got -0.1"),
-        ({"n_warmup_steps": -1}, "n_warmup_steps cannot be negative but got -1"),
-        ({"window": 2}, "window must be an integer of at least 3 but got 2"),
-        ({"window": 4.5}, "window must be an integer of at least 3 but got 4.5"),
+        ({"max_logit": -1}, "max_logit must be a number > 0 but got -1"),
+        ({"max_logit": 0}, "max_logit must be a number > 0 but got 0"),
+        ({"max_logit": math.inf}, "max_logit must be a number > 0 but got inf"),
+        ({"min_entropy": -0.1}, "min_entropy must be a number >= 0 or null but got -0.1"),
+        ({"n_warmup_steps": -1}, "n_warmup_steps must be a whole number in [0, 10,000,000] but got -1"),
+        ({"window": 2}, "window must be a whole number in [3, 10,000] but got 2"),
+        ({"window": 4.5}, "window must be a whole number in [3, 10,000] but got 4.5"),
         ({"trend_min_logit": 0}, "trend_min_logit must be between 0 and max_logit"),
         ({"trend_min_logit": 2e3}, "trend_min_logit must be between 0 and max_logit"),
         ({"horizon_steps": 0}, "horizon_steps must be at least 1 or None but got 0"),
-        ({"max_logit_factor": 0}, "max_logit_factor must be positive and finite but got 0"),
-        ({"max_logit_factor": math.nan},
-         "max_logit_factor must be positive and finite but got nan"),
-        ({"interval": 1.0}, "interval must be between 0 and 1 or None but got 1.0"),
-        ({"interval": 0}, "interval must be between 0 and 1 or None but got 0"),
+        ({"max_logit_factor": 0}, "max_logit_factor must be a number > 0 but got 0"),
+        ({"max_logit_factor": math.nan}, "max_logit_factor must be a number > 0 but got nan"),
+        ({"interval": 1.0}, "interval must be a number in (0, 1) or null but got 1.0"),
+        ({"interval": 0}, "interval must be a number in (0, 1) or null but got 0"),
     ],
 )
 def test_bad_arguments_are_rejected_with_the_value(kwargs, message):
     # Rule: constructor arguments are checked, the message names the argument and value.
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         LogitGrowthPruner(**kwargs)
 
 
@@ -199,7 +199,7 @@ def test_the_forecast_rule_prunes_only_within_max_extrapolation():
                       if schedule_sum_eta(n, steps=n, peak=PEAK) > 3.5 * reached)
     near = running(law(2.0), **target(near_steps))
     assert judge(LogitGrowthPruner(), near)[0]
-    with pytest.raises(ValueError, match="max_extrapolation must be at least 1"):
+    with pytest.raises(ValueError, match=r"max_extrapolation must be a number >= 1 or null but got 0.5"):
         LogitGrowthPruner(max_extrapolation=0.5)
 
 

@@ -108,17 +108,39 @@ def test_bad_target_and_ladder_name_the_key():
               ladder={"rungs": 0, "max_spectral_lr": -1})
     found = problems(e)
     # Rule: every bad key is reported, by its path, with what was expected.
-    assert "expected a whole number >= 1" in found["target.steps"].problem
-    assert "expected a number > 0" in found["target.spectral_lr"].problem
+    assert found["target.steps"].problem == "expected a whole number in [1, 1,000,000,000] or null, got 0"
+    assert found["target.spectral_lr"].problem == "expected a number > 0 or null, got 'fast'"
     assert found["target.colour"].allowed == ["steps", "spectral_lr", "model"]
-    assert "expected a whole number >= 1" in found["ladder.rungs"].problem
-    assert "expected a number > 0" in found["ladder.max_spectral_lr"].problem
+    assert found["ladder.rungs"].problem == "expected a whole number in [1, 20], got 0"
+    assert found["ladder.max_spectral_lr"].problem == "expected a number > 0 or null, got -1"
     # Rule: a rung cannot be shorter than the proxy run, and the target model must exist.
     with pytest.raises(SearchSpaceError) as e:
         space(proxy={"steps": 100}, ladder={"rungs": 2, "max_steps": 50}, target={"model": "nope"})
     found = problems(e)
     assert "at least proxy.steps (100)" in found["ladder.max_steps"].problem
     assert "unknown model 'nope'" in found["target.model"].problem and "tiny" in found["target.model"].allowed
+
+
+def test_a_target_shorter_than_the_proxy_run_is_refused_saying_what_to_shorten():
+    # Rule: the ranking is read at the proxy run or above it (the ladder climbs from it), so a
+    # target of fewer steps would get the answer for a longer run than the user's: refused,
+    # keyed by target.steps, saying how to fit the proxy to it.
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"steps": 20}, target={"steps": 5})
+    found = problems(e)
+    assert set(found) == {"target.steps"}
+    assert found["target.steps"].problem.startswith(
+        "your run (5 steps at spectral_lr 0.02, Σ η 0.064) is shorter than the proxy run (20 steps at "
+        "0.02, Σ η 0.237), where the ranking is read")
+    assert found["target.steps"].problem.endswith(
+        "; train the proxy no longer (--steps 5 or fewer), or give your run's length (--target-steps N)")
+    # Rule: more steps at a smaller step can be shorter too (in Σ η): keyed by its step.
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"steps": 20}, target={"steps": 30, "spectral_lr": 0.005})
+    assert "proxy.spectral_lr=0.005" in problems(e)["target.spectral_lr"].problem
+    # Rule: the proxy's own length, or more, is a target (the header says "the proxy run itself").
+    assert space(proxy={"steps": 20}, target={"steps": 20}).target.steps == 20
+    assert "the proxy run itself" in target_line(space(proxy={"steps": 20}))
 
 
 def test_cli_flags_set_the_target_and_the_header_prints_it():

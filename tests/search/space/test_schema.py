@@ -11,6 +11,8 @@ from _spaces import problems, space, write
 from geosearch.errors import ConfigError
 from geosearch.modules import rule_set_names
 from geosearch.search import SearchSpaceError, apply_overrides, load_space
+from geosearch.search.space.reader import LOSS_PRUNER_ARGS
+from geosearch.search.space.schema import space_limits
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -53,7 +55,8 @@ def test_all_problems_are_reported_at_once(tmp_path):
     assert "  sampler.type: unknown sampler 'bayes'; expected one of: auto, grid, tpe, random, gp" in msg
     assert ("  proxy.model: unknown model 'huge'; expected one of: tiny, small, gpt2, hf:gpt2, hf:llama, "
             "py:MODULE:FACTORY") in msg
-    assert "  pruner.max_logit: max_logit must be positive and finite but got -1" in msg
+    assert "  pruner.max_logit: expected a number > 0, got -1" in msg
+    assert "  proxy.steps: expected a whole number in [1, 10,000,000], got -5" in msg
     # Rule: unknown keys list the allowed keys of their level.
     assert "version" in found["colour"].allowed and "steps" in found["proxy.lernrate"].allowed
 
@@ -131,6 +134,98 @@ def test_rules_default_to_the_models_rule_set(monkeypatch):
     assert "num_hidden_layers" in problems(e)["proxy.model_args.n_layers"].allowed
 
 
+def test_a_wrong_model_is_its_own_problem_not_rules_missing():
+    pytest.importorskip("transformers", reason="hf: models need Hugging Face transformers")
+    # Rule: a space whose rules come from its model reports a wrong model (or model field)
+    # once, as the model's problem; "rules: missing" would only be its consequence.
+    for proxy, key in [({"model": "hf:bogus"}, "proxy.model"),
+                       ({"model": "hf:mistral", "model_args": {"num_layers": 1}}, "proxy.model_args.num_layers")]:
+        with pytest.raises(SearchSpaceError) as e:
+            space(proxy=proxy)
+        assert set(problems(e)) == {key}, str(e.value)
+        assert "\n" not in str(e.value) and len(str(e.value)) <= 360
+
+
+def test_a_long_list_of_allowed_values_is_cut_to_a_line_and_points_to_where_it_is_whole(tmp_path):
+    pytest.importorskip("transformers", reason="hf: models need Hugging Face transformers")
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    for proxy in [{"model": f"hf:{tmp_path / 'bert'}"}, {"model": "hf:gpt2", "model_args": {"n_layers": 2}}]:
+        with pytest.raises(SearchSpaceError) as e:
+            space(proxy=proxy)
+        msg = str(e.value)
+        # Rule: at most 360 characters, so that the command's line stays within 400 (the
+        # model types were a line of 1,942 characters).
+        assert len(msg) <= 360 and "\n" not in msg, msg
+    # Rule: the model types are not listed; the message says which command lists them ...
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model": f"hf:{tmp_path / 'bert'}"})
+    assert "(geosearch inspect --models lists them)" in str(e.value) and "afmoe" not in str(e.value)
+    # ... and a long list of fields is cut, saying how many it leaves out, after a near miss.
+    with pytest.raises(SearchSpaceError) as e:
+        space(proxy={"model": "hf:gpt2", "model_args": {"n_layers": 2}})
+    assert "(did you mean n_layer" in str(e.value) and str(e.value).endswith(" more")
+
+
+# ---------------------------------------------------------------------- numbers
+def _nested(path, value):
+    """``{"a": {"b": value}}`` for the path ``a.b``."""
+    *parents, last = path.split(".")
+    d = {last: value}
+    for p in reversed(parents):
+        d = {p: d}
+    return d
+
+
+@pytest.mark.parametrize("path", sorted(space_limits()))
+def test_every_number_key_refuses_nan_inf_and_out_of_range_with_the_key_and_the_range(path):
+    allowed = space_limits()[path]
+    changes = _nested(path, None)
+    if path.startswith("pruner.loss."):  # an argument of a loss pruner that takes it
+        arg = path.rsplit(".", 1)[1]
+        changes["pruner"]["loss"]["type"] = next(t for t, args in LOSS_PRUNER_ARGS.items() if arg in args)
+    # Rule: one rule for every number key: NaN and ±inf are never in range, and every whole
+    # count has an upper bound (steps: 10**30 promised a run that never ends); the message
+    # names the key and gives the range.
+    for bad in ([10**30, 2.5] if allowed.whole else [math.nan, math.inf, -math.inf]):
+        leaf = changes
+        for part in path.split(".")[:-1]:
+            leaf = leaf[part]
+        leaf[path.split(".")[-1]] = bad
+        with pytest.raises(SearchSpaceError) as e:
+            space(**changes)
+        found = problems(e)
+        assert path in found, str(e.value)
+        assert found[path].problem.startswith(f"expected {allowed.text}") and f"got {bad!r}" in found[path].problem
+
+
+def test_every_number_field_of_every_section_has_a_range():
+    import dataclasses
+
+    from geosearch.proxy.config import TrainConfig
+    from geosearch.search.horizon.target import LadderSpec, TargetSpec
+    from geosearch.search.space.sections import Budget, PrunerSpec, SamplerSpec
+
+    sections = {"proxy": TrainConfig, "target": TargetSpec, "ladder": LadderSpec, "budget": Budget,
+                "pruner": PrunerSpec, "sampler": SamplerSpec}
+    numbers = {f"{name}.{f.name}" for name, cls in sections.items() for f in dataclasses.fields(cls)
+               if str(f.type).split(" |")[0] in ("int", "float")}
+    numbers |= {f"pruner.loss.{a}" for args in LOSS_PRUNER_ARGS.values() for a in args}
+    numbers |= {"repeats", "max_repeats"}
+    # Rule: no number key escapes the one rule: a new field needs its range in the table.
+    assert numbers <= set(space_limits()), sorted(numbers - set(space_limits()))
+    assert len(numbers) > 40
+
+
+def test_the_ranges_are_documented_as_the_schema_has_them():
+    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    # Rule: docs/design.md's table of number keys is space_limits(), row for row.
+    rows = [f"| `{path}` | {allowed.text} |" for path, allowed in space_limits().items()]
+    start = text.index("| key | allowed values |")
+    documented = text[start:].split("\n\n")[0].splitlines()[2:]
+    assert documented == rows
+
+
 # ---------------------------------------------------------------------- hyperparams
 def test_hyperparameter_ranges():
     s = space(hyperparams={"spectral_lr": [0.005, 0.05], "lr": ["1e-4", 3.0e-3]},
@@ -171,14 +266,18 @@ def test_pruner_errors():
     # Rule: a key of the removed step-wise trend rule is one error saying what replaced it.
     assert "removed: the step-wise logit trend was replaced by a forecast in Σ η to the target" in found[
         "pruner.trend_min_logit"].problem
-    # Rule: the forecast's interval is checked by the pruner.
-    assert "interval must be between 0 and 1" in found["pruner.interval"].problem
+    # Rule: the forecast's interval is checked by its range, which the message gives.
+    assert found["pruner.interval"].problem == "expected a number in (0, 1) or null, got 1.5"
     # Rule: the percentile pruner needs its percentile.
     assert "pruner.loss.percentile" in found
     with pytest.raises(SearchSpaceError) as e:
         space(pruner={"loss": {"type": "percentile", "percentile": 120}})
-    # Rule: Optuna's own range checks come through, keyed to the loss pruner.
-    assert "Percentile must be between 0 and 100" in problems(e)["pruner.loss"].problem
+    # Rule: each argument is in its range, given in the message.
+    assert problems(e)["pruner.loss.percentile"].problem == "expected a number in [0, 100], got 120"
+    with pytest.raises(SearchSpaceError) as e:
+        space(pruner={"loss": {"type": "successive_halving", "min_resource": "auto", "bootstrap_count": 2}})
+    # Rule: Optuna's own checks come through, keyed to the loss pruner.
+    assert "mutually incompatible" in problems(e)["pruner.loss"].problem
     with pytest.raises(SearchSpaceError) as e:
         space(pruner={"loss": {"type": "successive_halving", "patience": 3}})
     # Rule: each loss pruner accepts its own arguments only, listed on error.

@@ -8,6 +8,8 @@ preflight of geosearch.search.study.run) as a new study's are.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 import pytest
 import yaml
@@ -15,7 +17,7 @@ from _search_helpers import TINY_PROXY, FakeTrain, make_space, search, trials_of
 
 from geosearch.cli import main
 from geosearch.errors import ConfigError
-from geosearch.search.study.resume import RUN_TIME_KEYS
+from geosearch.search.study.resume import NOT_COMPARED, ON_RESUME, RUN_TIME_KEYS
 from geosearch.search.runtime.storage import open_run_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -51,7 +53,13 @@ def test_run_time_settings_may_change_with_a_note(fake, tmp_path, capsys):
     (["--model-arg", "n_layer=1"], "proxy.model_args="),
     (["--set", "proxy.eval_batches=2"], "proxy.eval_batches=1, not 2"),
     (["--set", "proxy.seed=3"], "proxy.seed=0, not 3"),
-    (["--repeats", "2"], "a different repeats"),
+    (["--repeats", "2"], "repeats=1, not 2"),
+    # Rule: what changes how a trial is judged or what it is compared with is refused too.
+    (["--set", "pruner.max_logit_factor=20"], "pruner.max_logit_factor=10.0, not 20.0; how a trial is "
+                                              "judged (which trials are pruned as unstable) cannot change"),
+    (["--set", "pruner.loss=median"], "pruner.loss={'type': 'none'}, not {'type': 'median'}"),
+    (["--set", "baselines=[muon]"], "baselines=[], not ['muon']; what the assignments are compared with"),
+    (["--set", "max_repeats=3"], "max_repeats=None, not 3; how many seeds a contender gets"),
 ])
 def test_a_change_of_what_a_trial_measures_is_one_line_exit_2_study_unchanged(flags, key, fake,
                                                                             tmp_path, capsys):
@@ -62,6 +70,45 @@ def test_a_change_of_what_a_trial_measures_is_one_line_exit_2_study_unchanged(fl
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("geosearch search: error: ") and key in lines[0]
     assert _stored(tmp_path) == before
+
+
+def test_the_budget_and_the_sampler_may_change_with_a_note_each(fake, tmp_path, capsys):
+    assert main(_command(tmp_path)) == 0
+    capsys.readouterr()
+    assert main(_command(tmp_path, "--trials", "3", "--seed", "7", "--set", "budget.timeout=600")) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note: ")]
+    # Rule: every changed setting that does not change verdicts is one line, naming it.
+    assert notes == [
+        "note: study 't' was created with budget.trials=None; this run uses 3 (how long the study runs, "
+        "not what a trial measures)",
+        "note: study 't' was created with budget.timeout=None; this run uses 600.0 (how long the study "
+        "runs, not what a trial measures)",
+        "note: study 't' was created with sampler.seed=0; this run uses 7 (which points are proposed "
+        "next, not how a trial is judged)"]
+
+
+def test_every_key_of_a_space_is_classified_once_and_documented():
+    d = make_space().to_dict()
+    keys = {f"{k}.{sub}" if k in ("proxy", "budget", "pruner", "sampler") else k
+            for k, v in d.items() for sub in (v if k in ("proxy", "budget", "pruner", "sampler") else [None])}
+    # Rule: every key is refused (it changes verdicts) or noted; none is taken silently.
+    assert keys - set(NOT_COMPARED) == set(ON_RESUME)
+    assert [k for k, r in ON_RESUME.items() if not r.refused] == [
+        *(f"proxy.{k}" for k in RUN_TIME_KEYS), "budget.trials", "budget.timeout", "sampler.type",
+        "sampler.seed", "sampler.n_startup_trials"]
+    # Rule: docs/design.md shows this table (the proxy's measured fields in one row).
+    rows, proxy_row = [], False
+    for key, r in ON_RESUME.items():
+        if key.startswith("proxy.") and key[len("proxy."):] not in RUN_TIME_KEYS:
+            if proxy_row:
+                continue
+            proxy_row, shown = True, "`proxy.*`, every field but the five below"
+        else:
+            shown = f"`{key}`"
+        rows.append(f"| {shown} | {'refused (changes verdicts)' if r.refused else 'may change (noted)'} | {r.why} |")
+    text = (Path(__file__).resolve().parents[3] / "docs" / "design.md").read_text(encoding="utf-8")
+    start = text.index("| key | on resume | what it is |")
+    assert text[start:].split("\n\n")[0].splitlines()[2:] == rows
 
 
 def test_a_smaller_batch_is_refused_with_the_grad_accum_that_keeps_it(fake, tmp_path):
