@@ -64,6 +64,7 @@ from geosearch.search.records import (
 )
 from geosearch.search.study.resume import check_identity
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
+from geosearch.search.runtime.backup import STUDY_FILE, TrialBackup, save_study_record
 from geosearch.search.runtime.storage import SPACE_FILE, open_storage
 from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_target, stability_record
 from geosearch.search.study.trial_loop import Searcher, trial_seeds
@@ -162,13 +163,19 @@ def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: s
         raise ConfigError(f"study {study.study_name!r} maximises; geosearch studies minimise the val "
                           "loss", source=source)
     notes = check_identity(study, space, run_dir)
-    if SPACE not in study.user_attrs:
+    new = SPACE not in study.user_attrs
+    if new:
         for k, v in _study_attrs(space).items():
             study.set_user_attr(k, v)
     if study.metric_names is None:  # the dashboard and `optuna` CLI name the value by it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([METRIC_NAME])
+    try:  # the backup `geosearch recover` rebuilds a damaged storage from
+        save_study_record(run_dir, study, new=new)
+    except OSError as e:
+        notes.append(f"warning: the study's backup {run_dir / STUDY_FILE} was not written "
+                     f"({e.strerror or e}); `geosearch recover` needs it")
     return notes
 
 
@@ -407,7 +414,7 @@ def _sampler(space: SearchSpace, options: SearchOptions, exhaustive: bool) -> op
 def _prepare(study: optuna.Study, space: SearchSpace, options: SearchOptions, run_dir: Path,
              notes: list[str], echo: Callable[[str], None]) -> None:
     """A command's start: write ``space.yaml``, print the space and the notes, recover the
-    trials of dead workers."""
+    trials of dead workers, back up the finished trials that have no ``trial.json`` yet."""
     write_space_file(space, run_dir)
     echo(space.summary())
     for note in notes:
@@ -418,6 +425,7 @@ def _prepare(study: optuna.Study, space: SearchSpace, options: SearchOptions, ru
             echo(recovered_line(*recovered))
     finally:
         owner.close()
+    TrialBackup(run_dir, echo).sync(study)  # trials told without a record (an older version, a full disk)
 
 
 def _retry_failed(study: optuna.Study, options: SearchOptions, echo: Callable[[str], None]) -> None:
