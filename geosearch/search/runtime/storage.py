@@ -24,6 +24,7 @@ from typing import Any
 import optuna
 
 from geosearch.errors import ConfigError
+from geosearch.search.runtime.backup import STUDY_FILE, lost_trials
 from geosearch.search.runtime.journal import check_journal_file, open_journal
 
 __all__ = [
@@ -39,12 +40,15 @@ __all__ = [
     "TRIALS_DIR",
     "WORKERS_DIR",
     "check_dir",
+    "lost_error",
     "make_dir",
     "mask_url",
     "open_run_study",
     "open_storage",
+    "recover_hint",
     "resolve_storage",
     "split_password",
+    "storage_error",
     "study_name_problem",
 ]
 
@@ -123,6 +127,31 @@ def _redact(text: str, url: str) -> str:
     return text.replace(password, "***") if password else text
 
 
+def recover_hint(run_dir: str | os.PathLike) -> str:
+    """The end of the one line refusing a run directory's storage that does not read: the
+    command that rebuilds it (:mod:`geosearch.search.runtime.rebuild`)."""
+    return f"; `geosearch recover {os.fspath(run_dir)}` rebuilds a damaged study from its backup"
+
+
+def _first_line(e: BaseException, limit: int) -> str:
+    """The first line of an error's message, or of its root cause's (Optuna's
+    ``StorageInternalError`` wraps the driver's error in a message of its own)."""
+    while e.__cause__ is not None and isinstance(e, optuna.exceptions.StorageInternalError):
+        e = e.__cause__
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
+
+
+def storage_error(e: BaseException, desc: str, run_dir: str | os.PathLike | None) -> ConfigError:
+    """The one line for a storage that fails while its study is read. ``run_dir``: the
+    storage is that run directory's own file (``geosearch recover`` can rebuild it),
+    ``None``: a ``--storage``."""
+    if run_dir is None:
+        return ConfigError(f"cannot read the study in {desc}: {_first_line(e, 200)}", source="--storage")
+    name = JOURNAL_FILE if (Path(run_dir) / JOURNAL_FILE).is_file() else DB_FILE
+    return ConfigError(f"cannot read the study in {name}: {_first_line(e, 160)}{recover_hint(run_dir)}",
+                       source=os.fspath(run_dir))
+
+
 def resolve_storage(
     run_dir: str | os.PathLike, storage: str | None = None, *, workers: int = 1, create: bool = True
 ) -> str:
@@ -175,19 +204,10 @@ def open_storage(
     """
     if storage is None and create:
         make_dir(run_dir)
+    own = storage is None  # the run directory's own file: `geosearch recover` can rebuild it
     storage = resolve_storage(run_dir, storage, workers=workers, create=create)
     if "://" not in storage:
-        path = Path(storage)
-        if not path.is_file() and not create:
-            raise ConfigError("journal file not found", source=storage)
-        check_journal_file(path)
-        make_dir(path.parent)
-        try:
-            journal = open_journal(path)  # replays the file
-        except Exception as e:  # noqa: BLE001 - OSError, or a corrupt file
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise ConfigError(f"cannot read the journal file: {first}", source=storage) from None
-        return journal, f"journal file {path}"
+        return _open_journal_file(Path(storage), run_dir if own else None, create)
     kwargs: dict[str, Any] = {}
     if storage.startswith("sqlite"):
         # several processes on one SQLite file wait for each other's writes
@@ -213,9 +233,35 @@ def open_storage(
                 time.sleep(0.5 + random.random())
                 continue
             first = _redact((str(e).strip().splitlines() or [type(e).__name__])[0][:200], url)
+            if own:
+                raise ConfigError(f"cannot open {DB_FILE}: {first[:160]}{recover_hint(run_dir)}",
+                                  source=os.fspath(run_dir)) from None
             raise ConfigError(f"cannot open the storage {mask_url(storage)!r}: {first}",
                               source="--storage") from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _open_journal_file(path: Path, own: str | os.PathLike | None,
+                       create: bool) -> tuple[optuna.storages.BaseStorage, str]:
+    """:func:`open_storage` of a journal file (``own``: the run directory it is the storage of)."""
+    if not path.is_file() and not create:
+        raise ConfigError("journal file not found", source=str(path))
+    try:
+        check_journal_file(path)
+    except ConfigError as e:
+        if own is None:
+            raise
+        raise ConfigError(f"cannot read {JOURNAL_FILE}: its first line is not a journal record"
+                          f"{recover_hint(own)}", source=os.fspath(own)) from e
+    make_dir(path.parent)
+    try:
+        journal = open_journal(path)  # replays the file
+    except Exception as e:  # noqa: BLE001 - OSError, or a corrupt file
+        if own is not None:
+            raise ConfigError(f"cannot read {JOURNAL_FILE}: {_first_line(e, 160)}{recover_hint(own)}",
+                              source=os.fspath(own)) from None
+        raise ConfigError(f"cannot read the journal file: {_first_line(e, 200)}", source=str(path)) from None
+    return journal, f"journal file {path}"
 
 
 def make_dir(path: str | os.PathLike) -> None:
@@ -273,16 +319,26 @@ def open_run_study(
 ) -> optuna.Study:
     """Load the study of an existing run directory (for export, report, inspection).
 
+    Its trials are read once here: a storage that fails then, or that lacks trials the run
+    directory's backup records (:func:`~geosearch.search.runtime.backup.lost_trials`), is
+    refused with one line naming ``geosearch recover``.
+
     Raises:
-        ConfigError: no storage, no study, or several studies and no ``study_name``.
+        ConfigError: no storage, no study, or several studies and no ``study_name``; a
+            storage that does not read or lost trials.
     """
     run_dir = Path(run_dir)
     if storage is None and not run_dir.is_dir():
         raise ConfigError("no such run directory", source=str(run_dir))
     backend, desc = open_storage(run_dir, storage, create=False)
-    names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
+    own = run_dir if storage is None else None
+    try:
+        names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise storage_error(e, desc, own) from None
     if not names:
-        raise ConfigError(f"{desc} holds no study", source=str(run_dir))
+        hint = recover_hint(run_dir) if own is not None and (run_dir / STUDY_FILE).is_file() else ""
+        raise ConfigError(f"{desc} holds no study{hint}", source=str(run_dir))
     if study_name is None:
         if len(names) > 1:
             raise ConfigError(f"{desc} holds {len(names)} studies; pick one with --study",
@@ -291,5 +347,21 @@ def open_run_study(
     elif study_name not in names:
         raise ConfigError(f"no study {study_name!r} in {desc}", source=str(run_dir),
                           allowed=sorted(names))
-    return optuna.load_study(study_name=study_name, storage=backend)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=backend)
+        dict(study.user_attrs)
+        lost = lost_trials(run_dir, study)  # reads every trial
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise storage_error(e, desc, own) from None
+    if lost:
+        raise lost_error(run_dir, desc, lost)
+    return study
+
+
+def lost_error(run_dir: str | os.PathLike, desc: str, lost: list[int]) -> ConfigError:
+    """The one line refusing a storage that lacks trials the run directory's backup holds."""
+    shown = ", ".join(map(str, lost[:10])) + (f" and {len(lost) - 10} more" if len(lost) > 10 else "")
+    return ConfigError(f"{desc} lacks trials {shown}, which {TRIALS_DIR}/ records as finished (the "
+                       f"file lost them: cut short, or an older copy); `geosearch recover "
+                       f"{os.fspath(run_dir)}` rebuilds the study from its backup", source=os.fspath(run_dir))
 

@@ -32,7 +32,7 @@ import yaml
 from optuna.trial import FrozenTrial
 
 from geosearch import __version__
-from geosearch.errors import ConfigError
+from geosearch.errors import ConfigError, GeosearchError
 from geosearch.proxy.accelerator import check_device
 from geosearch.proxy.accelerator import get_accelerator
 from geosearch.proxy.train import train
@@ -64,8 +64,21 @@ from geosearch.search.records import (
 )
 from geosearch.search.study.resume import check_identity
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
-from geosearch.search.runtime.backup import STUDY_FILE, TrialBackup, save_study_record
-from geosearch.search.runtime.storage import SPACE_FILE, open_storage
+from geosearch.search.runtime.backup import (
+    STUDY_FILE,
+    TrialBackup,
+    lost_trials,
+    read_study_record,
+    read_trial_records,
+    save_study_record,
+)
+from geosearch.search.runtime.storage import (
+    SPACE_FILE,
+    TRIALS_DIR,
+    lost_error,
+    open_storage,
+    storage_error,
+)
 from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_target, stability_record
 from geosearch.search.study.trial_loop import Searcher, trial_seeds
 from geosearch.search.runtime.workers import run_workers, share_cpu
@@ -192,6 +205,7 @@ def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.Bas
     and pruner if any): ``(study, storage in words, whether it existed, notes on its changed
     run-time settings)``."""
     pruner = options.pruner
+    own = run_dir if options.study is None and options.storage is None else None
     if options.study is not None:
         study, desc = options.study, "the given study's storage"
         existed = SPACE in study.user_attrs or bool(study.get_trials(deepcopy=False))
@@ -205,13 +219,48 @@ def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.Bas
             backend, desc = storage, f"the given {type(storage).__name__}"
         else:
             backend, desc = open_storage(run_dir, storage, workers=options.workers)
-        existed = space.name in [s.study_name for s in
-                                 optuna.get_all_study_summaries(backend, include_best_trial=False)]
-        study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
-                                    pruner=pruner or space.make_pruner(), direction="minimize",
-                                    load_if_exists=True)
-    notes = bind_study(study, space, run_dir, desc)
+        try:
+            existed = space.name in [s.study_name for s in
+                                     optuna.get_all_study_summaries(backend, include_best_trial=False)]
+        except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+            raise storage_error(e, desc, own) from None
+        if not existed and options.worker_index is None:
+            _check_no_backup(run_dir, space.name, desc)
+        try:
+            study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
+                                        pruner=pruner or space.make_pruner(), direction="minimize",
+                                        load_if_exists=True)
+        except Exception as e:  # noqa: BLE001
+            raise storage_error(e, desc, own) from None
+    try:
+        notes = bind_study(study, space, run_dir, desc)
+        lost = lost_trials(run_dir, study) if options.worker_index is None else []  # reads every trial
+    except GeosearchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise storage_error(e, desc, own) from None
+    if lost:
+        raise lost_error(run_dir, desc, lost)
     return study, desc, existed, notes
+
+
+def _check_no_backup(run_dir: Path, name: str, desc: str) -> None:
+    """Refuse to create study ``name`` in a run directory whose backup records finished
+    trials of a study of that name: its storage lost the study (a damaged or emptied file),
+    and new trials would write over the old ones' folders."""
+    try:
+        record = read_study_record(run_dir)
+    except ConfigError:
+        return
+    if record is None or record.name != name:
+        return
+    recorded, _ = read_trial_records(run_dir, record)
+    if recorded:
+        raise ConfigError(
+            f"{desc} holds no study {name!r}, but this run directory's backup records "
+            f"{len(recorded)} finished trials of it: `geosearch recover {run_dir}` rebuilds the "
+            f"study from it (to start a new study here instead, move {STUDY_FILE} and "
+            f"{TRIALS_DIR}/ aside)", source=str(run_dir))
 
 
 def run_search(
