@@ -23,6 +23,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import tempfile
 import time
 import urllib.parse
 import warnings
@@ -128,35 +129,49 @@ def _storage_file(run_dir: Path) -> Path:
     return db if db.is_file() else journal
 
 
-def _read_only(path: Path) -> optuna.storages.BaseStorage:
-    """The storage in ``path`` opened so that reading it writes nothing (an SQLite file
-    read-only: a damaged or empty file is not given a fresh schema)."""
-    if path.name == DB_FILE:
-        uri = "file:" + urllib.parse.quote(str(path.resolve()))
-        with contextlib.closing(sqlite3.connect(uri + "?mode=ro", uri=True)) as con:
-            rows = con.execute("PRAGMA quick_check").fetchall()
-        if [r[0] for r in rows] != ["ok"]:
-            raise sqlite3.DatabaseError("integrity check: " + "; ".join(str(r[0]) for r in rows[:3]))
-        return optuna.storages.RDBStorage(f"sqlite:///{uri}?mode=ro&uri=true")
-    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+def _read_only(path: Path, scratch: Path) -> optuna.storages.BaseStorage:
+    """The storage in ``path`` opened so that reading it writes nothing there: an SQLite
+    file read-only (a damaged or empty file is not given a fresh schema), or, when SQLite
+    files of an unfinished transaction lie beside it (a hot ``-journal``), a copy of them in
+    ``scratch``, where SQLite rolls the transaction back as any reader of the file would."""
+    if path.name != DB_FILE:
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    sides = [s for s in _SQLITE_SIDECARS if path.with_name(path.name + s).exists()]
+    if sides:
+        for name in [path.name, *(path.name + s for s in sides)]:
+            shutil.copy2(path.with_name(name), scratch / name)
+        path, query = scratch / path.name, ""
+    else:
+        query = "?mode=ro"
+    uri = "file:" + urllib.parse.quote(str(path.resolve()))
+    with contextlib.closing(sqlite3.connect(uri + query, uri=True)) as con:
+        rows = con.execute("PRAGMA quick_check").fetchall()
+    if [r[0] for r in rows] != ["ok"]:
+        raise sqlite3.DatabaseError("integrity check: " + "; ".join(str(r[0]) for r in rows[:3]))
+    return optuna.storages.RDBStorage(f"sqlite:///{uri}{query}{'&' if query else '?'}uri=true")
 
 
 def storage_problem(run_dir: str | os.PathLike, study: StudyRecord) -> str | None:
     """What is wrong with the run directory's storage, or ``None`` when it reads, holds the
-    study of ``study.json`` and every trial its records hold. Nothing is written."""
+    study of ``study.json`` and every trial its records hold. Nothing is written there."""
     run_dir = Path(run_dir)
     path = _storage_file(run_dir)
-    try:
-        backend = _read_only(path)
-        names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
-        if study.name not in names:
-            return f"holds no study {study.name!r}" + (f" (only {', '.join(map(repr, names))})" if names else "")
-        loaded = optuna.load_study(study_name=study.name, storage=backend)
-        dict(loaded.user_attrs)
-        lost = lost_trials(run_dir, loaded)
-    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        return f"cannot be read ({type(e).__name__}: {first})"
+    with tempfile.TemporaryDirectory(prefix="geosearch-recover-") as scratch:
+        backend = None
+        try:
+            backend = _read_only(path, Path(scratch))
+            names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
+            if study.name not in names:
+                return f"holds no study {study.name!r}" + (f" (only {', '.join(map(repr, names))})" if names else "")
+            loaded = optuna.load_study(study_name=study.name, storage=backend)
+            dict(loaded.user_attrs)
+            lost = lost_trials(run_dir, loaded)
+        except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            return f"cannot be read ({type(e).__name__}: {first})"
+        finally:
+            if hasattr(backend, "remove_session"):
+                backend.remove_session()
     if lost:
         return (f"lacks trials {_numbers(lost)}, which {TRIALS_DIR}/ records as finished (the file "
                 "lost them: cut short, or an older copy)")

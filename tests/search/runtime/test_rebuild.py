@@ -123,6 +123,18 @@ def test_a_healthy_storage_is_left_untouched(fake, tmp_path):
     assert sorted(p.name for p in run.iterdir()) == files
 
 
+def test_a_healthy_database_beside_a_leftover_journal_is_left_untouched(fake, tmp_path):
+    # SQLite refuses a read-only open beside a -journal file it would roll back: the check
+    # reads a copy of both instead, so the files stay as they are and nothing is rebuilt
+    search(space(), tmp_path)
+    run = tmp_path / "runs" / "t"
+    (run / "study.db-journal").write_bytes(b"left by a process that died mid-transaction")
+    data = (run / "study.db").read_bytes()
+    assert recover_run(run).problem is None
+    assert (run / "study.db").read_bytes() == data
+    assert (run / "study.db-journal").read_bytes() == b"left by a process that died mid-transaction"
+
+
 def test_an_older_copy_of_the_storage_is_refused_then_rebuilt(fake, tmp_path):
     # a storage that reads but lost trials (a journal cut short, a restored copy): search,
     # export and report refuse it, naming recover, which rebuilds it
