@@ -45,6 +45,7 @@ __all__ = [
     "mask_url",
     "open_run_study",
     "open_storage",
+    "own_file",
     "recover_hint",
     "resolve_storage",
     "split_password",
@@ -147,9 +148,14 @@ def storage_error(e: BaseException, desc: str, run_dir: str | os.PathLike | None
     ``None``: a ``--storage``."""
     if run_dir is None:
         return ConfigError(f"cannot read the study in {desc}: {_first_line(e, 200)}", source="--storage")
-    name = JOURNAL_FILE if (Path(run_dir) / JOURNAL_FILE).is_file() else DB_FILE
-    return ConfigError(f"cannot read the study in {name}: {_first_line(e, 160)}{recover_hint(run_dir)}",
-                       source=os.fspath(run_dir))
+    return ConfigError(f"cannot read the study in {own_file(run_dir)}: {_first_line(e, 160)}"
+                       f"{recover_hint(run_dir)}", source=os.fspath(run_dir))
+
+
+def own_file(run_dir: str | os.PathLike) -> str:
+    """The name of the run directory's own storage file, for messages that name the run
+    directory already: ``journal.log`` when it exists, else ``study.db``."""
+    return JOURNAL_FILE if (Path(run_dir) / JOURNAL_FILE).is_file() else DB_FILE
 
 
 def resolve_storage(
@@ -338,7 +344,7 @@ def open_run_study(
         raise storage_error(e, desc, own) from None
     if not names:
         hint = recover_hint(run_dir) if own is not None and (run_dir / STUDY_FILE).is_file() else ""
-        raise ConfigError(f"{desc} holds no study{hint}", source=str(run_dir))
+        raise ConfigError(f"{own_file(run_dir) if hint else desc} holds no study{hint}", source=str(run_dir))
     if study_name is None:
         if len(names) > 1:
             raise ConfigError(f"{desc} holds {len(names)} studies; pick one with --study",
@@ -354,7 +360,7 @@ def open_run_study(
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise storage_error(e, desc, own) from None
     if lost:
-        raise lost_error(run_dir, desc, lost)
+        raise lost_error(run_dir, desc if own is None else own_file(run_dir), lost)
     return study
 
 

@@ -77,6 +77,7 @@ from geosearch.search.runtime.storage import (
     TRIALS_DIR,
     lost_error,
     open_storage,
+    own_file,
     storage_error,
 )
 from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_target, stability_record
@@ -225,7 +226,7 @@ def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.Bas
         except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
             raise storage_error(e, desc, own) from None
         if not existed and options.worker_index is None:
-            _check_no_backup(run_dir, space.name, desc)
+            _check_no_backup(run_dir, space.name, desc if own is None else own_file(run_dir))
         try:
             study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
                                         pruner=pruner or space.make_pruner(), direction="minimize",
@@ -240,7 +241,7 @@ def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.Bas
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise storage_error(e, desc, own) from None
     if lost:
-        raise lost_error(run_dir, desc, lost)
+        raise lost_error(run_dir, desc if own is None else own_file(run_dir), lost)
     return study, desc, existed, notes
 
 
