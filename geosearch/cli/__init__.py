@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from geosearch import __version__
-from geosearch.cli import export, geometries, inspect, report, search, train
+from geosearch.cli import export, geometries, inspect, recover, report, search, train
 from geosearch.errors import GeosearchError
 
 _COMMANDS: list[tuple[str, str, ModuleType]] = [
@@ -29,6 +29,7 @@ _COMMANDS: list[tuple[str, str, ModuleType]] = [
     ("search", "search which geometry each module type should use (an Optuna study)", search),
     ("export", "write the best assignment(s) of a run directory as YAML", export),
     ("inspect", "list a model's parameters, their module types and candidate geometries", inspect),
+    ("recover", "rebuild a run directory's damaged study storage from its backup in trials/", recover),
 ]
 """The subcommands: name, one-line help, and the module with their ``add`` and ``run``."""
 

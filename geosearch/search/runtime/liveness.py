@@ -83,6 +83,7 @@ class Owner:
 
     def __init__(self, run_dir: Path) -> None:
         self.host, self.pid = socket.gethostname(), os.getpid()
+        self.run_dir = Path(run_dir)
         self.lock: str | None = None
         self._fd: int | None = None
         if fcntl is not None:

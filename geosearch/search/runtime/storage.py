@@ -27,6 +27,7 @@ import optuna
 
 from geosearch.errors import ConfigError
 from geosearch.files import check_dir
+from geosearch.search.runtime.backup import STUDY_FILE, lost_trials
 from geosearch.search.runtime.journal import check_journal_file, open_journal
 from geosearch.search.runtime.rdb import check_rdb, read_only_engine_kwargs, sqlite_file
 
@@ -43,14 +44,18 @@ __all__ = [
     "TRIALS_DIR",
     "WORKERS_DIR",
     "check_dir",
+    "lost_error",
     "make_dir",
     "hide_secrets",
     "mask_argv",
     "mask_url",
     "open_run_study",
     "open_storage",
+    "own_file",
+    "recover_hint",
     "redact",
     "resolve_storage",
+    "storage_error",
     "storage_url",
     "study_name_problem",
 ]
@@ -229,6 +234,36 @@ def storage_url(storage: str) -> str:
     return storage
 
 
+def recover_hint(run_dir: str | os.PathLike) -> str:
+    """The end of the one line refusing a run directory's storage that does not read: the
+    command that rebuilds it (:mod:`geosearch.search.runtime.rebuild`)."""
+    return f"; `geosearch recover {os.fspath(run_dir)}` rebuilds a damaged study from its backup"
+
+
+def _first_line(e: BaseException, limit: int) -> str:
+    """The first line of an error's message, or of its root cause's (Optuna's
+    ``StorageInternalError`` wraps the driver's error in a message of its own)."""
+    while e.__cause__ is not None and isinstance(e, optuna.exceptions.StorageInternalError):
+        e = e.__cause__
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
+
+
+def storage_error(e: BaseException, desc: str, run_dir: str | os.PathLike | None) -> ConfigError:
+    """The one line for a storage that fails while its study is read. ``run_dir``: the
+    storage is that run directory's own file (``geosearch recover`` can rebuild it),
+    ``None``: a ``--storage``."""
+    if run_dir is None:
+        return ConfigError(f"cannot read the study in {desc}: {_first_line(e, 200)}", source="--storage")
+    return ConfigError(f"cannot read the study in {own_file(run_dir)}: {_first_line(e, 160)}"
+                       f"{recover_hint(run_dir)}", source=os.fspath(run_dir))
+
+
+def own_file(run_dir: str | os.PathLike) -> str:
+    """The name of the run directory's own storage file, for messages that name the run
+    directory already: ``journal.log`` when it exists, else ``study.db``."""
+    return JOURNAL_FILE if (Path(run_dir) / JOURNAL_FILE).is_file() else DB_FILE
+
+
 def resolve_storage(
     run_dir: str | os.PathLike, storage: str | None = None, *, workers: int = 1, create: bool = True
 ) -> str:
@@ -298,21 +333,17 @@ def open_storage(
     create = create and not read_only
     if storage is None and create:
         make_dir(run_dir)
+    own = storage is None  # the run directory's own file: `geosearch recover` can rebuild it
     storage = resolve_storage(run_dir, storage, workers=workers, create=create)
     if "://" not in storage:
-        path = Path(storage)
-        if not path.is_file() and not create:
-            raise ConfigError("journal file not found", source=storage)
-        check_journal_file(path)
-        if not read_only:
-            make_dir(path.parent)
-        return open_journal(path, read_only=read_only), f"journal file {path}"  # replays the file
+        return _open_journal_file(Path(storage), run_dir if own else None, create, read_only)
     full, masked = storage_url(storage), mask_url(storage)  # a worker is given `masked`
     if _ambiguous(full):  # SQLAlchemy would take the password's end for the host's
         raise ConfigError(f"cannot open the storage {masked!r}: more than one '@' follows its user "
                           "name; write an '@' of the password (or of the host, database or query) "
                           "URL-encoded, as %40", source="--storage")
-    return _open_rdb(full, masked, flag=flag, read_only=read_only, shown=shown), masked
+    return _open_rdb(full, masked, flag=flag, read_only=read_only, shown=shown,
+                     own=run_dir if own else None), masked
 
 
 def _rdb_kwargs(storage: str, read_only: bool) -> dict[str, Any]:
@@ -334,9 +365,10 @@ def _rdb_kwargs(storage: str, read_only: bool) -> dict[str, Any]:
 
 
 def _open_rdb(full: str, masked: str, *, flag: str | None, read_only: bool,
-              shown: str | None = None) -> optuna.storages.RDBStorage:
+              shown: str | None = None, own: str | os.PathLike | None = None) -> optuna.storages.RDBStorage:
     """The RDB storage at the URL ``full`` (``masked`` in messages), once :func:`check_rdb`
-    has looked at it."""
+    has looked at it (``own``: the run directory it is the storage of, whose backup
+    ``geosearch recover`` rebuilds it from)."""
     kwargs = _rdb_kwargs(full, read_only)
     url = _with_installed_driver(full)
     for attempt in range(3):
@@ -359,8 +391,34 @@ def _open_rdb(full: str, masked: str, *, flag: str | None, read_only: bool,
                 time.sleep(0.5 + random.random())
                 continue
             first = redact((str(e).strip().splitlines() or [type(e).__name__])[0], full)[:200]
+            if own is not None:
+                raise ConfigError(f"cannot open {DB_FILE}: {first[:160]}{recover_hint(own)}",
+                                  source=os.fspath(own)) from None
             raise ConfigError(f"cannot open the storage {masked!r}: {first}", source=flag) from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _open_journal_file(path: Path, own: str | os.PathLike | None, create: bool,
+                       read_only: bool) -> tuple[optuna.storages.BaseStorage, str]:
+    """:func:`open_storage` of a journal file (``own``: the run directory it is the storage
+    of, whose backup ``geosearch recover`` rebuilds it from)."""
+    if not path.is_file() and not create:
+        raise ConfigError("journal file not found", source=str(path))
+    try:
+        check_journal_file(path)
+        if not read_only:
+            make_dir(path.parent)
+        return open_journal(path, read_only=read_only), f"journal file {path}"  # replays the file
+    except ConfigError as e:
+        if own is None:
+            raise
+        raise ConfigError(f"cannot read {JOURNAL_FILE}: {e.problem[:200]}{recover_hint(own)}",
+                          source=os.fspath(own)) from None
+    except Exception as e:  # noqa: BLE001 - OSError, or a corrupt file
+        if own is not None:
+            raise ConfigError(f"cannot read {JOURNAL_FILE}: {_first_line(e, 160)}{recover_hint(own)}",
+                              source=os.fspath(own)) from None
+        raise ConfigError(f"cannot read the journal file: {_first_line(e, 200)}", source=str(path)) from None
 
 
 def make_dir(path: str | os.PathLike) -> None:
@@ -400,21 +458,30 @@ def open_run_study(
 ) -> optuna.Study:
     """Load the study of an existing run directory (for export, report, inspection).
 
+    Its trials are read once here: a storage that fails then, or that lacks trials the run
+    directory's backup records (:func:`~geosearch.search.runtime.backup.lost_trials`), is
+    refused with one line naming ``geosearch recover``.
+
     Args:
         read_only: open the storage for reading only (:func:`open_storage`): export and
             report, which must leave what they read as it was.
 
     Raises:
         ConfigError: no storage, not an Optuna storage, no study, or several studies and no
-            ``study_name``.
+            ``study_name``; a storage that does not read or lost trials.
     """
     run_dir = Path(run_dir)
     if storage is None and not run_dir.is_dir():
         raise ConfigError("no such run directory", source=str(run_dir))
     backend, desc = open_storage(run_dir, storage, create=False, read_only=read_only)
-    names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
+    own = run_dir if storage is None else None
+    try:
+        names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise storage_error(e, desc, own) from None
     if not names:
-        raise ConfigError(f"{desc} holds no study", source=str(run_dir))
+        hint = recover_hint(run_dir) if own is not None and (run_dir / STUDY_FILE).is_file() else ""
+        raise ConfigError(f"{own_file(run_dir) if hint else desc} holds no study{hint}", source=str(run_dir))
     if study_name is None:
         if len(names) > 1:
             raise ConfigError(f"{desc} holds {len(names)} studies; pick one with --study",
@@ -423,5 +490,21 @@ def open_run_study(
     elif study_name not in names:
         raise ConfigError(f"no study {study_name!r} in {desc}", source=str(run_dir),
                           allowed=sorted(names))
-    return optuna.load_study(study_name=study_name, storage=backend)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=backend)
+        dict(study.user_attrs)
+        lost = lost_trials(run_dir, study)  # reads every trial
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise storage_error(e, desc, own) from None
+    if lost:
+        raise lost_error(run_dir, desc if own is None else own_file(run_dir), lost)
+    return study
+
+
+def lost_error(run_dir: str | os.PathLike, desc: str, lost: list[int]) -> ConfigError:
+    """The one line refusing a storage that lacks trials the run directory's backup holds."""
+    shown = ", ".join(map(str, lost[:10])) + (f" and {len(lost) - 10} more" if len(lost) > 10 else "")
+    return ConfigError(f"{desc} lacks trials {shown}, which {TRIALS_DIR}/ records as finished (the "
+                       f"file lost them: cut short, or an older copy); `geosearch recover "
+                       f"{os.fspath(run_dir)}` rebuilds the study from its backup", source=os.fspath(run_dir))
 

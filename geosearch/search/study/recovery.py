@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from geosearch.search.records import HEARTBEAT, WORKER
+from geosearch.search.runtime.backup import TrialBackup
 from geosearch.search.runtime.liveness import Owner, dead_reason, fcntl, live_processes
 from geosearch.search.runtime.locks import asked_in, dead_ask, lock_files, lock_held
 from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE
@@ -41,12 +42,15 @@ def recover_stale(study: optuna.Study, owner: Owner, stale_after: float,
     lock files of this host that no RUNNING trial names.
 
     Telling the trial FAIL is the claim: when two workers find the same dead trial, only
-    the one whose ``tell`` succeeds settles its point.
+    the one whose ``tell`` succeeds settles its point. The trials it fails or adds are
+    backed up (``trials/<n>/trial.json``, :class:`~geosearch.search.runtime.backup.TrialBackup`).
 
     Returns:
         Each trial recovered.
     """
     recovered = _recover(study, owner, stale_after, max_retries)
+    if recovered:  # the failed trials, and any point failed in their name, as stored
+        TrialBackup(owner.run_dir).sync(study)
     if owner.lock:
         _prune_locks(Path(owner.lock).parent, study)
     return recovered

@@ -32,7 +32,7 @@ import yaml
 from optuna.trial import FrozenTrial
 
 from geosearch import __version__
-from geosearch.errors import ConfigError
+from geosearch.errors import ConfigError, GeosearchError
 from geosearch.proxy.accelerator import check_device, check_precision, get_accelerator
 from geosearch.proxy.config import check_batch_split
 from geosearch.proxy.train import train
@@ -64,7 +64,22 @@ from geosearch.search.records import (
 )
 from geosearch.search.study.resume import check_identity
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
-from geosearch.search.runtime.storage import SPACE_FILE, open_storage
+from geosearch.search.runtime.backup import (
+    STUDY_FILE,
+    TrialBackup,
+    lost_trials,
+    read_study_record,
+    read_trial_records,
+    save_study_record,
+)
+from geosearch.search.runtime.storage import (
+    SPACE_FILE,
+    TRIALS_DIR,
+    lost_error,
+    open_storage,
+    own_file,
+    storage_error,
+)
 from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_target, stability_record
 from geosearch.search.study.trial_loop import Searcher, trial_seeds
 from geosearch.search.runtime.workers import run_workers, share_cpu
@@ -189,13 +204,19 @@ def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: s
         raise ConfigError(f"study {study.study_name!r} maximises; geosearch studies minimise the val "
                           "loss", source=source)
     notes = check_identity(study, space, run_dir)
-    if SPACE not in study.user_attrs:
+    new = SPACE not in study.user_attrs
+    if new:
         for k, v in _study_attrs(space).items():
             study.set_user_attr(k, v)
     if study.metric_names is None:  # the dashboard and `optuna` CLI name the value by it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([METRIC_NAME])
+    try:  # the backup `geosearch recover` rebuilds a damaged storage from
+        save_study_record(run_dir, study, new=new)
+    except OSError as e:
+        notes.append(f"warning: the study's backup {run_dir / STUDY_FILE} was not written "
+                     f"({e.strerror or e}); `geosearch recover` needs it")
     return notes
 
 
@@ -212,6 +233,7 @@ def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.Bas
     and pruner if any): ``(study, storage in words, whether it existed, notes on its changed
     run-time settings)``."""
     pruner = options.pruner
+    own = run_dir if options.study is None and options.storage is None else None
     if options.study is not None:
         study, desc = options.study, "the given study's storage"
         existed = SPACE in study.user_attrs or bool(study.get_trials(deepcopy=False))
@@ -225,13 +247,48 @@ def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.Bas
             backend, desc = storage, f"the given {type(storage).__name__}"
         else:
             backend, desc = open_storage(run_dir, storage, workers=options.workers)
-        existed = space.name in [s.study_name for s in
-                                 optuna.get_all_study_summaries(backend, include_best_trial=False)]
-        study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
-                                    pruner=pruner or space.make_pruner(), direction="minimize",
-                                    load_if_exists=True)
-    notes = bind_study(study, space, run_dir, desc)
+        try:
+            existed = space.name in [s.study_name for s in
+                                     optuna.get_all_study_summaries(backend, include_best_trial=False)]
+        except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+            raise storage_error(e, desc, own) from None
+        if not existed and options.worker_index is None:
+            _check_no_backup(run_dir, space.name, desc if own is None else own_file(run_dir))
+        try:
+            study = optuna.create_study(study_name=space.name, storage=backend, sampler=sampler,
+                                        pruner=pruner or space.make_pruner(), direction="minimize",
+                                        load_if_exists=True)
+        except Exception as e:  # noqa: BLE001
+            raise storage_error(e, desc, own) from None
+    try:
+        notes = bind_study(study, space, run_dir, desc)
+        lost = lost_trials(run_dir, study) if options.worker_index is None else []  # reads every trial
+    except GeosearchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise storage_error(e, desc, own) from None
+    if lost:
+        raise lost_error(run_dir, desc if own is None else own_file(run_dir), lost)
     return study, desc, existed, notes
+
+
+def _check_no_backup(run_dir: Path, name: str, desc: str) -> None:
+    """Refuse to create study ``name`` in a run directory whose backup records finished
+    trials of a study of that name: its storage lost the study (a damaged or emptied file),
+    and new trials would write over the old ones' folders."""
+    try:
+        record = read_study_record(run_dir)
+    except ConfigError:
+        return
+    if record is None or record.name != name:
+        return
+    recorded, _ = read_trial_records(run_dir, record)
+    if recorded:
+        raise ConfigError(
+            f"{desc} holds no study {name!r}, but this run directory's backup records "
+            f"{len(recorded)} finished trials of it: `geosearch recover {run_dir}` rebuilds the "
+            f"study from it (to start a new study here instead, move {STUDY_FILE} and "
+            f"{TRIALS_DIR}/ aside)", source=str(run_dir))
 
 
 def run_search(
@@ -432,7 +489,7 @@ def _sampler(space: SearchSpace, options: SearchOptions, exhaustive: bool) -> op
 def _prepare(study: optuna.Study, space: SearchSpace, options: SearchOptions, run_dir: Path,
              notes: list[str], echo: Callable[[str], None]) -> None:
     """A command's start: write ``space.yaml``, print the space and the notes, recover the
-    trials of dead workers."""
+    trials of dead workers, back up the finished trials that have no ``trial.json`` yet."""
     write_space_file(space, run_dir)
     echo(space.summary())
     for note in notes:
@@ -443,6 +500,7 @@ def _prepare(study: optuna.Study, space: SearchSpace, options: SearchOptions, ru
             echo(recovered_line(*recovered))
     finally:
         owner.close()
+    TrialBackup(run_dir, echo).sync(study)  # trials told without a record (an older version, a full disk)
 
 
 def _retry_failed(study: optuna.Study, options: SearchOptions, echo: Callable[[str], None]) -> None:

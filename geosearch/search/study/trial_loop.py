@@ -30,6 +30,7 @@ from geosearch.proxy.config import TrainResult
 from geosearch.proxy.train import train
 from geosearch.search.space.baselines import BASELINES
 from geosearch.search.study.baselines import baseline_suggestion
+from geosearch.search.runtime.backup import TrialBackup
 from geosearch.search.runtime.distributed import RankGroup
 from geosearch.search.study.extras import extra_plan, mark_extra, queue_extras, seed_twin_of
 from geosearch.search.study.failures import (
@@ -151,6 +152,7 @@ class Searcher:
         self.failures_in_a_row = 0
         self.duplicates_in_a_row = 0
         self.owner = Owner(run_dir)
+        self.backup = TrialBackup(run_dir, echo)
         self.rungs = plan_rungs(space)
         self.stability = plan_stability(space)  # the stability rung, or None
         target = resolve_target(space)
@@ -534,13 +536,15 @@ class Searcher:
 
         A sampler that has run out of points (Optuna's grid and brute-force samplers) calls
         ``study.stop()``, which raises outside ``study.optimize`` once the trial is stored:
-        the loop's own stopping rules end the search then.
+        the loop's own stopping rules end the search then. The trial, read back as stored,
+        is then copied to ``trials/<n>/trial.json`` (:class:`~geosearch.search.runtime.backup.TrialBackup`).
         """
         try:
             self.study.tell(trial, value, state=state)
         except RuntimeError as e:
             if "Study.stop" not in str(e):
                 raise
+        self.backup.save(self.study, [trial.number])  # the trial as stored, for `geosearch recover`
 
     def _train(self, config: Any, assignment: Any, **kwargs: Any) -> TrainResult:
         """One proxy run: here, or on every rank of a distributed launch."""

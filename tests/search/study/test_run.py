@@ -40,6 +40,21 @@ def test_resume_with_other_proxy_settings_is_refused(fake, tmp_path):
         search(changed, tmp_path)
 
 
+def test_a_search_keeps_the_studys_backup_and_a_resume_completes_it(fake, tmp_path):
+    # Rule: study.json and every told trial's trials/<n>/trial.json are written (what
+    # `geosearch recover` rebuilds a damaged storage from); a resumed study that has none
+    # (a study of a version that kept no backup) gets them when the search starts.
+    search(make_space(), tmp_path)
+    run = tmp_path / "runs" / "t"
+    records = sorted(run.glob("trials/*/trial.json"))
+    assert len(records) == 2 and (run / "study.json").is_file()
+    for path in [*records, run / "study.json"]:
+        path.unlink()
+    search(make_space(), tmp_path)
+    assert sorted(run.glob("trials/*/trial.json")) == records and (run / "study.json").is_file()
+    assert len(fake.calls) == 2  # nothing trained again
+
+
 def test_end_to_end_search_exports_an_assignment_that_builds_an_optimizer(tmp_path):
     space = make_space({"attn": ["adamw", "oblique"], "mlp": ["adamw", "euclidean"]})
     out = search(space, tmp_path)

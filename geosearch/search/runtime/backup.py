@@ -1,0 +1,326 @@
+"""The study's backup in its run directory: ``study.json`` and ``trials/<n>/trial.json``.
+
+The Optuna storage (``study.db``, ``journal.log``) is the only place that holds a trial's
+state, value, params with their distributions, user attrs, intermediate values and
+constraints; the trial folders hold its files (config, metrics, result). So that a
+damaged storage can be rebuilt (``geosearch recover``,
+:mod:`geosearch.search.runtime.rebuild`), the run directory keeps a copy of what the
+storage holds, written through the public API only:
+
+* ``study.json``: the study's name, directions, metric names and user attrs (the space,
+  target, ladder, ...), and ``uid``, a random id a new study gets. It is written when the
+  search binds the study (created, or resumed without one).
+* ``trials/<n>/trial.json``: trial ``n`` as the storage holds it once told (the stored
+  :class:`~optuna.trial.FrozenTrial`, read back after ``tell``, so it never says more than
+  the storage did), with the ``uid`` of its study. Written for every trial the trial loop
+  tells (trained or not), every trial the dead-trial recovery fails or adds, and, when a
+  search starts, every finished trial that has none yet (:meth:`TrialBackup.sync`).
+
+The ``uid`` keeps a study's records apart from those of an earlier study of the same name
+whose storage was deleted: a new study gets a new ``uid``, and records of another ``uid``
+are ignored. Records are whole files or none (written aside, then renamed). Torch-free.
+The run directory's layout is in ``docs/design.md`` ("The run directory").
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import distribution_to_json, json_to_distribution
+from optuna.trial import FrozenTrial, TrialState, create_trial
+
+from geosearch.errors import ConfigError
+from geosearch.search.records import json_safe
+
+__all__ = ["FORMAT", "STUDY_FILE", "TRIAL_FILE", "StudyRecord", "TrialBackup", "lost_trials",
+           "read_study_record", "read_trial_records", "recorded_trial", "save_study_record",
+           "trial_record"]
+
+STUDY_FILE = "study.json"
+"""``<run-dir>/study.json``: the study's name, directions, metric names, user attrs and uid."""
+TRIAL_FILE = "trial.json"
+"""``trials/<n>/trial.json``: trial ``n`` as the storage holds it once told."""
+FORMAT = 1
+"""The version of both files' layout."""
+
+_TRIALS_DIR = "trials"  # storage.TRIALS_DIR; not imported: storage imports this module
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """What ``study.json`` holds."""
+
+    name: str
+    uid: str
+    directions: tuple[str, ...]
+    metric_names: tuple[str, ...] | None
+    user_attrs: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- writing
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` whole or not at all: aside, flushed, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temp, "w", encoding="utf-8") as f:
+            json.dump(data, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def save_study_record(run_dir: str | os.PathLike, study: optuna.Study, *, new: bool) -> None:
+    """Write ``study.json`` for ``study`` (``new``: just created, so it gets a new uid; else
+    the uid of the file, when it names this study, is kept, or, the file lost, the uid of
+    the records of its trials). Unchanged content is not rewritten.
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    path = Path(run_dir) / STUDY_FILE
+    old = None if new else _read_study_quietly(Path(run_dir))
+    if old is not None and old.name == study.study_name:
+        uid = old.uid
+    else:
+        uid = (None if new else _uid_of_records(Path(run_dir), study)) or uuid.uuid4().hex
+    data = {"format": FORMAT, "kind": "geosearch study", "name": study.study_name, "uid": uid,
+            "directions": [d.name for d in study.directions],
+            "metric_names": study.metric_names, "user_attrs": json_safe(dict(study.user_attrs))}
+    if old is not None and not new:
+        try:
+            if json.loads(path.read_text(encoding="utf-8")) == json.loads(json.dumps(data)):
+                return
+        except (OSError, ValueError):
+            pass
+    _write_json(path, data)
+
+
+def read_study_record(run_dir: str | os.PathLike) -> StudyRecord | None:
+    """``study.json`` of a run directory; ``None`` when there is none.
+
+    Raises:
+        ConfigError: the file cannot be read or is not a study record.
+    """
+    path = Path(run_dir) / STUDY_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the study's backup ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120] if str(e) else ''})", source=str(path)) from None
+    try:
+        if data.get("kind") != "geosearch study" or data.get("format") != FORMAT:
+            raise ValueError
+        names = data["metric_names"]
+        return StudyRecord(name=str(data["name"]), uid=str(data["uid"]),
+                           directions=tuple(str(d) for d in data["directions"]),
+                           metric_names=tuple(names) if names is not None else None,
+                           user_attrs=dict(data["user_attrs"]))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise ConfigError(f"expected a geosearch study backup (format {FORMAT}: name, uid, "
+                          "directions, metric_names, user_attrs)", source=str(path)) from None
+
+
+def _uid_of_records(run_dir: Path, study: optuna.Study) -> str | None:
+    """The uid of the records that are this study's trials (the same number and start time
+    as a stored trial), for a study whose ``study.json`` was lost; ``None`` when none are."""
+    starts = {t.number: t.datetime_start.isoformat() for t in study.get_trials(deepcopy=False)
+              if t.datetime_start is not None}
+    for n, path in sorted(_record_paths(run_dir).items(), reverse=True):
+        data = _read_record_quietly(path)
+        if (data is not None and data.get("study") == study.study_name and isinstance(data.get("study_uid"), str)
+                and data.get("datetime_start") is not None and data.get("datetime_start") == starts.get(n)):
+            return data["study_uid"]
+    return None
+
+
+def _read_study_quietly(run_dir: Path) -> StudyRecord | None:
+    try:
+        return read_study_record(run_dir)
+    except ConfigError:
+        return None
+
+
+def trial_record(trial: FrozenTrial, study_name: str, uid: str) -> dict[str, Any]:
+    """A finished trial as ``trial.json`` holds it."""
+    def when(t: datetime.datetime | None) -> str | None:
+        return t.isoformat() if t is not None else None
+
+    return {
+        "format": FORMAT, "kind": "geosearch trial", "study": study_name, "study_uid": uid,
+        "number": trial.number, "state": trial.state.name, "value": trial.value,
+        "params": json_safe(dict(trial.params)),
+        "distributions": {k: json.loads(distribution_to_json(d)) for k, d in trial.distributions.items()},
+        "user_attrs": json_safe(dict(trial.user_attrs)),
+        "intermediate_values": [[step, v] for step, v in sorted(trial.intermediate_values.items())],
+        "constraints": dict(trial.constraints),
+        "datetime_start": when(trial.datetime_start),
+        "datetime_complete": when(trial.datetime_complete),
+    }
+
+
+class TrialBackup:
+    """Writes the ``trial.json`` of the trials a process tells (see the module docstring).
+
+    Nothing is written while the run directory has no ``study.json`` (a study bound
+    without one: its uid is unknown). A record that cannot be written is reported to
+    ``warn`` and skipped: it is a copy, and the trial's outcome stands.
+
+    Args:
+        run_dir: ``<runs-dir>/<study>``.
+        warn: prints one line.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, warn: Any = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.warn = warn
+
+    def save(self, study: optuna.Study, numbers: Iterable[int]) -> None:
+        """Write the records of trials ``numbers`` of ``study``, read back from its storage
+        (trials not finished are left out)."""
+        wanted = set(numbers)
+        if not wanted:
+            return
+        self._write(study, [t for t in study.get_trials(deepcopy=False) if t.number in wanted])
+
+    def sync(self, study: optuna.Study) -> None:
+        """Write the record of every finished trial of ``study`` that has none: trials failed
+        or added by the dead-trial recovery, a record that could not be written (a full
+        disk), trials told by a version of geosearch that kept no backup. A record, written
+        after its trial's ``tell``, never goes stale: one that exists is not read again."""
+        self._write(study, [t for t in study.get_trials(deepcopy=False)
+                            if t.state.is_finished() and not self._path(t.number).is_file()])
+
+    def _path(self, number: int) -> Path:
+        return self.run_dir / _TRIALS_DIR / str(number) / TRIAL_FILE
+
+    def _write(self, study: optuna.Study, trials: list[FrozenTrial]) -> None:
+        trials = [t for t in trials if t.state.is_finished()]
+        if not trials:
+            return
+        try:
+            record = read_study_record(self.run_dir)
+        except ConfigError:
+            record = None
+        if record is None or record.name != study.study_name:
+            return
+        for t in trials:
+            try:
+                _write_json(self._path(t.number), trial_record(t, study.study_name, record.uid))
+            except OSError as e:
+                if self.warn is not None:
+                    self.warn(f"warning: trial {t.number}'s backup {self._path(t.number)} was not "
+                              f"written ({e.strerror or e}); the trial is stored in the study")
+
+
+# --------------------------------------------------------------------------- reading
+def _read_record_quietly(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _record_paths(run_dir: Path) -> dict[int, Path]:
+    """``{n: trials/<n>/trial.json}`` of the records that exist."""
+    folder = run_dir / _TRIALS_DIR
+    out = {}
+    if folder.is_dir():
+        for sub in folder.iterdir():
+            if sub.name.isdigit() and (sub / TRIAL_FILE).is_file():
+                out[int(sub.name)] = sub / TRIAL_FILE
+    return out
+
+
+def recorded_trial(data: dict[str, Any]) -> FrozenTrial:
+    """The trial a ``trial.json`` record holds, to add to a study (``study.add_trial``):
+    its state, value, params and distributions, user attrs, intermediate values,
+    constraints and times.
+
+    Raises:
+        ValueError: the record is not a finished geosearch trial.
+    """
+    if data.get("kind") != "geosearch trial" or data.get("format") != FORMAT:
+        raise ValueError(f"not a geosearch trial record of format {FORMAT}")
+    state = TrialState[data["state"]]
+    if not state.is_finished():
+        raise ValueError(f"state {state.name} is not a finished trial's")
+    trial = create_trial(
+        state=state, value=data["value"], params=dict(data["params"]),
+        distributions={k: json_to_distribution(json.dumps(v)) for k, v in data["distributions"].items()},
+        user_attrs=dict(data["user_attrs"]),
+        intermediate_values={int(step): float(v) for step, v in data["intermediate_values"]},
+        constraints={str(k): float(v) for k, v in data["constraints"].items()})
+    for name in ("datetime_start", "datetime_complete"):
+        if data.get(name):
+            setattr(trial, name, datetime.datetime.fromisoformat(data[name]))
+    return trial
+
+
+def read_trial_records(run_dir: str | os.PathLike,
+                       study: StudyRecord) -> tuple[dict[int, FrozenTrial], list[str]]:
+    """The trials recorded in ``trials/<n>/trial.json`` for ``study`` (its name and uid).
+
+    Returns:
+        ``{number: trial}``, and one line per record that was left out (unreadable, of
+        another study, or not matching its folder), naming its file.
+    """
+    trials: dict[int, FrozenTrial] = {}
+    skipped: list[str] = []
+    for n, path in sorted(_record_paths(Path(run_dir)).items()):
+        data = _read_record_quietly(path)
+        if data is None:
+            skipped.append(f"{path}: unreadable")
+            continue
+        if data.get("study") != study.name or data.get("study_uid") != study.uid:
+            skipped.append(f"{path}: of another study ({data.get('study')!r}, uid {data.get('study_uid')})")
+            continue
+        if data.get("number") != n:
+            skipped.append(f"{path}: records trial {data.get('number')!r}, not {n}")
+            continue
+        try:
+            trials[n] = recorded_trial(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            skipped.append(f"{path}: {type(e).__name__}: {e}"[:300])
+    return trials, skipped
+
+
+def lost_trials(run_dir: str | os.PathLike, study: optuna.Study) -> list[int]:
+    """The trials that ``trials/`` records as finished for this study (same name and uid as
+    ``study.json``) but that ``study``'s storage lacks or holds unfinished: a storage that
+    lost them (a journal cut short, an older copy of the file). ``[]`` without a backup.
+
+    The records are listed before the storage is read, so a trial told meanwhile (its
+    record is written after its ``tell``) is never taken for lost.
+    """
+    run_dir = Path(run_dir)
+    record = _read_study_quietly(run_dir)
+    if record is None or record.name != study.study_name:
+        return []
+    paths = _record_paths(run_dir)
+    if not paths:
+        return []
+    stored = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    lost = []
+    for n, path in sorted(paths.items()):
+        if n in stored and stored[n].is_finished():
+            continue
+        data = _read_record_quietly(path)
+        if (data is not None and data.get("study_uid") == record.uid and data.get("number") == n
+                and data.get("state") in ("COMPLETE", "PRUNED", "FAIL")):
+            lost.append(n)
+    return lost
