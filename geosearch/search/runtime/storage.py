@@ -236,7 +236,10 @@ def storage_url(storage: str) -> str:
 
 def recover_hint(run_dir: str | os.PathLike) -> str:
     """The end of the one line refusing a run directory's storage that does not read: the
-    command that rebuilds it (:mod:`geosearch.search.runtime.rebuild`)."""
+    command that rebuilds it (:mod:`geosearch.search.runtime.rebuild`); nothing when the run
+    directory holds no backup to rebuild from."""
+    if not (Path(run_dir) / STUDY_FILE).is_file():
+        return ""
     return f"; `geosearch recover {os.fspath(run_dir)}` rebuilds a damaged study from its backup"
 
 
@@ -376,7 +379,10 @@ def _open_rdb(full: str, masked: str, *, flag: str | None, read_only: bool,
             check_rdb(url, read_only=read_only, source=flag, engine_kwargs=kwargs.get("engine_kwargs", {}),
                       shown=shown)
             return optuna.storages.RDBStorage(url, **kwargs)
-        except ConfigError:
+        except ConfigError as e:
+            if own is not None and recover_hint(own):  # not an Optuna storage now; a backup exists
+                raise ConfigError(f"{DB_FILE}: {e.problem[:200]}{recover_hint(own)}",
+                                  source=os.fspath(own)) from None
             raise
         except ImportError:
             raise ConfigError(f"cannot open the storage {masked!r}: its database driver "
@@ -410,7 +416,7 @@ def _open_journal_file(path: Path, own: str | os.PathLike | None, create: bool,
             make_dir(path.parent)
         return open_journal(path, read_only=read_only), f"journal file {path}"  # replays the file
     except ConfigError as e:
-        if own is None:
+        if own is None or not recover_hint(own):
             raise
         raise ConfigError(f"cannot read {JOURNAL_FILE}: {e.problem[:200]}{recover_hint(own)}",
                           source=os.fspath(own)) from None
