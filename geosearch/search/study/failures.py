@@ -28,6 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from geosearch.errors import ConfigError
 from geosearch.search.study.queue import enqueue, retried_numbers, trial_key, trial_params
 from geosearch.search.records import (
     ASSIGNMENT,
@@ -56,8 +57,8 @@ from geosearch.search.records import (
 )
 
 __all__ = ["ASSIGNMENT_FAILURE", "DEFAULT_MAX_RETRIES", "ENVIRONMENT_FAILURE", "SETTINGS_FAILURE",
-           "earlier_retries", "failed_attrs", "failure_kind", "requeue_failed", "settle_dead",
-           "worker_died"]
+           "earlier_retries", "failed_attrs", "failure_kind", "requeue_failed", "settings_line",
+           "settle_dead", "worker_died"]
 
 ENVIRONMENT_FAILURE = "environment"
 """``failure_kind`` of a trial that failed because of the machine or the storage."""
@@ -294,3 +295,12 @@ def requeue_failed(study: optuna.Study) -> list[int]:
         enqueue(study, trial_params(t), retry_of=t.number)
     return sorted(t.number for t in latest.values())
 
+
+def settings_line(error: BaseException, space_source: str) -> str:
+    """A settings error (``failure_kind`` ``settings``) in the space's words: a proxy run's
+    key (``TrainConfig: grad_accum``) is the space's ``proxy.grad_accum`` (of the space file
+    ``space_source``)."""
+    if isinstance(error, ConfigError) and error.source in (None, "TrainConfig") and error.key:
+        return str(ConfigError(error.problem, source=space_source, key=f"proxy.{error.key}",
+                               allowed=error.allowed))
+    return str(error)

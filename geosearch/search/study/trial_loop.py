@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from geosearch.errors import ConfigError, GeosearchError
+from geosearch.errors import GeosearchError
 from geosearch.proxy.config import TrainResult
 from geosearch.proxy.train import train
 from geosearch.search.space.baselines import BASELINES
@@ -38,6 +38,7 @@ from geosearch.search.study.failures import (
     SETTINGS_FAILURE,
     failed_attrs,
     failure_kind,
+    settings_line,
 )
 from geosearch.search.runtime.interrupts import ctrl_c_latch, sigint_deferred
 from geosearch.search.study.recovery import recover_stale, recovered_line
@@ -245,19 +246,23 @@ class Searcher:
         self.duplicates_in_a_row = 0
         return self._train_trial(trial, suggestion)
 
-    def _interrupted(self, trial: optuna.Trial) -> None:
-        """Record a Ctrl-C (or SIGTERM) that landed anywhere between ``ask`` and ``tell``:
-        fail the trial as ``interrupted`` and queue its point again (``retry_of``), so that a
-        rerun trains it. A trial already told, or failed by a worker that took it for dead,
-        is left as it is. torchrun sends every rank a second SIGINT: it waits until this is
-        stored. The point is queued before the trial is told (:meth:`_fail`)."""
+    def _interrupted(self, trial: optuna.Trial, reason: str = "interrupted (Ctrl-C); queued again: rerun "
+                     "the same command to resume", kind: str | None = None) -> None:
+        """Record a Ctrl-C (or SIGTERM) that landed anywhere between ``ask`` and ``tell``, or
+        the run's settings stopping the search (``kind`` ``settings``): fail the trial as
+        ``interrupted`` (it does not count, uses up no retry) and queue its point again
+        (``retry_of``), so that a rerun trains it. A trial already told, or failed by a
+        worker that took it for dead, is left as it is. torchrun sends every rank a second
+        SIGINT: it waits until this is stored. The point is queued before the trial is told
+        (:meth:`_fail`)."""
         with sigint_deferred():
             if self._frozen(trial.number).state != TrialState.RUNNING:
                 return
             try:
                 trial.set_user_attr(STATUS, INTERRUPTED)
-                trial.set_user_attr(FAIL_REASON, "interrupted (Ctrl-C); queued again: rerun the "
-                                                 "same command to resume")
+                if kind is not None:
+                    trial.set_user_attr(FAILURE_KIND, kind)
+                trial.set_user_attr(FAIL_REASON, reason)
                 point = trial_params(trial)
                 if point:
                     enqueue(self.study, point, retry_of=trial.number)
@@ -279,38 +284,19 @@ class Searcher:
     def _stop_on_settings(self, trial: optuna.Trial, error: BaseException) -> NoReturn:
         """A run of the trial refused the run's settings (a
         :class:`~geosearch.errors.SettingsError`: ``failure_kind`` ``settings``), which every
-        trial shares: not the point's failure. Record the trial as interrupted (it does not
-        count towards the budget, uses up no retry), queue its point again before the
-        trial is told (as :meth:`_interrupted` does), then stop the search with the error:
-        the rerun with the setting fixed trains the point.
+        trial shares: not the point's failure. The trial is recorded as interrupted and its
+        point queued again (:meth:`_interrupted`); the search stops with the error, and the
+        rerun with the setting fixed trains the point.
 
         Raises:
             GeosearchError: the setting's line, and what became of the trial.
         """
-        line = self._settings_line(error)
-        with sigint_deferred():
-            try:
-                trial.set_user_attr(STATUS, INTERRUPTED)
-                trial.set_user_attr(FAILURE_KIND, SETTINGS_FAILURE)
-                trial.set_user_attr(FAIL_REASON, f"interrupted: the run's settings fail every trial "
-                                                 f"({line}); queued again: fix them, then rerun")
-                point = trial_params(trial)
-                if point:
-                    enqueue(self.study, point, retry_of=trial.number)
-                self._tell(trial, TrialState.FAIL)
-            except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
-                pass  # failed meanwhile by a worker that took it for dead (it queued the point)
+        line = settings_line(error, self.space.source or "the search space")
+        self._interrupted(trial, f"interrupted: the run's settings fail every trial ({line}); queued "
+                                 "again: fix them, then rerun", SETTINGS_FAILURE)
         raise GeosearchError(f"{line}; every trial would fail alike, so the search stops: trial "
                              f"{trial.number} is not counted and its point is queued again; fix the "
                              "setting, then rerun the same command to resume") from None
-
-    def _settings_line(self, error: BaseException) -> str:
-        """The settings error in the space's words: a proxy run's key (``TrainConfig:
-        grad_accum``) is the space's ``proxy.grad_accum``."""
-        if isinstance(error, ConfigError) and error.source in (None, "TrainConfig") and error.key:
-            return str(ConfigError(error.problem, source=self.space.source or "the search space",
-                                   key=f"proxy.{error.key}", allowed=error.allowed))
-        return str(error)
 
     def _run_extra(self, trial: optuna.Trial) -> int | None:
         """Train a baseline or an adaptive seed (queued by :func:`queue_extras`): never
