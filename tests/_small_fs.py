@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -28,6 +28,27 @@ def small_filesystem(where: Path, size: str = "4m") -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@contextlib.contextmanager
+def read_only_filesystem(where: Path, size: str = "1m",
+                         prepare: Callable[[Path], None] | None = None) -> Iterator[Path]:
+    """A tmpfs at ``where`` (:func:`small_filesystem`) that ``prepare`` fills, then remounted
+    read-only; the test is skipped where it cannot be mounted (not root, not Linux)."""
+    import pytest
+
+    try:
+        mounted = small_filesystem(where, size)
+        mounted.__enter__()
+    except OSError as e:
+        pytest.skip(f"{e} (needs root on Linux)")
+    try:
+        if prepare is not None:
+            prepare(where)
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True, capture_output=True)
+        yield where
+    finally:
+        mounted.__exit__(None, None, None)
 
 
 def fill(folder: Path) -> Path:

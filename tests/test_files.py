@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 
 import pytest
-from _small_fs import small_filesystem
+from _small_fs import read_only_filesystem
 
 from geosearch import files
 from geosearch.errors import ConfigError
@@ -117,16 +116,11 @@ def test_output_checks_write_nothing_and_name_the_flag(tmp_path):
 
 
 def test_a_read_only_mount_is_refused_for_every_output(tmp_path):
-    ro = tmp_path / "ro"
-    mounted = small_filesystem(ro, "1m")
-    try:
-        mounted.__enter__()
-    except OSError as e:
-        pytest.skip(f"{e} (needs root on Linux)")
-    try:
+    def prepare(ro):
         (ro / "out").mkdir()
         (ro / "best.yaml").write_text("x")
-        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True, capture_output=True)
+
+    with read_only_filesystem(tmp_path / "ro", prepare=prepare) as ro:
         # Rule: a read-only file system is said as such, even to root (who passes every
         # permission check).
         for check, path in ((check_dir, ro / "out"), (check_dir, ro / "new" / "dir"),
@@ -134,5 +128,3 @@ def test_a_read_only_mount_is_refused_for_every_output(tmp_path):
             with pytest.raises(ConfigError, match=r"^--x: '.*' cannot be written \('.*ro.*' is on a read-only "
                                                   r"file system\)$"):
                 check(path, source="--x")
-    finally:
-        mounted.__exit__(None, None, None)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
 from _report_study import add, new_study
-from _small_fs import small_filesystem
+from _small_fs import read_only_filesystem
 
 from geosearch.cli import main
 
@@ -56,18 +54,10 @@ def test_an_output_of_the_wrong_kind_is_refused_before_any_work(finished, tmp_pa
 
 
 def test_a_read_only_mount_is_one_line_for_train_export_and_report(tmp_path, capsys):
-    ro = tmp_path / "ro"
-    mounted = small_filesystem(ro, "4m")
-    try:
-        mounted.__enter__()
-    except OSError as e:
-        pytest.skip(f"{e} (needs root on Linux)")
-    try:
-        made = tmp_path / "made"  # made elsewhere: an open database keeps the mount busy
-        add(new_study(made), made, "stiefel", "dgram", [3.3, 3.31])
+    made = tmp_path / "made"  # made elsewhere: an open database keeps the mount busy
+    add(new_study(made), made, "stiefel", "dgram", [3.3, 3.31])
+    with read_only_filesystem(tmp_path / "ro", "4m", prepare=lambda ro: shutil.copytree(made, ro / "run")) as ro:
         run = ro / "run"
-        shutil.copytree(made, run)
-        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True, capture_output=True)
         before = _state(ro)
         # Rule: each command names what it cannot write and why, before any work
         # (train --out and export -o on a read-only mount raised OSError's traceback).
@@ -86,5 +76,3 @@ def test_a_read_only_mount_is_one_line_for_train_export_and_report(tmp_path, cap
         # the study can still be exported elsewhere
         assert main(["export", str(run), "-o", str(tmp_path / "best.yaml")]) == 0
         assert _state(ro) == before
-    finally:
-        mounted.__exit__(None, None, None)

@@ -17,7 +17,7 @@ import optuna
 import pytest
 import yaml
 from _secret_urls import ABSENT, FORMS, RAW_AT
-from _small_fs import small_filesystem
+from _small_fs import read_only_filesystem
 
 from geosearch.errors import ConfigError
 from geosearch.search.runtime import storage as storage_module
@@ -65,20 +65,11 @@ def test_study_names_come_from_a_safe_alphabet_and_length():
 
 
 def test_a_read_only_runs_dir_is_refused_before_anything_is_written(tmp_path):
-    ro = tmp_path / "ro"
-    mounted = small_filesystem(ro, "1m")
-    try:
-        mounted.__enter__()
-    except OSError as e:
-        pytest.skip(f"{e} (needs root on Linux)")
-    try:
-        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True, capture_output=True)
+    with read_only_filesystem(tmp_path / "ro") as ro:
         with pytest.raises(ConfigError, match=r"--runs-dir: '.*ro/runs' cannot be written"):
             check_dir(ro / "runs", source="--runs-dir")
         with pytest.raises(ConfigError, match="cannot create the directory"):
             make_dir(ro / "runs")
-    finally:
-        mounted.__exit__(None, None, None)
     check_dir(tmp_path / "new" / "runs", source="--runs-dir")
     assert not (tmp_path / "new").exists()  # checked, not made
 
