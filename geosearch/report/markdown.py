@@ -25,7 +25,7 @@ from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
 from geosearch.search.study.baselines import BaselineTable
 from geosearch.search.horizon.forecast import short_logit
-from geosearch.search.stats.ranking import Ranking
+from geosearch.search.stats.ranking import TRACK_RECORD, Ranking
 from geosearch.search.stats.scores import MainEffect, Score
 from geosearch.search.stats.trials import format_params
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY, PRUNED
@@ -147,7 +147,8 @@ def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str
 
 
 def _md_result(ranking: Ranking, unstable: list[TrialRecord], run: RunData) -> list[str]:
-    lines = ["## Result", "", f"**Verdict:** {horizon_verdict(ranking.verdict, run.reading)}."]
+    lines = ["## Result", "", f"**Verdict:** {horizon_verdict(ranking.verdict, run.reading)}.", "",
+             f"How far to trust it: {TRACK_RECORD} (docs/benchmarks.md)."]
     if ranking.effects:
         lines += ["", "Main effects (each factor's geometry, averaged over matched pairs that differ "
                       "only in it, within seeds):", ""]
