@@ -243,6 +243,13 @@ def recover_hint(run_dir: str | os.PathLike) -> str:
     return f"; `geosearch recover {os.fspath(run_dir)}` rebuilds a damaged study from its backup"
 
 
+def _clause(problem: str, limit: int = 120) -> str:
+    """The first clause of a message (up to its first ``"; "``), cut to ``limit``: what went
+    wrong, without the advice the recover hint replaces (a message names the run directory
+    twice then, and stays within one line of 400 characters)."""
+    return problem.split("; ", 1)[0][:limit]
+
+
 def _first_line(e: BaseException, limit: int) -> str:
     """The first line of an error's message, or of its root cause's (Optuna's
     ``StorageInternalError`` wraps the driver's error in a message of its own)."""
@@ -381,7 +388,7 @@ def _open_rdb(full: str, masked: str, *, flag: str | None, read_only: bool,
             return optuna.storages.RDBStorage(url, **kwargs)
         except ConfigError as e:
             if own is not None and recover_hint(own):  # not an Optuna storage now; a backup exists
-                raise ConfigError(f"{DB_FILE}: {e.problem[:200]}{recover_hint(own)}",
+                raise ConfigError(f"{DB_FILE}: {_clause(e.problem)}{recover_hint(own)}",
                                   source=os.fspath(own)) from None
             raise
         except ImportError:
@@ -418,7 +425,7 @@ def _open_journal_file(path: Path, own: str | os.PathLike | None, create: bool,
     except ConfigError as e:
         if own is None or not recover_hint(own):
             raise
-        raise ConfigError(f"cannot read {JOURNAL_FILE}: {e.problem[:200]}{recover_hint(own)}",
+        raise ConfigError(f"cannot read {JOURNAL_FILE}: {_clause(e.problem)}{recover_hint(own)}",
                           source=os.fspath(own)) from None
     except Exception as e:  # noqa: BLE001 - OSError, or a corrupt file
         if own is not None:
