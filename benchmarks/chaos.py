@@ -66,13 +66,13 @@ def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _ha
 
 def _postgres() -> tuple[str | None, object | None, str]:
     """A throwaway server's URL, the server (to stop), or why there is none."""
-    import test_postgres
+    import _postgres  # tests/_postgres.py, the suite's throwaway server
 
-    initdb, pg_ctl = test_postgres._binary("initdb"), test_postgres._binary("pg_ctl")
+    initdb, pg_ctl = _postgres._binary("initdb"), _postgres._binary("pg_ctl")
     if not (initdb and pg_ctl):
         return None, None, "no initdb/pg_ctl"
     try:
-        server = test_postgres._Server(initdb, pg_ctl)
+        server = _postgres._Server(initdb, pg_ctl)
     except BaseException as e:  # noqa: BLE001 - pytest.skip raises a BaseException
         return None, None, f"the server did not start: {e}"
     return server.url, server, ""
