@@ -29,6 +29,7 @@ from geosearch.search.stats.ranking import TRACK_RECORD, Ranking
 from geosearch.search.stats.scores import MainEffect, Score
 from geosearch.search.stats.trials import format_params
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY, PRUNED
+from geosearch.search.runtime.artifacts import ARTIFACTS_DIR
 from geosearch.search.horizon.target import horizon_note, horizon_verdict
 
 __all__ = ["dashboard_paragraph", "render_markdown"]
@@ -60,19 +61,20 @@ def dashboard_paragraph(run_dir: str | Path = "runs/<study>", storage: str | Non
         storage: the storage actually opened; ``None`` shows both the SQLite and the
             journal-file command.
     """
+    files = f"--artifact-dir {run_dir}/{ARTIFACTS_DIR}"  # each trial's config, metrics, result
     if storage is None:
         commands = (
-            f"optuna-dashboard sqlite:///{run_dir}/study.db    # one worker (SQLite)\n"
-            f"optuna-dashboard {run_dir}/journal.log          # --workers > 1 (journal file)\n"
+            f"optuna-dashboard sqlite:///{run_dir}/study.db {files}    # one worker (SQLite)\n"
+            f"optuna-dashboard {run_dir}/journal.log {files}          # --workers > 1 (journal file)\n"
         )
     else:
-        commands = f"optuna-dashboard {storage}\n"
+        commands = f"optuna-dashboard {storage} {files}\n"
     return (
         "Every run directory is an ordinary Optuna storage, so "
         "[optuna-dashboard](https://github.com/optuna/optuna-dashboard) can browse the same "
         "study, also while the search runs: optimisation history, parameter importances, "
-        "intermediate values, and every trial's user attrs (`assignment`, `prune_reason`, "
-        "`val_loss_std`, ...). Install it with `pip install 'geosearch[dashboard]'`, then run\n\n"
+        "intermediate values, every trial's user attrs (`assignment`, `prune_reason`, "
+        "`val_loss_std`, ...) and, with `--artifact-dir`, its files. Install it with `pip install 'geosearch[dashboard]'`, then run\n\n"
         f"```bash\n{commands}```\n\n"
         "and open http://127.0.0.1:8080. A study kept in PostgreSQL opens the same way with "
         "its `postgresql://...` URL."

@@ -37,6 +37,8 @@ def test_ranking_names_a_tie_not_a_winner(tmp_path: Path) -> None:
     # beside the verdict, the method's own record against long runs, with its chance rates
     assert "How far to trust it: in the benchmark the default search named the 2,000-step runs' best " \
            "at 6 of 7 settings" in text and "chance 1 in 4" in text
+    # the dashboard command a user copies shows the trials' files too
+    assert f"optuna-dashboard sqlite:///{run}/study.db --artifact-dir {run}/artifacts" in text
 
 
 def test_one_seed_each_names_no_winner(tmp_path: Path) -> None:
