@@ -95,6 +95,7 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     from geosearch.proxy.accelerator import check_device
     from geosearch.proxy.accelerator import get_accelerator
     from geosearch.proxy.data import load_corpus
+    from geosearch.proxy.trackers import check_trackers
     from geosearch.proxy.train import train
 
     config = _config(config_file, fields, model_args)
@@ -106,9 +107,14 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     assignment, source = _assignment(config, assign, assignment_file, rules)
     assignment.resolve()  # unknown types or geometries fail here, before any work
 
-    flag = "device" in fields  # else the config file's, or the default
-    check_device(config.device, source="--device" if flag else os.fspath(config_file or "--config"),
-                 key=None if flag else "device")
+    def named(key: str) -> dict[str, str | None]:
+        """Where ``key`` was set: its flag, else the config file's key (or the default's)."""
+        if key in fields:
+            return {"source": "--" + key.replace("_", "-"), "key": None}
+        return {"source": os.fspath(config_file or "--config"), "key": key}
+
+    check_device(config.device, **named("device"))
+    check_trackers(config.log_with, **named("log_with"))  # the error names --log-with
     # bad data (a pipe, meta.json, a tokenizer) is one line before the run says it starts;
     # the corpus is cached for the run
     load_corpus(config.data, tokenizer=config.tokenizer)
