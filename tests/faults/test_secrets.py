@@ -78,7 +78,7 @@ def test_a_search_shows_its_storage_secret_nowhere(form, tmp_path, postgres_url)
         assert shown in yaml.safe_load(c.read_text())["command"], c
     assert list((run_dir / "artifacts").rglob("*")) and list((run_dir / "workers").glob("*.log"))
     report = (run_dir / "report.md").read_text()
-    assert f"storage: `{shown}`" in report and f"optuna-dashboard {shown}\n" in report
+    assert f"storage: `{shown}`" in report and f"optuna-dashboard {shown} --artifact-dir " in report
     assert _files_leaking(form, tmp_path) == []  # outputs (*.log), report, artifacts, configs, ...
 
 
