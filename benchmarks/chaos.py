@@ -50,6 +50,10 @@ def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _ha
         "two commands started at once, SQLite": lambda t, r: _harness.simultaneous(t, r, runs=1),
         "two commands started at once, journal, --workers 2":
             lambda t, r: _harness.simultaneous(t, r, runs=1, workers=2),
+        "two run directories on one journal file, started at once":
+            lambda t, r: _harness.shared_storage(t, r, runs=1),
+        "two run directories on one SQLite file, started at once":
+            lambda t, r: _harness.shared_storage(t, r, runs=1, kind="sqlite"),
         "SIGKILL between a trial's two parameters, SQLite": lambda t, r: _harness.partial_point(t, "kill", 1),
         "Ctrl-C between a trial's two parameters, SQLite": lambda t, r: _harness.partial_point(t, "int", 1),
         "SIGKILL of a worker between a trial's two parameters, journal":

@@ -620,3 +620,39 @@ def partial_point(tmp: Path, action: str, workers: int) -> Result:
     return _finish(tmp, args, run_dir, {}, f"{action} between a trial's two parameters ({kind})",
                    bool(partial), [f"exit {code}: {lines[-1][:160] if lines else ''}",
                                    f"trials left with part of their point: {partial}"])
+
+
+def shared_storage(tmp: Path, rng: random.Random, runs: int, kind: str = "journal") -> Result:
+    """Two ``geosearch search`` commands with two run directories on one storage (``kind``:
+    a ``journal`` file or an ``sqlite`` file), started together, ``runs`` times: both read the new study before either queues its
+    grid (``GEOSEARCH_TEST_RACE`` holds the first queueing 2 s), so every point is queued
+    twice; both must exit 0 with every point trained once and no trial left WAITING."""
+    found, raced = [], 0
+    path = os.pathsep.join([str(INJECT), str(REPO), os.environ.get("PYTHONPATH", "")])
+    for i in range(runs):
+        name = f"sh{i}"
+        space = write_space(tmp, name)
+        storage = f"sqlite:///{tmp / f'{name}.db'}" if kind == "sqlite" else str(tmp / f"{name}.log")
+        pair = []
+        for side in "ab":
+            args = ["search", "--space", str(space), "--runs-dir", f"runs-{side}", "--storage", storage]
+            pair.append(start(args, tmp, tmp / f"{name}-{side}.log", PYTHONPATH=path, GEOSEARCH_TEST_RACE="2"))
+            time.sleep(rng.uniform(0.0, 0.05))
+        try:
+            codes = [cmd.wait() for cmd in pair]
+        finally:
+            for cmd in pair:
+                kill_tree(cmd.pid)
+        for cmd, code in zip(pair, codes):
+            if code != 0:
+                found.append(f"run {i}: a command exited {code}: {cmd.output().strip().splitlines()[-1:]}")
+        trials = study_trials(tmp / "runs-a" / name, storage)
+        queued = [t for t in trials if t.user_attrs.get("queued") and "baseline" not in t.user_attrs]
+        raced += len(queued) > len(POINTS)
+        waiting = [t.number for t in trials if t.state == TrialState.WAITING]
+        if waiting:
+            found.append(f"run {i}: trials left WAITING: {waiting}")
+        found += [f"run {i}: {v}" for v in violations(tmp / "runs-a" / name, {}, storage, [])]
+    return Result(f"two run directories on one {kind} storage, started at once", found, raced == runs,
+                  [f"the grid was queued twice in {raced} of {runs} runs"])
+

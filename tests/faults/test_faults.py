@@ -17,6 +17,7 @@ from _harness import (
     full_disk,
     partial_point,
     second_command,
+    shared_storage,
     simultaneous,
     signal_parent,
     signal_single,
@@ -58,6 +59,12 @@ def test_two_commands_started_at_once_train_each_point_once(tmp_path):
     result = simultaneous(tmp_path, random.Random(7), runs=2)
     check(result)
     assert result.notes == ["one command refused in 2 of 2 runs"]
+
+
+def test_two_run_directories_on_one_storage_leave_nothing_waiting(tmp_path):
+    result = shared_storage(tmp_path, random.Random(8), runs=1)
+    check(result)
+    assert result.notes == ["the grid was queued twice in 1 of 1 runs"]
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ __all__ = [
     "enqueue",
     "grid_points",
     "param_key",
+    "redundant_waiting",
     "resolve_budget",
     "retried_numbers",
     "top_up_queue",
@@ -202,6 +203,22 @@ def done_reason(study: optuna.Study, budget: int | None, exhaustive: bool,
         if len(scored) >= grid_size:
             return f"every one of the {int(grid_size)} assignments of the space has been scored"
     return None
+
+
+def redundant_waiting(study: optuna.Study) -> int:
+    """How many queued points wait whose point already has a verdict or is training.
+
+    Two commands (two run directories on one shared storage, or two machines) that read
+    a new study at the same moment both queue its grid; the second copy of each point must
+    be popped and recorded as a duplicate before a search stops, not left WAITING.
+    """
+    trials = study.get_trials(deepcopy=False)
+    rerun = retried_numbers(trials)
+    taken = {trial_key(t) for t in trials
+             if not is_extra(t) and (counted(t, rerun) or t.state == TrialState.RUNNING)}
+    taken.discard(None)
+    return sum(t.state == TrialState.WAITING and not is_extra(t) and trial_key(t) in taken
+               for t in trials)
 
 
 def _ahead(t: FrozenTrial, number: int, rerun: set[int]) -> bool:

@@ -43,7 +43,15 @@ from geosearch.search.study.failures import (
 from geosearch.search.runtime.interrupts import ctrl_c_latch, sigint_deferred
 from geosearch.search.study.recovery import recover_stale, recovered_line
 from geosearch.search.runtime.liveness import HEARTBEAT_EVERY, Heartbeat, Owner, TrialLost
-from geosearch.search.study.queue import budget_taken, done_reason, enqueue, top_up_queue, trial_params, twin_of
+from geosearch.search.study.queue import (
+    budget_taken,
+    done_reason,
+    enqueue,
+    redundant_waiting,
+    top_up_queue,
+    trial_params,
+    twin_of,
+)
 from geosearch.search.stats.scores import Score
 from geosearch.search.records import (
     ASSIGNMENT,
@@ -152,6 +160,7 @@ class Searcher:
         self.grid_size = space.grid_size()
         self.failures_in_a_row = 0
         self.duplicates_in_a_row = 0
+        self.drained = False  # the queued twins were announced
         self.owner = Owner(run_dir)
         self.backup = TrialBackup(run_dir, echo)
         self.rungs = plan_rungs(space)
@@ -212,6 +221,14 @@ class Searcher:
             if added:
                 self.echo(f"{added} point(s) of the grid had no verdict and none queued: queued again")
                 why = done_reason(self.study, self.budget, self.exhaustive, self.grid_size)
+        if why is not None:
+            twins = redundant_waiting(self.study)
+            if twins:  # popped and recorded as duplicates before the search stops
+                if not self.drained:
+                    self.echo(f"{twins} point(s) queued twice (another command queued the grid at the "
+                              "same time): recorded as duplicates")
+                self.drained = True
+                return None
         return why
 
     def _frozen(self, number: int) -> FrozenTrial:
@@ -231,10 +248,8 @@ class Searcher:
         if is_extra(trial):
             return self._run_extra(trial)
         suggestion = self.space.suggest(trial)
-        why = budget_taken(self.study, self.budget, trial.number)
-        if why:
-            self._not_run(trial, SKIPPED, why, requeue=bool(attrs.get(QUEUED)))
-            return None
+        # a twin first: a point queued twice (two commands that queued the grid at once) is a
+        # duplicate, not a point to queue again once the budget is taken
         twin = twin_of(self.study, trial.number, trial.params)
         if twin is not None:
             self._not_run(trial, DUPLICATE, f"same point as trial {twin}", duplicate_of=twin)
@@ -242,6 +257,10 @@ class Searcher:
             if self.duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
                 raise StopSearch(f"the sampler proposed {MAX_DUPLICATES_IN_A_ROW} already scored points "
                             "in a row; the space looks exhausted")
+            return None
+        why = budget_taken(self.study, self.budget, trial.number)
+        if why:
+            self._not_run(trial, SKIPPED, why, requeue=bool(attrs.get(QUEUED)))
             return None
         self.duplicates_in_a_row = 0
         return self._train_trial(trial, suggestion)

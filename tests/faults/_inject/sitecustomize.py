@@ -11,7 +11,11 @@ were stored) does ``ACTION``:
 * ``parent-term``: SIGTERM its parent (the ``--workers`` command), then wait for what the
   parent forwards.
 
-Without the variable nothing is patched.
+With ``GEOSEARCH_TEST_RACE=SECONDS`` set, the process's first ``enqueue_trial`` waits
+``SECONDS`` first: two commands started together on one new study both read it empty
+before either queues its grid (the race of two run directories on one shared storage).
+
+Without the variables nothing is patched.
 """
 
 import os
@@ -39,3 +43,21 @@ if _FAULT:
         return _original(self, name, choices)
 
     optuna.trial.Trial.suggest_categorical = _suggest_categorical
+
+_RACE = os.environ.get("GEOSEARCH_TEST_RACE")
+
+if _RACE:
+    import time
+
+    import optuna
+
+    _enqueue = optuna.Study.enqueue_trial
+    _waited = []
+
+    def _enqueue_trial(self, *args, **kwargs):
+        if not _waited:
+            _waited.append(True)
+            time.sleep(float(_RACE))
+        return _enqueue(self, *args, **kwargs)
+
+    optuna.Study.enqueue_trial = _enqueue_trial

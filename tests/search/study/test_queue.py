@@ -7,7 +7,8 @@ from _search_helpers import make_space, search, trials_of
 from optuna.trial import TrialState
 
 from geosearch.search.runtime.storage import open_run_study
-from geosearch.search.study.queue import enqueue, grid_points, param_key, trial_key, trial_params
+from geosearch.search.study import run
+from geosearch.search.study.queue import enqueue, grid_points, param_key, top_up_queue, trial_key, trial_params
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -70,3 +71,25 @@ def test_an_exhaustive_search_queues_a_grid_point_left_without_a_verdict(fake, t
     # the part is dropped as a duplicate; the point left without a verdict is queued and trained
     assert out.counts["completed"] == 3 and len({c[0] for c in fake.calls}) == 3
     assert out.stopped == "every assignment of the space has been tried"
+
+
+def test_a_grid_queued_twice_at_once_leaves_nothing_waiting(fake, tmp_path, monkeypatch):
+    # two run directories on one storage read the empty study at once and both queue the
+    # grid: the second copy of each point must end as a duplicate, not stay WAITING
+    grid = {"attn": ["adamw", "euclidean"], "mlp": ["adamw", "euclidean"]}
+    space = make_space(grid, sampler="grid", baselines=["adamw"])
+
+    def both_commands(study, space, budget):
+        added = top_up_queue(study, space, budget)
+        for params in grid_points(space):  # the other command's copy, queued unseen
+            enqueue(study, params)
+        return added
+
+    monkeypatch.setattr(run, "top_up_queue", both_commands)
+    out = search(space, tmp_path)
+    trials = trials_of(tmp_path)
+    assert [t.number for t in trials if t.state == TrialState.WAITING] == []
+    assert len(fake.calls) == 5 and len({c[0] for c in fake.calls}) == 4  # 4 points, the adamw baseline
+    dups = [t for t in trials if t.user_attrs.get("status") == "duplicate"]
+    assert len(dups) == 4 and all("same point as trial" in t.user_attrs["fail_reason"] for t in dups)
+    assert out.counts["completed"] == 5  # 4 points and the baseline
