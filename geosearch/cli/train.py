@@ -92,6 +92,8 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     """
     from geosearch.errors import ConfigError
     from geosearch.files import check_dir
+    from geosearch.models.memory import check_fits
+    from geosearch.models.zoo import build_meta_model
     from geosearch.proxy.accelerator import check_device
     from geosearch.proxy.accelerator import get_accelerator
     from geosearch.proxy.data import load_corpus
@@ -117,7 +119,12 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     check_trackers(config.log_with, **named("log_with"))  # the error names --log-with
     # bad data (a pipe, meta.json, a tokenizer) is one line before the run says it starts;
     # the corpus is cached for the run
-    load_corpus(config.data, tokenizer=config.tokenizer)
+    corpus = load_corpus(config.data, tokenizer=config.tokenizer)
+    # a model too large for this machine is one line, not an allocator's traceback
+    built = build_meta_model(config.model, vocab_size=corpus.vocab_size, model_args=config.model_args)
+    check_fits(built.model, config.model, check_device(config.device),
+               **({"source": "--model-arg", "key": None} if model_args else named("model_args")))
+    del built
     main_process = get_accelerator(config.device, config.mixed_precision).is_main_process
     if main_process:
         print(f"training {config.model} with {source}: "

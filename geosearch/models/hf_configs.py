@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geosearch.checks import is_int, shown
+from geosearch.checks import shown
 from geosearch.errors import ConfigError
 from geosearch.files import read_user_text
+from geosearch.models.specs import size_range
 
 SMALL_SIZE: dict[str, int] = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4}
 """``hf:<model_type>`` defaults: the ``small`` proxy's width, depth and heads (standard
@@ -279,12 +280,12 @@ def checked_args(spec: str, model_args: dict[str, Any], allowed: list[str], labe
 
 
 def check_sizes(spec: str, kwargs: Mapping[str, Any], size_fields: tuple[str, ...] | list[str]) -> None:
-    """Raise ConfigError for a size field of ``kwargs`` that is not a positive integer."""
+    """Raise ConfigError for a size field of ``kwargs`` out of its range
+    (:func:`~geosearch.models.specs.size_range`: a whole number from 1)."""
     for key in size_fields:
-        value = kwargs.get(key)
-        if not is_int(value) or value < 1:
-            raise ConfigError(f"model {spec!r}: {key} must be a positive integer but got {value!r}",
-                              source=_SOURCE, key=f"model_args.{key}")
+        _, problem = size_range(key).check(kwargs.get(key))
+        if problem:
+            raise ConfigError(f"model {spec!r}: {key}: {problem}", source=_SOURCE, key=f"model_args.{key}")
 
 
 def make_hf_config(spec: str, label: str, config_class: Any, kwargs: dict[str, Any]) -> Any:

@@ -30,9 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from geosearch.checks import is_int
 from geosearch.errors import ConfigError
-from geosearch.models.specs import PRESETS  # the preset names live without torch
+from geosearch.models.specs import PRESETS, size_range  # the preset names live without torch
 
 
 @dataclass
@@ -62,10 +61,9 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ConfigError(f"must be a positive integer but got {value!r}",
-                                  source="GPTConfig", key=name)
+            _, problem = size_range(name).check(getattr(self, name))
+            if problem:
+                raise ConfigError(problem, source="GPTConfig", key=name)
         if self.n_embd % self.n_head:
             raise ConfigError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}",
                               source="GPTConfig", key="n_embd")

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from geosearch.checks import Range
+
 # Presets. vocab_size is not part of a preset: it comes from the data (256 for bytes).
 # "small" is the CPU default: the 4-layer, width-128 model the optimizer overheads in
 # docs/design.md were measured on (0.8M parameters; one batch-16 AdamW training step takes
@@ -32,6 +34,21 @@ PRESETS: dict[str, dict[str, int]] = {
 DEFAULT_BLOCK_SIZE = 128
 """Context length of Hugging Face and ``py:`` models when neither ``block_size`` nor
 ``model_args`` set one (the ``small`` preset's)."""
+
+MODEL_SIZE = Range(1, 2**24, whole=True)
+"""A size of a model's config (a width, head count, vocabulary or context): 2²⁴ is 100x the
+widest published decoder's hidden size and 64x the largest vocabulary; what a machine can
+hold is checked from the parameter count (:mod:`geosearch.models.memory`)."""
+MODEL_DEPTH = Range(1, 1_024, whole=True)
+"""A model's layer count: the deepest published decoders have about 128. A bound is needed
+before the model is built at all: the meta device holds any width, but builds every layer."""
+DEPTH_FIELDS = frozenset({"n_layer", "n_layers", "num_layers", "num_hidden_layers"})
+
+
+def size_range(field: str) -> Range:
+    """The range of a model config's size ``field``: :data:`MODEL_DEPTH` for a layer count."""
+    return MODEL_DEPTH if field in DEPTH_FIELDS else MODEL_SIZE
+
 
 HF_PREFIX, PY_PREFIX = "hf:", "py:"
 PY_SPEC_HELP = "py:MODULE:FACTORY"

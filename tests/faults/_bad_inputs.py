@@ -43,8 +43,8 @@ class Case:
     make: Callable[[Path], list[str]]
     """Writes the case's files into the directory; returns the command line."""
     volatile: bool = False
-    """The message quotes a library or the OS (wording varies by version): the table's
-    message is compared by its first words only."""
+    """The message quotes a library or the OS (wording varies by version), or this machine
+    (its memory): the table's message is compared by its first words only."""
     cpu_only: bool = False
     """The case is a bad input only on a machine without CUDA (``--device cuda``)."""
 
@@ -337,6 +337,12 @@ CASES: list[Case] = [
     Case("`--set` of an unknown key", lambda d: _search(d, "--set", "proxy.stepz=3")),
     Case("`--set` of a YAML alias bomb", lambda d: _search(d, "--set", "proxy.steps=" + _flow_laughs())),
     Case("`--model-arg` of a YAML alias bomb", lambda d: _search(d, "--model-arg", "n_layer=" + _flow_laughs())),
+    Case("`--model-arg n_layer=10^21` (a depth no machine builds)",
+         lambda d: _search(d, "--model-arg", "n_layer=" + "1" + "0" * 21)),
+    Case("`--model-arg n_embd=10000000` (10¹⁵ parameters)",
+         lambda d: _search(d, "--model-arg", "n_embd=10000000", "--model-arg", "n_head=1"), volatile=True),
+    Case("`train --model-arg n_embd=10000000`",
+         lambda d: _train("--model-arg", "n_embd=10000000", "--model-arg", "n_head=1"), volatile=True),
     Case("`--trials -1`", lambda d: _search(d, "--trials", "-1")),
     Case("`--device cuda` on a machine without CUDA, resuming a study",
          lambda d: _existing_study(d) or _search(d, "--device", "cuda"), cpu_only=True),

@@ -56,8 +56,11 @@ def test_bad_preset_and_field_are_named():
     # Rule: a width that does not split into heads is refused, naming n_embd.
     with pytest.raises(ConfigError, match=r"n_embd=30 is not a multiple of n_head=4"):
         make_config("tiny", n_embd=30, n_head=4)
-    with pytest.raises(ConfigError, match=r"block_size: must be a positive integer"):
+    with pytest.raises(ConfigError, match=r"block_size: expected a whole number in \[1, 16,777,216\], got 0"):
         GPTConfig(block_size=0)
+    # Rule: a depth no machine could build is refused before a layer is made.
+    with pytest.raises(ConfigError, match=r"n_layer: expected a whole number in \[1, 1,024\], got 10{21}"):
+        make_config("tiny", n_layer=10**21)
 
 
 def test_nanogpt_parameter_names():

@@ -555,8 +555,10 @@ def test_bad_model_args(hf):
         check_model_spec("hf:llama", {"num_key_value_heads": 3})
     with pytest.raises(ConfigError, match="width 30 is not a multiple of 4 heads"):
         check_model_spec("hf:gpt2", {"n_embd": 30})
-    with pytest.raises(ConfigError, match="n_layer must be a positive integer but got 0"):
+    with pytest.raises(ConfigError, match=r"n_layer: expected a whole number in \[1, 1,024\], got 0"):
         check_model_spec("hf:gpt2", {"n_layer": 0})
+    with pytest.raises(ConfigError, match=r"n_embd: expected a whole number in \[1, 16,777,216\], got 33554432"):
+        check_model_spec("hf:gpt2", {"n_embd": 2**25, "n_head": 1})
     with pytest.raises(ConfigError, match="block_size=16 and n_positions=32 disagree"):
         check_model_spec("hf:gpt2", {"block_size": 16, "n_positions": 32})
 

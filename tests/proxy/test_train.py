@@ -121,7 +121,7 @@ def test_probed_max_logit_equals_a_recomputation_from_q_and_k(monkeypatch):
         return model
 
     def recompute(step, metrics):
-        model = models[0]
+        model = models[-1]  # the one trained (a meta-device copy is built first, to size it)
         expected, expected_entropy = [], []
         for i, block in enumerate(model.transformer.h):
             x = inputs[i]  # (B, T, C), the attention input of the probe batch

@@ -158,17 +158,19 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     from geosearch.proxy.data import load_corpus
     from geosearch.proxy.trackers import check_trackers
     from geosearch.models.specs import PY_PREFIX
+    from geosearch.models.memory import check_fits
     from geosearch.models.zoo import build_meta_model, build_model, check_logits
 
     proxy = space.proxy
     where = space.source or "the search space"
-    check_device(proxy.device, source=where, key="proxy.device")
+    device = check_device(proxy.device, source=where, key="proxy.device")
     check_precision(proxy.device, proxy.mixed_precision, source=where, key="proxy.mixed_precision")
     check_trackers(proxy.log_with, source=where, key="proxy.log_with")
     check_batch_split(proxy.batch_size, proxy.grad_accum, processes, source=where, prefix="proxy.")
     corpus = load_corpus(proxy.data, tokenizer=proxy.tokenizer)
     built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
     corpus.check_block_size(built.block_size)
+    check_fits(built.model, proxy.model, device, source=where, key="proxy.model_args")
     if not check_logits(built, corpus.vocab_size, source=where, key="proxy.model") \
             and proxy.model.startswith(PY_PREFIX):  # its forward needs real tensors
         real = build_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)

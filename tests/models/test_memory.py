@@ -1,0 +1,54 @@
+"""Tests of geosearch.models.memory: a model too large for the device is one line, before
+any memory is taken."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from geosearch.errors import ConfigError
+from geosearch.models import memory
+from geosearch.models.memory import BYTES_PER_PARAMETER, check_fits, device_memory, parameter_count
+from geosearch.models.zoo import build_meta_model
+
+
+def test_the_count_takes_a_tied_embedding_once():
+    built = build_meta_model("tiny", vocab_size=256)
+    c = built.config
+    d, layers = c["n_embd"], c["n_layer"]
+    # wte (tied with the head) + wpe + per layer: 2 LayerNorms (4d), c_attn (3d² + 3d),
+    # c_proj (d² + d), c_fc (4d² + 4d), mlp c_proj (4d² + d) + the final LayerNorm (2d)
+    per_layer = 4 * d + 3 * d * d + 3 * d + d * d + d + 4 * d * d + 4 * d + 4 * d * d + d
+    biases = all(p.ndim for p in built.model.parameters())
+    expected = 256 * d + c["block_size"] * d + layers * per_layer + 2 * d
+    assert biases and parameter_count(built.model) == expected
+
+
+def test_the_cpu_memory_is_the_machines():
+    total = device_memory("cpu")
+    assert total is not None and total > 2**28  # more than 256 MB on any machine that runs this
+    assert device_memory("meta") is None
+
+
+def test_a_model_larger_than_the_device_is_refused_naming_the_key():
+    big = build_meta_model("tiny", vocab_size=256, model_args={"n_embd": 2**20, "n_head": 1})
+    count = parameter_count(big.model)
+    assert count * BYTES_PER_PARAMETER > device_memory("cpu")  # 2.6·10¹³ parameters
+    with pytest.raises(ConfigError, match=rf"proxy.model_args: model 'tiny' has {count:,} parameters: "
+                                          r"training them needs at least 422.2 TB \(16 bytes each") as e:
+        check_fits(big.model, "tiny", "cpu", source="s.yaml", key="proxy.model_args")
+    assert "this machine's memory is" in str(e.value) and e.value.source == "s.yaml"
+
+
+def test_a_model_that_fits_passes_and_an_unknown_memory_is_not_judged(monkeypatch):
+    tiny = build_meta_model("tiny", vocab_size=256)
+    check_fits(tiny.model, "tiny", "cpu", source=None, key=None)
+    # the boundary: exactly the device's memory fits, a byte less does not
+    need = parameter_count(tiny.model) * BYTES_PER_PARAMETER
+    monkeypatch.setattr(memory, "device_memory", lambda device: need)
+    check_fits(tiny.model, "tiny", "cpu", source=None, key=None)
+    monkeypatch.setattr(memory, "device_memory", lambda device: need - 1)
+    with pytest.raises(ConfigError, match="make it smaller"):
+        check_fits(tiny.model, "tiny", torch.device("cpu"), source=None, key=None)
+    monkeypatch.setattr(memory, "device_memory", lambda device: None)
+    check_fits(tiny.model, "tiny", "mps", source=None, key=None)
