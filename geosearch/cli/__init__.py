@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_dashes(sys.argv[1:] if argv is None else argv))
     if any("://" in a for a in sys.argv):  # a run's config.yaml records sys.argv
-        from geosearch.search.runtime.storage import mask_argv
+        from geosearch.search.runtime.urls import mask_argv
 
         sys.argv[:] = mask_argv(sys.argv)
     if not hasattr(args, "_run"):
@@ -106,7 +106,7 @@ def _shown(e: GeosearchError, args: argparse.Namespace) -> str:
     storage = getattr(args, "storage", None)
     if not storage or "://" not in storage:
         return str(e)
-    from geosearch.search.runtime.storage import redact
+    from geosearch.search.runtime.urls import redact
 
     return redact(str(e), storage)
 

@@ -149,7 +149,7 @@ def _search(space: SearchSpace, args: argparse.Namespace):
     it is one line that says the study is kept."""
     import optuna
 
-    from geosearch.search.runtime.storage import redact
+    from geosearch.search.runtime.urls import redact
     from geosearch.search.runtime.workers import sigterm_as_ctrl_c
     from geosearch.search.study.run import run_search
 
@@ -172,7 +172,7 @@ def _report_after_search(run_dir: Path, study_name: str, storage: str | None) ->
     The study is already saved: a report that fails costs one warning line, not the search.
     """
     from geosearch.report import write_report
-    from geosearch.search.runtime.storage import redact
+    from geosearch.search.runtime.urls import redact
 
     try:
         files = write_report(run_dir, study_name=study_name, storage=storage)

@@ -54,7 +54,8 @@ from geosearch.search.records import (
     SEED_OF,
     trial_status,
 )
-from geosearch.search.runtime.storage import mask_url, open_run_study, resolve_storage
+from geosearch.search.runtime.storage import open_run_study, resolve_storage
+from geosearch.search.runtime.urls import mask_url
 from geosearch.search.horizon.target import rung_means, study_reading
 
 __all__ = ["RunData", "TrialRecord", "as_finite", "load_run", "mean_finite", "read_metrics"]

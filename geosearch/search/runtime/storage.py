@@ -5,10 +5,8 @@ Optuna journal file (``journal.log``, several workers), or any storage URL given
 ``--storage`` (PostgreSQL for workers on several machines). This module names those files,
 picks the storage a run directory uses, opens it (with the retries that processes racing
 to create one need) and loads its study for export, report and inspection; it checks
-study names (a safe alphabet and length, since each names a directory) and keeps a
-storage URL's secrets (its password, a ``password=`` parameter) out of messages, files
-and the command lines of worker processes (:func:`mask_url`, :func:`redact`,
-:func:`hide_secrets`). Torch-free. The layout of a run directory is in
+study names (a safe alphabet and length, since each names a directory); a storage URL's
+secrets are kept out of what it says by :mod:`geosearch.search.runtime.urls`. Torch-free. The layout of a run directory is in
 ``docs/design.md`` ("The study").
 """
 
@@ -30,6 +28,12 @@ from geosearch.files import check_dir
 from geosearch.search.runtime.backup import STUDY_FILE, lost_trials
 from geosearch.search.runtime.journal import check_journal_file, open_journal
 from geosearch.search.runtime.rdb import check_rdb, read_only_engine_kwargs, sqlite_file
+from geosearch.search.runtime.urls import (
+    mask_url,
+    raw_at_in_password,
+    redact,
+    storage_url,
+)
 
 __all__ = [
     "BEST_FILE",
@@ -38,7 +42,6 @@ __all__ = [
     "JOURNAL_FILE",
     "LOCKS_DIR",
     "SPACE_FILE",
-    "STORAGE_ENV",
     "TOP_DIR",
     "TRACEBACK_FILE",
     "TRIALS_DIR",
@@ -46,17 +49,12 @@ __all__ = [
     "check_dir",
     "lost_error",
     "make_dir",
-    "hide_secrets",
-    "mask_argv",
-    "mask_url",
     "open_run_study",
     "open_storage",
     "own_file",
     "recover_hint",
-    "redact",
     "resolve_storage",
     "storage_error",
-    "storage_url",
     "study_name_problem",
 ]
 
@@ -80,10 +78,6 @@ TOP_DIR = "top"
 """Where ``geosearch export --top K`` writes by default."""
 MAX_STUDY_NAME = 100
 """The longest study name (it names the run directory)."""
-STORAGE_ENV = "GEOSEARCH_STORAGE_URL"
-"""The full storage URL, secrets included, for a process whose ``--storage`` is its masked
-form (:func:`mask_url`): ``--workers`` hands it so to its workers, not on their command line."""
-
 _STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _SHOWN = 40  # characters of a refused name shown in its message
 
@@ -100,138 +94,6 @@ def study_name_problem(name: object) -> str | None:
         return (f"expected a study name of letters, digits and _ . + - (not first: . + -), "
                 f"got {shown}")
     return None
-
-
-_USERINFO = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^:/]*:)(?P<password>.*)@")
-"""A URL's ``user:password@`` read conservatively: the password runs to the last ``@``
-(SQLAlchemy's own parse ends it at the first)."""
-_SECRET_KEY = re.compile(r"pass|pwd|secret|token", re.IGNORECASE)
-"""A query parameter whose value is masked: ``password`` (libpq), ``passwd`` (MySQL), ..."""
-_SECRET_PARAM = re.compile(r"(?P<key>(?<=[?&;])[^=&;?#]*?(?:pass|pwd|secret|token)[^=&;?#]*=)"
-                           r"(?P<value>[^&;#]*)", re.IGNORECASE)
-_SCHEME = re.compile(r"[A-Za-z][\w+.-]*://")
-_URL_IN_TEXT = re.compile(r"[A-Za-z][\w+.-]*://[^\s'\"`<>()\[\]]*(?<![.,:;])")
-_MASK = "***"
-
-
-def _parsed(url: str) -> Any:
-    """SQLAlchemy's ``URL`` of ``url``, or ``None`` when it cannot parse it."""
-    try:
-        from sqlalchemy.engine import make_url  # comes with Optuna; imported when needed
-
-        return make_url(url)
-    except Exception:  # noqa: BLE001 - ArgumentError, ValueError (a bad port), ImportError
-        return None
-
-
-def _ambiguous(url: str) -> bool:
-    """Whether an ``@`` follows the one SQLAlchemy ends the URL's password at: a password
-    holding a raw ``@``, which SQLAlchemy would take as part of the host or database."""
-    m = _USERINFO.match(url)
-    return m is not None and "@" in m.group("password")
-
-
-def _mask_conservatively(url: str) -> str:
-    """``url`` with everything that could be a password masked, read by :data:`_USERINFO`
-    and :data:`_SECRET_PARAM` (for a URL SQLAlchemy cannot parse, or an ambiguous one)."""
-    m = _USERINFO.match(url)
-    if m is not None:
-        url = m.group("head") + _MASK + "@" + url[m.end():]
-    return _SECRET_PARAM.sub(lambda p: p.group("key") + _MASK, url)
-
-
-def mask_url(url: str) -> str:
-    """A storage URL with its secrets masked, fit to print or to pass on a command line:
-    ``postgresql://me:***@db/x``, ``postgresql://me@db/x?password=***``.
-
-    The password of the user info is masked by SQLAlchemy's own rendering
-    (``render_as_string(hide_password=True)``), the value of every query parameter whose
-    name holds ``pass``, ``pwd``, ``secret`` or ``token`` (any case) too. A URL without
-    secrets, and anything that is not a URL (a journal file path), comes back unchanged.
-    A URL SQLAlchemy cannot parse, or one where an ``@`` follows the password (a raw ``@``
-    in it, which SQLAlchemy would take for the host's), is masked conservatively: from the
-    user name's ``:`` to the last ``@``, and every such parameter.
-    """
-    if not _SCHEME.match(url):
-        return url
-    u = _parsed(url)
-    if u is None or _ambiguous(url):
-        return _mask_conservatively(url)
-    secret = [k for k in u.query if _SECRET_KEY.search(k)]
-    if u.password in (None, _MASK) and all(v == _MASK for k in secret for v in _as_list(u.query[k])):
-        return url  # as given (or masked already): a rendering would quote it anew (a:b -> a%3Ab)
-    from urllib.parse import quote_plus
-
-    query = "&".join(f"{quote_plus(k)}={_MASK if k in secret else quote_plus(v)}"
-                     for k in sorted(u.query) for v in _as_list(u.query[k]))
-    return u.set(query={}).render_as_string(hide_password=True) + ("?" + query if query else "")
-
-
-def _as_list(value: str | tuple[str, ...] | list[str]) -> list[str]:
-    """A query parameter's values (SQLAlchemy keeps a repeated one as a tuple)."""
-    return [value] if isinstance(value, str) else list(value)
-
-
-def _secrets(url: str) -> set[str]:
-    """Every string of ``url`` that :func:`mask_url` hides, as written and as decoded."""
-    from urllib.parse import unquote, unquote_plus
-
-    found: set[str] = set()
-    if not _SCHEME.match(url):
-        return found
-    u, m = _parsed(url), _USERINFO.match(url)
-    if m is not None and (u is None or u.password is not None or _ambiguous(url)):
-        found |= {m.group("password"), unquote(m.group("password"))}
-    if u is not None and u.password is not None:
-        found.add(str(u.password))
-    for p in _SECRET_PARAM.finditer(url):
-        found |= {p.group("value"), unquote_plus(p.group("value"))}
-    for k in u.query if u is not None else ():
-        if _SECRET_KEY.search(k):
-            found.update(_as_list(u.query[k]))
-    return {s for s in found if s and s != _MASK}
-
-
-def redact(text: str, storage: str | None) -> str:
-    """``text`` (a driver's or a storage's error message) with every URL in it masked and
-    each secret of the storage URL ``storage`` (or of the full URL a worker was given for
-    it, :func:`storage_url`) replaced by ``***`` wherever it shows."""
-    text = _URL_IN_TEXT.sub(lambda m: mask_url(m.group()), text)
-    if storage is None:
-        return text
-    for secret in sorted(_secrets(storage) | _secrets(storage_url(storage)), key=len, reverse=True):
-        text = text.replace(secret, _MASK)
-    return text
-
-
-def mask_argv(argv: list[str]) -> list[str]:
-    """A command line with the URL of each argument masked (``--storage URL``,
-    ``--storage=URL``): what a trial's ``config.yaml`` records."""
-    out = []
-    for a in argv:
-        m = re.search(r"[A-Za-z][\w+.-]*://", a)
-        out.append(a if m is None else a[:m.start()] + mask_url(a[m.start():]))
-    return out
-
-
-def hide_secrets(storage: str) -> tuple[str, dict[str, str]]:
-    """What a worker process's command line carries for ``storage`` (its masked form), and
-    the environment that hands it the full URL (:data:`STORAGE_ENV`; empty without secrets).
-
-    Every user of the machine can read a command line (``ps``); a process's environment
-    only its own user.
-    """
-    shown = mask_url(storage)
-    return shown, ({} if shown == storage else {STORAGE_ENV: storage})
-
-
-def storage_url(storage: str) -> str:
-    """The URL a process opens for ``--storage``: the full URL of :data:`STORAGE_ENV` when
-    ``storage`` is its masked form (a ``--workers`` worker), else ``storage`` itself."""
-    full = os.environ.get(STORAGE_ENV)
-    if full and full != storage and mask_url(full) == storage:
-        return full
-    return storage
 
 
 def recover_hint(run_dir: str | os.PathLike) -> str:
@@ -316,7 +178,7 @@ def open_storage(
     Args:
         run_dir: ``<runs-dir>/<study>``.
         storage: an Optuna RDB URL (``sqlite:///...``, ``postgresql://...``; its masked
-            form opens the full URL of :data:`STORAGE_ENV`, see :func:`storage_url`) or the
+            form opens the full URL of :data:`~geosearch.search.runtime.urls.STORAGE_ENV`, see :func:`~geosearch.search.runtime.urls.storage_url`) or the
             path of a journal file; ``None`` = the run directory's ``journal.log`` or ``study.db``,
             whichever exists, else a new one (journal for several workers, SQLite for one).
         workers: processes that will share it (picks the kind of a new storage).
@@ -326,7 +188,7 @@ def open_storage(
             for reading (nothing is created or written); implies ``create=False``.
 
     Returns:
-        The storage and a description for messages (the URL masked by :func:`mask_url`,
+        The storage and a description for messages (the URL masked by :func:`~geosearch.search.runtime.urls.mask_url`,
         or ``"journal file PATH"``).
 
     Raises:
@@ -348,7 +210,7 @@ def open_storage(
     if "://" not in storage:
         return _open_journal_file(Path(storage), run_dir if own else None, create, read_only)
     full, masked = storage_url(storage), mask_url(storage)  # a worker is given `masked`
-    if _ambiguous(full):  # SQLAlchemy would take the password's end for the host's
+    if raw_at_in_password(full):  # SQLAlchemy would take the password's end for the host's
         raise ConfigError(f"cannot open the storage {masked!r}: more than one '@' follows its user "
                           "name; write an '@' of the password (or of the host, database or query) "
                           "URL-encoded, as %40", source="--storage")

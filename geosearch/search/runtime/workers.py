@@ -35,9 +35,11 @@ from geosearch.errors import GeosearchError
 from geosearch.search.runtime.distributed import launch_world
 from geosearch.search.runtime.interrupts import DEFERRED
 from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER, Owner
+
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
-from geosearch.search.runtime.storage import SPACE_FILE, WORKERS_DIR, hide_secrets
+from geosearch.search.runtime.storage import SPACE_FILE, WORKERS_DIR
+from geosearch.search.runtime.urls import hide_secrets
 
 __all__ = ["follow_parent", "run_workers", "share_cpu", "sigterm_as_ctrl_c"]
 

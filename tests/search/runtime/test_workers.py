@@ -15,7 +15,7 @@ import pytest
 from _secret_urls import ABSENT, FORMS
 
 from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER
-from geosearch.search.runtime.storage import STORAGE_ENV, mask_url
+from geosearch.search.runtime.urls import STORAGE_ENV, mask_url
 from geosearch.search.runtime.workers import _worker_command, _worker_env
 
 REPO = Path(__file__).resolve().parents[3]
