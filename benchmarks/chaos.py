@@ -54,6 +54,12 @@ def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _ha
             lambda t, r: _harness.shared_storage(t, r, runs=1),
         "two run directories on one SQLite file, started at once":
             lambda t, r: _harness.shared_storage(t, r, runs=1, kind="sqlite"),
+        "SIGKILL, study.db cut short, recover, rerun": lambda t, r: _harness.damaged_storage(t, r, "sqlite", "truncated"),
+        "SIGKILL, garbage in study.db, recover, rerun": lambda t, r: _harness.damaged_storage(t, r, "sqlite", "garbage"),
+        "SIGKILL of --workers 2, journal.log cut short, recover, rerun":
+            lambda t, r: _harness.damaged_storage(t, r, "journal", "truncated"),
+        "SIGKILL of --workers 2, garbage in journal.log, recover, rerun":
+            lambda t, r: _harness.damaged_storage(t, r, "journal", "garbage"),
         "SIGKILL between a trial's two parameters, SQLite": lambda t, r: _harness.partial_point(t, "kill", 1),
         "Ctrl-C between a trial's two parameters, SQLite": lambda t, r: _harness.partial_point(t, "int", 1),
         "SIGKILL of a worker between a trial's two parameters, journal":

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from _harness import (
+    damaged_storage,
     dropped_connection,
     full_disk,
     partial_point,
@@ -89,3 +90,8 @@ def test_dropped_postgresql_connections_lose_nothing(tmp_path, postgres_server):
                                                  ("parent-term", 2)])
 def test_a_trial_stopped_between_its_parameters_leaves_no_point_untrained(action, workers, tmp_path):
     check(partial_point(tmp_path, action, workers))
+
+
+def test_a_storage_damaged_after_a_kill_is_recovered_and_resumed(tmp_path):
+    # the other kinds and damages: tests/cli/test_recover.py, and chaos.py's loop
+    check(damaged_storage(tmp_path, random.Random(9), "journal", "garbage"))
