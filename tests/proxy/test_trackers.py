@@ -88,6 +88,21 @@ def test_cli_log_with_needs_a_run_directory(capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--log-with" in err and "--out" in err
 
 
+def test_search_tracker_error_names_the_flag_or_the_space_files_key(tmp_path, capsys):
+    space = tmp_path / "s.yaml"
+    space.write_text(yaml.safe_dump({
+        "version": 1, "geometries": {"attn": ["adamw"], "mlp": ["adamw"]}, "baselines": [],
+        "proxy": {"model": "tiny", "steps": 2, "device": "cpu", "log_with": "nosuch"}}))
+    runs = tmp_path / "runs"
+    # Rule: what the user typed is named: the flag, else the file and its key; before any study
+    for flag, where in ((["--log-with", "tensorbord"], "--log-with: unknown tracker 'tensorbord'"),
+                        ([], f"{space}: proxy.log_with: unknown tracker 'nosuch'")):
+        code = main(["search", "--space", str(space), "--runs-dir", str(runs), *flag])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"geosearch search: error: {where}; expected one of"), err
+    assert not runs.exists()
+
+
 def test_search_takes_the_training_flags(monkeypatch):
     import geosearch.search.study.run
 
