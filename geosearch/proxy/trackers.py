@@ -9,6 +9,9 @@ finishes them itself, on the main process. One tracker run per proxy run, groupe
 the project is the study name and the run is named ``trial N seed S``. Files stay offline,
 under the run directory (TensorBoard events in ``<run>/tensorboard``; wandb offline unless
 ``WANDB_MODE`` says otherwise; MLflow's local store unless ``MLFLOW_TRACKING_URI`` is set).
+
+Each metrics record is logged as scalars (:func:`scalars`): the losses and probes, the step
+time and throughput, σ_max and the constraint error per type, the max logit per layer.
 """
 
 from __future__ import annotations
@@ -21,8 +24,14 @@ from typing import Any
 from geosearch.errors import SettingsError
 
 SCALARS = ("train_loss", "val_loss", "grad_norm", "lr", "max_logit", "raw_max_logit", "min_entropy",
-           "mean_entropy", "dual_residual")
-"""The keys of a metrics record logged as scalars (when measured), besides ``sigma_max/<type>``."""
+           "mean_entropy", "dual_residual", "qk_clipped", "qk_clipped_total")
+"""The keys of a metrics record logged as scalars under their own names (when measured)."""
+RENAMED = {"step_ms": "time/step_ms", "tokens_per_s": "throughput/tokens_per_s"}
+"""Keys of a metrics record logged as scalars under another name."""
+PER_TYPE = ("sigma_max", "constraint_error")
+"""Keys holding one value per module type, logged as ``<key>/<type>``."""
+PER_LAYER = {"max_logit_per_layer": "max_logit", "raw_max_logit_per_layer": "raw_max_logit"}
+"""Keys holding one value per layer, logged as ``<name>/layer_<i>``."""
 _PACKAGE = {"tensorboard": "tensorboard"}  # the import a tracker needs, where not its name
 
 
@@ -91,16 +100,27 @@ class Trackers:
             tracker.store_init_configuration(hparams)
 
     def log(self, metrics: dict) -> None:
-        """Log one metrics record's measured values (:data:`SCALARS`, σ_max per type)."""
-        values = {k: float(metrics[k]) for k in SCALARS if metrics.get(k) is not None}
-        values.update({f"sigma_max/{t}": float(v)
-                       for t, v in (metrics.get("sigma_max") or {}).items()})
+        """Log one metrics record's measured values (:func:`scalars`)."""
+        values = scalars(metrics)
         for tracker in self.trackers:
             tracker.log(values, step=metrics["step"])
 
     def finish(self) -> None:
         for tracker in self.trackers:
             tracker.finish()
+
+
+def scalars(metrics: dict) -> dict[str, float]:
+    """A metrics record's measured values as tracker scalars: :data:`SCALARS` by name,
+    ``time/step_ms``, ``throughput/tokens_per_s``, ``sigma_max/<type>``,
+    ``constraint_error/<type>``, ``max_logit/layer_<i>`` (and ``raw_max_logit/layer_<i>``)."""
+    values = {k: float(metrics[k]) for k in SCALARS if metrics.get(k) is not None}
+    values.update({name: float(metrics[k]) for k, name in RENAMED.items() if metrics.get(k) is not None})
+    for key in PER_TYPE:
+        values.update({f"{key}/{t}": float(v) for t, v in (metrics.get(key) or {}).items()})
+    for key, name in PER_LAYER.items():
+        values.update({f"{name}/layer_{i}": float(v) for i, v in enumerate(metrics.get(key) or [])})
+    return values
 
 
 def hyperparameters(config: dict, run_name: str) -> dict[str, Any]:

@@ -32,18 +32,31 @@ def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
             for tag in events.Tags()["scalars"]}
 
 
+def _tiny(steps: int = 10, **kw) -> TrainConfig:
+    return TrainConfig(model="tiny", steps=steps, batch_size=4, eval_every=5, eval_batches=1,
+                       probe_every=5, probe_batch_size=2, device="cpu", **kw)
+
+
 def test_tensorboard_run_holds_the_probes_as_scalars(tmp_path):
-    config = TrainConfig(model="tiny", steps=10, batch_size=4, eval_every=5, eval_batches=1,
-                         probe_every=5, probe_batch_size=2, device="cpu", log_with=["tensorboard"])
-    train(config, Assignment.parse(MIXED), out_dir=tmp_path, project="study", run_name="trial 0 seed 0")
+    train(_tiny(log_with=["tensorboard"]), Assignment.parse(MIXED), out_dir=tmp_path, project="study",
+          run_name="trial 0 seed 0")
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     scalars = _scalars(tmp_path / "tensorboard")
     for key in ("train_loss", "val_loss", "max_logit", "min_entropy", "grad_norm", "lr"):
         assert scalars[key] == [(m["step"], pytest.approx(m[key], rel=1e-6)) for m in records], key
+    # Rule: each record's step time, throughput and per-layer max logit, as metrics.jsonl has them
+    for key, tag in (("step_ms", "time/step_ms"), ("tokens_per_s", "throughput/tokens_per_s")):
+        assert scalars[tag] == [(m["step"], pytest.approx(m[key], rel=1e-6)) for m in records], tag
+        assert all(m[key] > 0 for m in records)
+    layers = len(records[0]["max_logit_per_layer"])
+    assert layers == 2 and {t for t in scalars if t.startswith("max_logit/")} == {"max_logit/layer_0", "max_logit/layer_1"}
+    for i in range(layers):
+        assert scalars[f"max_logit/layer_{i}"] == [
+            (m["step"], pytest.approx(m["max_logit_per_layer"][i], rel=1e-6)) for m in records]
     assert set(records[0]["sigma_max"]) == {"attn_qkv", "attn_out", "mlp_in", "mlp_out"}
-    for t in records[0]["sigma_max"]:  # σ_max per module type
-        assert scalars[f"sigma_max/{t}"] == [
-            (m["step"], pytest.approx(m["sigma_max"][t], rel=1e-6)) for m in records]
+    for key in ("sigma_max", "constraint_error"):  # per module type
+        for t in records[0][key]:
+            assert scalars[f"{key}/{t}"] == [(m["step"], pytest.approx(m[key][t], rel=1e-6)) for m in records]
     hparams = [yaml.safe_load(p.read_text()) for p in (tmp_path / "tensorboard").rglob("hparams.yml")]
     assert len(hparams) == 1 and hparams[0]["run"] == "trial 0 seed 0"
     assert hparams[0]["geometry.attn_qkv"] == "stiefel" and hparams[0]["geometry.mlp_in"] == "dgram"
