@@ -22,14 +22,34 @@ MIXED = "attn=stiefel,mlp=dgram"
 MIXED_A = Assignment.parse(MIXED)
 
 
-def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar of the TensorBoard event files in ``log_dir``, read back."""
+def _events(log_dir):
+    """The TensorBoard event files directly in ``log_dir`` (not its sub-directories), read back."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(log_dir))
     events.Reload()
+    return events
+
+
+def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the TensorBoard event files in ``log_dir``, read back."""
+    events = _events(log_dir)
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
             for tag in events.Tags()["scalars"]}
+
+
+def _hparams_session(log_dir) -> tuple[list[str], dict, str]:
+    """The HParams plugin's data in ``log_dir``'s own event files: the experiment's metric
+    tags, the session's hyperparameters and its end status."""
+    from google.protobuf.json_format import MessageToDict
+    from tensorboard.plugins.hparams import api_pb2, metadata
+
+    content = _events(log_dir).PluginTagToContent(metadata.PLUGIN_NAME)
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
+    return ([m.name.tag for m in experiment.metric_infos],
+            {k: MessageToDict(v) for k, v in start.hparams.items()}, api_pb2.Status.Name(end.status))
 
 
 def _tiny(steps: int = 10, **kw) -> TrainConfig:
@@ -62,6 +82,42 @@ def test_tensorboard_run_holds_the_probes_as_scalars(tmp_path):
     assert hparams[0]["geometry.attn_qkv"] == "stiefel" and hparams[0]["geometry.mlp_in"] == "dgram"
     assert hparams[0]["mixed_precision"] == "no"
     assert hparams[0]["train.steps"] == 10
+
+
+def test_tensorboard_hparams_session_holds_the_final_metrics_in_the_runs_own_directory(tmp_path):
+    result = train(_tiny(log_with=["tensorboard"]), MIXED_A, out_dir=tmp_path, run_name="trial 0 seed 0")
+    log_dir = tmp_path / "tensorboard"
+    # Rule: one event directory per run, no timestamped sub-run (Accelerate's add_hparams makes one)
+    assert [p.name for p in log_dir.iterdir() if p.is_dir()] == []
+    metrics, hparams, end = _hparams_session(log_dir)
+    assert hparams["run"] == "trial 0 seed 0" and hparams["geometry.attn_qkv"] == "stiefel"
+    assert hparams["train.steps"] == 10 and hparams["status"] == "completed" and end == "STATUS_SUCCESS"
+    assert set(metrics) == set(trackers_mod.FINAL)
+    # Rule: every metric the experiment lists is a scalar of the same directory, at the last step
+    scalars = _scalars(log_dir)
+    last = result.history[-1]
+    assert scalars["final/val_loss"] == [(10, pytest.approx(result.final_val_loss, rel=1e-6))]
+    assert scalars["final/best_val_loss"] == [(10, pytest.approx(result.best_val_loss, rel=1e-6))]
+    assert scalars["final/max_logit"] == [(10, pytest.approx(last["max_logit"], rel=1e-6))]
+    assert scalars["final/step_ms"] == [(10, pytest.approx(result.mean_step_ms, rel=1e-6))]
+    assert scalars["final/tokens_per_s"] == [(10, pytest.approx(result.tokens_per_s, rel=1e-6))]
+    assert set(metrics) <= set(scalars)
+
+
+def test_an_interrupted_run_still_ends_its_tensorboard_session(tmp_path):
+    def interrupt(step, metrics):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_tiny(log_with=["tensorboard"]), MIXED_A, callback=interrupt, out_dir=tmp_path)
+    # Rule: what it measured before the interrupt, and its status, are readable
+    metrics, hparams, end = _hparams_session(tmp_path / "tensorboard")
+    assert hparams["status"] == "interrupted" and end == "STATUS_UNKNOWN"
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    scalars = _scalars(tmp_path / "tensorboard")
+    assert scalars["final/val_loss"] == [(5, pytest.approx(record["val_loss"], rel=1e-6))]
+    assert scalars["final/step"] == [(5, 5.0)]
+    assert not (tmp_path / "result.json").exists()
 
 
 def test_search_logs_one_run_per_trial_and_seed_in_the_studys_project(monkeypatch, tmp_path):
