@@ -8,7 +8,8 @@ objects ``init_trackers`` would make (``accelerate.tracking``) and starts, logs 
 finishes them itself, on the main process. One tracker run per proxy run, grouped by study:
 the project is the study name and the run is named ``trial N seed S``. Files stay offline,
 under the run directory (TensorBoard events in ``<run>/tensorboard``; wandb offline unless
-``WANDB_MODE`` says otherwise; MLflow's local store unless ``MLFLOW_TRACKING_URI`` is set).
+``WANDB_MODE`` says otherwise; MLflow's SQLite store ``mlflow.db`` in ``store_dir``, the
+study's directory in a search, unless ``MLFLOW_TRACKING_URI`` is set).
 
 Each metrics record is logged as scalars (:meth:`Trackers.log`): the losses and probes, the
 step time and throughput, σ_max and the constraint error per type, the max logit per layer.
@@ -46,11 +47,16 @@ PER_LAYER = {"max_logit_per_layer": "max_logit", "raw_max_logit_per_layer": "raw
 FINAL = ("final/val_loss", "final/best_val_loss", "final/max_logit", "final/min_entropy",
          "final/step", "final/step_ms", "final/tokens_per_s")
 """The final metrics every run's HParams session lists (:func:`final_metrics`)."""
+MLFLOW_STORE = "mlflow.db"
+"""MLflow's SQLite store in the store directory, unless ``MLFLOW_TRACKING_URI`` is set."""
 _PACKAGE = {"tensorboard": "tensorboard"}  # the import a tracker needs, where not its name
 # a run's end status -> the HParams session's (tensorboard.plugins.hparams.api_pb2.Status;
 # it has no "aborted": an interrupted run's is unknown)
 _SESSION_STATUS = {"completed": "STATUS_SUCCESS", "unstable": "STATUS_FAILURE",
                    "failed": "STATUS_FAILURE", "interrupted": "STATUS_UNKNOWN"}
+# ... and the MLflow run's (mlflow.entities.RunStatus)
+_MLFLOW_STATUS = {"completed": "FINISHED", "unstable": "FAILED", "failed": "FAILED",
+                  "interrupted": "KILLED"}
 
 
 def known_trackers() -> list[str]:
@@ -90,10 +96,12 @@ class Trackers:
         project: the study (or project) the run belongs to.
         run_name: the run's name within it, e.g. ``trial 3 seed 1``.
         config: the run's ``config.yaml`` dict; its scalars are stored as hyperparameters.
+        store_dir: where a store shared by the project's runs lives (MLflow's ``mlflow.db``):
+            the study's directory in a search; None = ``out_dir``.
     """
 
     def __init__(self, names: list[str], out_dir: str | os.PathLike, *, project: str,
-                 run_name: str, config: dict) -> None:
+                 run_name: str, config: dict, store_dir: str | os.PathLike | None = None) -> None:
         from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 
         out = Path(out_dir)
@@ -107,7 +115,8 @@ class Trackers:
                 tracker = cls(project, name=run_name, group=project, dir=str(out),
                               mode=os.environ.get("WANDB_MODE", "offline"))
             elif name == "mlflow":
-                tracker = cls(experiment_name=project, run_name=run_name)
+                artifacts = use_mlflow_store(Path(store_dir if store_dir is not None else out))
+                tracker = cls(experiment_name=project, run_name=run_name, logging_dir=artifacts)
             elif cls.requires_logging_directory:
                 tracker = cls(project, out)
             else:
@@ -153,7 +162,12 @@ class Trackers:
                         tracker.store_init_configuration({"status": status})
         finally:
             for tracker in self.trackers:
-                tracker.finish()
+                if tracker.name == "mlflow":  # Accelerate's finish ends it FINISHED, whatever happened
+                    import mlflow
+
+                    mlflow.end_run(status=_MLFLOW_STATUS.get(status, "FINISHED"))
+                else:
+                    tracker.finish()
 
 
 def scalars(metrics: dict) -> dict[str, float]:
@@ -217,6 +231,31 @@ def write_hparams(writer: Any, hparams: dict[str, Any], final: dict[str, float],
     for name, value in final.items():
         writer.add_scalar(name, value, global_step=step)
     writer.flush()
+
+
+def use_mlflow_store(directory: Path) -> str | None:
+    """Point MLflow at the SQLite store ``<directory>/mlflow.db``, unless the user chose one.
+
+    MLflow keeps its store where the process starts (``./mlflow.db`` since MLflow 3.7,
+    ``./mlruns`` before); ``MLFLOW_TRACKING_URI``, when set, is left to choose.
+
+    Returns:
+        The artifact location of the experiment when MLflow creates it
+        (``<directory>/mlartifacts``); None when ``MLFLOW_TRACKING_URI`` is set.
+    """
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return None
+    import mlflow
+
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(mlflow_store_uri(directory))
+    return str(directory / "mlartifacts")
+
+
+def mlflow_store_uri(directory: Path) -> str:
+    """The SQLAlchemy URI of ``<directory>/mlflow.db`` (``sqlite:////abs/path/mlflow.db``)."""
+    return "sqlite:///" + (Path(directory).resolve() / MLFLOW_STORE).as_posix()
 
 
 def hyperparameters(config: dict, run_name: str) -> dict[str, Any]:

@@ -76,6 +76,7 @@ def train(
     progress: bool = False,
     project: str = "geosearch",
     run_name: str | None = None,
+    store_dir: str | os.PathLike | None = None,
 ) -> TrainResult:
     """Train the proxy once with ``assignment`` and report as it goes.
 
@@ -94,6 +95,8 @@ def train(
             search passes its study name.
         run_name: the run's tracker name (the search: ``trial N seed S``); None = the
             name of ``out_dir``.
+        store_dir: where a tracker store shared by the project's runs lives (MLflow's
+            ``mlflow.db``): the search passes its study's directory; None = ``out_dir``.
 
     Returns:
         The :class:`TrainResult`. Instabilities and errors inside the loop are reported
@@ -118,7 +121,7 @@ def train(
     config = dataclasses.replace(config, mixed_precision=accelerator.mixed_precision)
     try:
         run = _Run(config, assignment, accelerator, out_dir,
-                   tracking=(project, run_name or Path(out_dir or "run").name))
+                   tracking=(project, run_name or Path(out_dir or "run").name), store_dir=store_dir)
         return run.run(callback, progress)
     finally:
         # The run's model and optimizer are unreachable now; free_memory drops Accelerate's
@@ -145,7 +148,8 @@ class _Run:
 
     def __init__(self, config: TrainConfig, assignment: Assignment, accelerator: Any,
                  out_dir: str | os.PathLike | None,
-                 tracking: tuple[str, str] = ("geosearch", "run")) -> None:
+                 tracking: tuple[str, str] = ("geosearch", "run"),
+                 store_dir: str | os.PathLike | None = None) -> None:
         self.config, self.accelerator = config, accelerator
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         # The run's settings, every rank, before any work: what fails here fails every run
@@ -209,7 +213,8 @@ class _Run:
             warnings.warn("log_with is ignored: the run has no directory (out_dir) for the "
                           "trackers' files", stacklevel=3)
         self.trackers = Trackers(config.log_with, out_dir, project=tracking[0], run_name=tracking[1],
-                                 config=self.run_config) if self.writer and config.log_with else None
+                                 config=self.run_config, store_dir=store_dir) \
+            if self.writer and config.log_with else None
 
     def lr_factor(self, step: int) -> float:
         """Multiplier of the peak lr after ``step`` optimizer steps: warmup, then cosine."""

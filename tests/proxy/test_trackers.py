@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
+import sys
+import types
 
 import pytest
 import yaml
@@ -120,12 +123,75 @@ def test_an_interrupted_run_still_ends_its_tensorboard_session(tmp_path):
     assert not (tmp_path / "result.json").exists()
 
 
+def _fake_mlflow(monkeypatch) -> list[tuple]:
+    """An ``mlflow`` module recording the calls Accelerate's MLflowTracker and geosearch
+    make (mlflow is not installed); returns the list of calls."""
+    calls: list[tuple] = []
+    experiments: dict[str, str] = {}
+    mlflow = types.ModuleType("mlflow")
+    mlflow.__spec__ = importlib.machinery.ModuleSpec("mlflow", None)  # found by check_trackers
+    mlflow.utils = types.SimpleNamespace(validation=types.SimpleNamespace(
+        MAX_PARAM_VAL_LENGTH=6000, MAX_PARAMS_TAGS_PER_BATCH=100))
+    mlflow.set_tracking_uri = lambda uri: calls.append(("set_tracking_uri", uri))
+    mlflow.search_experiments = lambda filter_string: [
+        types.SimpleNamespace(experiment_id=i) for n, i in experiments.items() if f"'{n}'" in filter_string]
+
+    def create_experiment(name, artifact_location=None, tags=None):
+        calls.append(("create_experiment", name, artifact_location))
+        experiments[name] = str(len(experiments))
+        return experiments[name]
+
+    mlflow.create_experiment = create_experiment
+    mlflow.start_run = lambda **kw: calls.append(("start_run", kw["experiment_id"], kw["run_name"]))
+    mlflow.log_params = lambda params: calls.append(("log_params", params))
+    mlflow.log_metrics = lambda metrics, step=None: calls.append(("log_metrics", step, metrics))
+    mlflow.end_run = lambda status="FINISHED": calls.append(("end_run", status))
+    monkeypatch.setitem(sys.modules, "mlflow", mlflow)
+    return calls
+
+
+def test_mlflow_store_is_a_sqlite_file_in_the_run_directory(monkeypatch, tmp_path):
+    calls = _fake_mlflow(monkeypatch)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    result = train(_tiny(log_with="mlflow"), MIXED_A, out_dir=run, project="study", run_name="trial 0 seed 0")
+    # Rule: MLflow's store and artifacts under the run directory, not the working directory's mlflow.db
+    assert calls[0] == ("set_tracking_uri", f"sqlite:///{run.resolve().as_posix()}/mlflow.db")
+    assert calls[1] == ("create_experiment", "study", str(run.resolve() / "mlartifacts"))
+    assert calls[2] == ("start_run", "0", "trial 0 seed 0")
+    logged = {step: m for name, step, m in (c for c in calls if c[0] == "log_metrics")}
+    assert logged[5]["time/step_ms"] > 0 and "max_logit/layer_1" in logged[5]
+    assert logged[10]["final/val_loss"] == pytest.approx(result.final_val_loss)
+    assert ("log_params", {"status": "completed"}) in calls and calls[-1] == ("end_run", "FINISHED")
+    # Rule: a search's runs share one store, in the study's directory
+    calls.clear()
+    train(_tiny(steps=2, log_with="mlflow"), MIXED_A, out_dir=tmp_path / "study/trials/0", project="study",
+          run_name="trial 0 seed 0", store_dir=tmp_path / "study")
+    assert calls[0] == ("set_tracking_uri", f"sqlite:///{(tmp_path / 'study').resolve().as_posix()}/mlflow.db")
+
+
+def test_mlflow_tracking_uri_the_user_set_is_kept(monkeypatch, tmp_path):
+    calls = _fake_mlflow(monkeypatch)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://localhost:5000")
+
+    def interrupt(step, metrics):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_tiny(log_with="mlflow"), MIXED_A, callback=interrupt, out_dir=tmp_path, project="p")
+    # Rule: the user's store (MLflow reads the variable), its own artifact location; a run cut
+    # short ends KILLED
+    assert not any(c[0] == "set_tracking_uri" for c in calls)
+    assert ("create_experiment", "p", None) in calls and calls[-1] == ("end_run", "KILLED")
+
+
 def test_search_logs_one_run_per_trial_and_seed_in_the_studys_project(monkeypatch, tmp_path):
     opened = []
     real = train_mod.Trackers
 
     def spy(names, out_dir, **kw):
-        opened.append((out_dir, kw["project"], kw["run_name"]))
+        opened.append((out_dir, kw["project"], kw["run_name"], kw["store_dir"]))
         return real(names, out_dir, **kw)
 
     monkeypatch.setattr(train_mod, "Trackers", spy)
@@ -134,7 +200,8 @@ def test_search_logs_one_run_per_trial_and_seed_in_the_studys_project(monkeypatc
     assert space.proxy.log_with == ["tensorboard"]
     search(space, tmp_path)
     trial = tmp_path / "runs/t/trials/0"
-    assert opened == [(trial / "seed0", "t", "trial 0 seed 0"), (trial / "seed1", "t", "trial 0 seed 1")]
+    study = tmp_path / "runs/t"  # MLflow's store: the study's directory
+    assert opened == [(trial / "seed0", "t", "trial 0 seed 0", study), (trial / "seed1", "t", "trial 0 seed 1", study)]
     for seed in (0, 1):
         assert [s for s, _ in _scalars(trial / f"seed{seed}/tensorboard")["val_loss"]] == [5, 10]
 
