@@ -110,10 +110,15 @@ def run(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_dir(args.runs_dir, source="--runs-dir")
     space = _space(args)
-    if args.device is not None and args.worker_index is None:  # the flag, named before the study
-        from geosearch.proxy.accelerator import check_device
+    if args.worker_index is None:  # the flags, named before the study (the preflight names the space's keys)
+        if args.device is not None:
+            from geosearch.proxy.accelerator import check_device
 
-        check_device(args.device, source="--device", key=None)
+            check_device(args.device, source="--device", key=None)
+        if args.log_with is not None:  # the flag's trackers are the space's proxy.log_with now
+            from geosearch.proxy.trackers import check_trackers
+
+            check_trackers(space.proxy.log_with, source="--log-with", key=None)
     outcome = _search(space, args)
     try:
         if outcome.rank:  # a data-parallel rank other than 0: rank 0 reports

@@ -6,15 +6,21 @@ precision. Unless a run sets its precision, Accelerate's configuration chooses i
 variable ``ACCELERATE_MIXED_PRECISION`` that ``accelerate launch`` sets from its flag or from
 ``accelerate config``); FSDP and DeepSpeed configurations are refused. Under ``torchrun`` or ``accelerate launch`` it joins the process group with a
 collective timeout of ``GEOSEARCH_DIST_TIMEOUT`` seconds, so that a rank whose peers died
-gives up instead of waiting forever. (``accelerate launch --cpu --num_processes 2`` starts
-one process: its CPU path needs MPI; use ``torchrun --nproc_per_node 2`` on CPUs.)
+gives up instead of waiting forever. (``accelerate launch --num_processes 2`` without
+``--multi_gpu`` starts one process, on CPUs too: its CPU path needs MPI. Use ``torchrun
+--nproc_per_node 2``, or ``accelerate launch --multi_gpu --num_processes 2``, which on a
+machine without GPUs starts two CPU processes; :func:`launch_shortfall` says so.)
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
+import io
 import os
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any, get_args
 
 import torch
@@ -163,6 +169,9 @@ def get_accelerator(device: Device = "auto", mixed_precision: Precision | None =
         raise SettingsError(f"{_UNSUPPORTED_TYPES[kind]} is not supported yet: geosearch trains "
                           "data parallel (DDP); choose no FSDP/DeepSpeed in `accelerate config`",
                           key="distributed_type")
+    warning = launch_shortfall(accelerator.num_processes)
+    if warning:  # one process of a launch that asked for more: the only one, so the main
+        print(warning, file=sys.stderr)
     if accelerator.num_processes > 1:
         # Leave the process group cleanly at exit: gloo ranks that exit with it alive can
         # abort (SIGABRT) when their peer has already closed its sockets.
@@ -182,3 +191,75 @@ def _dist_timeout() -> float:
         raise SettingsError(f"must be a positive number of seconds but got {text!r}",
                           source=DIST_TIMEOUT_ENV)
     return value
+
+
+def launch_shortfall(world: int, environ: Mapping[str, str] | None = None,
+                     launcher: Sequence[str] | None = None) -> str | None:
+    """The warning line for an ``accelerate launch`` that asked for more processes than started.
+
+    Without ``--multi_gpu`` (or a multi-GPU ``accelerate config``), ``accelerate launch``
+    runs the script once, in one process, whatever ``--num_processes`` or the config's
+    ``num_processes`` says, on CPUs too (``distributed_type: MULTI_CPU`` starts more only
+    through ``mpirun``: ``--mpirun_hostfile``). That launcher (accelerate 1.x,
+    ``prepare_simple_launcher_cmd_env``) exports ``ACCELERATE_USE_CPU``, and ``MASTER_ADDR``
+    only when more than one process (or machine) was asked for, but not how many: the
+    number is read from the launcher's command line (``--num_processes``, else its config
+    file's ``num_processes``), the parent process's.
+
+    Args:
+        world: the processes this run has (``accelerator.num_processes``).
+        environ: the environment (default ``os.environ``).
+        launcher: the launcher's command line (default: the parent process's).
+
+    Returns:
+        One line naming both numbers and the launch that starts them, or None: no such
+        launch, as many processes as asked for, or a number that cannot be read.
+    """
+    env = os.environ if environ is None else environ
+    if world != 1 or "ACCELERATE_USE_CPU" not in env or "MASTER_ADDR" not in env:
+        return None
+    asked = _asked_processes(_parent_command() if launcher is None else launcher)
+    if asked is None or asked <= world:
+        return None
+    return (f"warning: accelerate launch asked for {asked} processes, but this run has {world}: "
+            f"without --multi_gpu it starts one, on CPUs too; start {asked} with "
+            f"`accelerate launch --multi_gpu --num_processes {asked} ...` (on a machine without "
+            f"GPUs: {asked} CPU processes) or `torchrun --nproc_per_node {asked} ...`")
+
+
+def _parent_command() -> list[str]:
+    """The parent process's command line (``accelerate launch ...``), or [] if unreadable."""
+    try:
+        import psutil  # an Accelerate dependency
+
+        return psutil.Process(os.getppid()).cmdline()
+    except Exception:  # noqa: BLE001 - gone, not permitted, no psutil: nothing to read
+        return []
+
+
+def _asked_processes(command: Sequence[str]) -> int | None:
+    """The processes an ``accelerate launch`` command line asks for: its ``--num_processes``,
+    else its config file's (``--config_file``, else Accelerate's default one, as the launcher
+    reads them), else None."""
+    for i, token in enumerate(command):
+        if token == "launch" or token.endswith(("accelerate.commands.launch", "accelerate-launch")):
+            arguments = list(command[i + 1:])
+            break
+    else:
+        return None
+    from accelerate.commands.config.config_args import default_config_file, load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage, on a bad line
+            args, _ = launch_command_parser().parse_known_args(arguments)
+    except SystemExit:
+        return None
+    if args.num_processes is not None:
+        return args.num_processes
+    path = args.config_file or (default_config_file if not args.cpu and os.path.isfile(default_config_file)
+                                else None)
+    try:
+        return int(load_config_from_file(path).num_processes) if path else None
+    except Exception:  # noqa: BLE001 - unreadable: the launcher would have failed on it
+        return None

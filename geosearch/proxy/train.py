@@ -76,6 +76,7 @@ def train(
     progress: bool = False,
     project: str = "geosearch",
     run_name: str | None = None,
+    store_dir: str | os.PathLike | None = None,
 ) -> TrainResult:
     """Train the proxy once with ``assignment`` and report as it goes.
 
@@ -94,6 +95,8 @@ def train(
             search passes its study name.
         run_name: the run's tracker name (the search: ``trial N seed S``); None = the
             name of ``out_dir``.
+        store_dir: where a tracker store shared by the project's runs lives (MLflow's
+            ``mlflow.db``): the search passes its study's directory; None = ``out_dir``.
 
     Returns:
         The :class:`TrainResult`. Instabilities and errors inside the loop are reported
@@ -118,7 +121,7 @@ def train(
     config = dataclasses.replace(config, mixed_precision=accelerator.mixed_precision)
     try:
         run = _Run(config, assignment, accelerator, out_dir,
-                   tracking=(project, run_name or Path(out_dir or "run").name))
+                   tracking=(project, run_name or Path(out_dir or "run").name), store_dir=store_dir)
         return run.run(callback, progress)
     finally:
         # The run's model and optimizer are unreachable now; free_memory drops Accelerate's
@@ -145,7 +148,8 @@ class _Run:
 
     def __init__(self, config: TrainConfig, assignment: Assignment, accelerator: Any,
                  out_dir: str | os.PathLike | None,
-                 tracking: tuple[str, str] = ("geosearch", "run")) -> None:
+                 tracking: tuple[str, str] = ("geosearch", "run"),
+                 store_dir: str | os.PathLike | None = None) -> None:
         self.config, self.accelerator = config, accelerator
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         # The run's settings, every rank, before any work: what fails here fails every run
@@ -209,7 +213,8 @@ class _Run:
             warnings.warn("log_with is ignored: the run has no directory (out_dir) for the "
                           "trackers' files", stacklevel=3)
         self.trackers = Trackers(config.log_with, out_dir, project=tracking[0], run_name=tracking[1],
-                                 config=self.run_config) if self.writer and config.log_with else None
+                                 config=self.run_config, store_dir=store_dir) \
+            if self.writer and config.log_with else None
 
     def lr_factor(self, step: int) -> float:
         """Multiplier of the peak lr after ``step`` optimizer steps: warmup, then cosine."""
@@ -239,6 +244,7 @@ class _Run:
         step_s: list[float] = []  # wall time of each training step
         since_record = 0  # steps since the last record, for its step_ms
         status, reason, stop_step = "completed", None, None
+        ended = None  # "interrupted" when an exception leaves the loop
         step = 0
         self.model.train()
         try:
@@ -275,16 +281,21 @@ class _Run:
                     status, reason, stop_step = "unstable", stop, step
                     break
         except (KeyboardInterrupt, GeosearchError):
+            ended = "interrupted"
             raise
-        except _CallbackError as e:  # the caller's own exception, e.g. optuna.TrialPruned
+        except _CallbackError as e:  # the caller's own exception, e.g. TrialLost
+            ended = "interrupted"
             raise e.__cause__ from None
         except Exception as e:  # noqa: BLE001 - any error of the loop is the run's result
             status, reason, stop_step = "failed", f"{type(e).__name__}: {e}", step
             if self.writer:
                 self.writer.write_traceback(traceback.format_exc())
-        finally:
-            self.close(bar)
-        return self.result(status, reason, stop_step, history, step_s, tokens)
+        finally:  # an interrupted run's trackers get what it measured, and end valid
+            result = self.result(status, reason, stop_step, history, step_s, tokens)
+            self.close(bar, ended or status, result)
+        if self.writer:
+            self.writer.write_result(result)
+        return result
 
     def train_step(self, max_norm: float) -> tuple[float, float]:
         """One step's batch, forward/backward and gradient clip: the global mean loss and grad norm."""
@@ -320,17 +331,18 @@ class _Run:
             stop = f"non-finite validation loss ({metrics['val_loss']})"
         return stop
 
-    def close(self, bar: Progress) -> None:
-        """Close the progress bar, the run's files and its trackers."""
+    def close(self, bar: Progress, ended: str, result: TrainResult) -> None:
+        """Close the progress bar, the run's files and its trackers (given how the run
+        ``ended`` and its ``result`` so far: their final metrics)."""
         bar.close()
         if self.writer:
             self.writer.close()
         if self.trackers:
-            self.trackers.finish()
+            self.trackers.finish(ended, result)
 
     def result(self, status: str, reason: str | None, stop_step: int | None, history: list[dict],
                step_s: list[float], tokens: int) -> TrainResult:
-        """The run's :class:`TrainResult`, also written to ``result.json``."""
+        """The run's :class:`TrainResult` (:meth:`run` writes it to ``result.json``)."""
         vals = [m["val_loss"] for m in history if m.get("val_loss") is not None]
         finite = [v for v in vals if math.isfinite(v)]
         # the first steps allocate and pick kernels: leave them out of the speed
@@ -342,8 +354,6 @@ class _Run:
             best_val_loss=min(finite) if finite else None,
             history=history, mean_step_ms=mean_s * 1e3, tokens_per_s=tokens / mean_s,
             config=self.run_config)
-        if self.writer:
-            self.writer.write_result(result)
         return result
 
     def emit(self, metrics: dict) -> None:

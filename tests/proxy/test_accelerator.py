@@ -105,3 +105,43 @@ def test_fsdp_and_deepspeed_configurations_are_refused_in_one_line(monkeypatch, 
     assert len(str(info.value).splitlines()) == 1
     monkeypatch.setenv(env, "false")
     get_accelerator("cpu", "no")  # off again: accepted
+
+
+# --------------------------------------------------------------------------- launch
+# What `accelerate launch` (1.x) exports to its one process when asked for more (measured):
+SIMPLE_LAUNCH = {"ACCELERATE_USE_CPU": "False", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+LAUNCHER = [sys.executable, "/venv/bin/accelerate", "launch"]
+
+
+def test_a_launch_asking_for_more_processes_than_started_is_named(tmp_path):
+    shortfall = accelerator_mod.launch_shortfall
+    line = shortfall(1, SIMPLE_LAUNCH, [*LAUNCHER, "--num_processes", "2", "-m", "geosearch", "train",
+                                        "--num_processes=9"])  # the script's own flags are its own
+    # Rule: one line naming both numbers and the launches that start them
+    assert line.startswith("warning: accelerate launch asked for 2 processes, but this run has 1")
+    assert "--multi_gpu --num_processes 2" in line and "torchrun --nproc_per_node 2" in line
+    assert len(line.splitlines()) == 1
+    config = tmp_path / "accelerate.yaml"  # accelerate config's num_processes, on a CPU machine
+    config.write_text(yaml.safe_dump({"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_CPU",
+                                      "num_processes": 3, "num_machines": 1, "use_cpu": True}))
+    assert "asked for 3 processes" in shortfall(1, SIMPLE_LAUNCH, [*LAUNCHER, "--config-file", str(config), "x.py"])
+    # Rule: nothing when the launch started what it asked for, or was not this launcher's
+    assert shortfall(2, SIMPLE_LAUNCH, [*LAUNCHER, "--num_processes", "2", "x.py"]) is None
+    assert shortfall(1, {"ACCELERATE_USE_CPU": "False"}, [*LAUNCHER, "x.py"]) is None  # one asked for
+    assert shortfall(1, {"MASTER_ADDR": "h", "WORLD_SIZE": "1"}, ["torchrun", "x.py"]) is None
+    assert shortfall(1, SIMPLE_LAUNCH, [*LAUNCHER, "--num_processes", "1", "x.py"]) is None
+    assert shortfall(1, SIMPLE_LAUNCH, ["python", "x.py"]) is None  # not readable: no guess
+
+
+def test_accelerate_launch_of_two_cpu_processes_warns_that_one_started(tmp_path):
+    # (HF_HOME: no `accelerate config` file of this machine's may choose another launcher)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf"),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                           *RUN, "--out", str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert yaml.safe_load((tmp_path / "run/config.yaml").read_text())["num_processes"] == 1
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: accelerate launch")]
+    assert len(warnings) == 1 and "asked for 2 processes, but this run has 1" in warnings[0]

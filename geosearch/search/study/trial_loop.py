@@ -445,7 +445,7 @@ class Searcher:
                                 on_prune=self._pruned_by)
         result = self._train(config, assignment, callback=callback,
                              out_dir=rung_dir(trial_dir, stab.index, len(rungs), seeds[0], len(seeds)),
-                             project=self.study.study_name,
+                             project=self.study.study_name, store_dir=self.run_dir,
                              run_name=f"trial {trial.number} stability seed {seeds[0]}")
         trial.set_user_attr(STABILITY_PROBES, list(rows))
         trial.set_user_attr(STABILITY_RUN, False)
@@ -488,9 +488,11 @@ class Searcher:
                                         on_prune=self._pruned_by)
                 out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
                 # trackers (proxy.log_with): one run per trial and seed, in the study's project
+                # (MLflow's store: the study's directory)
                 name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
                 results[-1].append(self._train(config, assignment, callback=callback, out_dir=out_dir,
-                                               project=self.study.study_name, run_name=f"{name} seed {seed}"))
+                                               project=self.study.study_name, run_name=f"{name} seed {seed}",
+                                               store_dir=self.run_dir))
                 probes[-1].append(rows)
                 if results[-1][-1].status != "completed":  # TrainResult.status
                     return results, probes
