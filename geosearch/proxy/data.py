@@ -15,19 +15,22 @@ Three sources, all offline (nothing is ever downloaded):
 * **Text**: one text file, or a directory of them (every non-hidden file below it, in
   sorted path order), read as bytes (vocab 256) or tokenized (below).
 * **Tokens**: a directory holding nanoGPT's ``train.bin`` and ``val.bin`` (token ids,
-  native byte order, ``uint16`` unless ``meta.json`` says ``"dtype": "uint32"``, which
+  native byte order, ``uint16`` unless a meta file says ``"dtype": "uint32"``, which
   vocabularies above 65,536 need), memory-mapped. The vocabulary size comes from the
-  ``vocab_size`` argument, else the tokenizer's, else ``meta.json`` / ``meta.yaml`` next to
-  them (``{"vocab_size": 50257, "dtype": "uint16"}``; :data:`META_FIELDS`: ``vocab_size`` a
-  whole number >= 1, ``dtype`` one of :data:`TOKEN_DTYPES`, other keys ignored). The files
-  are read once at load to check that every id is below the vocabulary size. nanoGPT's
-  ``meta.pkl`` is not read: unpickling runs arbitrary code.
+  ``vocab_size`` argument (``--vocab-size``, ``proxy.vocab_size``), else the tokenizer's,
+  else the first meta file next to them (:data:`META_FILES`: ``meta.json`` / ``meta.yaml``
+  ``{"vocab_size": 50257, "dtype": "uint16"}``; :data:`META_FIELDS`:
+  ``vocab_size`` a whole number >= 1, ``dtype`` one of :data:`TOKEN_DTYPES`, other keys
+  ignored), else the model's (``model_vocab_size``: ``model_args.vocab_size``). A bare
+  directory as nanoGPT's ``openwebtext`` writes it (GPT-2 ids, no meta file) thus loads with
+  ``--vocab-size 50257`` or ``--model-arg vocab_size=50304`` (the padded size nanoGPT
+  trains). The files are read once at load to check that every id is below the vocabulary
+  size. nanoGPT's ``meta.pkl`` is not read: unpickling runs arbitrary code.
 
 Every file is read as a user's file (:mod:`geosearch.files`): a named pipe, a device or a
-socket is refused before it is opened; ``meta.json`` / ``meta.yaml`` may hold 1 MiB, a
-``tokenizer.json`` 128 MiB, a text corpus 2 GiB in all (it is read into memory; token
-files are memory-mapped and not bounded); ``meta.json`` and ``tokenizer.json`` must be
-UTF-8.
+socket is refused before it is opened; a meta file may hold 1 MiB, a ``tokenizer.json``
+128 MiB, a text corpus 2 GiB in all (it is read into memory; token files are memory-mapped
+and not bounded); ``meta.json`` and ``tokenizer.json`` must be UTF-8.
 
 **Tokenizer** (``tokenizer=PATH``: a Hugging Face ``tokenizer.json``, or a directory
 holding one; ``pip install 'geosearch[tokenizers]'``): text (the default corpus included)
@@ -64,7 +67,7 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -79,13 +82,18 @@ from geosearch.files import (
     read_user_text,
     size_text,
 )
+from geosearch.models.specs import MODEL_SIZE
 from geosearch.yaml_io import parse_yaml
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.proxy.config import TrainConfig
 
 DEFAULT_MAX_BYTES = 4 * 2**20  # cap on the default corpus (train + validation)
 EXCLUDED_STDLIB_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",
                                   "__pycache__"})
 TOKEN_FILES = ("train.bin", "val.bin")
 META_FILES = ("meta.json", "meta.yaml", "meta.yml")
+"""The meta files of a token directory, in the order they are looked for: the first found is read."""
 TOKEN_DTYPES: dict[str, torch.dtype] = {"uint16": torch.uint16, "uint32": torch.uint32}
 """``dtype`` values of ``meta.json`` -> how ``train.bin`` / ``val.bin`` are read (default uint16)."""
 TOKENIZER_FILE = "tokenizer.json"
@@ -139,6 +147,7 @@ def load_corpus(
     max_bytes: int = DEFAULT_MAX_BYTES,
     block_size: int | None = None,
     tokenizer: str | os.PathLike | None = None,
+    model_vocab_size: int | None = None,
 ) -> Corpus:
     """Load (or fetch from the per-process cache) a corpus.
 
@@ -147,12 +156,15 @@ def load_corpus(
             files; or a directory with ``train.bin`` and ``val.bin``.
         val_fraction: share held out for validation, in (0, 1); ignored for token files.
         vocab_size: vocabulary of token files (else the tokenizer's, else read from
-            ``meta.json``/``meta.yaml``); must be None or the text's (256, or the
+            a meta file, else ``model_vocab_size``); must be None or the text's (256, or the
             tokenizer's) for text.
         max_bytes: cap on the default corpus; ignored for user data.
         block_size: when given, check that both splits hold at least one sample.
         tokenizer: a ``tokenizer.json`` (or a directory holding one) to encode text with,
             and the vocabulary size of token files.
+        model_vocab_size: the model's vocabulary (``model_args.vocab_size``): that of
+            token files nothing else gives one (capped at what their dtype holds); unused
+            for text, whose vocabulary the model may exceed.
 
     Raises:
         ConfigError: missing, empty or too short data, bad metadata or arguments, a token
@@ -175,7 +187,7 @@ def load_corpus(
             raise ConfigError("a token file on its own; pass the directory that holds train.bin "
                               "and val.bin", source=str(p))
         if p.is_dir() and any((p / name).exists() for name in TOKEN_FILES):
-            corpus = _load_tokens(p, vocab_size, tok)
+            corpus = _load_tokens(p, vocab_size, tok, model_vocab_size)
         else:
             if tok is None and vocab_size not in (None, 256):
                 raise ConfigError(f"text is read as bytes (vocab 256) but vocab_size={vocab_size}",
@@ -187,6 +199,14 @@ def load_corpus(
     if block_size is not None:
         corpus.check_block_size(block_size)
     return corpus
+
+
+def config_corpus(config: TrainConfig) -> Corpus:
+    """The corpus a run of ``config`` trains on (:func:`load_corpus` of its ``data``,
+    ``tokenizer`` and ``vocab_size``; its ``model_args.vocab_size`` for token files that name
+    no vocabulary). Every place that loads a run's data goes through here."""
+    return load_corpus(config.data, tokenizer=config.tokenizer, vocab_size=config.vocab_size,
+                       model_vocab_size=config.model_args.get("vocab_size"))
 
 
 def get_batch(
@@ -356,29 +376,40 @@ def _load_text(p: Path, val_fraction: float, tok: _Tokenizer | None) -> Corpus:
     return corpus
 
 
-def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None) -> Corpus:
+def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None,
+                 model_vocab_size: int | None) -> Corpus:
     paths = [p / name for name in TOKEN_FILES]
     for f in paths:
         check_user_file(f, what="a file of token ids", source=str(p) if not f.exists() else None,
                         missing=f"{f.name} is missing; a token directory needs both train.bin and "
                                 "val.bin (token ids)")
-    key = ("tokens", str(p.resolve()), vocab_size, tok and tok.stamp(),
+    key = ("tokens", str(p.resolve()), vocab_size, model_vocab_size, tok and tok.stamp(),
            *_stamps(paths + [p / m for m in META_FILES]))
     if key in _CACHE:
         return _CACHE[key]
     meta, meta_path = _read_meta(p)
-    if vocab_size is None and tok is not None:
-        vocab_size = tok.vocab_size
-    from_meta = vocab_size is None
-    if from_meta:
-        vocab_size = _meta_vocab_size(p, meta, meta_path)
     dtype_name = meta.get("dtype", "uint16")  # a name of TOKEN_DTYPES: _read_meta checked it
     dtype, limit = TOKEN_DTYPES[dtype_name], 2 ** (8 * TOKEN_DTYPES[dtype_name].itemsize)
+    where = str(p)  # what a bad vocabulary's message names
+    if vocab_size is None and tok is not None:
+        vocab_size = tok.vocab_size
+    elif vocab_size is None and "vocab_size" in meta:
+        vocab_size, where = meta["vocab_size"], str(meta_path)
+    elif vocab_size is None and model_vocab_size is not None:
+        value, problem = MODEL_SIZE.check(model_vocab_size)
+        if problem is not None:
+            raise ConfigError(problem, source=str(p), key="model_args.vocab_size")
+        vocab_size = min(value, limit)  # the model's may pad past what the files can hold
+    elif vocab_size is None:
+        lacking = f"{meta_path.name} has no 'vocab_size'" if meta_path else "nanoGPT's token ids carry none"
+        raise ConfigError(f"no vocabulary size for train.bin and val.bin ({lacking}); give it with "
+                          "--vocab-size N (proxy.vocab_size in a space, vocab_size in a train config), "
+                          "--model-arg vocab_size=N, --tokenizer FILE, or meta.json {\"vocab_size\": N}",
+                          source=str(meta_path or p), key="vocab_size")
     if not is_int(vocab_size) or not 1 <= vocab_size <= limit:
         hint = ' (a larger vocabulary needs "dtype": "uint32" in meta.json)' if dtype_name == "uint16" else ""
         raise ConfigError(f"vocab_size must be an integer in [1, {limit}] for {dtype_name} tokens but got "
-                          f"{_shown(vocab_size)}{hint}", source=str(meta_path if from_meta else p),
-                          key="vocab_size")
+                          f"{_shown(vocab_size)}{hint}", source=where, key="vocab_size")
     splits = []
     for f in paths:
         n_bytes, width = f.stat().st_size, dtype.itemsize
@@ -448,15 +479,14 @@ def _check_ids(data: torch.Tensor, vocab_size: int, source: str) -> None:
                   for i in range(0, len(data), _ID_SCAN_CHUNK))
     if largest >= vocab_size:
         raise ConfigError(f"holds token id {largest} but the vocabulary has {vocab_size} ids "
-                          f"(0..{vocab_size - 1}); give the right vocab_size (meta.json) or "
-                          "tokenizer", source=source, key="vocab_size")
+                          f"(0..{vocab_size - 1}); give the data's vocabulary (--vocab-size, "
+                          "meta.json) or tokenizer", source=source, key="vocab_size")
 
 
 def _read_meta(p: Path) -> tuple[dict, Path | None]:
-    """The first of ``meta.json`` / ``meta.yaml`` / ``meta.yml`` in ``p`` and its path,
-    or ``({}, None)`` when there is none. Read as a user's config
-    (:func:`geosearch.files.read_user_text`: a regular file, 1 MiB at most, UTF-8), and its
-    fields checked (:data:`META_FIELDS`).
+    """The first of :data:`META_FILES` in ``p`` and its path, or ``({}, None)`` when there is
+    none. Read as a user's config (:func:`geosearch.files.read_user_text`: a regular file,
+    1 MiB at most, UTF-8), and its fields checked (:data:`META_FIELDS`).
 
     Raises:
         ConfigError: naming the file (and the key): not a regular file, too large, not UTF-8,
@@ -486,7 +516,7 @@ def _read_meta(p: Path) -> tuple[dict, Path | None]:
 
 
 META_FIELDS = {"vocab_size": "a whole number >= 1", "dtype": "uint16 or uint32"}
-"""The fields of ``meta.json`` geosearch reads, and what each must be (others are ignored)."""
+"""The fields of a meta file geosearch reads, and what each must be (others are ignored)."""
 
 
 def _check_meta(meta: dict, source: str) -> None:
@@ -523,14 +553,3 @@ def _shown(v: object, width: int = 60) -> str:
     text = repr(v)
     return text if len(text) <= width else text[:width] + "..."
 
-
-def _meta_vocab_size(p: Path, meta: dict, meta_path: Path | None) -> int:
-    if "vocab_size" in meta:
-        return meta["vocab_size"]
-    if meta_path is not None:
-        raise ConfigError("expected a mapping with a 'vocab_size' key", source=str(meta_path))
-    pkl = ""
-    if (p / "meta.pkl").exists():
-        pkl = " (meta.pkl is not read: unpickling can run arbitrary code)"
-    raise ConfigError("no vocabulary size: write meta.json with {\"vocab_size\": N} next to "
-                      f"train.bin, or pass vocab_size or a tokenizer{pkl}", source=str(p))

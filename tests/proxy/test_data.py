@@ -201,13 +201,42 @@ def test_token_files_with_meta_yaml_or_argument(tmp_path):
     assert load_corpus(tmp_path, vocab_size=128).vocab_size == 128
 
 
-def test_token_files_without_vocab_are_refused(tmp_path):
-    write_tokens(tmp_path, range(100), range(50))
-    (tmp_path / "meta.pkl").write_bytes(b"not read")
-    # Rule: no vocab size: the error names the directory, meta.json, and why meta.pkl is not used.
-    with pytest.raises(ConfigError,
-                       match=rf"{tmp_path}: no vocabulary size: write meta.json.*meta.pkl is not read"):
+def test_a_bare_nanogpt_directory_takes_its_vocabulary_from_the_arguments(tmp_path):
+    # nanoGPT's openwebtext: GPT-2 ids as uint16, no meta file at all
+    write_tokens(tmp_path, [0, 50256, 7, 1] * 8, [50256, 3, 2])
+    # Rule: without a vocabulary, one line naming the directory and every way to give one.
+    with pytest.raises(ConfigError) as e:
         load_corpus(tmp_path)
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path}: vocab_size: no vocabulary size for train.bin and val.bin "
+                              "(nanoGPT's token ids carry none)")
+    for way in ("--vocab-size N", "proxy.vocab_size", "--model-arg vocab_size=N", "--tokenizer", "meta.json"):
+        assert way in message
+    assert "\n" not in message and len(message) - len(str(tmp_path)) < 400
+    # Rule: the data's vocabulary given: uint16 ids, checked against it.
+    corpus = load_corpus(tmp_path, vocab_size=50257)
+    assert corpus.vocab_size == 50257 and corpus.train.dtype == torch.uint16
+    assert corpus.val.long().tolist() == [50256, 3, 2]
+    # Rule: the model's vocabulary (model_args.vocab_size, nanoGPT's padded 50304) serves as the
+    # data's when nothing else gives one; an explicit vocab_size wins over it.
+    assert load_corpus(tmp_path, model_vocab_size=50304).vocab_size == 50304
+    assert load_corpus(tmp_path, vocab_size=50257, model_vocab_size=50304).vocab_size == 50257
+    # Rule: a model's vocabulary past what uint16 holds still loads uint16 files (their ids fit).
+    assert load_corpus(tmp_path, model_vocab_size=100_000).vocab_size == 65_536
+    # Rule: ids at or above the vocabulary given are one line naming the file.
+    with pytest.raises(ConfigError) as e:
+        load_corpus(tmp_path, vocab_size=50000)
+    assert str(e.value).startswith(f"{tmp_path / 'train.bin'}: vocab_size: holds token id 50256 but the "
+                                   "vocabulary has 50000 ids (0..49999); give the data's vocabulary (--vocab-size")
+    with pytest.raises(ConfigError, match=r"model_args.vocab_size: expected a whole number in \[1, 16,777,216\], "
+                                          r"got 'big'"):
+        load_corpus(tmp_path, model_vocab_size="big")
+    # Rule: a meta file without vocab_size (only a dtype) says so, and takes the model's too.
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16"}))
+    with pytest.raises(ConfigError, match=r"meta.json: vocab_size: no vocabulary size for train.bin and "
+                                          r"val.bin \(meta.json has no 'vocab_size'\)"):
+        load_corpus(tmp_path)
+    assert load_corpus(tmp_path, model_vocab_size=50304).vocab_size == 50304
 
 
 def test_uint32_token_files_for_large_vocabularies(tmp_path):

@@ -155,7 +155,7 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     from geosearch.assignment import Assignment
     from geosearch.modules import empty_rule_error, get_rule_set, match_parameters
     from geosearch.plan import bind
-    from geosearch.proxy.data import load_corpus
+    from geosearch.proxy.data import config_corpus
     from geosearch.proxy.trackers import check_trackers
     from geosearch.models.specs import PY_PREFIX
     from geosearch.models.memory import check_fits
@@ -167,7 +167,7 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     check_precision(proxy.device, proxy.mixed_precision, source=where, key="proxy.mixed_precision")
     check_trackers(proxy.log_with, source=where, key="proxy.log_with")
     check_batch_split(proxy.batch_size, proxy.grad_accum, processes, source=where, prefix="proxy.")
-    corpus = load_corpus(proxy.data, tokenizer=proxy.tokenizer)
+    corpus = config_corpus(proxy)
     built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
     corpus.check_block_size(built.block_size)
     check_fits(built.model, proxy.model, device, source=where, key="proxy.model_args")
