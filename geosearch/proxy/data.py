@@ -19,18 +19,23 @@ Three sources, all offline (nothing is ever downloaded):
   vocabularies above 65,536 need), memory-mapped. The vocabulary size comes from the
   ``vocab_size`` argument (``--vocab-size``, ``proxy.vocab_size``), else the tokenizer's,
   else the first meta file next to them (:data:`META_FILES`: ``meta.json`` / ``meta.yaml``
-  ``{"vocab_size": 50257, "dtype": "uint16"}``; :data:`META_FIELDS`:
+  ``{"vocab_size": 50257, "dtype": "uint16"}``, or nanoGPT's ``meta.pkl``; :data:`META_FIELDS`:
   ``vocab_size`` a whole number >= 1, ``dtype`` one of :data:`TOKEN_DTYPES`, other keys
   ignored), else the model's (``model_vocab_size``: ``model_args.vocab_size``). A bare
   directory as nanoGPT's ``openwebtext`` writes it (GPT-2 ids, no meta file) thus loads with
   ``--vocab-size 50257`` or ``--model-arg vocab_size=50304`` (the padded size nanoGPT
   trains). The files are read once at load to check that every id is below the vocabulary
-  size. nanoGPT's ``meta.pkl`` is not read: unpickling runs arbitrary code.
+  size.
+* ``meta.pkl`` (nanoGPT's character-level sets: ``{"vocab_size": 65, "itos": {...},
+  "stoi": {...}}``) is unpickled by :class:`_PlainUnpickler`, which builds plain data only
+  (dicts, lists, tuples, sets, strings, bytes, numbers, booleans, None): a pickle that names
+  any class or function (``os.system``, a numpy array) is refused before anything in it
+  runs. ``itos`` / ``stoi`` are loaded as plain data and not used (geosearch decodes nothing).
 
 Every file is read as a user's file (:mod:`geosearch.files`): a named pipe, a device or a
 socket is refused before it is opened; a meta file may hold 1 MiB, a ``tokenizer.json``
 128 MiB, a text corpus 2 GiB in all (it is read into memory; token files are memory-mapped
-and not bounded); ``meta.json`` and ``tokenizer.json`` must be UTF-8.
+and not bounded); ``meta.json``, ``meta.yaml`` and ``tokenizer.json`` must be UTF-8.
 
 **Tokenizer** (``tokenizer=PATH``: a Hugging Face ``tokenizer.json``, or a directory
 holding one; ``pip install 'geosearch[tokenizers]'``): text (the default corpus included)
@@ -60,8 +65,10 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import pickle
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -79,6 +86,7 @@ from geosearch.files import (
     TEXT_CORPUS_LIMIT,
     TOKENIZER_LIMIT,
     check_user_file,
+    read_user_bytes,
     read_user_text,
     size_text,
 )
@@ -92,7 +100,7 @@ DEFAULT_MAX_BYTES = 4 * 2**20  # cap on the default corpus (train + validation)
 EXCLUDED_STDLIB_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",
                                   "__pycache__"})
 TOKEN_FILES = ("train.bin", "val.bin")
-META_FILES = ("meta.json", "meta.yaml", "meta.yml")
+META_FILES = ("meta.json", "meta.yaml", "meta.yml", "meta.pkl")
 """The meta files of a token directory, in the order they are looked for: the first found is read."""
 TOKEN_DTYPES: dict[str, torch.dtype] = {"uint16": torch.uint16, "uint32": torch.uint32}
 """``dtype`` values of ``meta.json`` -> how ``train.bin`` / ``val.bin`` are read (default uint16)."""
@@ -485,34 +493,80 @@ def _check_ids(data: torch.Tensor, vocab_size: int, source: str) -> None:
 
 def _read_meta(p: Path) -> tuple[dict, Path | None]:
     """The first of :data:`META_FILES` in ``p`` and its path, or ``({}, None)`` when there is
-    none. Read as a user's config (:func:`geosearch.files.read_user_text`: a regular file,
-    1 MiB at most, UTF-8), and its fields checked (:data:`META_FIELDS`).
+    none. ``meta.json`` / ``meta.yaml`` are read as a user's config
+    (:func:`geosearch.files.read_user_text`: a regular file, 1 MiB at most, UTF-8),
+    ``meta.pkl`` as plain data (:func:`_read_pickle`, the same size limit), and the fields
+    checked (:data:`META_FIELDS`).
 
     Raises:
         ConfigError: naming the file (and the key): not a regular file, too large, not UTF-8,
-            malformed, not a mapping, or a field of the wrong type or value.
+            malformed, a pickle that names a class or function, not a mapping, or a field of
+            the wrong type or value.
     """
     for name in META_FILES:
         meta_path = p / name
         if not (meta_path.exists() or meta_path.is_symlink()):
             continue
         source = str(meta_path)
-        text = read_user_text(meta_path, what='a mapping such as {"vocab_size": 50257, "dtype": "uint16"}',
-                              limit=CONFIG_LIMIT)
-        if name == "meta.json":
-            try:
-                meta = json.loads(text)
-            except ValueError as e:
-                where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-                raise ConfigError(f"malformed JSON{where}: {getattr(e, 'msg', e)}", source=source) from None
+        if name == "meta.pkl":
+            meta = _read_pickle(meta_path)
         else:
-            meta = parse_yaml(text, source=source)
+            text = read_user_text(meta_path, what='a mapping such as {"vocab_size": 50257, "dtype": "uint16"}',
+                                  limit=CONFIG_LIMIT)
+            if name == "meta.json":
+                try:
+                    meta = json.loads(text)
+                except ValueError as e:
+                    where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+                    raise ConfigError(f"malformed JSON{where}: {getattr(e, 'msg', e)}", source=source) from None
+            else:
+                meta = parse_yaml(text, source=source)
         if not isinstance(meta, dict):
             raise ConfigError(f"expected a mapping with a 'vocab_size' key, got {_type_word(meta)}",
                               source=source)
         _check_meta(meta, source)
         return meta, meta_path
     return {}, None
+
+
+class _NotPlainData(pickle.UnpicklingError):
+    """A pickle asked for a class or function (or a persistent object): what it names."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain data only: dicts, lists, tuples, sets, strings, bytes, numbers,
+    booleans and None, which the pickle opcodes build themselves. Every other object needs a
+    class or function looked up by name (``find_class``: the ``GLOBAL`` / ``STACK_GLOBAL`` /
+    ``INST`` opcodes and the extension registry), and that lookup is refused, so nothing a
+    pickle names is ever imported or called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise _NotPlainData(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _NotPlainData("a persistent object")
+
+
+def _read_pickle(path: Path) -> Any:
+    """nanoGPT's ``meta.pkl`` as plain data (:class:`_PlainUnpickler`), read as a user's file
+    of at most :data:`CONFIG_LIMIT` bytes.
+
+    Raises:
+        ConfigError: naming the file: not a regular file, too large, a pickle that names a
+            class or function (never imported or run), or not a pickle.
+    """
+    data = read_user_bytes(path, what="nanoGPT's meta.pkl, a pickled dict such as {'vocab_size': 65}",
+                           limit=CONFIG_LIMIT)
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except _NotPlainData as e:
+        raise ConfigError(f"names {_shown(str(e))}: only plain data (dicts, lists, strings, numbers) is read "
+                          "from a pickle, no class or function, and nothing in it was run; write meta.json "
+                          '{"vocab_size": N} instead', source=str(path)) from None
+    except Exception as e:  # noqa: BLE001 - a damaged pickle fails in many ways
+        raise ConfigError(f"cannot read it as a pickle ({type(e).__name__}: {_shown(str(e))}); expected "
+                          "nanoGPT's meta.pkl, a pickled dict such as {'vocab_size': 65}",
+                          source=str(path)) from None
 
 
 META_FIELDS = {"vocab_size": "a whole number >= 1", "dtype": "uint16 or uint32"}
@@ -549,7 +603,11 @@ def _described(v: object) -> str:
 
 
 def _shown(v: object, width: int = 60) -> str:
-    """``repr(v)``, cut to ``width`` characters."""
-    text = repr(v)
+    """``repr(v)``, cut to ``width`` characters (a value nested too deep for ``repr``, as a
+    pickle may build, is named by its type)."""
+    try:
+        text = repr(v)
+    except RecursionError:
+        return f"a deeply nested {type(v).__name__}"
     return text if len(text) <= width else text[:width] + "..."
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pickle
 import socket
 import sysconfig
 
@@ -237,6 +238,81 @@ def test_a_bare_nanogpt_directory_takes_its_vocabulary_from_the_arguments(tmp_pa
                                           r"val.bin \(meta.json has no 'vocab_size'\)"):
         load_corpus(tmp_path)
     assert load_corpus(tmp_path, model_vocab_size=50304).vocab_size == 50304
+
+
+def test_nanogpt_meta_pkl_is_read_as_plain_data(tmp_path):
+    chars = sorted(set("First Citizen:\nBefore we proceed any further, hear me speak.!?;'-3&$XYZ"))
+    ids = np.arange(len(chars))
+    write_tokens(tmp_path, np.tile(ids, 4), ids)
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps(meta))
+    # Rule: nanoGPT's char-level meta.pkl gives the vocabulary; uint16 ids as it writes them.
+    corpus = load_corpus(tmp_path)
+    assert corpus.vocab_size == len(chars) and corpus.train.dtype == torch.uint16
+    assert corpus.val.long().tolist() == ids.tolist()
+    # Rule: any protocol; a dtype in it is honoured as in meta.json.
+    write_tokens(tmp_path, [70_000, 1], [2], dtype=np.uint32)
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 70_001, "dtype": "uint32"}, protocol=0))
+    assert load_corpus(tmp_path).train.long().tolist() == [70_000, 1]
+    # Rule: meta.json, when there is one, is read first (as before).
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 80_000, "dtype": "uint32"}))
+    assert load_corpus(tmp_path).vocab_size == 80_000
+
+
+class _Payload:
+    """A pickle that runs a shell command when unpickled by a plain ``pickle.load``."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, pickle.HIGHEST_PROTOCOL])
+def test_a_meta_pkl_that_names_a_function_is_refused_and_never_run(tmp_path, monkeypatch, protocol):
+    write_tokens(tmp_path, range(10), range(10))
+    pwned = tmp_path / "PWNED"
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": _Payload(f"touch {pwned}")}, protocol=protocol))
+    monkeypatch.chdir(tmp_path)
+    # Rule: a pickle that names a class or function is one line naming the file and saying
+    # only plain data is read; nothing in it runs.
+    with pytest.raises(ConfigError) as e:
+        load_corpus(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'meta.pkl'}: names '{os.system.__module__}.system': only plain data "
+                            "(dicts, lists, strings, numbers) is read from a pickle, no class or function, and "
+                            'nothing in it was run; write meta.json {"vocab_size": N} instead')
+    assert not pwned.exists()
+    assert pickle.loads((tmp_path / "meta.pkl").read_bytes()) is not None and pwned.exists()  # it was armed
+
+
+def test_a_meta_pkl_is_a_bounded_regular_file_of_plain_data(tmp_path):
+    write_tokens(tmp_path, range(10), range(10))
+    meta = tmp_path / "meta.pkl"
+    meta.write_bytes(b"not a pickle")
+    # Rule: what is not a pickle is one line naming the file.
+    with pytest.raises(ConfigError, match=r"meta.pkl: cannot read it as a pickle \(UnpicklingError: .*\); "
+                                          r"expected nanoGPT's meta.pkl"):
+        load_corpus(tmp_path)
+    meta.write_bytes(pickle.dumps([1, 2]))
+    with pytest.raises(ConfigError, match=r"meta.pkl: expected a mapping with a 'vocab_size' key, got a list"):
+        load_corpus(tmp_path)
+    meta.write_bytes(pickle.dumps({"vocab_size": "65"}))
+    with pytest.raises(ConfigError, match=r"meta.pkl: vocab_size: expected a whole number >= 1, got '65'"):
+        load_corpus(tmp_path)
+    # Rule: a value nested past repr's reach is named by its type (no RecursionError).
+    depth = 200_000
+    meta.write_bytes(b"\x80\x02}X\x0a\x00\x00\x00vocab_size" + b"]" * depth + b"a" * (depth - 1) + b"s.")
+    with pytest.raises(ConfigError, match=r"vocab_size: expected a whole number >= 1, got a deeply nested list"):
+        load_corpus(tmp_path)
+    # Rule: the config limit (1 MiB), said before the file is read; a pipe is never opened.
+    meta.write_bytes(pickle.dumps({"vocab_size": 10, "pad": "x" * data_mod.CONFIG_LIMIT}))
+    with pytest.raises(ConfigError, match=r"meta.pkl: is 1.0 MB \(\d+ bytes\), more than the 1 MiB"):
+        load_corpus(tmp_path)
+    meta.unlink()
+    os.mkfifo(meta)
+    with pytest.raises(ConfigError, match=r"meta.pkl: is a named pipe \(FIFO\), expected nanoGPT's meta.pkl"):
+        load_corpus(tmp_path)
 
 
 def test_uint32_token_files_for_large_vocabularies(tmp_path):
