@@ -341,3 +341,4 @@ def test_search_takes_the_vocabulary_of_a_bare_token_directory_from_vocab_size(f
     assert main([*base, "--vocab-size", "300"]) == 0
     study = optuna.load_study(study_name="v", storage=f"sqlite:///{tmp_path / 'runs' / 'v' / 'study.db'}")
     assert study.user_attrs["proxy"]["vocab_size"] == study.user_attrs["space"]["proxy"]["vocab_size"] == 300
+    assert study.user_attrs["data_digest"]["data"]["files"] == 2

@@ -1,5 +1,6 @@
 """Corpora and batches: the stdlib default, text files and directories, token files, errors."""
 
+import hashlib
 import json
 import os
 import pickle
@@ -315,6 +316,36 @@ def test_a_meta_pkl_is_a_bounded_regular_file_of_plain_data(tmp_path):
         load_corpus(tmp_path)
 
 
+def test_the_digest_names_every_file_a_corpus_was_read_from(tmp_path, monkeypatch):
+    write_tokens(tmp_path / "tok", range(10), range(5), json.dumps({"vocab_size": 10}))
+    first = load_corpus(tmp_path / "tok").digest()
+    # Rule: train.bin, val.bin and the meta file that was read, each hashed whole (SHA-256).
+    part = first["data"]
+    assert first["tokenizer"] is None and part["files"] == 3 and part["root"] == str(tmp_path / "tok")
+    assert part["each"]["train.bin"] == hashlib.sha256((tmp_path / "tok" / "train.bin").read_bytes()).hexdigest()
+    assert set(part["each"]) == {"train.bin", "val.bin", "meta.json"}
+    assert part["bytes"] == 20 + 10 + len(json.dumps({"vocab_size": 10}))
+    # Rule: streamed in chunks: the same hash whatever the chunk.
+    monkeypatch.setattr(data_mod, "_DIGEST_CHUNK", 3)
+    assert load_corpus(tmp_path / "tok").digest() == first
+    # Rule: a changed byte changes the file's hash and the total; the others keep theirs.
+    write_tokens(tmp_path / "tok", [*range(9), 8], range(5))
+    second = load_corpus(tmp_path / "tok").digest()["data"]
+    assert second["sha256"] != part["sha256"] and second["each"]["train.bin"] != part["each"]["train.bin"]
+    assert second["each"]["val.bin"] == part["each"]["val.bin"]
+    # Rule: text directories by relative path; many files keep only the total.
+    monkeypatch.setattr(data_mod, "DIGEST_NAMED_FILES", 2)
+    for i in range(3):
+        (tmp_path / "texts" / "sub").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "texts" / "sub" / f"{i}.txt").write_text("hello world " * (i + 5))
+    text = load_corpus(tmp_path / "texts").digest()["data"]
+    assert text["files"] == 3 and text["each"] is None and text["source"].startswith("text directory")
+    # Rule: the built-in corpus is hashed by its picked files' contents.
+    stdlib = load_corpus().digest()["data"]
+    assert stdlib["files"] > 100 and 1_000_000 < stdlib["bytes"] <= data_mod.DEFAULT_MAX_BYTES
+    assert stdlib["root"] == sysconfig.get_paths()["stdlib"]
+
+
 def test_uint32_token_files_for_large_vocabularies(tmp_path):
     train = [0, 70_000, 99_999, 65_536] * 8
     write_tokens(tmp_path, train, [1, 99_999, 2], json.dumps({"vocab_size": 100_000, "dtype": "uint32"}),
@@ -400,6 +431,9 @@ def test_text_encoded_with_a_tokenizer(tmp_path):
     # Rule: decoding the ids gives the text back (UTF-8 included).
     assert tok.decode(corpus.val.long().tolist()) == "".join(ordered[n].read_text() for n in sorted(held))
     assert "tokens of" in corpus.source and str(tmp_path / "tokenizer.json") in corpus.source
+    # Rule: the tokenizer is part of the corpus's identity, hashed as a file of its own.
+    tokenizer_sha = hashlib.sha256((tmp_path / "tokenizer.json").read_bytes()).hexdigest()
+    assert corpus.digest()["tokenizer"]["each"] == {"tokenizer.json": tokenizer_sha}
     # Rule: a directory holding tokenizer.json works as well.
     assert load_corpus(tmp_path / "corpus", val_fraction=0.2, tokenizer=tmp_path).vocab_size == corpus.vocab_size
     # Rule: one file splits by tokens: the last val_fraction of them.
