@@ -13,7 +13,8 @@ one-line :class:`~geosearch.errors.ConfigError` naming the file.
 The limits (``docs/reliability.md``, "Bad inputs"):
 
 * :data:`CONFIG_LIMIT`, 1 MiB: search spaces, assignments, ``train --config``,
-  ``meta.json`` / ``meta.yaml`` of token files, ``config.json`` of ``hf:PATH`` models;
+  ``meta.json`` / ``meta.yaml`` / ``meta.pkl`` of token files, ``config.json`` of ``hf:PATH``
+  models;
 * :data:`TOKENIZER_LIMIT`, 128 MiB: ``tokenizer.json`` (the largest common ones are
   tens of MB);
 * :data:`TEXT_CORPUS_LIMIT`, 2 GiB: a text corpus, which is read into memory (larger
@@ -37,7 +38,7 @@ __all__ = ["CONFIG_LIMIT", "TEXT_CORPUS_LIMIT", "TOKENIZER_LIMIT", "check_dir", 
 
 CONFIG_LIMIT = 2**20
 """The largest YAML or JSON config a user may give (search space, assignment, train config,
-``meta.json``, a model's ``config.json``): 1 MiB, far above any real one."""
+a token directory's meta file, a model's ``config.json``): 1 MiB, far above any real one."""
 TOKENIZER_LIMIT = 128 * 2**20
 """The largest ``tokenizer.json``: 128 MiB."""
 TEXT_CORPUS_LIMIT = 2 * 2**30

@@ -196,7 +196,7 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
     args.update(model_args or {})
     spec = model or searched.proxy.model
     rule_seq, rules_name = _given_rules(rules, searched, model)
-    built = build_meta_model(spec, vocab_size=256, model_args=args)
+    built = build_meta_model(spec, vocab_size=256, model_args=args, for_data=False)
     fitting = fitting_rule_sets(built.model)
     if rule_seq is None:
         rule_seq, rules_name = _model_rules(built, rules_name)

@@ -13,6 +13,9 @@ MODEL_ARG_HELP = ("override a model field, e.g. n_layer=2 (presets, hf:gpt2), nu
                   "(hf:llama), block_size=64 (any); repeatable")
 RULES_DEFAULT = ("nanogpt for the presets, gpt2 for hf:gpt2, llama for hf:llama; for other hf: models the "
                  "registered rule set that fits, else rules read off their module names")
+VOCAB_HELP = ("the data's vocabulary size, for train.bin/val.bin token files that name none (nanoGPT's "
+              "openwebtext: 50257, GPT-2 ids; default: meta.json or meta.pkl, the tokenizer's, else "
+              "--model-arg vocab_size); token ids must be below it")
 TOKENIZER_HELP = ("a Hugging Face tokenizer.json (or a directory holding one) to encode the text with; "
                   "the vocabulary size is then the tokenizer's")
 

@@ -8,7 +8,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from geosearch.cli._args import MODEL_ARG_HELP, MODEL_HELP, RULES_DEFAULT, TOKENIZER_HELP, add_knobs, key_values
+from geosearch.cli._args import (
+    MODEL_ARG_HELP,
+    MODEL_HELP,
+    RULES_DEFAULT,
+    TOKENIZER_HELP,
+    VOCAB_HELP,
+    add_knobs,
+    key_values,
+)
 from geosearch.cli.report import print_report_files
 from geosearch.errors import GeosearchError
 
@@ -40,7 +48,7 @@ def add(p: argparse.ArgumentParser) -> None:
 
 
 def _add_proxy(p: argparse.ArgumentParser) -> None:
-    """--space and what the proxy trains: --model, --data, --tokenizer, --model-arg."""
+    """--space and what the proxy trains: --model, --data, --tokenizer, --vocab-size, --model-arg."""
     p.add_argument("--space", default="default", metavar="FILE|NAME",
                    help="search-space YAML, or a shipped space: default, paper, full, llama (default: "
                         "default); a shipped name always means the shipped space: write ./NAME for a "
@@ -50,6 +58,7 @@ def _add_proxy(p: argparse.ArgumentParser) -> None:
                         f"model's: {RULES_DEFAULT})")
     p.add_argument("--data", metavar="PATH", help="corpus file or directory (default: the space's)")
     p.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP + " (default: the space's)")
+    p.add_argument("--vocab-size", type=int, metavar="N", help=VOCAB_HELP + "; sets proxy.vocab_size")
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help=MODEL_ARG_HELP + "; sets proxy.model_args.KEY")
 
@@ -142,7 +151,8 @@ def _space(args: argparse.Namespace) -> SearchSpace:
     model_args = [f"proxy.model_args.{item.strip()}" for item in args.model_arg]
     return apply_overrides(
         load_space(args.space), [*args.set, *model_args], trials=args.trials, timeout=args.timeout,
-        tokenizer=args.tokenizer, steps=args.steps, model=args.model, data=args.data, batch_size=args.batch_size,
+        tokenizer=args.tokenizer, vocab_size=args.vocab_size, steps=args.steps, model=args.model, data=args.data,
+        batch_size=args.batch_size,
         device=args.device, mixed_precision=args.mixed_precision, grad_accum=args.grad_accum,
         compile=args.compile, log_with=args.log_with, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
         name=args.study, target_steps=args.target_steps,

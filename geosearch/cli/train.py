@@ -14,7 +14,15 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from geosearch.cli._args import MODEL_ARG_HELP, MODEL_HELP, RULES_DEFAULT, TOKENIZER_HELP, add_knobs, key_values
+from geosearch.cli._args import (
+    MODEL_ARG_HELP,
+    MODEL_HELP,
+    RULES_DEFAULT,
+    TOKENIZER_HELP,
+    VOCAB_HELP,
+    add_knobs,
+    key_values,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment
@@ -38,6 +46,7 @@ def add(p: argparse.ArgumentParser) -> None:
                         "nanogpt for py: models)")
     p.add_argument("--data", metavar="PATH", help="corpus file or directory (default: built-in text)")
     p.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP + " (default: bytes, vocab 256)")
+    p.add_argument("--vocab-size", type=int, metavar="N", help=VOCAB_HELP)
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="global batch in sequences")
     p.add_argument("--lr", type=float, help="AdamW learning rate (default 6e-4)")
@@ -52,7 +61,7 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
-_FIELDS = ("model", "data", "tokenizer", "steps", "batch_size", "lr", "spectral_lr", "solver",
+_FIELDS = ("model", "data", "tokenizer", "vocab_size", "steps", "batch_size", "lr", "spectral_lr", "solver",
            "eval_every", "probe_every", "seed", "device", "mixed_precision", "grad_accum",
            "compile", "log_with")
 """Flags of ``geosearch train`` that set the TrainConfig field of the same name."""
@@ -96,7 +105,7 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     from geosearch.models.zoo import build_meta_model
     from geosearch.proxy.accelerator import check_device
     from geosearch.proxy.accelerator import get_accelerator
-    from geosearch.proxy.data import load_corpus
+    from geosearch.proxy.data import config_corpus
     from geosearch.proxy.trackers import check_trackers
     from geosearch.proxy.train import train
 
@@ -119,7 +128,7 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     check_trackers(config.log_with, **named("log_with"))  # the error names --log-with
     # bad data (a pipe, meta.json, a tokenizer) is one line before the run says it starts;
     # the corpus is cached for the run
-    corpus = load_corpus(config.data, tokenizer=config.tokenizer)
+    corpus = config_corpus(config)
     # a model too large for this machine is one line, not an allocator's traceback
     built = build_meta_model(config.model, vocab_size=corpus.vocab_size, model_args=config.model_args)
     check_fits(built.model, config.model, check_device(config.device),

@@ -16,7 +16,9 @@ else rules read off their module names (:func:`geosearch.rule_inference.model_ru
 model whose queries and keys the probes cannot capture (:mod:`geosearch.models.qk`) is
 built with a warning that says why (logged once per spec, and kept in
 :attr:`BuiltModel.warnings`, hence in each run's ``config.yaml``): its runs report no
-attention logits, and the logit-growth pruner has nothing to go on. A ``py:`` factory
+attention logits, and the logit-growth pruner has nothing to go on. So is an ``hf:PATH``
+model whose ``config.json`` vocabulary is far above the data's (:func:`_far_vocab_warning`:
+rows the data never uses, and ``--model-arg vocab_size=N``). A ``py:`` factory
 (``py:package.module:factory`` or ``py:path/to/file.py:factory``)
 is called as ``factory(vocab_size=..., block_size=..., **model_args)`` and must return an
 ``nn.Module`` whose ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab_size), an
@@ -150,7 +152,7 @@ class BuiltModel:
 
 # --------------------------------------------------------------------------- build
 def build_model(spec: str, *, vocab_size: int, block_size: int | None = None,
-                model_args: Mapping[str, Any] | None = None) -> BuiltModel:
+                model_args: Mapping[str, Any] | None = None, for_data: bool = True) -> BuiltModel:
     """Build a randomly initialised model from a spec (see the module docstring).
 
     Seed torch before calling for a reproducible initialisation.
@@ -166,6 +168,9 @@ def build_model(spec: str, *, vocab_size: int, block_size: int | None = None,
             GPT-2, ``num_hidden_layers=2`` for LLaMA), or the factory's keyword arguments;
             ``block_size`` works for every kind (for Hugging Face models it sets
             ``n_positions`` / ``max_position_embeddings``).
+        for_data: ``vocab_size`` is the data's, so an ``hf:PATH`` vocabulary far above it is
+            warned about (:func:`_far_vocab_warning`); False: a stand-in (``geosearch
+            inspect``, a model's rules or logit scale), which nothing is warned about.
 
     Returns:
         A :class:`BuiltModel`.
@@ -176,7 +181,7 @@ def build_model(spec: str, *, vocab_size: int, block_size: int | None = None,
             imported, a missing factory or one that does not take the arguments or does
             not return an ``nn.Module``; each message names the spec and what is allowed.
     """
-    return _plan(spec, vocab_size, block_size, dict(model_args or {}))()
+    return _plan(spec, vocab_size, block_size, dict(model_args or {}), for_data)()
 
 
 def check_model_spec(spec: str, model_args: Mapping[str, Any] | None = None, *,
@@ -208,13 +213,13 @@ def default_rules(spec: str, model_args: Mapping[str, Any] | None = None) -> str
     if known is not None or not isinstance(spec, str) or not spec.startswith(HF_PREFIX):
         return known
     try:
-        return build_meta_model(spec, vocab_size=256, model_args=model_args).rules
+        return build_meta_model(spec, vocab_size=256, model_args=model_args, for_data=False).rules
     except ConfigError:
         return None
 
 
 def build_meta_model(spec: str, *, vocab_size: int, block_size: int | None = None,
-                     model_args: Mapping[str, Any] | None = None) -> BuiltModel:
+                     model_args: Mapping[str, Any] | None = None, for_data: bool = True) -> BuiltModel:
     """:func:`build_model` on the meta device: parameter names, shapes and module classes
     without memory or initialisation, to look at a model (``geosearch inspect``, the search
     preflight) without paying for it. A model whose construction fails on the meta device
@@ -223,7 +228,7 @@ def build_meta_model(spec: str, *, vocab_size: int, block_size: int | None = Non
     Raises:
         ConfigError: as :func:`build_model`.
     """
-    build = _plan(spec, vocab_size, block_size, dict(model_args or {}))
+    build = _plan(spec, vocab_size, block_size, dict(model_args or {}), for_data)
     try:
         with torch.device("meta"):
             return build()
@@ -295,8 +300,9 @@ _Build = Callable[[], BuiltModel]
 """What ``_plan_*`` return: the checked spec, built on call."""
 
 
-def _plan(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
-    build = _plan_kind(spec, vocab_size, block_size, model_args)
+def _plan(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[str, Any],
+          for_data: bool = True) -> _Build:
+    build = _plan_kind(spec, vocab_size, block_size, model_args, for_data)
 
     def build_and_warn() -> BuiltModel:
         built = build()
@@ -322,14 +328,15 @@ def _warn_once(line: str) -> None:
         logging.getLogger("geosearch").warning(line)
 
 
-def _plan_kind(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+def _plan_kind(spec: Any, vocab_size: int, block_size: int | None, model_args: dict[str, Any],
+               for_data: bool = True) -> _Build:
     if not isinstance(spec, str):
         raise ConfigError(f"a model spec must be a string, got {spec!r}", source=_SOURCE, key="model",
                           allowed=model_spec_names())
     if spec in PRESETS:
         return _plan_preset(spec, vocab_size, block_size, model_args)
     if spec.startswith(HF_PREFIX):
-        return _plan_hf(spec, vocab_size, block_size, model_args)
+        return _plan_hf(spec, vocab_size, block_size, model_args, for_data)
     if spec.startswith(PY_PREFIX):
         return _plan_py(spec, vocab_size, block_size, model_args)
     raise ConfigError(f"unknown model {spec!r}", source=_SOURCE, key="model", allowed=model_spec_names())
@@ -339,6 +346,35 @@ def _check_vocab(spec: str, data_vocab: int, model_vocab: Any) -> None:
     if is_int(model_vocab) and model_vocab < data_vocab:
         raise ConfigError(f"model {spec!r}: vocab_size {model_vocab} is smaller than the data's {data_vocab}",
                           source=_SOURCE, key="model_args.vocab_size")
+
+
+FAR_VOCAB_FACTOR = 4
+FAR_VOCAB_ROWS = 1_024
+"""A vocabulary a model takes from its ``config.json`` is far from the data's when it is more
+than :data:`FAR_VOCAB_FACTOR` times as large and more than :data:`FAR_VOCAB_ROWS` ids larger
+(a checkpoint's 151,936 on bytes' 256): :func:`_far_vocab_warning` warns. Padding (nanoGPT's
+50,257 to 50,304) and a tokenizer a few times smaller than the model's are not far."""
+
+
+def _far_vocab_warning(spec: str, data_vocab: int, config: Any) -> str | None:
+    """The warning for a Hugging Face config whose ``vocab_size`` is far from the data's
+    (:data:`FAR_VOCAB_FACTOR`, :data:`FAR_VOCAB_ROWS`), or None: the embedding and output
+    head rows the data never uses cost memory and time every step."""
+    model_vocab = getattr(config, "vocab_size", None)
+    if not is_int(model_vocab) or not (model_vocab > FAR_VOCAB_FACTOR * data_vocab
+                                       and model_vocab - data_vocab > FAR_VOCAB_ROWS):
+        return None
+    unused, width = model_vocab - data_vocab, getattr(config, "hidden_size", None)
+    tied = getattr(config, "tie_word_embeddings", True) is not False
+    rows = (f"the embedding, shared with the output head, holds {unused:,} rows" if tied else
+            f"the embedding and the output head hold {unused:,} rows each")
+    if is_int(width):
+        rows += f" of width {width:,} ({unused * width * (1 if tied else 2):,} parameters)"
+    ratio = model_vocab / data_vocab
+    times = f"{ratio:.1f}" if ratio < 10 else f"{int(ratio):,}"
+    return (f"model {spec!r}: its config's vocab_size {model_vocab:,} is {times}x the data's "
+            f"{data_vocab:,}: {rows} the data never uses, paid in memory and time every step; "
+            f"--model-arg vocab_size={data_vocab} (proxy.model_args.vocab_size) builds it for the data")
 
 
 # presets ---------------------------------------------------------------------------
@@ -388,9 +424,11 @@ def _hf_fields(where: HFFamily | HFSource) -> list[str]:
     return sorted(keys | {"block_size", "attn_implementation"})
 
 
-def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
+def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any],
+             for_data: bool = True) -> _Build:
     """``hf:<family>`` (:data:`HF_MODELS`), ``hf:<model_type>`` or ``hf:PATH``
-    (:mod:`geosearch.models.hf_configs`): check the arguments, make the config."""
+    (:mod:`geosearch.models.hf_configs`): check the arguments, make the config; ``for_data``:
+    warn when ``vocab_size`` (the data's) is far below ``hf:PATH``'s own."""
     name = spec[len(HF_PREFIX):]
     transformers = _transformers(spec)
     family = HF_MODELS.get(name)
@@ -403,6 +441,9 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
     check_sizes(spec, kwargs, size_fields)
     config = make_hf_config(spec, label, config_class, kwargs)
     _check_vocab(spec, vocab_size, getattr(config, "vocab_size", None))
+    # a directory's config.json keeps its checkpoint's vocabulary unless model_args set one
+    far = _far_vocab_warning(spec, vocab_size, config) if for_data and source is not None \
+        and source.directory and "vocab_size" not in args else None
     check_heads(spec, config, "head_dim" in args or "head_dim" in (source.base if source else {}))
     if context is None and block_field is not None:
         context = int(getattr(config, block_field))
@@ -422,7 +463,7 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
         else:
             rules, kind = model_rules(model), source.model_type
         return BuiltModel(model, spec, kind, rules, int(context), int(config.vocab_size), detect_qk_source(model),
-                          plain(config.to_diff_dict()))
+                          plain(config.to_diff_dict()), warnings=[far] if far else [])
     return build
 
 

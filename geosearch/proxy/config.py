@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from geosearch.checks import MAX_STEPS, SEED, STEPS, Range
 from geosearch.errors import ConfigError, SettingsError
+from geosearch.models.specs import MODEL_SIZE
 from geosearch.optim import settings as optim_settings
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -29,6 +30,7 @@ _OPT = optim_settings.defaults()
 _COUNT = 10_000  # the most batches, micro-batches or probe sequences of one step
 
 LIMITS: dict[str, Range] = {
+    "vocab_size": dataclasses.replace(MODEL_SIZE, null=True),
     "steps": STEPS,
     "batch_size": Range(1, 100_000, whole=True),
     "warmup_steps": Range(0, MAX_STEPS, whole=True, null=True),
@@ -46,7 +48,8 @@ LIMITS: dict[str, Range] = {
 settings catalog's, :mod:`geosearch.optim.settings`) -> the values it may take: the one rule
 for numbers (:class:`~geosearch.checks.Range`: NaN and ±inf never, counts bounded)."""
 LIMIT_NOTES = {"qk_clip": " (the cap on each head's max attention logit, e.g. 100; null: off)",
-               "grad_clip": " (0: no clipping)"}
+               "grad_clip": " (0: no clipping)",
+               "vocab_size": " (the data's vocabulary; null: its meta file's, its tokenizer's, or 256 for text)"}
 """What a message adds to the range of a field, where the range alone does not say it."""
 
 
@@ -73,6 +76,12 @@ class TrainConfig:
     tokenizer: str | None = None
     """A Hugging Face ``tokenizer.json`` (or a directory holding one) that encodes the text;
     the vocabulary size is then the tokenizer's. None = bytes (vocab 256)."""
+    vocab_size: int | None = None
+    """The data's vocabulary size: what ``train.bin`` / ``val.bin`` token ids need when no
+    meta file or tokenizer gives it (nanoGPT's ``openwebtext`` writes none: 50257, the GPT-2
+    ids); the ids are checked against it. None = the meta file's, the tokenizer's, else
+    ``model_args.vocab_size`` (token files), 256 (text). The model's is the data's unless
+    ``model_args.vocab_size`` raises it (nanoGPT pads 50257 to 50304)."""
     steps: int = 300
     """Optimizer steps of the run."""
     batch_size: int = 16

@@ -15,19 +15,33 @@ Three sources, all offline (nothing is ever downloaded):
 * **Text**: one text file, or a directory of them (every non-hidden file below it, in
   sorted path order), read as bytes (vocab 256) or tokenized (below).
 * **Tokens**: a directory holding nanoGPT's ``train.bin`` and ``val.bin`` (token ids,
-  native byte order, ``uint16`` unless ``meta.json`` says ``"dtype": "uint32"``, which
+  native byte order, ``uint16`` unless a meta file says ``"dtype": "uint32"``, which
   vocabularies above 65,536 need), memory-mapped. The vocabulary size comes from the
-  ``vocab_size`` argument, else the tokenizer's, else ``meta.json`` / ``meta.yaml`` next to
-  them (``{"vocab_size": 50257, "dtype": "uint16"}``; :data:`META_FIELDS`: ``vocab_size`` a
-  whole number >= 1, ``dtype`` one of :data:`TOKEN_DTYPES`, other keys ignored). The files
-  are read once at load to check that every id is below the vocabulary size. nanoGPT's
-  ``meta.pkl`` is not read: unpickling runs arbitrary code.
+  ``vocab_size`` argument (``--vocab-size``, ``proxy.vocab_size``), else the tokenizer's,
+  else the first meta file next to them (:data:`META_FILES`: ``meta.json`` / ``meta.yaml``
+  ``{"vocab_size": 50257, "dtype": "uint16"}``, or nanoGPT's ``meta.pkl``; :data:`META_FIELDS`:
+  ``vocab_size`` a whole number >= 1, ``dtype`` one of :data:`TOKEN_DTYPES`, other keys
+  ignored), else the model's (``model_vocab_size``: ``model_args.vocab_size``). A bare
+  directory as nanoGPT's ``openwebtext`` writes it (GPT-2 ids, no meta file) thus loads with
+  ``--vocab-size 50257`` or ``--model-arg vocab_size=50304`` (the padded size nanoGPT
+  trains). The files are read once at load to check that every id is below the vocabulary
+  size.
+* ``meta.pkl`` (nanoGPT's character-level sets: ``{"vocab_size": 65, "itos": {...},
+  "stoi": {...}}``) is unpickled by :class:`_PlainUnpickler`, which builds plain data only
+  (dicts, lists, tuples, sets, strings, bytes, numbers, booleans, None): a pickle that names
+  any class or function (``os.system``, a numpy array) is refused before anything in it
+  runs. ``itos`` / ``stoi`` are loaded as plain data and not used (geosearch decodes nothing).
 
 Every file is read as a user's file (:mod:`geosearch.files`): a named pipe, a device or a
-socket is refused before it is opened; ``meta.json`` / ``meta.yaml`` may hold 1 MiB, a
-``tokenizer.json`` 128 MiB, a text corpus 2 GiB in all (it is read into memory; token
-files are memory-mapped and not bounded); ``meta.json`` and ``tokenizer.json`` must be
-UTF-8.
+socket is refused before it is opened; a meta file may hold 1 MiB, a ``tokenizer.json``
+128 MiB, a text corpus 2 GiB in all (it is read into memory; token files are memory-mapped
+and not bounded); ``meta.json``, ``meta.yaml`` and ``tokenizer.json`` must be UTF-8.
+
+**Identity** (:meth:`Corpus.digest`): the SHA-256 of every file a corpus was read from (the
+text files, the standard library's picked files, ``train.bin`` / ``val.bin`` and the meta
+file that was read) and of the tokenizer, streamed 1 MiB at a time (about 2 GB/s, faster
+than the id check every load already does), for the study to record: a study refuses to
+resume on data whose contents changed (:mod:`geosearch.search.study.resume`).
 
 **Tokenizer** (``tokenizer=PATH``: a Hugging Face ``tokenizer.json``, or a directory
 holding one; ``pip install 'geosearch[tokenizers]'``): text (the default corpus included)
@@ -57,14 +71,16 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import pickle
 import sys
 import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -76,20 +92,30 @@ from geosearch.files import (
     TEXT_CORPUS_LIMIT,
     TOKENIZER_LIMIT,
     check_user_file,
+    read_user_bytes,
     read_user_text,
     size_text,
 )
+from geosearch.models.specs import MODEL_SIZE
 from geosearch.yaml_io import parse_yaml
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geosearch.proxy.config import TrainConfig
 
 DEFAULT_MAX_BYTES = 4 * 2**20  # cap on the default corpus (train + validation)
 EXCLUDED_STDLIB_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",
                                   "__pycache__"})
 TOKEN_FILES = ("train.bin", "val.bin")
-META_FILES = ("meta.json", "meta.yaml", "meta.yml")
+META_FILES = ("meta.json", "meta.yaml", "meta.yml", "meta.pkl")
+"""The meta files of a token directory, in the order they are looked for: the first found is read."""
 TOKEN_DTYPES: dict[str, torch.dtype] = {"uint16": torch.uint16, "uint32": torch.uint32}
 """``dtype`` values of ``meta.json`` -> how ``train.bin`` / ``val.bin`` are read (default uint16)."""
 TOKENIZER_FILE = "tokenizer.json"
 _ID_SCAN_CHUNK = 2**24  # token ids converted at a time when checking their range
+_DIGEST_CHUNK = 2**20  # bytes read at a time when hashing a file
+DIGEST_NAMED_FILES = 16
+"""A corpus of at most this many files records each file's SHA-256 by name in its
+:meth:`Corpus.digest` (so that a changed file can be named); larger ones only the total."""
 
 
 @dataclass(frozen=True)
@@ -103,12 +129,36 @@ class Corpus:
         vocab_size: number of token ids (256 for bytes).
         source: where it came from, e.g. ``"python3.11 stdlib /usr/lib/python3.11
             (251 files, 4194101 bytes)"``; recorded with each run.
+        files: the files the ids were read from, and the meta file that said how
+            (:meth:`digest`).
+        root: what :meth:`digest` names ``files`` relative to (the corpus's directory, the
+            standard library).
+        tokenizer: the ``tokenizer.json`` that encoded the text, or None.
     """
 
     train: torch.Tensor
     val: torch.Tensor
     vocab_size: int
     source: str
+    files: tuple[Path, ...] = ()
+    root: Path | None = None
+    tokenizer: Path | None = None
+
+    def digest(self) -> dict[str, Any]:
+        """The identity of the contents, JSON-safe, for a study to record: ``{"data": PART,
+        "tokenizer": PART or None}``. A PART is ``{"sha256", "files", "bytes", "source",
+        "root", "each"}``: the SHA-256 over each file's name, size and SHA-256 (every file
+        streamed whole, :data:`_DIGEST_CHUNK` bytes at a time), the file and byte counts, what
+        it is in words, the directory the names are relative to, and each file's SHA-256 by
+        name (None for more than :data:`DIGEST_NAMED_FILES` files). Computed on each call
+        (about 2 GB/s): call it once per command.
+
+        Raises:
+            ConfigError: a file that can no longer be read, naming it.
+        """
+        tok = self.tokenizer
+        return {"data": _files_digest(self.files, self.root, self.source),
+                "tokenizer": None if tok is None else _files_digest((tok,), tok.parent, str(tok))}
 
     def check_block_size(self, block_size: int) -> None:
         """Raise a ConfigError naming the source if a split is too short for one sample.
@@ -139,6 +189,7 @@ def load_corpus(
     max_bytes: int = DEFAULT_MAX_BYTES,
     block_size: int | None = None,
     tokenizer: str | os.PathLike | None = None,
+    model_vocab_size: int | None = None,
 ) -> Corpus:
     """Load (or fetch from the per-process cache) a corpus.
 
@@ -147,12 +198,15 @@ def load_corpus(
             files; or a directory with ``train.bin`` and ``val.bin``.
         val_fraction: share held out for validation, in (0, 1); ignored for token files.
         vocab_size: vocabulary of token files (else the tokenizer's, else read from
-            ``meta.json``/``meta.yaml``); must be None or the text's (256, or the
+            a meta file, else ``model_vocab_size``); must be None or the text's (256, or the
             tokenizer's) for text.
         max_bytes: cap on the default corpus; ignored for user data.
         block_size: when given, check that both splits hold at least one sample.
         tokenizer: a ``tokenizer.json`` (or a directory holding one) to encode text with,
             and the vocabulary size of token files.
+        model_vocab_size: the model's vocabulary (``model_args.vocab_size``): that of
+            token files nothing else gives one (capped at what their dtype holds); unused
+            for text, whose vocabulary the model may exceed.
 
     Raises:
         ConfigError: missing, empty or too short data, bad metadata or arguments, a token
@@ -175,7 +229,7 @@ def load_corpus(
             raise ConfigError("a token file on its own; pass the directory that holds train.bin "
                               "and val.bin", source=str(p))
         if p.is_dir() and any((p / name).exists() for name in TOKEN_FILES):
-            corpus = _load_tokens(p, vocab_size, tok)
+            corpus = _load_tokens(p, vocab_size, tok, model_vocab_size)
         else:
             if tok is None and vocab_size not in (None, 256):
                 raise ConfigError(f"text is read as bytes (vocab 256) but vocab_size={vocab_size}",
@@ -187,6 +241,14 @@ def load_corpus(
     if block_size is not None:
         corpus.check_block_size(block_size)
     return corpus
+
+
+def config_corpus(config: TrainConfig) -> Corpus:
+    """The corpus a run of ``config`` trains on (:func:`load_corpus` of its ``data``,
+    ``tokenizer`` and ``vocab_size``; its ``model_args.vocab_size`` for token files that name
+    no vocabulary). Every place that loads a run's data goes through here."""
+    return load_corpus(config.data, tokenizer=config.tokenizer, vocab_size=config.vocab_size,
+                       model_vocab_size=config.model_args.get("vocab_size"))
 
 
 def get_batch(
@@ -320,7 +382,8 @@ def _load_stdlib(val_fraction: float, max_bytes: int, tok: _Tokenizer | None) ->
     source = f"{version} stdlib {root} ({len(picked)} files, {total} bytes)"
     if tok is not None:
         source += f" as {len(train) + len(val)} {unit}"
-    corpus = Corpus(train=train, val=val, vocab_size=vocab, source=source)
+    corpus = Corpus(train=train, val=val, vocab_size=vocab, source=source, files=tuple(picked), root=root,
+                    tokenizer=tok and tok.path)
     _CACHE[key] = corpus
     return corpus
 
@@ -350,35 +413,46 @@ def _load_text(p: Path, val_fraction: float, tok: _Tokenizer | None) -> Corpus:
         n_train = len(data) - max(1, round(val_fraction * len(data)))
         train, val = data[:n_train], data[n_train:]
     kind = "text file" if p.is_file() else f"text directory ({len(files)} files)"
-    corpus = Corpus(train=train, val=val, vocab_size=vocab,
-                    source=f"{kind} {p} ({len(train) + len(val)} {unit})")
+    corpus = Corpus(train=train, val=val, vocab_size=vocab, source=f"{kind} {p} ({len(train) + len(val)} {unit})",
+                    files=tuple(files), root=p if p.is_dir() else p.parent, tokenizer=tok and tok.path)
     _CACHE[key] = corpus
     return corpus
 
 
-def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None) -> Corpus:
+def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None,
+                 model_vocab_size: int | None) -> Corpus:
     paths = [p / name for name in TOKEN_FILES]
     for f in paths:
         check_user_file(f, what="a file of token ids", source=str(p) if not f.exists() else None,
                         missing=f"{f.name} is missing; a token directory needs both train.bin and "
                                 "val.bin (token ids)")
-    key = ("tokens", str(p.resolve()), vocab_size, tok and tok.stamp(),
+    key = ("tokens", str(p.resolve()), vocab_size, model_vocab_size, tok and tok.stamp(),
            *_stamps(paths + [p / m for m in META_FILES]))
     if key in _CACHE:
         return _CACHE[key]
     meta, meta_path = _read_meta(p)
-    if vocab_size is None and tok is not None:
-        vocab_size = tok.vocab_size
-    from_meta = vocab_size is None
-    if from_meta:
-        vocab_size = _meta_vocab_size(p, meta, meta_path)
     dtype_name = meta.get("dtype", "uint16")  # a name of TOKEN_DTYPES: _read_meta checked it
     dtype, limit = TOKEN_DTYPES[dtype_name], 2 ** (8 * TOKEN_DTYPES[dtype_name].itemsize)
+    where = str(p)  # what a bad vocabulary's message names
+    if vocab_size is None and tok is not None:
+        vocab_size = tok.vocab_size
+    elif vocab_size is None and "vocab_size" in meta:
+        vocab_size, where = meta["vocab_size"], str(meta_path)
+    elif vocab_size is None and model_vocab_size is not None:
+        value, problem = MODEL_SIZE.check(model_vocab_size)
+        if problem is not None:
+            raise ConfigError(problem, source=str(p), key="model_args.vocab_size")
+        vocab_size = min(value, limit)  # the model's may pad past what the files can hold
+    elif vocab_size is None:
+        lacking = f"{meta_path.name} has no 'vocab_size'" if meta_path else "nanoGPT's token ids carry none"
+        raise ConfigError(f"no vocabulary size for train.bin and val.bin ({lacking}); give it with "
+                          "--vocab-size N (proxy.vocab_size in a space, vocab_size in a train config), "
+                          "--model-arg vocab_size=N, --tokenizer FILE, or meta.json {\"vocab_size\": N}",
+                          source=str(meta_path or p), key="vocab_size")
     if not is_int(vocab_size) or not 1 <= vocab_size <= limit:
         hint = ' (a larger vocabulary needs "dtype": "uint32" in meta.json)' if dtype_name == "uint16" else ""
         raise ConfigError(f"vocab_size must be an integer in [1, {limit}] for {dtype_name} tokens but got "
-                          f"{_shown(vocab_size)}{hint}", source=str(meta_path if from_meta else p),
-                          key="vocab_size")
+                          f"{_shown(vocab_size)}{hint}", source=where, key="vocab_size")
     splits = []
     for f in paths:
         n_bytes, width = f.stat().st_size, dtype.itemsize
@@ -390,7 +464,9 @@ def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None) -> Cor
         _check_ids(data, vocab_size, str(f))
         splits.append(data)
     corpus = Corpus(train=splits[0], val=splits[1], vocab_size=vocab_size,
-                    source=f"token files {p} ({len(splits[0])} + {len(splits[1])} {dtype_name} tokens)")
+                    source=f"token files {p} ({len(splits[0])} + {len(splits[1])} {dtype_name} tokens)",
+                    files=tuple(paths) + ((meta_path,) if meta_path else ()), root=p,
+                    tokenizer=tok and tok.path)
     _CACHE[key] = corpus
     return corpus
 
@@ -448,35 +524,40 @@ def _check_ids(data: torch.Tensor, vocab_size: int, source: str) -> None:
                   for i in range(0, len(data), _ID_SCAN_CHUNK))
     if largest >= vocab_size:
         raise ConfigError(f"holds token id {largest} but the vocabulary has {vocab_size} ids "
-                          f"(0..{vocab_size - 1}); give the right vocab_size (meta.json) or "
-                          "tokenizer", source=source, key="vocab_size")
+                          f"(0..{vocab_size - 1}); give the data's vocabulary (--vocab-size, "
+                          "meta.json) or tokenizer", source=source, key="vocab_size")
 
 
 def _read_meta(p: Path) -> tuple[dict, Path | None]:
-    """The first of ``meta.json`` / ``meta.yaml`` / ``meta.yml`` in ``p`` and its path,
-    or ``({}, None)`` when there is none. Read as a user's config
-    (:func:`geosearch.files.read_user_text`: a regular file, 1 MiB at most, UTF-8), and its
-    fields checked (:data:`META_FIELDS`).
+    """The first of :data:`META_FILES` in ``p`` and its path, or ``({}, None)`` when there is
+    none. ``meta.json`` / ``meta.yaml`` are read as a user's config
+    (:func:`geosearch.files.read_user_text`: a regular file, 1 MiB at most, UTF-8),
+    ``meta.pkl`` as plain data (:func:`_read_pickle`, the same size limit), and the fields
+    checked (:data:`META_FIELDS`).
 
     Raises:
         ConfigError: naming the file (and the key): not a regular file, too large, not UTF-8,
-            malformed, not a mapping, or a field of the wrong type or value.
+            malformed, a pickle that names a class or function, not a mapping, or a field of
+            the wrong type or value.
     """
     for name in META_FILES:
         meta_path = p / name
         if not (meta_path.exists() or meta_path.is_symlink()):
             continue
         source = str(meta_path)
-        text = read_user_text(meta_path, what='a mapping such as {"vocab_size": 50257, "dtype": "uint16"}',
-                              limit=CONFIG_LIMIT)
-        if name == "meta.json":
-            try:
-                meta = json.loads(text)
-            except ValueError as e:
-                where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-                raise ConfigError(f"malformed JSON{where}: {getattr(e, 'msg', e)}", source=source) from None
+        if name == "meta.pkl":
+            meta = _read_pickle(meta_path)
         else:
-            meta = parse_yaml(text, source=source)
+            text = read_user_text(meta_path, what='a mapping such as {"vocab_size": 50257, "dtype": "uint16"}',
+                                  limit=CONFIG_LIMIT)
+            if name == "meta.json":
+                try:
+                    meta = json.loads(text)
+                except ValueError as e:
+                    where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+                    raise ConfigError(f"malformed JSON{where}: {getattr(e, 'msg', e)}", source=source) from None
+            else:
+                meta = parse_yaml(text, source=source)
         if not isinstance(meta, dict):
             raise ConfigError(f"expected a mapping with a 'vocab_size' key, got {_type_word(meta)}",
                               source=source)
@@ -485,8 +566,48 @@ def _read_meta(p: Path) -> tuple[dict, Path | None]:
     return {}, None
 
 
+class _NotPlainData(pickle.UnpicklingError):
+    """A pickle asked for a class or function (or a persistent object): what it names."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain data only: dicts, lists, tuples, sets, strings, bytes, numbers,
+    booleans and None, which the pickle opcodes build themselves. Every other object needs a
+    class or function looked up by name (``find_class``: the ``GLOBAL`` / ``STACK_GLOBAL`` /
+    ``INST`` opcodes and the extension registry), and that lookup is refused, so nothing a
+    pickle names is ever imported or called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise _NotPlainData(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _NotPlainData("a persistent object")
+
+
+def _read_pickle(path: Path) -> Any:
+    """nanoGPT's ``meta.pkl`` as plain data (:class:`_PlainUnpickler`), read as a user's file
+    of at most :data:`CONFIG_LIMIT` bytes.
+
+    Raises:
+        ConfigError: naming the file: not a regular file, too large, a pickle that names a
+            class or function (never imported or run), or not a pickle.
+    """
+    data = read_user_bytes(path, what="nanoGPT's meta.pkl, a pickled dict such as {'vocab_size': 65}",
+                           limit=CONFIG_LIMIT)
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except _NotPlainData as e:
+        raise ConfigError(f"names {_shown(str(e))}: only plain data (dicts, lists, strings, numbers) is read "
+                          "from a pickle, no class or function, and nothing in it was run; write meta.json "
+                          '{"vocab_size": N} instead', source=str(path)) from None
+    except Exception as e:  # noqa: BLE001 - a damaged pickle fails in many ways
+        raise ConfigError(f"cannot read it as a pickle ({type(e).__name__}: {_shown(str(e))}); expected "
+                          "nanoGPT's meta.pkl, a pickled dict such as {'vocab_size': 65}",
+                          source=str(path)) from None
+
+
 META_FIELDS = {"vocab_size": "a whole number >= 1", "dtype": "uint16 or uint32"}
-"""The fields of ``meta.json`` geosearch reads, and what each must be (others are ignored)."""
+"""The fields of a meta file geosearch reads, and what each must be (others are ignored)."""
 
 
 def _check_meta(meta: dict, source: str) -> None:
@@ -519,18 +640,36 @@ def _described(v: object) -> str:
 
 
 def _shown(v: object, width: int = 60) -> str:
-    """``repr(v)``, cut to ``width`` characters."""
-    text = repr(v)
+    """``repr(v)``, cut to ``width`` characters (a value nested too deep for ``repr``, as a
+    pickle may build, is named by its type)."""
+    try:
+        text = repr(v)
+    except RecursionError:
+        return f"a deeply nested {type(v).__name__}"
     return text if len(text) <= width else text[:width] + "..."
 
 
-def _meta_vocab_size(p: Path, meta: dict, meta_path: Path | None) -> int:
-    if "vocab_size" in meta:
-        return meta["vocab_size"]
-    if meta_path is not None:
-        raise ConfigError("expected a mapping with a 'vocab_size' key", source=str(meta_path))
-    pkl = ""
-    if (p / "meta.pkl").exists():
-        pkl = " (meta.pkl is not read: unpickling can run arbitrary code)"
-    raise ConfigError("no vocabulary size: write meta.json with {\"vocab_size\": N} next to "
-                      f"train.bin, or pass vocab_size or a tokenizer{pkl}", source=str(p))
+def _files_digest(files: tuple[Path, ...], root: Path | None, source: str) -> dict[str, Any]:
+    """One part of :meth:`Corpus.digest`: every file streamed through SHA-256.
+
+    Raises:
+        ConfigError: a file that cannot be read, naming it.
+    """
+    total, each, n_bytes = hashlib.sha256(), {}, 0
+    buffer = bytearray(_DIGEST_CHUNK)
+    view = memoryview(buffer)
+    for f in files:
+        name = f.relative_to(root).as_posix() if root is not None else f.name
+        h, size = hashlib.sha256(), 0
+        try:
+            with open(f, "rb") as fh:
+                while n := fh.readinto(buffer):
+                    h.update(view[:n])
+                    size += n
+        except OSError as e:
+            raise ConfigError(f"cannot read the file to hash it ({e.strerror or e})", source=str(f)) from None
+        total.update(os.fsencode(name) + b"\0" + str(size).encode() + b"\0" + h.hexdigest().encode() + b"\n")
+        each[name] = h.hexdigest()
+        n_bytes += size
+    return {"sha256": total.hexdigest(), "files": len(files), "bytes": n_bytes, "source": source,
+            "root": None if root is None else str(root), "each": each if len(files) <= DIGEST_NAMED_FILES else None}

@@ -53,8 +53,8 @@ def describe_run(config: TrainConfig, plan: Plan, built: BuiltModel, corpus: Cor
         "assignment": plan.assignment.to_dict(),
         "geometry": dict(plan.assignment.resolve()),
         "optimizer": {"settings": plain(dict(plan.settings)), "types": plain(plan.types())},
-        "data": {"source": corpus.source, "train_tokens": int(corpus.train.numel()),
-                 "val_tokens": int(corpus.val.numel())},
+        "data": {"source": corpus.source, "vocab_size": corpus.vocab_size,
+                 "train_tokens": int(corpus.train.numel()), "val_tokens": int(corpus.val.numel())},
         "seed": config.seed,
         "device": device,
         "mixed_precision": accelerator.mixed_precision,  # the one used

@@ -45,7 +45,7 @@ from geosearch.build import optimizer_from_plan
 from geosearch.plan import bind
 from geosearch.proxy.accelerator import get_accelerator
 from geosearch.proxy.config import TrainConfig, TrainResult, check_batch_split
-from geosearch.proxy.data import get_batch, load_corpus
+from geosearch.proxy.data import config_corpus, get_batch
 from geosearch.proxy.probes import WeightProbe, attention_stats
 from geosearch.proxy.qkclip import QKClip
 from geosearch.proxy.rundir import Progress, RunWriter, describe_run
@@ -160,7 +160,7 @@ class _Run:
 
         set_seed(config.seed)  # python, numpy, torch (CPU and CUDA): the initialisation
         try:
-            self.corpus = load_corpus(config.data, tokenizer=config.tokenizer)
+            self.corpus = config_corpus(config)
             # too large for the device: one line before any memory is taken
             meta = build_meta_model(config.model, vocab_size=self.corpus.vocab_size, model_args=config.model_args)
             check_fits(meta.model, config.model, accelerator.device, source="TrainConfig", key="model_args")

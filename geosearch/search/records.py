@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 __all__ = [
     "ASSIGNMENT", "ASSIGNMENT_KEY", "BUDGET_STEPS", "DUPLICATE_OF", "FAILURE_KIND", "FAIL_REASON",
-    "GEOSEARCH_VERSION", "HEARTBEAT", "LADDER", "LOGIT_SCALE", "MAX_LOGIT", "MEAN_STEP_MS",
+    "DATA_DIGEST", "GEOSEARCH_VERSION", "HEARTBEAT", "LADDER", "LOGIT_SCALE", "MAX_LOGIT", "MEAN_STEP_MS",
     "NUM_PROCESSES", "PROBE_HISTORY", "PROXY", "PRUNED_RUNG", "PRUNED_SEED", "PRUNE_REASON",
     "QUEUED", "QUEUED_PARAMS", "RETRIES", "RETRY_OF", "RULES", "RUNG_LOSSES", "RUNG_PROBES", "SEEDS",
     "SIGMA_MAX", "SPACE", "STATUS", "STOP_STEP", "TARGET", "TARGET_LOGIT_SCALE",
@@ -38,7 +38,8 @@ PROXY = "proxy"
 TARGET = "target"
 LADDER = "ladder"
 STABILITY = "stability"  # the stability rung, or None (docs/design.md, "The stability rung")
-STUDY_ATTRS = (SPACE, GEOSEARCH_VERSION, RULES, PROXY, TARGET, LADDER, STABILITY)
+DATA_DIGEST = "data_digest"  # the data's and tokenizer's SHA-256 (geosearch.proxy.data.Corpus.digest)
+STUDY_ATTRS = (SPACE, GEOSEARCH_VERSION, RULES, PROXY, TARGET, LADDER, STABILITY, DATA_DIGEST)
 
 # --------------------------------------------------------------------------- trial attrs
 ASSIGNMENT = "assignment"

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 import yaml
@@ -322,3 +323,22 @@ def test_ctrl_c_exits_130_and_queues_the_interrupted_trial(tmp_path):
     assert stopped.state == TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
     queued = [t for t in trials if t.user_attrs.get("retry_of") == trial.number]
     assert len(queued) == 1 and queued[0].state == TrialState.WAITING  # a rerun runs it
+
+
+def test_search_takes_the_vocabulary_of_a_bare_token_directory_from_vocab_size(fake, tmp_path, capsys):
+    data = tmp_path / "tok"
+    data.mkdir()
+    for name, n in (("train.bin", 400), ("val.bin", 100)):
+        (np.arange(n, dtype=np.uint16) % 300).tofile(data / name)
+    space = write_space(tmp_path / "s.yaml", {"attn": ["adamw"], "mlp": ["adamw"]}, name="v")
+    base = ["search", "--space", str(space), "--runs-dir", str(tmp_path / "runs"), "--data", str(data)]
+    # Rule: the preflight refuses a bare directory without a vocabulary, naming the flags.
+    assert main(base) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"geosearch search: error: {data}: vocab_size: no vocabulary size") and "--vocab-size N" in err
+    assert not (tmp_path / "runs" / "v").exists()
+    # Rule: --vocab-size sets proxy.vocab_size, which the study records.
+    assert main([*base, "--vocab-size", "300"]) == 0
+    study = optuna.load_study(study_name="v", storage=f"sqlite:///{tmp_path / 'runs' / 'v' / 'study.db'}")
+    assert study.user_attrs["proxy"]["vocab_size"] == study.user_attrs["space"]["proxy"]["vocab_size"] == 300
+    assert study.user_attrs["data_digest"]["data"]["files"] == 2

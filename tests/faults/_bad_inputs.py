@@ -11,10 +11,12 @@ changed in the scratch directory, and no password from a storage URL in the outp
 
 from __future__ import annotations
 
+import array
 import contextlib
 import io
 import json
 import os
+import pickle
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,6 +140,25 @@ def _tokens(d: Path, meta: bytes, name: str = "tok") -> str:
     return name
 
 
+def _bare_tokens(d: Path, meta_pkl: bytes | None = None, name: str = "tok") -> str:
+    """A token directory as nanoGPT writes it: ``train.bin`` and ``val.bin`` of uint16 ids
+    below 64, no meta file (``openwebtext``), or ``meta_pkl`` as its ``meta.pkl``."""
+    (d / name).mkdir()
+    for split in ("train.bin", "val.bin"):
+        (d / name / split).write_bytes(array.array("H", list(range(64)) * 4).tobytes())
+    if meta_pkl is not None:
+        (d / name / "meta.pkl").write_bytes(meta_pkl)
+    return name
+
+
+class _RunsACommand:
+    """Pickled, it runs ``touch PWNED`` when a plain ``pickle.load`` reads it (in the scratch
+    directory, where the case would see the file written); made here, it runs nothing."""
+
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
 def _train(*extra: str) -> list[str]:
     return ["train", "--assign", "attn=adamw,mlp=adamw", "--model", "tiny", "--device", "cpu", *extra]
 
@@ -168,18 +189,31 @@ def _journal(d: Path, extra: bytes, at: int | None = None) -> None:
     path.write_bytes(b"".join(lines[:at]) + extra + b"".join(lines[at:]))
 
 
-def _created_study(d: Path) -> None:
-    """The study ``s`` of ``s.yaml`` in ``runs/s/study.db``, created with the space's attrs as
-    a first run leaves it (no trial yet): a rerun that changes its space resumes it."""
+def _created_study(d: Path, **flags) -> None:
+    """The study ``s`` of ``s.yaml`` (with the command-line ``flags`` over it) in
+    ``runs/s/study.db``, created with the space's attrs and its data's digest as a first run
+    leaves it (no trial yet): a rerun that changes its space resumes it."""
     import optuna
 
-    from geosearch.search.space.spec import load_space
-    from geosearch.search.study.run import bind_study
+    from geosearch.search.space.spec import apply_overrides, load_space
+    from geosearch.search.study.run import bind_study, data_digest
 
     run_dir = d / "runs" / "s"
     run_dir.mkdir(parents=True)
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{run_dir / 'study.db'}")
-    bind_study(study, load_space(str(d / "s.yaml")), run_dir, "study.db")
+    space = apply_overrides(load_space(str(d / "s.yaml")), **flags)
+    bind_study(study, space, run_dir, "study.db", data_digest(space))
+
+
+def _resumed_on_changed_data(d: Path) -> list[str]:
+    """A study created on the token directory ``tok``, one of whose ids was edited since."""
+    data = _bare_tokens(d)
+    command = _search(d, "--data", data, "--vocab-size", "64")
+    _created_study(d, data=data, vocab_size=64)
+    ids = array.array("H", (d / data / "val.bin").read_bytes())
+    ids[0] = 63
+    (d / data / "val.bin").write_bytes(ids.tobytes())
+    return command
 
 
 def _resumed(d: Path, *extra: str) -> list[str]:
@@ -381,6 +415,12 @@ CASES: list[Case] = [
          lambda d: _train("--data", _tokens(d, b'{"vocab_size": "300"}'))),
     Case("token directory whose `meta.json` is not UTF-8",
          lambda d: _train("--data", _tokens(d, b'{"vocab_size": 300, "note": "caf\xe9"}'))),
+    Case("token directory without a meta file or a vocabulary (nanoGPT's `openwebtext`)",
+         lambda d: _train("--data", _bare_tokens(d))),
+    Case("token directory whose `meta.pkl` names `os.system` (a pickle that would run a command)",
+         lambda d: _train("--data", _bare_tokens(d, pickle.dumps({"vocab_size": _RunsACommand()})))),
+    Case("token ids at or above `--vocab-size`", lambda d: _train("--data", _bare_tokens(d), "--vocab-size", "50")),
+    Case("a resumed study whose data file was edited since", _resumed_on_changed_data),
     Case("`--tokenizer` naming a named pipe (FIFO)", lambda d: _train("--tokenizer", _fifo(d, "tokenizer.json"))),
     Case("`train --device cuda` on a machine without CUDA",
          lambda d: ["train", "--assign", "attn=adamw,mlp=adamw", "--model", "tiny", "--device", "cuda"],

@@ -255,6 +255,41 @@ def test_hf_path_builds_the_config_json_as_written(hf, tmp_path, monkeypatch):
         check_model_spec(f"hf:{tmp_path / 'bert'}")
 
 
+def test_hf_path_warns_when_its_vocabulary_is_far_from_the_datas(hf, tmp_path, caplog, monkeypatch):
+    _offline(monkeypatch)
+    for name, tied in (("tied", True), ("untied", False)):
+        hf.Qwen2Config(hidden_size=48, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=80, vocab_size=5000, tie_word_embeddings=tied).save_pretrained(tmp_path / name)
+    spec = f"hf:{tmp_path / 'tied'}"
+    with caplog.at_level(logging.WARNING, logger="geosearch"):
+        built = build_meta_model(spec, vocab_size=256)
+        again = build_meta_model(spec, vocab_size=256)
+    line = (f"model {spec!r}: its config's vocab_size 5,000 is 19x the data's 256: the embedding, shared with "
+            "the output head, holds 4,744 rows of width 48 (227,712 parameters) the data never uses, paid in "
+            "memory and time every step; --model-arg vocab_size=256 (proxy.model_args.vocab_size) builds it "
+            "for the data")
+    # Rule: a checkpoint's vocabulary more than 4x and more than 1,024 ids above the data's is
+    # one warning line, logged once, kept with the model (config.yaml); it says the cost and the fix.
+    assert built.warnings == again.warnings == [line] and len(line) <= 400
+    assert [r.getMessage() for r in caplog.records if r.name == "geosearch"] == [line]
+    assert built.model.config.vocab_size == 5000  # a warning: the model is built as written
+    # Rule: an untied head counts twice.
+    untied = build_meta_model(f"hf:{tmp_path / 'untied'}", vocab_size=256).warnings[0]
+    assert "the embedding and the output head hold 4,744 rows each of width 48 (455,424 parameters)" in untied
+    # Rule: not far: at most 4x (5,000 on 1,250), or at most 1,024 ids more; nor when
+    # model_args set the vocabulary (the user asked for it, or the fix was taken).
+    assert build_meta_model(spec, vocab_size=1250).warnings == []
+    assert build_meta_model(spec, vocab_size=1251).warnings == []
+    assert len(build_meta_model(spec, vocab_size=1249).warnings) == 1
+    assert build_meta_model(spec, vocab_size=256, model_args={"vocab_size": 256}).warnings == []
+    assert build_meta_model(spec, vocab_size=256, model_args={"vocab_size": 8000}).warnings == []
+    # Rule: a stand-in vocabulary (no data: geosearch inspect, the rules a space takes from the
+    # model) is warned about by nobody.
+    assert build_meta_model(spec, vocab_size=256, for_data=False).warnings == []
+    assert default_rules(spec) == "llama"
+    assert [r.getMessage() for r in caplog.records].count(line) == 1
+
+
 def test_unknown_and_encoder_decoder_types_are_refused(hf):
     # Rule: a near miss names the close model types.
     with pytest.raises(ConfigError, match=r"unknown Hugging Face model 'hf:mistrall' \(did you mean hf:mistral"):

@@ -1,7 +1,9 @@
 """Corpora and batches: the stdlib default, text files and directories, token files, errors."""
 
+import hashlib
 import json
 import os
+import pickle
 import socket
 import sysconfig
 
@@ -201,13 +203,147 @@ def test_token_files_with_meta_yaml_or_argument(tmp_path):
     assert load_corpus(tmp_path, vocab_size=128).vocab_size == 128
 
 
-def test_token_files_without_vocab_are_refused(tmp_path):
-    write_tokens(tmp_path, range(100), range(50))
-    (tmp_path / "meta.pkl").write_bytes(b"not read")
-    # Rule: no vocab size: the error names the directory, meta.json, and why meta.pkl is not used.
-    with pytest.raises(ConfigError,
-                       match=rf"{tmp_path}: no vocabulary size: write meta.json.*meta.pkl is not read"):
+def test_a_bare_nanogpt_directory_takes_its_vocabulary_from_the_arguments(tmp_path):
+    # nanoGPT's openwebtext: GPT-2 ids as uint16, no meta file at all
+    write_tokens(tmp_path, [0, 50256, 7, 1] * 8, [50256, 3, 2])
+    # Rule: without a vocabulary, one line naming the directory and every way to give one.
+    with pytest.raises(ConfigError) as e:
         load_corpus(tmp_path)
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path}: vocab_size: no vocabulary size for train.bin and val.bin "
+                              "(nanoGPT's token ids carry none)")
+    for way in ("--vocab-size N", "proxy.vocab_size", "--model-arg vocab_size=N", "--tokenizer", "meta.json"):
+        assert way in message
+    assert "\n" not in message and len(message) - len(str(tmp_path)) < 400
+    # Rule: the data's vocabulary given: uint16 ids, checked against it.
+    corpus = load_corpus(tmp_path, vocab_size=50257)
+    assert corpus.vocab_size == 50257 and corpus.train.dtype == torch.uint16
+    assert corpus.val.long().tolist() == [50256, 3, 2]
+    # Rule: the model's vocabulary (model_args.vocab_size, nanoGPT's padded 50304) serves as the
+    # data's when nothing else gives one; an explicit vocab_size wins over it.
+    assert load_corpus(tmp_path, model_vocab_size=50304).vocab_size == 50304
+    assert load_corpus(tmp_path, vocab_size=50257, model_vocab_size=50304).vocab_size == 50257
+    # Rule: a model's vocabulary past what uint16 holds still loads uint16 files (their ids fit).
+    assert load_corpus(tmp_path, model_vocab_size=100_000).vocab_size == 65_536
+    # Rule: ids at or above the vocabulary given are one line naming the file.
+    with pytest.raises(ConfigError) as e:
+        load_corpus(tmp_path, vocab_size=50000)
+    assert str(e.value).startswith(f"{tmp_path / 'train.bin'}: vocab_size: holds token id 50256 but the "
+                                   "vocabulary has 50000 ids (0..49999); give the data's vocabulary (--vocab-size")
+    with pytest.raises(ConfigError, match=r"model_args.vocab_size: expected a whole number in \[1, 16,777,216\], "
+                                          r"got 'big'"):
+        load_corpus(tmp_path, model_vocab_size="big")
+    # Rule: a meta file without vocab_size (only a dtype) says so, and takes the model's too.
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16"}))
+    with pytest.raises(ConfigError, match=r"meta.json: vocab_size: no vocabulary size for train.bin and "
+                                          r"val.bin \(meta.json has no 'vocab_size'\)"):
+        load_corpus(tmp_path)
+    assert load_corpus(tmp_path, model_vocab_size=50304).vocab_size == 50304
+
+
+def test_nanogpt_meta_pkl_is_read_as_plain_data(tmp_path):
+    chars = sorted(set("First Citizen:\nBefore we proceed any further, hear me speak.!?;'-3&$XYZ"))
+    ids = np.arange(len(chars))
+    write_tokens(tmp_path, np.tile(ids, 4), ids)
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps(meta))
+    # Rule: nanoGPT's char-level meta.pkl gives the vocabulary; uint16 ids as it writes them.
+    corpus = load_corpus(tmp_path)
+    assert corpus.vocab_size == len(chars) and corpus.train.dtype == torch.uint16
+    assert corpus.val.long().tolist() == ids.tolist()
+    # Rule: any protocol; a dtype in it is honoured as in meta.json.
+    write_tokens(tmp_path, [70_000, 1], [2], dtype=np.uint32)
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 70_001, "dtype": "uint32"}, protocol=0))
+    assert load_corpus(tmp_path).train.long().tolist() == [70_000, 1]
+    # Rule: meta.json, when there is one, is read first (as before).
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 80_000, "dtype": "uint32"}))
+    assert load_corpus(tmp_path).vocab_size == 80_000
+
+
+class _Payload:
+    """A pickle that runs a shell command when unpickled by a plain ``pickle.load``."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, pickle.HIGHEST_PROTOCOL])
+def test_a_meta_pkl_that_names_a_function_is_refused_and_never_run(tmp_path, monkeypatch, protocol):
+    write_tokens(tmp_path, range(10), range(10))
+    pwned = tmp_path / "PWNED"
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": _Payload(f"touch {pwned}")}, protocol=protocol))
+    monkeypatch.chdir(tmp_path)
+    # Rule: a pickle that names a class or function is one line naming the file and saying
+    # only plain data is read; nothing in it runs.
+    with pytest.raises(ConfigError) as e:
+        load_corpus(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'meta.pkl'}: names '{os.system.__module__}.system': only plain data "
+                            "(dicts, lists, strings, numbers) is read from a pickle, no class or function, and "
+                            'nothing in it was run; write meta.json {"vocab_size": N} instead')
+    assert not pwned.exists()
+    assert pickle.loads((tmp_path / "meta.pkl").read_bytes()) is not None and pwned.exists()  # it was armed
+
+
+def test_a_meta_pkl_is_a_bounded_regular_file_of_plain_data(tmp_path):
+    write_tokens(tmp_path, range(10), range(10))
+    meta = tmp_path / "meta.pkl"
+    meta.write_bytes(b"not a pickle")
+    # Rule: what is not a pickle is one line naming the file.
+    with pytest.raises(ConfigError, match=r"meta.pkl: cannot read it as a pickle \(UnpicklingError: .*\); "
+                                          r"expected nanoGPT's meta.pkl"):
+        load_corpus(tmp_path)
+    meta.write_bytes(pickle.dumps([1, 2]))
+    with pytest.raises(ConfigError, match=r"meta.pkl: expected a mapping with a 'vocab_size' key, got a list"):
+        load_corpus(tmp_path)
+    meta.write_bytes(pickle.dumps({"vocab_size": "65"}))
+    with pytest.raises(ConfigError, match=r"meta.pkl: vocab_size: expected a whole number >= 1, got '65'"):
+        load_corpus(tmp_path)
+    # Rule: a value nested past repr's reach is named by its type (no RecursionError).
+    depth = 200_000
+    meta.write_bytes(b"\x80\x02}X\x0a\x00\x00\x00vocab_size" + b"]" * depth + b"a" * (depth - 1) + b"s.")
+    with pytest.raises(ConfigError, match=r"vocab_size: expected a whole number >= 1, got a deeply nested list"):
+        load_corpus(tmp_path)
+    # Rule: the config limit (1 MiB), said before the file is read; a pipe is never opened.
+    meta.write_bytes(pickle.dumps({"vocab_size": 10, "pad": "x" * data_mod.CONFIG_LIMIT}))
+    with pytest.raises(ConfigError, match=r"meta.pkl: is 1.0 MB \(\d+ bytes\), more than the 1 MiB"):
+        load_corpus(tmp_path)
+    meta.unlink()
+    os.mkfifo(meta)
+    with pytest.raises(ConfigError, match=r"meta.pkl: is a named pipe \(FIFO\), expected nanoGPT's meta.pkl"):
+        load_corpus(tmp_path)
+
+
+def test_the_digest_names_every_file_a_corpus_was_read_from(tmp_path, monkeypatch):
+    write_tokens(tmp_path / "tok", range(10), range(5), json.dumps({"vocab_size": 10}))
+    first = load_corpus(tmp_path / "tok").digest()
+    # Rule: train.bin, val.bin and the meta file that was read, each hashed whole (SHA-256).
+    part = first["data"]
+    assert first["tokenizer"] is None and part["files"] == 3 and part["root"] == str(tmp_path / "tok")
+    assert part["each"]["train.bin"] == hashlib.sha256((tmp_path / "tok" / "train.bin").read_bytes()).hexdigest()
+    assert set(part["each"]) == {"train.bin", "val.bin", "meta.json"}
+    assert part["bytes"] == 20 + 10 + len(json.dumps({"vocab_size": 10}))
+    # Rule: streamed in chunks: the same hash whatever the chunk.
+    monkeypatch.setattr(data_mod, "_DIGEST_CHUNK", 3)
+    assert load_corpus(tmp_path / "tok").digest() == first
+    # Rule: a changed byte changes the file's hash and the total; the others keep theirs.
+    write_tokens(tmp_path / "tok", [*range(9), 8], range(5))
+    second = load_corpus(tmp_path / "tok").digest()["data"]
+    assert second["sha256"] != part["sha256"] and second["each"]["train.bin"] != part["each"]["train.bin"]
+    assert second["each"]["val.bin"] == part["each"]["val.bin"]
+    # Rule: text directories by relative path; many files keep only the total.
+    monkeypatch.setattr(data_mod, "DIGEST_NAMED_FILES", 2)
+    for i in range(3):
+        (tmp_path / "texts" / "sub").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "texts" / "sub" / f"{i}.txt").write_text("hello world " * (i + 5))
+    text = load_corpus(tmp_path / "texts").digest()["data"]
+    assert text["files"] == 3 and text["each"] is None and text["source"].startswith("text directory")
+    # Rule: the built-in corpus is hashed by its picked files' contents.
+    stdlib = load_corpus().digest()["data"]
+    assert stdlib["files"] > 100 and 1_000_000 < stdlib["bytes"] <= data_mod.DEFAULT_MAX_BYTES
+    assert stdlib["root"] == sysconfig.get_paths()["stdlib"]
 
 
 def test_uint32_token_files_for_large_vocabularies(tmp_path):
@@ -295,6 +431,9 @@ def test_text_encoded_with_a_tokenizer(tmp_path):
     # Rule: decoding the ids gives the text back (UTF-8 included).
     assert tok.decode(corpus.val.long().tolist()) == "".join(ordered[n].read_text() for n in sorted(held))
     assert "tokens of" in corpus.source and str(tmp_path / "tokenizer.json") in corpus.source
+    # Rule: the tokenizer is part of the corpus's identity, hashed as a file of its own.
+    tokenizer_sha = hashlib.sha256((tmp_path / "tokenizer.json").read_bytes()).hexdigest()
+    assert corpus.digest()["tokenizer"]["each"] == {"tokenizer.json": tokenizer_sha}
     # Rule: a directory holding tokenizer.json works as well.
     assert load_corpus(tmp_path / "corpus", val_fraction=0.2, tokenizer=tmp_path).vocab_size == corpus.vocab_size
     # Rule: one file splits by tokens: the last val_fraction of them.

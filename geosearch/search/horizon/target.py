@@ -393,7 +393,8 @@ def model_logit_scale(model: str, model_args: dict[str, Any] | None = None) -> f
 
     args = dict(model_args or {})
     vocab = args.get("vocab_size", 256)
-    built = build_meta_model(model, vocab_size=vocab if is_whole(vocab) else 256, model_args=args)
+    built = build_meta_model(model, vocab_size=vocab if is_whole(vocab) else 256, model_args=args,
+                             for_data=False)
     if built.family == "nanogpt":
         width, heads, head_dim = built.config.get("n_embd"), built.config.get("n_head"), None
     else:

@@ -26,6 +26,7 @@ optional but ``version`` and ``geometries``::
       model: small                #   tiny | small | gpt2 | hf:gpt2 | hf:llama | py:MODULE:FACTORY
       model_args: {}              #   model fields, e.g. {n_layer: 2} (geosearch.models.zoo)
       data: null                  #   corpus path; null = the built-in text
+      vocab_size: null            #   the data's vocabulary, for train.bin/val.bin that name none
       steps: 200
       ...
     repeats: 1                    # seeds per assignment (proxy.seed, proxy.seed + 1, ...)

@@ -61,6 +61,7 @@ CLI_FLAGS: dict[str, str] = {
     "model": "proxy.model",
     "data": "proxy.data",
     "tokenizer": "proxy.tokenizer",
+    "vocab_size": "proxy.vocab_size",
     "batch_size": "proxy.batch_size",
     "device": "proxy.device",
     "mixed_precision": "proxy.mixed_precision",
@@ -359,8 +360,8 @@ def apply_overrides(
             read as YAML: ``proxy.steps=100``, ``proxy.data=null``,
             ``hyperparams.lr=[1e-4,1e-3]``), or a mapping of dotted keys to values.
         **flags: command-line flags (:data:`CLI_FLAGS`: ``trials``, ``timeout``, ``steps``,
-            ``model``, ``data``, ``batch_size``, ``device``, ``mixed_precision``, ``grad_accum``,
-            ``compile``, ``log_with``, ``repeats``, ``seed``,
+            ``model``, ``data``, ``tokenizer``, ``vocab_size``, ``batch_size``, ``device``,
+            ``mixed_precision``, ``grad_accum``, ``compile``, ``log_with``, ``repeats``, ``seed``,
             ``sampler``, ``name``, ``target_steps``, ``target_spectral_lr``,
             ``target_model``); a ``None`` value means "not given". Applied after
             ``overrides``.

@@ -30,7 +30,7 @@ from geosearch.search.runtime.liveness import STALE_AFTER
 from geosearch.search.study.queue import done_reason
 from geosearch.search.records import FAIL_REASON, PRUNE_REASON
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
-from geosearch.search.study.run import bind_study, preflight, write_space_file
+from geosearch.search.study.run import bind_study, data_digest, preflight, write_space_file
 from geosearch.search.study.trial_loop import Searcher, StopSearch
 
 __all__ = ["Objective", "objective"]
@@ -122,7 +122,8 @@ class Objective:
                 self._checked = True
             space = apply_overrides(self.space, name=study.study_name)
             run_dir = self.runs_dir / space.name
-            for note in bind_study(study, space, run_dir, source=f"study {study.study_name!r}"):
+            for note in bind_study(study, space, run_dir, source=f"study {study.study_name!r}",
+                                   digest=data_digest(space)):
                 self.echo(note)
             write_space_file(space, run_dir)
             store = self.artifact_store or default_store(run_dir)

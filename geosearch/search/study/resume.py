@@ -8,11 +8,17 @@ is compared with, the question itself) is refused with one line naming the key, 
 study untouched; a change of any other key (the proxy's run-time settings, the budget, the
 sampler) is allowed and returned as a one-line note. ``docs/design.md`` ("Resuming a study")
 shows the same table.
+
+The files the space names are compared by their contents too (:data:`ON_CHANGED_FILES`): a
+study records the SHA-256 of its data and tokenizer when it is created
+(:meth:`geosearch.proxy.data.Corpus.digest`, the study attr ``data_digest``), and a run that
+finds them changed is refused the same way, naming the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,10 +27,11 @@ import optuna
 from geosearch.checks import shown
 from geosearch.errors import ConfigError
 from geosearch.proxy.config import TrainConfig
-from geosearch.search.records import SPACE
+from geosearch.search.records import DATA_DIGEST, SPACE
 from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["NOT_COMPARED", "ON_RESUME", "RUN_TIME_KEYS", "Resume", "check_identity"]
+__all__ = ["NOT_COMPARED", "ON_CHANGED_FILES", "ON_RESUME", "RUN_TIME_KEYS", "Resume", "check_data",
+           "check_identity"]
 
 
 class Resume(NamedTuple):
@@ -81,6 +88,15 @@ does. The proxy's fields all change what a trial measures but :data:`RUN_TIME_KE
 NOT_COMPARED = ("version", "name")
 """Keys that cannot differ: the schema's version, and the name, which selects the study."""
 
+ON_CHANGED_FILES: dict[str, Resume] = {
+    "proxy.data": Resume(True, "the text or token ids a trial trains and is validated on"),
+    "proxy.tokenizer": Resume(True, "how a trial's text becomes token ids"),
+}
+"""The keys that name files -> what a change of those files' contents (their SHA-256,
+the study attr ``data_digest``) does on resume; the key's value itself is in :data:`ON_RESUME`."""
+_DIGEST_PARTS = {"proxy.data": "data", "proxy.tokenizer": "tokenizer"}
+"""Each key of :data:`ON_CHANGED_FILES` -> its part of the digest."""
+
 
 def check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> list[str]:
     """A resumed study must measure and judge the same thing (:data:`ON_RESUME`): a change of
@@ -114,6 +130,65 @@ def check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> li
         raise ConfigError(f"study {name!r} was created with {key}={shown(a)}, not {shown(b)}; {fix}, or "
                           "start a new study with --study NAME", source=str(run_dir), key=key)
     return notes
+
+
+def check_data(study: optuna.Study, digest: dict[str, Any] | None, run_dir: Path) -> list[str]:
+    """A resumed study must train on the contents it was created on: compare ``digest`` (the
+    data's and tokenizer's, :meth:`geosearch.proxy.data.Corpus.digest`) with the one the study
+    recorded, by :data:`ON_CHANGED_FILES`. A study without one (created before geosearch
+    recorded it) or a run that gives none (a worker process: its command checked) is not
+    compared.
+
+    Returns:
+        One note per allowed change (none in the table today).
+
+    Raises:
+        ConfigError: one line naming the key, the changed file (when the study recorded
+            each file's hash) and both hashes' first digits.
+    """
+    old = study.user_attrs.get(DATA_DIGEST)
+    if not isinstance(old, dict) or digest is None:
+        return []
+    name, notes = study.study_name, []
+    for key, resume in ON_CHANGED_FILES.items():
+        part = _DIGEST_PARTS[key]
+        a, b = old.get(part), digest.get(part)
+        sha = (a or {}).get("sha256") if isinstance(a, dict) else None, (b or {}).get("sha256")
+        if sha[0] == sha[1]:
+            continue
+        what, then, now = _changed_file(a, b)
+        if not resume.refused:
+            notes.append(f"note: study {name!r} was created on other contents of {what} ({resume.why})")
+            continue
+        raise ConfigError(
+            f"study {name!r} was created on other contents of {what} (sha256 {then}, now {now}); "
+            f"{resume.why} cannot change on resume: restore the study's files to resume it, or start a "
+            "new study with --study NAME", source=str(run_dir), key=key)
+    return notes
+
+
+def _changed_file(old: Any, new: Any) -> tuple[str, str, str]:
+    """What changed between two digest parts, in words, and its SHA-256 then and now (their
+    first 12 digits, ``none`` for a file or part that is not there): the first file whose hash
+    differs (its path; added or removed) when both list each file's, else the part as a whole."""
+    def cut(sha: Any) -> str:
+        return f"{sha[:12]}..." if isinstance(sha, str) else "none"
+
+    a, b = (old if isinstance(old, dict) else {}), (new if isinstance(new, dict) else {})
+    old_each, new_each = a.get("each"), b.get("each")
+    part = b or a
+    if isinstance(old_each, dict) and isinstance(new_each, dict):
+        for f in sorted(set(old_each) | set(new_each)):
+            if old_each.get(f) != new_each.get(f):
+                change = " (added)" if f not in old_each else " (removed)" if f not in new_each else ""
+                path = os.path.join(str(part.get("root") or ""), f)
+                return _printable(path, 160) + change, cut(old_each.get(f)), cut(new_each.get(f))
+    return _printable(str(part.get("source") or "the data"), 160), cut(a.get("sha256")), cut(b.get("sha256"))
+
+
+def _printable(text: str, limit: int) -> str:
+    """``text`` for a one-line message: as it is when printable, else its ``repr``; cut to ``limit``."""
+    return text[:limit] if text.isprintable() else shown(text, limit)
 
 
 def _values(old: dict[str, Any], new: dict[str, Any], key: str) -> tuple[bool, Any, Any]:

@@ -52,6 +52,7 @@ from geosearch.search.study.queue import done_count, done_reason, resolve_budget
 from geosearch.search.stats.ranking import Ranking, rank_study
 from geosearch.search.stats.trials import trial_line
 from geosearch.search.records import (
+    DATA_DIGEST,
     GEOSEARCH_VERSION,
     LADDER,
     STABILITY,
@@ -62,7 +63,7 @@ from geosearch.search.records import (
     TARGET,
     trial_status,
 )
-from geosearch.search.study.resume import check_identity
+from geosearch.search.study.resume import check_data, check_identity
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 from geosearch.search.runtime.backup import (
     STUDY_FILE,
@@ -84,7 +85,8 @@ from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_t
 from geosearch.search.study.trial_loop import Searcher, trial_seeds
 from geosearch.search.runtime.workers import run_workers, share_cpu
 
-__all__ = ["METRIC_NAME", "SearchOutcome", "bind_study", "preflight", "run_search", "write_space_file"]
+__all__ = ["METRIC_NAME", "SearchOutcome", "bind_study", "data_digest", "preflight", "run_search",
+           "write_space_file"]
 
 METRIC_NAME = "val_loss"
 """The name of a trial's value (``study.metric_names``): its assignment's mean final
@@ -118,14 +120,32 @@ class SearchOutcome:
     rank: int = 0
 
 
-def _study_attrs(space: SearchSpace) -> dict[str, Any]:
-    """The study attrs of a new study: its space, version, rules, proxy run, target, rungs."""
+def _study_attrs(space: SearchSpace, digest: dict[str, Any] | None) -> dict[str, Any]:
+    """The study attrs of a new study: its space, version, rules, proxy run, target, rungs,
+    and the digest of its data (when given)."""
     d = space.to_dict()
     proxy = dict(d["proxy"])
     proxy.update(repeats=space.repeats, seeds=trial_seeds(space))
-    return {SPACE: d, GEOSEARCH_VERSION: __version__, RULES: d["rules"], PROXY: proxy,
-            TARGET: resolve_target(space).record(), LADDER: ladder_record(plan_rungs(space)),
-            STABILITY: stability_record(space)}
+    attrs = {SPACE: d, GEOSEARCH_VERSION: __version__, RULES: d["rules"], PROXY: proxy,
+             TARGET: resolve_target(space).record(), LADDER: ladder_record(plan_rungs(space)),
+             STABILITY: stability_record(space)}
+    if digest is not None:
+        attrs[DATA_DIGEST] = digest
+    return attrs
+
+
+def data_digest(space: SearchSpace) -> dict[str, Any]:
+    """The SHA-256 of the files the space's proxy trains on, its data and tokenizer
+    (:meth:`geosearch.proxy.data.Corpus.digest`; the corpus is the one the preflight loaded,
+    from the process's cache), for :func:`bind_study`. Reads every file once: a command calls
+    it once, its workers never.
+
+    Raises:
+        ConfigError: the data cannot be loaded or read.
+    """
+    from geosearch.proxy.data import config_corpus
+
+    return config_corpus(space.proxy).digest()
 
 
 def preflight(space: SearchSpace, processes: int = 1) -> None:
@@ -155,7 +175,7 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     from geosearch.assignment import Assignment
     from geosearch.modules import empty_rule_error, get_rule_set, match_parameters
     from geosearch.plan import bind
-    from geosearch.proxy.data import load_corpus
+    from geosearch.proxy.data import config_corpus
     from geosearch.proxy.trackers import check_trackers
     from geosearch.models.specs import PY_PREFIX
     from geosearch.models.memory import check_fits
@@ -167,7 +187,7 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     check_precision(proxy.device, proxy.mixed_precision, source=where, key="proxy.mixed_precision")
     check_trackers(proxy.log_with, source=where, key="proxy.log_with")
     check_batch_split(proxy.batch_size, proxy.grad_accum, processes, source=where, prefix="proxy.")
-    corpus = load_corpus(proxy.data, tokenizer=proxy.tokenizer)
+    corpus = config_corpus(proxy)
     built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
     corpus.check_block_size(built.block_size)
     check_fits(built.model, proxy.model, device, source=where, key="proxy.model_args")
@@ -192,24 +212,35 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
         raise ConfigError(e.problem, source=where, key=e.key, allowed=e.allowed) from None
 
 
-def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: str) -> list[str]:
+def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: str,
+               digest: dict[str, Any] | None = None) -> list[str]:
     """Make ``study`` the study of ``space``: it must minimise and, when it already holds
-    a space, measure the same thing; a new one gets the space's study attrs.
+    a space, measure the same thing on the same data; a new one gets the space's study attrs.
+
+    Args:
+        study, space, run_dir: the study, its space and its run directory.
+        source: the storage in words, for a message.
+        digest: the data's :func:`data_digest`: recorded by a new study (and by one created
+            before geosearch recorded it), compared on resume
+            (:func:`~geosearch.search.study.resume.check_data`); None: neither (a worker).
 
     Returns:
         One note per run-time setting (:data:`RUN_TIME_KEYS`) that differs from the study's.
 
     Raises:
-        ConfigError: the study maximises, or was created with other settings.
+        ConfigError: the study maximises, or was created with other settings or on data
+            whose contents have changed since.
     """
     if study.direction != optuna.study.StudyDirection.MINIMIZE:
         raise ConfigError(f"study {study.study_name!r} maximises; geosearch studies minimise the val "
                           "loss", source=source)
-    notes = check_identity(study, space, run_dir)
+    notes = check_identity(study, space, run_dir) + check_data(study, digest, run_dir)
     new = SPACE not in study.user_attrs
     if new:
-        for k, v in _study_attrs(space).items():
+        for k, v in _study_attrs(space, digest).items():
             study.set_user_attr(k, v)
+    elif digest is not None and not isinstance(study.user_attrs.get(DATA_DIGEST), dict):  # an older study
+        study.set_user_attr(DATA_DIGEST, digest)
     if study.metric_names is None:  # the dashboard and `optuna` CLI name the value by it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -233,7 +264,8 @@ def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.Bas
                  options: SearchOptions) -> tuple[optuna.Study, str, bool, list[str]]:
     """Create or load the study of ``space`` (or take the given one, with the given sampler
     and pruner if any): ``(study, storage in words, whether it existed, notes on its changed
-    run-time settings)``."""
+    run-time settings)``. A command (not a worker) hashes the data first (:func:`data_digest`)."""
+    digest = data_digest(space) if options.worker_index is None else None
     pruner = options.pruner
     own = run_dir if options.study is None and options.storage is None else None
     if options.study is not None:
@@ -263,7 +295,7 @@ def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.Bas
         except Exception as e:  # noqa: BLE001
             raise storage_error(e, desc, own) from None
     try:
-        notes = bind_study(study, space, run_dir, desc)
+        notes = bind_study(study, space, run_dir, desc, digest)
         lost = lost_trials(run_dir, study) if options.worker_index is None else []  # reads every trial
     except GeosearchError:
         raise

@@ -8,8 +8,10 @@ preflight of geosearch.search.study.run) as a new study's are.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 import yaml
@@ -17,7 +19,8 @@ from _search_helpers import TINY_PROXY, FakeTrain, make_space, search, trials_of
 
 from geosearch.cli import main
 from geosearch.errors import ConfigError
-from geosearch.search.study.resume import NOT_COMPARED, ON_RESUME, RUN_TIME_KEYS
+from geosearch.search.records import DATA_DIGEST
+from geosearch.search.study.resume import NOT_COMPARED, ON_CHANGED_FILES, ON_RESUME, RUN_TIME_KEYS
 from geosearch.search.runtime.storage import open_run_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -182,3 +185,72 @@ def test_a_bad_run_time_flag_on_a_resumed_study_is_refused_before_any_trial(flag
     assert len(complete) == 4 and len(set(complete)) == 4
     assert not [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
     assert [t.user_attrs["status"] for t in trials if t.state == optuna.trial.TrialState.FAIL] == ["interrupted"]
+
+
+# --------------------------------------------------------------------------- the data's contents
+def _token_space(tmp_path, **proxy):
+    """A space whose proxy trains on a nanoGPT token directory ``tok`` (no meta file: its
+    vocabulary from ``proxy.vocab_size``), and its command line."""
+    tok = tmp_path / "tok"
+    tok.mkdir(exist_ok=True)
+    np.tile(np.arange(300, dtype=np.uint16), 2).tofile(tok / "train.bin")
+    np.arange(100, dtype=np.uint16).tofile(tok / "val.bin")
+    space = make_space(proxy={**TINY_PROXY, "data": str(tok), "vocab_size": 300, **proxy})
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space.to_dict()), encoding="utf-8")
+    return tok, ["search", "--space", str(path), "--runs-dir", str(tmp_path / "runs")]
+
+
+def test_a_study_refuses_to_resume_on_data_whose_contents_changed(fake, tmp_path, capsys):
+    tok, command = _token_space(tmp_path)
+    assert main(command) == 0
+    capsys.readouterr()
+    # Rule: the study records the SHA-256 of each file it trains on.
+    digest = open_run_study(tmp_path / "runs" / "t").user_attrs[DATA_DIGEST]
+    assert digest["data"]["each"]["val.bin"] == hashlib.sha256((tok / "val.bin").read_bytes()).hexdigest()
+    assert digest["tokenizer"] is None
+    before = _everything(tmp_path)
+    original = (tok / "val.bin").read_bytes()
+    (tok / "val.bin").write_bytes(original[:-2] + np.array([7], dtype=np.uint16).tobytes())  # one id edited
+    # Rule: the same path with other contents is refused as a change of what a trial measures:
+    # one line naming the file, both hashes, exit 2, the study untouched.
+    assert main([*command, "--trials", "3"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    new_sha = hashlib.sha256((tok / "val.bin").read_bytes()).hexdigest()
+    old_sha = digest["data"]["each"]["val.bin"]
+    assert new_sha != old_sha
+    assert lines == [
+        f"geosearch search: error: {tmp_path / 'runs' / 't'}: proxy.data: study 't' was created on other "
+        f"contents of {tok / 'val.bin'} (sha256 {old_sha[:12]}..., now {new_sha[:12]}...); the text or token "
+        "ids a trial trains and is validated on cannot change on resume: restore the study's files to resume "
+        "it, or start a new study with --study NAME"]
+    assert _everything(tmp_path) == before
+    # Rule: a file added beside them is not read (not part of the data); restored, it resumes.
+    (tok / "val.bin").write_bytes(original)
+    (tok / "notes.txt").write_text("mine")
+    assert main([*command, "--trials", "3"]) == 0
+
+
+def test_a_study_of_an_older_version_records_its_data_at_its_next_run(fake, tmp_path, capsys):
+    tok, command = _token_space(tmp_path)
+    assert main(command) == 0
+    study = open_run_study(tmp_path / "runs" / "t")
+    recorded = study.user_attrs[DATA_DIGEST]
+    study.set_user_attr(DATA_DIGEST, None)  # as if created before geosearch recorded it
+    study = open_run_study(tmp_path / "runs" / "t")
+    assert study.user_attrs[DATA_DIGEST] is None
+    # Rule: not compared (there is nothing to compare with), then recorded for the next run.
+    np.fromfile(tok / "train.bin", dtype=np.uint16)[::-1].tofile(tok / "train.bin")
+    assert main([*command, "--trials", "3"]) == 0
+    now = open_run_study(tmp_path / "runs" / "t").user_attrs[DATA_DIGEST]
+    assert now["data"]["sha256"] != recorded["data"]["sha256"] and now["data"]["files"] == 2
+
+
+def test_the_table_of_changed_files_is_documented():
+    # Rule: docs/design.md shows ON_CHANGED_FILES, row for row, and each names a key of the space.
+    assert set(ON_CHANGED_FILES) <= set(ON_RESUME)
+    rows = [f"| `{key}` | {'refused (changes verdicts)' if r.refused else 'may change (noted)'} | {r.why} |"
+            for key, r in ON_CHANGED_FILES.items()]
+    text = (Path(__file__).resolve().parents[3] / "docs" / "design.md").read_text(encoding="utf-8")
+    start = text.index("| key | its files' contents on resume | what they are |")
+    assert text[start:].split("\n\n")[0].splitlines()[2:] == rows
