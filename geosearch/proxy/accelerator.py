@@ -228,13 +228,14 @@ def launch_shortfall(world: int, environ: Mapping[str, str] | None = None,
 
 
 def _parent_command() -> list[str]:
-    """The parent process's command line (``accelerate launch ...``), or [] if unreadable."""
+    """The parent process's command line (``accelerate launch ...``), or [] if unreadable
+    (not Linux, the parent gone or not ours)."""
     try:
-        import psutil  # an Accelerate dependency
-
-        return psutil.Process(os.getppid()).cmdline()
-    except Exception:  # noqa: BLE001 - gone, not permitted, no psutil: nothing to read
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
         return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
 def _asked_processes(command: Sequence[str]) -> int | None:
