@@ -258,8 +258,28 @@ def _fewest(rows: list[dict], kind: str, coefficients: str, key: str, target: fl
     return next((k for k in ACCURACY_STEPS if _worst(rows, kind, coefficients, k)[key] <= target), None)
 
 
+def _time_fit(rows: list[dict], kind: str, sets) -> tuple[float, float]:
+    """``(a, b)`` of the least-squares line ms ≈ a + b·steps through the times per call
+    (summed over the shapes) of the coefficient sets ``sets``: less noisy on a shared
+    machine than one measured cell."""
+    ks = [k for _ in sets for k in ACCURACY_STEPS]
+    ms = [_worst(rows, kind, c, k)["ms"] for c in sets for k in ACCURACY_STEPS]
+    mk, mm = statistics.fmean(ks), statistics.fmean(ms)
+    b = sum((k - mk) * (m - mm) for k, m in zip(ks, ms)) / sum((k - mk) ** 2 for k in ks)
+    return mm - b * mk, b
+
+
+ERROR_LEVELS = {"dist": (0.9, 0.5, 0.35, 0.15, 1e-2, 1e-4), "median": (0.2, 0.1, 1e-2, 1e-5)}
+"""The accuracies the equal-accuracy table asks each set to reach (worst over the shapes)."""
+ERROR_NAMES = {"dist": "‖·‖₂", "median": "median |σ − 1|"}
+
+
 def accuracy_tables(rows: list[dict], shapes) -> str:
     sets = list(NS_COEFFICIENTS)
+    # Both sets run the same three products per iteration: one line through both times (the
+    # per-set lines are printed to show that they agree up to the machine's noise).
+    fits = {(kind, c): _time_fit(rows, kind, [c]) for kind in SPECTRA for c in sets}
+    pooled = {kind: _time_fit(rows, kind, sets) for kind in SPECTRA}
     out = []
     for kind, text in SPECTRA.items():
         out += [f"### {kind}: {text}", "",
@@ -273,27 +293,34 @@ def accuracy_tables(rows: list[dict], shapes) -> str:
             out.append(f"| {k} | " + " | ".join(f"{w[c]['dist']:.2e}" for c in sets) + " | "
                        + " | ".join(f"{w[c]['median']:.2e}" for c in sets) + " | "
                        + " | ".join(f"{w[c]['ms']:.2f}" for c in sets) + " |")
-        out.append("")
+        out += ["", "Time per call, least-squares fit over 1–12 steps: "
+                + "; ".join(f"{c} {fits[kind, c][0]:.2f} + {fits[kind, c][1]:.2f}·steps ms" for c in sets)
+                + f"; both {pooled[kind][0]:.2f} + {pooled[kind][1]:.2f}·steps ms", ""]
     out += ["### At equal accuracy", "",
-            f"Target: the other set's error at {BASE_STEPS} iterations (worst over the shapes). "
-            "Steps: the fewest iterations that reach it (— : none of 1–12 does); ms: time per call "
-            "at those steps, summed over the shapes; speed-up: the other set's ms at "
-            f"{BASE_STEPS} over this one's.", "",
-            "| spectrum | error | target set at 5 | its error | other set | steps to reach it | "
-            "ms (target set) | ms (other set) | speed-up |", "|---" * 9 + "|"]
+            "Per accuracy level (worst over the shapes), the fewest iterations of each set that reach it "
+            "(— : none of 1–12 does) and the time per call there, from the line fitted through both "
+            "sets' times (the same products per iteration); "
+            f"ratio: {sets[1]}'s time over {sets[0]}'s (> 1: {sets[0]} is faster at that accuracy). "
+            f"Rows \"= X at {BASE_STEPS}\": the level is set X's own error at {BASE_STEPS} iterations.", "",
+            "| spectrum | error | level | " + " | ".join(f"{c} steps | {c} ms" for c in sets) + " | ratio |",
+            "|---" * (4 + 2 * len(sets)) + "|"]
     for kind in SPECTRA:
-        for key, name in (("dist", "‖·‖₂"), ("median", "median |σ − 1|")):
-            for ref in sets:
-                other = next(c for c in sets if c != ref)
-                base = _worst(rows, kind, ref, BASE_STEPS)
-                k = _fewest(rows, kind, other, key, base[key])
-                if k is None:
-                    out.append(f"| {kind} | {name} | {ref} | {base[key]:.2e} | {other} | — | "
-                               f"{base['ms']:.2f} | — | — |")
-                    continue
-                ms = _worst(rows, kind, other, k)["ms"]
-                out.append(f"| {kind} | {name} | {ref} | {base[key]:.2e} | {other} | {k} | "
-                           f"{base['ms']:.2f} | {ms:.2f} | {base['ms'] / ms:.2f}× |")
+        for key, name in ERROR_NAMES.items():
+            levels = [(f"{x:g}", x) for x in ERROR_LEVELS[key]]
+            levels += [(f"= {c} at {BASE_STEPS} ({_worst(rows, kind, c, BASE_STEPS)[key]:.2g})",
+                        _worst(rows, kind, c, BASE_STEPS)[key]) for c in sets]
+            for label, level in levels:
+                cells, ms = [], {}
+                for c in sets:
+                    k = _fewest(rows, kind, c, key, level)
+                    if k is None:
+                        cells.append("— | —")
+                        continue
+                    a, b = pooled[kind]
+                    ms[c] = a + b * k
+                    cells.append(f"{k} | {ms[c]:.1f}")
+                ratio = f"{ms[sets[1]] / ms[sets[0]]:.2f}" if len(ms) == 2 else "—"
+                out.append(f"| {kind} | {name} | {label} | " + " | ".join(cells) + f" | {ratio} |")
     out += ["", "### Per shape", "", "| spectrum | shape | set | steps | ‖·‖₂ | max |σ − 1| | median |σ − 1| | ms |",
             "|---" * 8 + "|"]
     out += [f"| {r['spectrum']} | {r['shape'][0]}×{r['shape'][1]} | {r['set']} | {r['steps']} | {r['dist']:.2e} | "
