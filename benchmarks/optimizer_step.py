@@ -6,12 +6,20 @@ solvers against ``torch.optim.AdamW`` and against the reference algorithm as pub
 constraint error each leaves. Not a test: it prints a table and writes it to
 ``benchmarks/results/optimizer_step.md``.
 
+``--accuracy`` measures msign instead, for each Newton–Schulz coefficient set
+(``ns_coefficients``: ``polar_express``, ``quintic``) and 1–12 iterations: its distance to
+the exact polar factor and the error of its singular values, on Gaussian and decaying
+spectra, and its time per call; then how many iterations each set needs to reach the
+other's accuracy, so that a speed claim is made at equal accuracy. It writes
+``benchmarks/results/msign_accuracy.md``.
+
 Usage::
 
     python benchmarks/optimizer_step.py                      # GPT-2 small shapes
     python benchmarks/optimizer_step.py --shapes small --repeats 2   # a quick run
     python benchmarks/optimizer_step.py --threads 1          # stable numbers on a shared CPU
     python benchmarks/optimizer_step.py --device cuda --repeats 20
+    python benchmarks/optimizer_step.py --accuracy --shapes small --threads 1
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import torch
 
 from _common import publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.manifolds import get_manifold, manifold_names, msign
+from geosearch.manifolds.msign import NS_COEFFICIENTS
 from geosearch.optim.muon import ManifoldMuon
 
 SHAPES = {
@@ -167,6 +176,173 @@ def _cases(args) -> list[tuple[str, str, Callable]]:
     return cases
 
 
+# ------------------------------------------------------------------------------------
+# --accuracy: msign's coefficient sets against the exact polar factor, per iteration.
+# G = U diag(σ) Vᵀ with U, V from the QR of Gaussian matrices (float64), so the exact polar
+# factor U Vᵀ is known; msign(G) has G's singular vectors, so ‖msign(G) − U Vᵀ‖₂ is its worst
+# singular value's distance to 1 (up to float32 rounding).
+# ------------------------------------------------------------------------------------
+SPECTRA = {
+    "gaussian": "i.i.d. N(0, 1) entries (Marchenko–Pastur; the square shape reaches σ_min ≈ 4e-4·‖G‖_F)",
+    "power": "σ_i ∝ 1/i, i = 1..min(m, n) (a decaying, gradient-like spectrum)",
+    "decades": "σ log-spaced from σ_max down to 1e-3·σ_max (three decades)",
+}
+ACCURACY_STEPS = tuple(range(1, 13))
+ACCURACY_RESULTS = Path(__file__).parent / "results" / "msign_accuracy.md"
+BASE_STEPS = 5  # the default ns_steps, and torch.optim.Muon's
+
+
+def spectrum_matrix(kind: str, shape, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(G, exact polar factor)`` in float64 for a spectrum of :data:`SPECTRA`."""
+    m, n = shape
+    if kind == "gaussian":
+        G = torch.randn(m, n, generator=gen, dtype=torch.float64)
+        U, _, Vh = torch.linalg.svd(G, full_matrices=False)
+        return G, U @ Vh
+    k = min(m, n)
+    U = torch.linalg.qr(torch.randn(m, k, generator=gen, dtype=torch.float64))[0]
+    V = torch.linalg.qr(torch.randn(n, k, generator=gen, dtype=torch.float64))[0]
+    i = torch.arange(1, k + 1, dtype=torch.float64)
+    sigma = 1 / i if kind == "power" else torch.logspace(0, -3, k, dtype=torch.float64)
+    return (U * sigma) @ V.mT, U @ V.mT
+
+
+def msign_errors(G: torch.Tensor, P: torch.Tensor, coefficients: str, steps: int) -> dict:
+    """``‖msign(G) − P‖₂`` and the max and median of ``|σ_i(msign(G)) − 1|`` (float32 msign)."""
+    A = msign(G.float(), steps=steps, coefficients=coefficients).double()
+    sv = torch.linalg.svdvals(A)
+    return {"dist": float(torch.linalg.matrix_norm(A - P, ord=2)), "max": float((sv - 1).abs().max()),
+            "median": float((sv - 1).abs().median())}
+
+
+def time_msign(G: torch.Tensor, coefficients: str, steps: int, args, device) -> float:
+    """Median seconds of one msign call on ``G`` (float32, on ``device``)."""
+    times = []
+    for i in range(args.warmup + args.repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        msign(G, steps=steps, coefficients=coefficients)
+        _sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def accuracy_rows(shapes, args, device) -> list[dict]:
+    """One row per (spectrum, shape, set, steps): the errors and the time per call."""
+    rows = []
+    for kind in SPECTRA:
+        gen = torch.Generator().manual_seed(0)
+        for shape in shapes:
+            G, P = spectrum_matrix(kind, shape, gen)
+            G32 = G.float().to(device)
+            for coefficients in NS_COEFFICIENTS:
+                for steps in ACCURACY_STEPS:
+                    row = {"spectrum": kind, "shape": shape, "set": coefficients, "steps": steps,
+                           **msign_errors(G, P, coefficients, steps)}
+                    row["ms"] = time_msign(G32, coefficients, steps, args, device) * 1e3
+                    rows.append(row)
+            print(f"  {kind:9s} {shape[0]}×{shape[1]}", flush=True)
+    return rows
+
+
+def _worst(rows: list[dict], kind: str, coefficients: str, steps: int) -> dict:
+    """Over the shapes: the largest errors, and the summed time per call."""
+    mine = [r for r in rows if r["spectrum"] == kind and r["set"] == coefficients and r["steps"] == steps]
+    return {"dist": max(r["dist"] for r in mine), "median": max(r["median"] for r in mine),
+            "ms": sum(r["ms"] for r in mine)}
+
+
+def _fewest(rows: list[dict], kind: str, coefficients: str, key: str, target: float) -> int | None:
+    """The fewest iterations of ``coefficients`` whose worst ``key`` error is at most ``target``."""
+    return next((k for k in ACCURACY_STEPS if _worst(rows, kind, coefficients, k)[key] <= target), None)
+
+
+def _time_fit(rows: list[dict], kind: str, sets) -> tuple[float, float]:
+    """``(a, b)`` of the least-squares line ms ≈ a + b·steps through the times per call
+    (summed over the shapes) of the coefficient sets ``sets``: less noisy on a shared
+    machine than one measured cell."""
+    ks = [k for _ in sets for k in ACCURACY_STEPS]
+    ms = [_worst(rows, kind, c, k)["ms"] for c in sets for k in ACCURACY_STEPS]
+    mk, mm = statistics.fmean(ks), statistics.fmean(ms)
+    b = sum((k - mk) * (m - mm) for k, m in zip(ks, ms)) / sum((k - mk) ** 2 for k in ks)
+    return mm - b * mk, b
+
+
+ERROR_LEVELS = {"dist": (0.9, 0.5, 0.35, 0.15, 1e-2, 1e-4), "median": (0.2, 0.1, 1e-2, 1e-5)}
+"""The accuracies the equal-accuracy table asks each set to reach (worst over the shapes)."""
+ERROR_NAMES = {"dist": "‖·‖₂", "median": "median |σ − 1|"}
+
+
+def accuracy_tables(rows: list[dict], shapes) -> str:
+    sets = list(NS_COEFFICIENTS)
+    # Both sets run the same three products per iteration: one line through both times (the
+    # per-set lines are printed to show that they agree up to the machine's noise).
+    fits = {(kind, c): _time_fit(rows, kind, [c]) for kind in SPECTRA for c in sets}
+    pooled = {kind: _time_fit(rows, kind, sets) for kind in SPECTRA}
+    out = []
+    for kind, text in SPECTRA.items():
+        out += [f"### {kind}: {text}", "",
+                "Worst over the shapes of ‖msign(G) − polar(G)‖₂ (= max |σ − 1|) and of the median "
+                "|σ − 1|; ms: time per call summed over the shapes.", "",
+                "| steps | " + " | ".join(f"{c} ‖·‖₂" for c in sets) + " | "
+                + " | ".join(f"{c} median" for c in sets) + " | " + " | ".join(f"{c} ms" for c in sets) + " |",
+                "|---" * (1 + 3 * len(sets)) + "|"]
+        for k in ACCURACY_STEPS:
+            w = {c: _worst(rows, kind, c, k) for c in sets}
+            out.append(f"| {k} | " + " | ".join(f"{w[c]['dist']:.2e}" for c in sets) + " | "
+                       + " | ".join(f"{w[c]['median']:.2e}" for c in sets) + " | "
+                       + " | ".join(f"{w[c]['ms']:.2f}" for c in sets) + " |")
+        out += ["", "Time per call, least-squares fit over 1–12 steps: "
+                + "; ".join(f"{c} {fits[kind, c][0]:.2f} + {fits[kind, c][1]:.2f}·steps ms" for c in sets)
+                + f"; both {pooled[kind][0]:.2f} + {pooled[kind][1]:.2f}·steps ms", ""]
+    out += ["### At equal accuracy", "",
+            "Per accuracy level (worst over the shapes), the fewest iterations of each set that reach it "
+            "(— : none of 1–12 does) and the time per call there, from the line fitted through both "
+            "sets' times (the same products per iteration); "
+            f"ratio: {sets[1]}'s time over {sets[0]}'s (> 1: {sets[0]} is faster at that accuracy). "
+            f"Rows \"= X at {BASE_STEPS}\": the level is set X's own error at {BASE_STEPS} iterations.", "",
+            "| spectrum | error | level | " + " | ".join(f"{c} steps | {c} ms" for c in sets) + " | ratio |",
+            "|---" * (4 + 2 * len(sets)) + "|"]
+    for kind in SPECTRA:
+        for key, name in ERROR_NAMES.items():
+            levels = [(f"{x:g}", x) for x in ERROR_LEVELS[key]]
+            levels += [(f"= {c} at {BASE_STEPS} ({_worst(rows, kind, c, BASE_STEPS)[key]:.2g})",
+                        _worst(rows, kind, c, BASE_STEPS)[key]) for c in sets]
+            for label, level in levels:
+                cells, ms = [], {}
+                for c in sets:
+                    k = _fewest(rows, kind, c, key, level)
+                    if k is None:
+                        cells.append("— | —")
+                        continue
+                    a, b = pooled[kind]
+                    ms[c] = a + b * k
+                    cells.append(f"{k} | {ms[c]:.1f}")
+                ratio = f"{ms[sets[1]] / ms[sets[0]]:.2f}" if len(ms) == 2 else "—"
+                out.append(f"| {kind} | {name} | {label} | " + " | ".join(cells) + f" | {ratio} |")
+    out += ["", "### Per shape", "", "| spectrum | shape | set | steps | ‖·‖₂ | max |σ − 1| | median |σ − 1| | ms |",
+            "|---" * 8 + "|"]
+    out += [f"| {r['spectrum']} | {r['shape'][0]}×{r['shape'][1]} | {r['set']} | {r['steps']} | {r['dist']:.2e} | "
+            f"{r['max']:.2e} | {r['median']:.2e} | {r['ms']:.3f} |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def accuracy_main(args, device) -> int:
+    shapes = SHAPES[args.shapes]
+    rows = accuracy_rows(shapes, args, device)
+    header = (
+        f"# msign accuracy per Newton–Schulz coefficient set ({args.shapes} shapes: "
+        + ", ".join(f"{m}×{n}" for m, n in shapes) + ")\n\n"
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; device {device} "
+        f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads); "
+        f"torch {torch.__version__}; msign in float32 against the exact polar factor U Vᵀ (float64); "
+        f"time: median of {args.repeats} calls after {args.warmup} warm-up.\n\n"
+    )
+    publish(header + accuracy_tables(rows, shapes), args.out or ACCURACY_RESULTS)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="gpt2",
@@ -181,11 +357,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 gives stable numbers on a "
                              "machine other jobs share)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--accuracy", action="store_true",
+                        help="measure msign per coefficient set and iteration count instead (accuracy "
+                             "against the exact polar factor, and time per call)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"where to write (default {RESULTS.name}, or {ACCURACY_RESULTS.name} with --accuracy, "
+                             "in benchmarks/results/)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.accuracy:
+        return accuracy_main(args, device)
     shapes = SHAPES[args.shapes]
 
     rows = []
@@ -218,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         f"msign with {REF_NS} Polar Express steps; DGram retraction U Vᵀ·diag(σ) from an SVD.\n\n"
     )
     verdicts = _verdicts(rows, reference)
-    publish(header + table + "\n" + verdicts, args.out)
+    publish(header + table + "\n" + verdicts, args.out or RESULTS)
     return 0
 
 

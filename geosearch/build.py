@@ -63,7 +63,8 @@ def build_optimizer(
         **overrides: global settings, see :data:`DEFAULTS`: ``lr`` (AdamW), ``spectral_lr``
             (manifold Muon), ``betas``, ``eps``, ``weight_decay`` (AdamW), ``momentum``,
             ``nesterov``, ``solver``, ``dual_steps``, ``dual_lr``, ``dual_tol``,
-            ``warm_start``, ``ns_steps``. Per-type ``options`` of the assignment win over
+            ``warm_start``, ``ns_steps``, ``ns_coefficients``, ``muon_scale`` (euclidean
+            types). Per-type ``options`` of the assignment win over
             these (an ``lr`` option on a manifold type is its spectral step size).
 
     Returns:

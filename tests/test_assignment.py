@@ -203,6 +203,8 @@ BAD_YAML = [
      ["options.mlp_in.solver: unknown option 'solver' for 'mlp_in' (adamw)", "lr, betas, eps, weight_decay"]),
     ("no-decay-on-manifold", GOOD + "options: {attn: {weight_decay: 0.1}}\n",
      ["options.attn.weight_decay: unknown option 'weight_decay' for family 'attn'"]),
+    ("no-muon-scale-on-manifold", GOOD + "options: {attn: {muon_scale: none}}\n",
+     ["options.attn.muon_scale: unknown option 'muon_scale' for family 'attn'"]),
     ("option-type", GOOD + "options: {attn_qkv: {lr: fast}}\n", ["options.attn_qkv.lr: expected a number > 0, got 'fast'"]),
     ("option-range", GOOD + "options: {mlp: {momentum: 1.5}}\n", ["options.mlp.momentum: expected a number in [0, 1)"]),
     ("option-bool", GOOD + "options: {mlp: {nesterov: 1}}\n", ["options.mlp.nesterov: expected true or false"]),

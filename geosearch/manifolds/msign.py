@@ -1,13 +1,22 @@
 """The matrix sign (polar factor) ``msign(G) = U Vᵀ`` and an accurate polar factor.
 
 ``msign`` is what Muon applies to a momentum matrix: the steepest-descent direction
-under the spectral norm. It runs Newton–Schulz with the Polar Express per-iteration
-coefficients (Amsel, Persson, Musco, Gower, arXiv 2505.16932, Algorithm 1): the input is
-divided by its Frobenius norm ×1.01 so every singular value lies in (0, 1), then each
-iteration applies the odd quintic ``p_k(x) = a_k x + b_k x³ + c_k x⁵`` to every singular
-value, on the wide orientation (the Gram ``X Xᵀ`` is the small one). Five iterations give
-a direction: every singular value σ ≥ 1e-3·‖G‖_F ends in [0.84, 1.13], enough for an
-optimizer step; eight bring those to 1 to float32 rounding. The range is relative to the
+under the spectral norm. It runs Newton–Schulz: the input is divided by its Frobenius
+norm (×1.01 for Polar Express) so every singular value lies in (0, 1], then each
+iteration applies an odd quintic ``p_k(x) = a_k x + b_k x³ + c_k x⁵`` to every singular
+value, on the wide orientation (the Gram ``X Xᵀ`` is the small one). Two coefficient
+sets, by name (:data:`NS_COEFFICIENTS`):
+
+* ``"polar_express"`` (the default): one triple per iteration (Amsel, Persson, Musco,
+  Gower, arXiv 2505.16932, Algorithm 1), converging to 1 as iterations are added;
+* ``"quintic"``: Keller Jordan's fixed (3.4445, −4.7750, 2.0315) at every iteration, the
+  input divided by ‖G‖_F alone, as in his Muon and ``torch.optim.Muon``. It does not
+  converge: singular values settle in about [0.68, 1.2] however many iterations run
+  (five bring σ ≥ 1e-3·‖G‖_F into [0.47, 1.2]).
+
+With Polar Express, five iterations give a direction: every singular value
+σ ≥ 1e-3·‖G‖_F ends in [0.84, 1.13], enough for an optimizer step; eight bring those to 1
+to float32 rounding. The range is relative to the
 Frobenius norm the input is divided by, not to σ_max: ‖G‖_F is up to √rank·σ_max, so
 for a spectrum with many comparable singular values it is narrower relative to the
 largest (flat 768-square spectrum: 1e-3·‖G‖_F is 0.028·σ_max, and a singular value at
@@ -26,11 +35,12 @@ in float64 (a reference, and for tests).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["POLAR_EXPRESS_COEFFS", "msign", "polar", "gram_error"]
+__all__ = ["NS_COEFFICIENTS", "POLAR_EXPRESS_COEFFS", "QUINTIC_COEFFS", "msign", "polar", "gram_error"]
 
 # Polar Express degree-5 coefficients (a, b, c), one triple per iteration, as published
 # in arXiv 2505.16932 (Algorithm 1); iterations past the list reuse the last triple
@@ -51,6 +61,31 @@ _SAFETY = 1.01
 POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = tuple(
     (a / _SAFETY, b / _SAFETY**3, c / _SAFETY**5) for a, b, c in _POLAR_EXPRESS_RAW[:-1]
 ) + (_POLAR_EXPRESS_RAW[-1],)
+# Keller Jordan's quintic (Muon, 2024; torch.optim.Muon's default ns_coefficients): chosen for
+# a steep slope at 0 (3.4445) while iterates stay within about [0.68, 1.2].
+QUINTIC_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """One Newton–Schulz coefficient set: a triple per iteration (the last one repeats
+    past the list) and the margin the input's Frobenius norm is multiplied by."""
+
+    coeffs: tuple[tuple[float, float, float], ...]
+    margin: float
+
+    def triples(self, steps: int) -> list[tuple[float, float, float]]:
+        head = list(self.coeffs[:steps])
+        return head + list(itertools.repeat(self.coeffs[-1], steps - len(head)))
+
+
+NS_COEFFICIENTS: dict[str, _Schedule] = {
+    # 1.01: the Frobenius norm bounds σ_max; the margin absorbs rounding in low precision.
+    "polar_express": _Schedule(POLAR_EXPRESS_COEFFS, _SAFETY),
+    # Divided by ‖G‖_F alone, as Keller Jordan's and torch's Muon do.
+    "quintic": _Schedule((QUINTIC_COEFFS,), 1.0),
+}
+"""The coefficient sets :func:`msign` takes by name (the settings catalog's ``ns_coefficients``)."""
 
 # Polar Express iterations `polar` runs before polishing an input far from orthonormal.
 _POLAR_FAR_STEPS = 8
@@ -62,11 +97,6 @@ _NEAR = 0.5
 _MAX_POLISH = 8
 # Above this max|XᵀX - I| after polishing, `polar` gives up on Newton–Schulz (SVD instead).
 _FALLBACK = 1e-4
-
-
-def _coefficients(steps: int) -> list[tuple[float, float, float]]:
-    head = list(POLAR_EXPRESS_COEFFS[:steps])
-    return head + list(itertools.repeat(POLAR_EXPRESS_COEFFS[-1], steps - len(head)))
 
 
 def _fma(C: Tensor, A: Tensor, B: Tensor, beta: float, alpha: float = 1.0) -> Tensor:
@@ -93,19 +123,23 @@ def _svd_polar(X: Tensor) -> Tensor:
     return (U @ Vh).to(X.dtype)
 
 
-def msign(G: Tensor, steps: int = 5, exact: bool = False, bf16: bool = False) -> Tensor:
+def msign(G: Tensor, steps: int = 5, exact: bool = False, bf16: bool = False,
+          coefficients: str = "polar_express") -> Tensor:
     """Approximate polar factor ``U Vᵀ`` of the last two dims of ``G`` (``G = U Σ Vᵀ``).
 
     Args:
         G: ``(m, n)`` or batched ``(..., m, n)``; any real dtype, any device.
-        steps: Newton–Schulz iterations with the Polar Express coefficients
-            (5 for an optimizer direction; 8 converge in float32).
+        steps: Newton–Schulz iterations (Polar Express: 5 for an optimizer direction, 8
+            converge in float32).
         exact: use an SVD in float64 instead (zero singular values map to zero).
         bf16: on CUDA, iterate in bfloat16 (the paper's speed setting); ignored on CPU.
+        coefficients: a name of :data:`NS_COEFFICIENTS`: ``"polar_express"`` or
+            ``"quintic"`` (module docstring).
 
     Returns:
         A tensor of ``G``'s shape and dtype. Singular vectors are ``G``'s; singular
-        values are ``p(σ/(1.01‖G‖_F))`` for the composed polynomial ``p`` (≈ 1).
+        values are ``p(σ/(margin·‖G‖_F))`` for the composed polynomial ``p`` (≈ 1;
+        margin 1.01 for Polar Express, 1 for the quintic).
         ``msign(c·G) = msign(G)`` for every ``c > 0``.
 
     Example:
@@ -115,6 +149,10 @@ def msign(G: Tensor, steps: int = 5, exact: bool = False, bf16: bool = False) ->
     """
     if G.ndim < 2:
         raise ValueError(f"msign needs a matrix or a batch of matrices, got shape {tuple(G.shape)}")
+    schedule = NS_COEFFICIENTS.get(coefficients)
+    if schedule is None:
+        raise ValueError(f"unknown Newton–Schulz coefficients {coefficients!r}; expected one of: "
+                         f"{', '.join(NS_COEFFICIENTS)}")
     if exact:
         return _svd_sign(G)
     work = torch.bfloat16 if (bf16 and G.is_cuda) else torch.float32
@@ -122,9 +160,8 @@ def msign(G: Tensor, steps: int = 5, exact: bool = False, bf16: bool = False) ->
     tall = X.shape[-2] > X.shape[-1]
     if tall:  # iterate on the wide orientation: the Gram X Xᵀ is min(m, n) square
         X = X.mT
-    # 1.01: the Frobenius norm bounds σ_max; the margin absorbs rounding in low precision.
-    X = X / (torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True) * 1.01 + 1e-30)
-    for a, b, c in _coefficients(steps):
+    X = X / (torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True) * schedule.margin + 1e-30)
+    for a, b, c in schedule.triples(steps):
         A = X @ X.mT  # (.., k, k), k = min(m, n)
         B = _fma(A, A, A, beta=b, alpha=c)  # bA + cA²
         X = _fma(X, B, X, beta=a)  # aX + bX³ + cX⁵

@@ -7,9 +7,12 @@ Jordan's ``MuonWithAuxAdam``: every group says what it is with a ``geometry`` ke
 * ``geometry="adamw"``: AdamW (keys ``lr``, ``betas``, ``eps``, ``weight_decay``).
 * any registered manifold (or a tuple of them, one per block): Nesterov momentum, then
   a manifold-Muon step of spectral size ``lr`` and the retraction (keys below).
-  ``"euclidean"`` is plain Muon: ``W ← (1 − lr·wd)·W − lr·s·msign(M)`` with the usual
-  shape scale ``s = sqrt(max(1, fan_out/fan_in))``; constrained geometries take
-  ``s = 1`` (the spectral step size of the reference study) and no weight decay.
+  ``"euclidean"`` is plain Muon: ``W ← (1 − lr·wd)·W − lr·s·msign(M)`` with the shape
+  scale of the group's ``muon_scale``: ``"keller"`` (the default) ``s = sqrt(max(1,
+  fan_out/fan_in))``, as Keller Jordan's Muon and ``torch.optim.Muon(adjust_lr_fn=
+  "original")``; ``"none"`` ``s = 1``, as the reference study's unconstrained Muon.
+  Constrained geometries take ``s = 1`` (the spectral step size of the reference study)
+  and no weight decay.
 
 Parameters of manifold groups are **projected onto their manifold when the group is
 added** (at construction), as the reference study places weights on their manifold at
@@ -40,7 +43,7 @@ from geosearch.optim import settings, sharded
 from geosearch.optim.blocks import block_view
 from geosearch.optim.solvers import manifold_muon_update
 
-__all__ = ["ManifoldMuon", "MUON_DEFAULTS", "ADAMW_DEFAULTS", "SOLVERS"]
+__all__ = ["ManifoldMuon", "MUON_DEFAULTS", "MUON_SCALES", "ADAMW_DEFAULTS", "SOLVERS"]
 
 SOLVERS: tuple[str, ...] = settings.SETTINGS["solver"].choices
 """The manifold-Muon direction solvers (see :mod:`geosearch.optim.solvers`)."""
@@ -51,6 +54,13 @@ groups are checked against)."""
 
 ADAMW_DEFAULTS: dict[str, Any] = settings.group_defaults(settings.ADAMW)
 """AdamW group keys and their defaults (a copy of the settings catalog's)."""
+
+MUON_SCALES: dict[str, Callable[[int, int], float]] = {
+    "keller": lambda fan_out, fan_in: math.sqrt(max(1.0, fan_out / fan_in)),
+    "none": lambda fan_out, fan_in: 1.0,
+}
+"""Plain Muon's (``euclidean``) shape scale by the catalog's ``muon_scale`` name:
+``(fan_out, fan_in)`` -> the factor on the step."""
 
 _COMMON_KEYS = ("params", "geometry", "name")
 # Keys torch itself may put in a group (named parameters, LR schedulers).
@@ -344,13 +354,13 @@ def _decay(manifold: Manifold, group: dict[str, Any]) -> float:
 
 
 def _scale(manifold: Manifold, W: Tensor, group: dict[str, Any]) -> float:
-    """Plain Muon's shape scale sqrt(max(1, fan_out/fan_in)) for euclidean blocks, else 1.
+    """Plain Muon's shape scale (the group's ``muon_scale``) for euclidean blocks, else 1.
 
     ``W`` is a view from :func:`_pieces`, already ``(out, in)``."""
     if manifold.name != "euclidean":
         return 1.0
     fan_out, fan_in = W.shape[-2:]
-    return math.sqrt(max(1.0, fan_out / fan_in))
+    return MUON_SCALES[group["muon_scale"]](fan_out, fan_in)
 
 
 def _zeros_dual(W: Tensor) -> Tensor:

@@ -15,7 +15,9 @@ Scopes say where a setting goes:
   option of the types with a manifold geometry;
 * ``"adamw"``: the same for AdamW groups and the types assigned ``"adamw"``;
 * ``"euclidean"``: a key of manifold-Muon groups that only ``euclidean`` blocks may set
-  (weight decay: constrained weights are not decayed);
+  (weight decay: constrained weights are not decayed); with ``"muon"`` too, a global
+  setting written into every manifold-Muon group that only ``euclidean`` blocks read, and
+  a per-type option of ``euclidean`` types only (Muon's shape scale);
 * ``"layout"``: a manifold-Muon group key set from the name rules (fused blocks), not by
   users.
 
@@ -145,6 +147,14 @@ _TABLE = (
             (MUON,), solver_arg=True),
     Setting("warm_start", "bool", False, "start dual ascent from the previous step's dual variable", (MUON,)),
     Setting("ns_steps", "count", 5, "Newton–Schulz iterations per msign", (MUON,), solver_arg=True),
+    Setting("ns_coefficients", "choice", "polar_express",
+            "msign's Newton–Schulz coefficients: Polar Express's per iteration, or Keller Jordan's "
+            "fixed quintic (torch.optim.Muon's)", (MUON,), choices=("polar_express", "quintic"),
+            what="a coefficient set", solver_arg=True),
+    Setting("muon_scale", "choice", "keller",
+            "shape scale of unconstrained Muon's (euclidean) step: sqrt(max(1, fan_out/fan_in)) "
+            "(Keller Jordan's, torch.optim.Muon's 'original'), or none (a spectral step of lr)",
+            (MUON, EUCLIDEAN), choices=("keller", "none"), what="a shape scale"),
     Setting("split", "count", 1, "equal blocks a fused weight is cut into, each constrained on its own",
             (LAYOUT,)),
     Setting("split_dim", "choice", 0, "the weight dimension holding the outputs: 0 (out, in), 1 (in, out)",
@@ -225,12 +235,14 @@ def option_keys(geometry: str) -> tuple[str, ...]:
     """The per-type options a module type with this geometry accepts (param-group keys).
 
     ``lr`` is the AdamW step size of ``adamw`` types and the spectral step size of
-    manifold types; weight decay applies to ``adamw`` and ``euclidean`` types only.
+    manifold types; weight decay applies to ``adamw`` and ``euclidean`` types only, the
+    Muon shape scale (``muon_scale``) to ``euclidean`` types only.
     """
     if geometry == ADAMW:
         return tuple(s.group_key for s in _TABLE if ADAMW in s.scope)
-    take = {MUON, EUCLIDEAN} if geometry == EUCLIDEAN else {MUON}
-    return tuple(s.group_key for s in _TABLE if take & set(s.scope))
+    if geometry == EUCLIDEAN:
+        return tuple(s.group_key for s in _TABLE if {MUON, EUCLIDEAN} & set(s.scope))
+    return tuple(s.group_key for s in _TABLE if MUON in s.scope and EUCLIDEAN not in s.scope)
 
 
 def option_setting(key: str, geometry: str) -> Setting:

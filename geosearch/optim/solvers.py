@@ -59,7 +59,8 @@ __all__ = ["project_direction", "dual_ascent_direction", "manifold_muon_update"]
 
 
 def project_direction(
-    manifold: Manifold, W: Tensor, G: Tensor, ns_steps: int = 5, *, exact: bool = False
+    manifold: Manifold, W: Tensor, G: Tensor, ns_steps: int = 5, *, exact: bool = False,
+    ns_coefficients: str = "polar_express",
 ) -> Tensor:
     """One-``msign`` direction: ``msign(to_tangent(W, G))``.
 
@@ -69,11 +70,13 @@ def project_direction(
         G: the momentum / gradient, same shape.
         ns_steps: Newton–Schulz iterations of the ``msign``.
         exact: SVD-based ``msign`` (float64 reference).
+        ns_coefficients: the ``msign``'s Newton–Schulz coefficients, ``"polar_express"``
+            or ``"quintic"`` (:data:`geosearch.manifolds.msign.NS_COEFFICIENTS`).
 
     Returns:
         ``A`` with ``‖A‖_2 ≤ 1`` (up to Newton–Schulz error); the step is ``W − ηA``.
     """
-    return msign(manifold.to_tangent(W, G), steps=ns_steps, exact=exact)
+    return msign(manifold.to_tangent(W, G), steps=ns_steps, exact=exact, coefficients=ns_coefficients)
 
 
 def dual_ascent_direction(
@@ -87,6 +90,7 @@ def dual_ascent_direction(
     *,
     ns_steps: int = 5,
     exact: bool = False,
+    ns_coefficients: str = "polar_express",
 ) -> tuple[Tensor, Tensor | None, float]:
     """Tangent steepest-descent direction under the spectral norm, by dual ascent.
 
@@ -103,6 +107,8 @@ def dual_ascent_direction(
             e.g. the ``lam`` this function returned at the previous optimizer step.
         ns_steps: Newton–Schulz iterations per ``msign``.
         exact: SVD-based ``msign`` (float64 reference).
+        ns_coefficients: the ``msign``'s Newton–Schulz coefficients (see
+            :func:`project_direction`).
 
     Returns:
         ``(A, lam, residual)``: the direction with the smallest residual seen, the dual
@@ -110,7 +116,7 @@ def dual_ascent_direction(
         residual ``‖P(WᵀA + AᵀW)‖_F/√numel`` (the largest over a batch), a float.
     """
     if not manifold.is_gram:
-        return msign(G, steps=ns_steps, exact=exact), None, 0.0
+        return msign(G, steps=ns_steps, exact=exact, coefficients=ns_coefficients), None, 0.0
     wide = W.shape[-2] < W.shape[-1]
     if wide:
         W, G = W.mT, G.mT
@@ -125,7 +131,8 @@ def dual_ascent_direction(
         lam = manifold.gram_projector(sym(lam0.to(G.dtype))) / scale
 
     def evaluate(lam: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        A = msign(G_hat + 2 * manifold.apply_normal(W, lam), steps=ns_steps, exact=exact)
+        A = msign(G_hat + 2 * manifold.apply_normal(W, lam), steps=ns_steps, exact=exact,
+                  coefficients=ns_coefficients)
         H = manifold.tangent_residual(W, A)
         return A, H, torch.linalg.vector_norm(H, dim=(-2, -1)) / k_dim  # ‖H‖_F/√(n²)
 
@@ -154,6 +161,7 @@ def manifold_muon_update(
     *,
     solver: str = "project",
     ns_steps: int = 5,
+    ns_coefficients: str = "polar_express",
     dual_steps: int = 20,
     dual_lr: float = 0.1,
     dual_tol: float = 1e-3,
@@ -171,9 +179,10 @@ def manifold_muon_update(
         W: the current point, ``(..., m, n)``.
         G: the (Nesterov) momentum, same shape.
         lr: the spectral step size η: ``‖ηA‖_2 ≈ η`` before the retraction (up to the
-            Newton–Schulz error, ≤ 1.13η with 5 iterations); see the module docstring for
-            how far ``"project"`` goes along the manifold.
-        solver, ns_steps, dual_steps, dual_lr, dual_tol, lam0: see the two solvers.
+            Newton–Schulz error, ≤ 1.13η with 5 Polar Express iterations, ≤ 1.2η with the
+            quintic); see the module docstring for how far ``"project"`` goes along the manifold.
+        solver, ns_steps, ns_coefficients, dual_steps, dual_lr, dual_tol, lam0: see the two
+            solvers.
         weight_decay: decoupled weight decay (meant for the unconstrained geometry).
         scale: extra factor on the step (plain Muon's shape scale).
 
@@ -182,10 +191,10 @@ def manifold_muon_update(
     """
     if solver == "dual":
         A, lam, residual = dual_ascent_direction(
-            manifold, W, G, dual_steps, dual_lr, dual_tol, lam0, ns_steps=ns_steps
-        )
+            manifold, W, G, dual_steps, dual_lr, dual_tol, lam0, ns_steps=ns_steps,
+            ns_coefficients=ns_coefficients)
     else:
-        A, lam, residual = project_direction(manifold, W, G, ns_steps), None, None
+        A, lam, residual = project_direction(manifold, W, G, ns_steps, ns_coefficients=ns_coefficients), None, None
     if weight_decay:
         W = W * (1 - lr * weight_decay)
     return manifold.retract(W - (lr * scale) * A), lam, residual

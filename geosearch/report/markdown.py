@@ -270,14 +270,17 @@ def _md_baselines(table: BaselineTable) -> list[str]:
               "val loss minus the baseline's at the baseline's rung (AdamW: rung 0, it takes no "
               "spectral step; Muon: the top rung), negative = the assignment is better, with the "
               "95% interval of the paired test on shared seeds; × ms/step = the assignment's step "
-              "time over the baseline's.", ""]
+              "time over the baseline's. Each baseline says the step it trained at and, for Muon, "
+              "its shape scale (`muon_scale`: keller = × √max(1, fan_out/fan_in), the torch.optim.Muon "
+              "convention; none = the assignments' spectral step) and its msign.", ""]
     for name, b in table.baselines.items():
         where = f"rung {b['rung']}" + (f", Σ η {b['sum_eta']:.3g}" if b["sum_eta"] is not None else "")
+        trained = f" Trained as {b['trained']}." if b.get("trained") else ""
         if b["status"] != "completed":
-            lines += [f"**{name}** (trial {b['trial']}, {where}): {b['status']}: {b['reason']}.", ""]
+            lines += [f"**{name}** (trial {b['trial']}, {where}): {b['status']}: {b['reason']}.{trained}", ""]
             continue
         lines += [f"**{name}** (trial {b['trial']}, {where}): val loss {b['score'].text()}, "
-                  f"{_fmt(b['step_ms'], '.1f')} ms/step.", ""]
+                  f"{_fmt(b['step_ms'], '.1f')} ms/step.{trained}", ""]
         lines += _table(["trial", "assignment", "Δ val loss", "± 95%", "test", "× ms/step"],
                         [[r.number, r.label, f"{r.delta:+.4f}", _fmt(r.interval), r.test,
                           _fmt(r.step_ratio, ".2f")] for r in table.rows[name]])

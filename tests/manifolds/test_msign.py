@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geosearch.manifolds.msign import POLAR_EXPRESS_COEFFS, gram_error, msign, polar
-
-
+from geosearch.manifolds.msign import NS_COEFFICIENTS, POLAR_EXPRESS_COEFFS, QUINTIC_COEFFS, gram_error, msign, polar
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -33,6 +31,51 @@ def test_coefficients_compose_to_sign_on_published_interval():
         if k == 4:
             assert (x - 1).abs().max() < 0.25
     assert (x - 1).abs().max() < 1e-4
+
+
+def _composed(coefficients: str, steps: int, x: torch.Tensor) -> torch.Tensor:
+    """The scalar map msign applies to each singular value x = σ/‖G‖_F, in float64, from the
+    published numbers: Polar Express divides by 1.01‖G‖_F and takes one triple per iteration
+    (the last repeating); the quintic divides by ‖G‖_F and takes Keller Jordan's triple."""
+    if coefficients == "polar_express":
+        x = x / 1.01
+        triples = [POLAR_EXPRESS_COEFFS[min(k, len(POLAR_EXPRESS_COEFFS) - 1)] for k in range(steps)]
+    else:
+        triples = [(3.4445, -4.7750, 2.0315)] * steps
+    for a, b, c in triples:
+        x = a * x + b * x**3 + c * x**5
+    return x
+
+
+@pytest.mark.parametrize("coefficients", list(NS_COEFFICIENTS))
+@pytest.mark.parametrize("steps", [1, 3, 5, 10])
+@pytest.mark.parametrize("shape", [(32, 12), (12, 32)])
+def test_msign_applies_the_named_polynomial_to_each_singular_value(coefficients, steps, shape):
+    G = torch.randn(*shape, dtype=torch.float64, generator=_gen(10))
+    U, S, Vh = torch.linalg.svd(G, full_matrices=False)
+    want = (U * _composed(coefficients, steps, S / torch.linalg.matrix_norm(G))) @ Vh
+    # Rule: msign(G) = U p(σ/(margin·‖G‖_F)) Vᵀ for the named coefficient set, to float32 accuracy.
+    assert (msign(G, steps=steps, coefficients=coefficients) - want).abs().max() < 1e-5
+
+
+def test_quintic_is_keller_jordans_and_does_not_converge():
+    assert QUINTIC_COEFFS == (3.4445, -4.7750, 2.0315)
+    G = torch.randn(48, 16, dtype=torch.float64, generator=_gen(11))
+    quintic = [torch.linalg.svdvals(msign(G, steps=k, coefficients="quintic")) for k in (5, 12)]
+    polar_express = torch.linalg.svdvals(msign(G, steps=12))
+    # Rule: Polar Express converges to σ = 1; Keller Jordan's quintic keeps its singular values
+    # spread inside about [0.68, 1.2] however many iterations run.
+    assert (polar_express - 1).abs().max() < 1e-5
+    for sv in quintic:
+        assert 0.6 < sv.min() and sv.max() < 1.21 and sv.max() - sv.min() > 0.1
+    # Rule: both keep msign's scale invariance.
+    assert torch.allclose(msign(1e3 * G, coefficients="quintic"), msign(G, coefficients="quintic"), atol=1e-6)
+
+
+def test_unknown_coefficients_name_the_allowed_ones():
+    with pytest.raises(ValueError, match="unknown Newton–Schulz coefficients 'cubic'; expected one of: "
+                                         "polar_express, quintic"):
+        msign(torch.ones(3, 2), coefficients="cubic")
 
 
 def test_exact_path_is_the_polar_factor():

@@ -263,6 +263,32 @@ def test_euclidean_group_is_plain_muon_with_shape_scale_and_weight_decay():
     assert torch.allclose(model.weight.detach(), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("solver", ["project", "dual"])
+def test_msign_coefficients_reach_every_solver_and_the_scale_only_euclidean(solver):
+    from geosearch.optim.solvers import manifold_muon_update
+    gen = _gen(6)
+    W0, G = torch.randn(24, 8, generator=gen), torch.randn(24, 8, generator=gen)
+
+    def step(geometry: str, **kw) -> torch.Tensor:
+        p = nn.Parameter(W0.clone())
+        opt = ManifoldMuon([{"params": [p], "geometry": geometry, "solver": solver, "nesterov": False,
+                             "momentum": 0.0, **kw}])
+        p.grad = G.clone()
+        opt.step()
+        return p.detach()
+
+    M = get_manifold("stiefel")
+    quintic = step("stiefel", ns_coefficients="quintic")
+    want, _, _ = manifold_muon_update(M, M.project(W0), G, 0.02, solver=solver, ns_coefficients="quintic")
+    # Rule: the group's ns_coefficients is the msign the solver runs ...
+    assert torch.allclose(quintic, want, atol=1e-6)
+    assert not torch.allclose(quintic, step("stiefel"), atol=1e-4)
+    # ... and muon_scale changes euclidean steps only (constrained steps are of spectral size lr).
+    assert torch.equal(step("stiefel", muon_scale="none"), step("stiefel", muon_scale="keller"))
+    keller, none = step("euclidean", muon_scale="keller") - W0, step("euclidean", muon_scale="none") - W0
+    assert torch.allclose(keller, math.sqrt(24 / 8) * none, atol=1e-6)
+
+
 def test_step_returns_the_closure_loss_and_skips_params_without_grad():
     X, Y = _regression()
     model = nn.Linear(16, 24)
@@ -310,10 +336,12 @@ def test_in_out_layout_is_the_transpose_of_out_in(split):
 # torch.optim.Muon (torch >= 2.9) and the "euclidean" group share the update rule:
 #   buf ← lerp(buf, g, 1 − β);  U = lerp(g, buf, β) (nesterov=True);
 #   W ← (1 − lr·wd)·W − lr·sqrt(max(1, fan_out/fan_in))·NS(U)   (adjust_lr_fn="original").
-# They differ by design in NS only: torch runs Newton–Schulz in bfloat16 with one fixed
-# quintic (a, b, c) per iteration (Keller Jordan's 3.4445, −4.7750, 2.0315 by default) after
-# dividing by ‖U‖_F; ManifoldMuon runs it in float32 with the Polar Express coefficients
-# (one triple per iteration) after dividing by 1.01·‖U‖_F. Both approximate U's polar factor
+# (geosearch's default muon_scale "keller"; "none" drops the scale.) They differ by default in
+# NS only: torch runs Newton–Schulz in bfloat16 with one fixed quintic (a, b, c) per iteration
+# (Keller Jordan's 3.4445, −4.7750, 2.0315 by default) after dividing by ‖U‖_F; ManifoldMuon
+# runs it in float32 with the Polar Express coefficients (one triple per iteration) after
+# dividing by 1.01·‖U‖_F, or with torch's quintic and ‖U‖_F (ns_coefficients "quintic": the
+# tests at the end of this section). Both approximate U's polar factor
 # P = U_svd·V_svdᵀ, so the comparison below is made on P. Tolerance: torch's bfloat16 cast
 # alone moves a unit-scale matrix by up to its unit roundoff 2⁻⁸ ≈ 3.9e-3 per entry, and
 # the iteration compounds it: its direction is P to about 1e-2 in spectral norm (measured
@@ -329,7 +357,7 @@ def _muon_pair(shape, torch_kw: dict, our_kw: dict, seed: int = 0):
     gen = _gen(seed)
     W0, G, M = (torch.randn(*shape, generator=gen) for _ in range(3))
     a, b = nn.Parameter(W0.clone()), nn.Parameter(W0.clone())
-    ref = torch.optim.Muon([a], adjust_lr_fn="original", **_MUON, **torch_kw)
+    ref = torch.optim.Muon([a], adjust_lr_fn="original", **{**_MUON, **torch_kw})
     ours = ManifoldMuon([{"params": [b], "geometry": "euclidean", **_MUON, **our_kw}])
     for opt, p in ((ref, a), (ours, b)):
         p.grad = G.clone()
@@ -378,3 +406,95 @@ def test_euclidean_default_step_shares_torch_muons_singular_vectors(shape):
     assert float(torch.linalg.matrix_norm(P_theirs - P_ours, ord=2)) < _BF16_TOL
     # ... while the directions themselves differ by more than that (the NS polynomials).
     assert float(torch.linalg.matrix_norm(d_theirs - d_ours, ord=2)) > 5 * _BF16_TOL
+
+
+# With Newton–Schulz the same, the whole step agrees to float32 rounding. torch's NS is
+# replaced, for the step it takes, by geosearch's msign with the named coefficient set; the
+# replacement first checks that torch asked for exactly that set and that many steps, so what
+# is compared is everything around NS: momentum, Nesterov, weight decay, the shape scale.
+# What the replacement removes, and nothing else, is the difference of precision and eps
+# (docs/design.md, "msign and the manifold-Muon step"): torch casts to bfloat16 and divides
+# by max(‖U‖_F, 1e-7); geosearch iterates in float32 and divides by ‖U‖_F + 1e-30 (the quintic
+# takes no 1.01 margin, as torch), the same unless ‖U‖_F < 1e-7.
+_STEP_TOL = 1e-5
+
+
+def _torch_ns_is(monkeypatch, coefficients: str, steps: int) -> list[tuple]:
+    """Replace torch.optim.Muon's Newton–Schulz by geosearch's msign with ``coefficients``;
+    returns the (ns_coefficients, ns_steps, eps) of each call torch made."""
+    from torch.optim import _muon
+
+    from geosearch.manifolds.msign import NS_COEFFICIENTS
+    calls: list[tuple] = []
+
+    def ns(grad, ns_coefficients, ns_steps, eps):
+        calls.append((tuple(ns_coefficients), ns_steps, eps))
+        # Rule: torch asked for the named set's coefficients, with as many steps.
+        assert tuple(ns_coefficients) == NS_COEFFICIENTS[coefficients].coeffs[0] and ns_steps == steps
+        return msign(grad, steps=ns_steps, coefficients=coefficients)
+
+    monkeypatch.setattr(_muon, "_zeropower_via_newtonschulz", ns)
+    return calls
+
+
+@_needs_torch_muon
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48), (96, 32)])
+def test_keller_scale_is_torch_muons_original_step(monkeypatch, shape, nesterov):
+    calls = _torch_ns_is(monkeypatch, "quintic", 5)
+    kw = {"nesterov": nesterov}
+    W0, theirs, ours, (ref, a), (opt, b) = _muon_pair(
+        shape, {"ns_steps": 5, **kw}, {"ns_coefficients": "quintic", "ns_steps": 5, "muon_scale": "keller", **kw})
+    # Rule: torch's defaults are Keller Jordan's quintic, which geosearch names "quintic".
+    assert calls == [((3.4445, -4.7750, 2.0315), 5, 1e-7)]
+    # Rule: momentum buffers bit-for-bit equal; the whole step equal to float32 rounding.
+    assert torch.equal(ref.state[a]["momentum_buffer"], opt.state[b]["momentum_buffer"])
+    assert float((theirs - ours).abs().max()) < _STEP_TOL
+    # Control: the step is large against that tolerance, and the other scale misses it on tall weights.
+    assert float((W0 - ours).abs().max()) > 100 * _STEP_TOL
+    _, _, other, _, _ = _muon_pair(shape, {"ns_steps": 5, **kw},
+                                   {"ns_coefficients": "quintic", "ns_steps": 5, "muon_scale": "none", **kw})
+    tall = shape[0] > shape[1]
+    assert (float((theirs - other).abs().max()) > 100 * _STEP_TOL) == tall
+
+
+@_needs_torch_muon
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48), (96, 32)])
+def test_no_scale_is_torch_muon_at_the_lr_divided_by_its_scale(monkeypatch, shape):
+    # torch.optim.Muon has no unscaled option (adjust_lr_fn: "original" or "match_rms_adamw"),
+    # and it decays by lr·wd with the unscaled lr. So: torch at lr/s and wd·s, s = the
+    # "original" scale, takes (1 − lr·wd)·W − lr·NS(U): the step of muon_scale "none".
+    _torch_ns_is(monkeypatch, "quintic", 5)
+    s = math.sqrt(max(1.0, shape[0] / shape[1]))
+    torch_kw = {"lr": _MUON["lr"] / s, "weight_decay": _MUON["weight_decay"] * s, "ns_steps": 5}
+    gen = _gen(3)
+    W0, G, M = (torch.randn(*shape, generator=gen) for _ in range(3))
+    a, b = nn.Parameter(W0.clone()), nn.Parameter(W0.clone())
+    ref = torch.optim.Muon([a], adjust_lr_fn="original", **{**_MUON, **torch_kw})
+    ours = ManifoldMuon([{"params": [b], "geometry": "euclidean", **_MUON, "ns_coefficients": "quintic",
+                          "ns_steps": 5, "muon_scale": "none"}])
+    for opt, p in ((ref, a), (ours, b)):
+        p.grad = G.clone()
+        opt.state[p]["momentum_buffer"] = M.clone()
+        opt.step()
+    # Rule: muon_scale "none" takes a step of spectral size lr on every shape.
+    assert float((a.detach() - b.detach()).abs().max()) < _STEP_TOL
+
+
+@_needs_torch_muon
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48)])
+def test_quintic_step_matches_torch_muon_in_bfloat16(shape):
+    # torch's own Newton–Schulz, in bfloat16. The quintic does not converge, so it passes on
+    # more of bfloat16's rounding than a converged iteration does: its direction is torch's
+    # to a spectral distance of 0.026–0.054 (measured over 3 seeds of 5 shapes, square
+    # included), about ten bfloat16 units; we allow 0.07. The Polar Express direction is
+    # 0.34–0.44 from torch's: its polynomial maps singular values elsewhere.
+    tol = 0.07
+    W0, theirs, ours, _, _ = _muon_pair(shape, {}, {"ns_coefficients": "quintic"})
+    _, _, polar_express, _, _ = _muon_pair(shape, {}, {"ns_coefficients": "polar_express"})
+    diff = torch.linalg.matrix_norm(_direction(W0, theirs) - _direction(W0, ours), ord=2)
+    # Rule: same coefficients, same step up to torch's bfloat16.
+    assert float(diff) < tol
+    # Control: the other coefficient set is several tolerances away.
+    diff = torch.linalg.matrix_norm(_direction(W0, theirs) - _direction(W0, polar_express), ord=2)
+    assert float(diff) > 4 * tol

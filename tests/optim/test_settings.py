@@ -40,6 +40,9 @@ BAD = [
     ("betas", [0.9, 1.0], "expected two numbers in [0, 1)"),
     ("betas", "0.9,0.95", "expected two numbers in [0, 1)"),
     ("solver", "newton", "expected a solver name, got 'newton'; expected one of: project, dual"),
+    ("ns_coefficients", "keller", "expected a coefficient set, got 'keller'; expected one of: polar_express, quintic"),
+    ("muon_scale", None, "expected a shape scale, got None; expected one of: keller, none"),
+    ("muon_scale", "original", "expected a shape scale, got 'original'; expected one of: keller, none"),
     ("split_dim", 2, "expected 0 or 1, got 2; expected one of: 0, 1"),
 ]
 
@@ -78,6 +81,11 @@ def test_optimizer_and_build_optimizer_read_the_catalog():
     # Rule: the keys passed on to the solver are manifold-group keys the solver takes.
     assert set(settings.solver_keys()) <= set(MUON_DEFAULTS)
     assert set(settings.solver_keys()) <= set(inspect.signature(manifold_muon_update).parameters)
+    # Rule: the catalog's names are the ones msign and the optimizer know (the catalog stays torch-free).
+    from geosearch.manifolds.msign import NS_COEFFICIENTS
+    from geosearch.optim.muon import MUON_SCALES
+    assert settings.SETTINGS["ns_coefficients"].choices == tuple(NS_COEFFICIENTS)
+    assert settings.SETTINGS["muon_scale"].choices == tuple(MUON_SCALES)
     # Layout keys are set from the rules, never by users.
     assert not {"split", "split_dim"} & set(DEFAULTS)
     assert settings.ADAMW == ADAMW and settings.EUCLIDEAN in manifold_names()
@@ -87,9 +95,11 @@ def test_option_keys_per_geometry():
     adamw, stiefel, euclid = (set(settings.option_keys(g)) for g in ("adamw", "stiefel", "euclidean"))
     # Rule: every type takes lr; AdamW types take AdamW's keys; manifold types the Muon keys.
     assert adamw == {"lr", "betas", "eps", "weight_decay"}
-    assert stiefel == set(settings.group_values("muon", settings.defaults()))
-    # Rule: weight decay applies to adamw and euclidean types only.
-    assert euclid == stiefel | {"weight_decay"} and "weight_decay" not in stiefel
+    assert stiefel == set(settings.group_values("muon", settings.defaults())) - {"muon_scale"}
+    # Rule: weight decay applies to adamw and euclidean types only; Muon's shape scale,
+    # though a global setting every manifold group holds, is an option of euclidean types only.
+    assert euclid == stiefel | {"weight_decay", "muon_scale"} and not {"weight_decay", "muon_scale"} & stiefel
+    assert "muon_scale" in settings.names("global") and "muon_scale" in settings.group_defaults("muon")
     # Rule: an option names the param-group key; a manifold type's lr is the spectral step size.
     assert settings.option_setting("lr", "dgram").name == "spectral_lr"
     assert settings.option_setting("lr", "adamw").name == "lr"

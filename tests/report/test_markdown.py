@@ -108,6 +108,10 @@ def test_report_shows_baselines_and_merged_seeds(monkeypatch, tmp_path: Path) ->
     assert "**muon** (trial" in section and "**adamw** (trial" in section
     assert row(section, "attn=euclidean, mlp=oblique", "-0.0500", "0.0000", "paired", "1.00")
     assert row(section, "attn=euclidean, mlp=oblique", "-0.2000", "0.0000", "paired", "1.00")
+    # Rule: each baseline says how it trained (the report is where its Δ is read).
+    assert "**muon** (trial" in section and "Trained as Muon: spectral step 0.02 × √max(1, fan_out/fan_in) " \
+        "(muon_scale keller), msign 5 × polar_express, no weight decay." in section
+    assert "Trained as AdamW: lr 0.0006, weight decay 0.1." in section
     # Rule: baselines are not ranked, and the verdict says how many seeds each contender got.
     ranking = text.split("## Ranking")[1].split("\n## ")[0]
     assert "baseline" not in ranking

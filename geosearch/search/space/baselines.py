@@ -3,28 +3,31 @@ beside the assignments and never exported (``docs/design.md``, "Baselines").
 
 ``adamw`` gives every module type the space assigns the geometry ``adamw`` (plain AdamW at the
 proxy's ``lr``), ``muon`` gives them ``euclidean`` (unconstrained Muon at the proxy's
-``spectral_lr``) and ``muon_qkclip`` the same with Kimi K2's QK-clip (the proxy's ``qk_clip``
-at τ = 100); none is tuned separately. This module reads a space's ``baselines:`` and
-``max_repeats:`` and plans the steps they take; the study queues and scores them
-(:mod:`geosearch.search.study.baselines`).
+``spectral_lr``, with the proxy's ``muon_scale``, ``ns_coefficients`` and ``ns_steps``) and
+``muon_qkclip`` the same with Kimi K2's QK-clip (the proxy's ``qk_clip`` at τ = 100); none is
+tuned separately. This module reads a space's ``baselines:`` and ``max_repeats:``, plans the
+steps they take and says how each trained (:func:`training_text`); the study queues and
+scores them (:mod:`geosearch.search.study.baselines`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from geosearch.checks import Range, is_whole
+from geosearch.optim import settings as catalog
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.horizon.target import rung_seeds
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["BASELINES", "KIMI_QK_CLIP", "REPEATS", "BaselineSpec", "baseline_rungs", "parse_extras", "plan_line"]
+__all__ = ["BASELINES", "KIMI_QK_CLIP", "REPEATS", "BaselineSpec", "baseline_rungs", "parse_extras", "plan_line",
+           "training_text"]
 
 REPEATS = Range(1, 100, whole=True)
 """Seeds per assignment (``repeats``, and ``max_repeats`` with adaptive seeds)."""
@@ -86,6 +89,38 @@ def parse_extras(parser: _Parser, max_repeats: Any, repeats: Any,
 def baseline_rungs(name: str, rungs: Sequence[Rung]) -> list[Rung]:
     """The rungs baseline ``name`` trains: rung 0 only for AdamW, else every rung."""
     return list(rungs[:1]) if BASELINES[name].rung0_only else list(rungs)
+
+
+_SCALE_TEXT = {"keller": "× √max(1, fan_out/fan_in)", "none": "with no shape scale"}
+
+
+def training_text(name: str, proxy: Mapping[str, Any], spectral_lr: float | None = None) -> str:
+    """How baseline ``name`` trained the module types it took over: its optimizer, the step and,
+    for Muon, the shape convention, the msign and the weight decay, read from a study's
+    ``proxy`` record (``TrainConfig`` fields; a setting it lacks has the catalog's default).
+
+    Args:
+        name: a key of :data:`BASELINES`.
+        proxy: the proxy run's fields, as a study records them.
+        spectral_lr: the peak spectral step of the rung compared at (default: the proxy's).
+
+    Example:
+        >>> training_text("muon", {"spectral_lr": 0.02, "optimizer_args": {"muon_scale": "none"}})
+        'Muon: spectral step 0.02 with no shape scale (muon_scale none), msign 5 × polar_express, no weight decay'
+    """
+    values = catalog.defaults("global")
+    values.update({k: v for k, v in proxy.items() if k in values})
+    values.update({k: v for k, v in (proxy.get("optimizer_args") or {}).items() if k in values})
+    spec = BASELINES[name]
+    if spec.geometry == "adamw":
+        return f"AdamW: lr {values['lr']:g}, weight decay {values['weight_decay']:g}"
+    step = values["spectral_lr"] if spectral_lr is None else spectral_lr
+    scale = values["muon_scale"]
+    text = (f"Muon: spectral step {step:g} {_SCALE_TEXT.get(scale, '')} (muon_scale {scale}), "
+            f"msign {values['ns_steps']} × {values['ns_coefficients']}, no weight decay")
+    if "qk_clip" in spec.train_overrides:
+        text += f", QK-clip τ {spec.train_overrides['qk_clip']:g}"
+    return text
 
 
 def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:

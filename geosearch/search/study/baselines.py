@@ -9,7 +9,8 @@ done (:func:`queue_baselines`), trained with the study's seeds at every rung of 
 (a Muon step moves σ by at most η too, so Σ η means the same) or, for AdamW, which takes no
 spectral step, at rung 0 only. :func:`baseline_table` compares each ranked assignment with
 each baseline at the baseline's top rung: Δ loss (negative: the assignment is better) with
-the 95% interval of the paired test on shared seeds, and the ms/step ratio. Torch-free.
+the 95% interval of the paired test on shared seeds, and the ms/step ratio; and it says how
+each baseline trained (its step, and Muon's shape convention and msign). Torch-free.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from geosearch.search.records import (
     FINISHED,
     LADDER,
     MEAN_STEP_MS,
+    PROXY,
     PRUNE_REASON,
     FAIL_REASON,
     RUNG_INDICES,
@@ -41,7 +43,7 @@ from geosearch.search.records import (
     trial_status,
 )
 from geosearch.search.stats.scores import compare
-from geosearch.search.space.baselines import BASELINES
+from geosearch.search.space.baselines import BASELINES, training_text
 from geosearch.search.space.spec import SearchSpace, Suggestion
 
 
@@ -121,7 +123,9 @@ class BaselineTable:
 
     Attributes:
         baselines: name -> ``{"trial", "status", "rung", "sum_eta", "score", "step_ms",
-            "reason"}`` (the latest trial of that baseline).
+            "reason", "trained"}`` (the latest trial of that baseline; ``trained``: how it
+            trained, :func:`~geosearch.search.space.baselines.training_text`, ``None``
+            without the study's proxy record).
         rows: name -> the :class:`BaselineRow` of each ranked assignment (best first);
             empty when the baseline did not complete.
     """
@@ -140,6 +144,7 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
     for t in sorted(trials.values(), key=lambda t: t.number):
         if BASELINE in t.user_attrs and trial_status(t) in FINISHED:
             latest[t.user_attrs[BASELINE]] = t
+    proxy = study.user_attrs.get(PROXY)
     info: dict[str, dict[str, Any]] = {}
     rows: dict[str, list[BaselineRow]] = {}
     for name, b in latest.items():
@@ -148,10 +153,14 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
         status = trial_status(b)
         score = trial_score(b) if status == COMPLETED else None
         step_ms = finite_or_none(b.user_attrs.get(MEAN_STEP_MS))
-        sum_eta = ladder[rung].get("sum_eta") if isinstance(ladder, list) and rung < len(ladder) else None
+        entry = ladder[rung] if isinstance(ladder, list) and rung < len(ladder) else {}
+        sum_eta = entry.get("sum_eta")
+        trained = training_text(name, proxy, entry.get("spectral_lr")) \
+            if isinstance(proxy, dict) and name in BASELINES else None
         info[name] = {"trial": b.number, "status": status, "rung": rung, "sum_eta": sum_eta,
                       "score": score, "step_ms": step_ms,
-                      "reason": b.user_attrs.get(PRUNE_REASON) or b.user_attrs.get(FAIL_REASON)}
+                      "reason": b.user_attrs.get(PRUNE_REASON) or b.user_attrs.get(FAIL_REASON),
+                      "trained": trained}
         rows[name] = []
         if score is None or not score.n:
             continue
@@ -174,11 +183,12 @@ def baselines_lines(table: BaselineTable) -> list[str]:
              "rung, negative = the assignment is better; 95% interval; ms/step ratio):"]
     for name, b in table.baselines.items():
         where = f"rung {b['rung']}" + (f", Σ η {b['sum_eta']:.3g}" if b["sum_eta"] is not None else "")
+        trained = [f"    trained as {b['trained']}"] if b["trained"] else []
         if b["status"] != COMPLETED:
-            lines.append(f"  {name} (trial {b['trial']}, {where}): {b['status']}: {b['reason']}")
+            lines += [f"  {name} (trial {b['trial']}, {where}): {b['status']}: {b['reason']}", *trained]
             continue
         ms = f", {b['step_ms']:.1f} ms/step" if b["step_ms"] is not None else ""
-        lines.append(f"  {name} (trial {b['trial']}, {where}): val {b['score'].text()}{ms}")
+        lines += [f"  {name} (trial {b['trial']}, {where}): val {b['score'].text()}{ms}", *trained]
         for r in table.rows[name]:
             ratio = f"  {r.step_ratio:.2f}x ms/step" if r.step_ratio is not None else ""
             lines.append(f"    {r.label} (trial {r.number}): Δ {r.text()}{ratio}")

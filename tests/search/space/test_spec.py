@@ -43,6 +43,13 @@ def test_shipped_spaces_load_by_name():
     p = paper.proxy
     assert (p.spectral_lr, p.momentum, p.lr, p.betas, p.weight_decay, p.grad_clip) == (
         0.02, 0.95, 6e-4, (0.9, 0.95), 0.1, 1.0)
+    # Rule: ... and runs them as the study did where geosearch can (docs/design.md, "paper.yaml
+    # as the study ran it"): 10 Polar Express iterations, 2% warmup, K = 20 to the published
+    # tolerance, and a Muon baseline whose step is η on every matrix (no shape scale).
+    args = p.optimizer_args
+    assert (args["ns_steps"], args["ns_coefficients"], args["muon_scale"]) == (10, "polar_express", "none")
+    assert (p.solver, args["dual_steps"], args["dual_tol"]) == ("dual", 20, 1e-6)
+    assert p.resolved().warmup_steps == p.steps // 50 and "muon" in paper.baselines
     # Rule: full.yaml searches every split module type over every geometry, plus step sizes.
     assert full.rules == "nanogpt_split" and full.proxy.model == "gpt2"
     assert list(full.geometries) == ["attn_q", "attn_k", "attn_v", "attn_out", "mlp_in", "mlp_out"]

@@ -73,6 +73,8 @@ def test_baselines_are_trained_not_counted_not_exported_and_compared(monkeypatch
     worse = next(r for r in table.rows["adamw"] if r.label.startswith("attn=oblique"))
     assert worse.delta == pytest.approx(3.2 - 3.1 + 0.0015) and worse.interval is not None
     assert worse.step_ratio == pytest.approx(4.0) and table.baselines["adamw"]["rung"] == 0
+    # Rule: each baseline is described at the rung it is compared at (Muon: the top rung's step).
+    assert table.baselines["muon"]["trained"].startswith(f"Muon: spectral step {rungs[-1].spectral_lr:g} ×")
     text = format_ranking(study)
     assert "baselines (reported, never exported" in text and "muon (trial" in text
     assert f"Δ {best.text()}  2.00x ms/step" in text
@@ -91,3 +93,21 @@ def test_muon_qkclip_trains_with_kimi_tau(monkeypatch, tmp_path):
     clipped = [c for c, call in zip(f.configs, f.calls) if call[0] == "attn=euclidean,mlp=euclidean"]
     assert [c.qk_clip for c in clipped] == [100.0]
     assert all(c.qk_clip is None for c, call in zip(f.configs, f.calls) if call[0] != "attn=euclidean,mlp=euclidean")
+
+
+def test_each_baseline_says_the_step_and_muon_convention_it_trained_with(monkeypatch, tmp_path):
+    f = use_train(monkeypatch, FakeTrain(losses=lambda key, seed: 3.0))
+    proxy = {**make_space().to_dict()["proxy"], "spectral_lr": 0.03,
+             "optimizer_args": {"muon_scale": "none", "ns_steps": 10}}
+    search(make_space(GRID, baselines=["adamw", "muon"], proxy=proxy), tmp_path)
+    muon_runs = [c for c, call in zip(f.configs, f.calls) if call[0] == "attn=euclidean,mlp=euclidean"]
+    # Rule: the Muon baseline trains with the space's optimizer settings (its shape convention too).
+    assert muon_runs and all(c.optimizer_args["muon_scale"] == "none" for c in muon_runs)
+    study = open_run_study(tmp_path / "runs" / "t")
+    table = baseline_table(study)
+    # Rule: the table says how each baseline trained: the step, Muon's scale convention and msign.
+    assert table.baselines["muon"]["trained"] == (
+        "Muon: spectral step 0.03 with no shape scale (muon_scale none), msign 10 × polar_express, "
+        "no weight decay")
+    assert table.baselines["adamw"]["trained"].startswith(f"AdamW: lr {proxy['lr']:g}")
+    assert "    trained as Muon: spectral step 0.03 with no shape scale" in format_ranking(study)
