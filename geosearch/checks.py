@@ -175,8 +175,12 @@ def _num(x: float) -> str:
 
 
 def shown(value: Any, limit: int = 60) -> str:
-    """``repr(value)`` for a message, cut to ``limit`` characters."""
-    text = repr(value)
+    """``repr(value)`` for a message, cut to ``limit`` characters; a value nested too deep
+    for ``repr`` (as a pickle may build) is named by its type."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"a deeply nested {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -18,8 +18,8 @@ Three sources, all offline (nothing is ever downloaded):
   native byte order, ``uint16`` unless a meta file says ``"dtype": "uint32"``, which
   vocabularies above 65,536 need), memory-mapped. The vocabulary size comes from the
   ``vocab_size`` argument (``--vocab-size``, ``proxy.vocab_size``), else the tokenizer's,
-  else the first meta file next to them (:data:`META_FILES`: ``meta.json`` / ``meta.yaml``
-  ``{"vocab_size": 50257, "dtype": "uint16"}``, or nanoGPT's ``meta.pkl``; :data:`META_FIELDS`:
+  else the first meta file next to them (:data:`~geosearch.proxy.meta.META_FILES`: ``meta.json`` / ``meta.yaml``
+  ``{"vocab_size": 50257, "dtype": "uint16"}``, or nanoGPT's ``meta.pkl``; :data:`~geosearch.proxy.meta.META_FIELDS`:
   ``vocab_size`` a whole number >= 1, ``dtype`` one of :data:`TOKEN_DTYPES`, other keys
   ignored), else the model's (``model_vocab_size``: ``model_args.vocab_size``). A bare
   directory as nanoGPT's ``openwebtext`` writes it (GPT-2 ids, no meta file) thus loads with
@@ -27,7 +27,7 @@ Three sources, all offline (nothing is ever downloaded):
   trains). The files are read once at load to check that every id is below the vocabulary
   size.
 * ``meta.pkl`` (nanoGPT's character-level sets: ``{"vocab_size": 65, "itos": {...},
-  "stoi": {...}}``) is unpickled by :class:`_PlainUnpickler`, which builds plain data only
+  "stoi": {...}}``) is unpickled by :class:`~geosearch.proxy.meta._PlainUnpickler`, which builds plain data only
   (dicts, lists, tuples, sets, strings, bytes, numbers, booleans, None): a pickle that names
   any class or function (``os.system``, a numpy array) is refused before anything in it
   runs. ``itos`` / ``stoi`` are loaded as plain data and not used (geosearch decodes nothing).
@@ -71,10 +71,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import io
-import json
 import os
-import pickle
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -85,19 +82,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from geosearch.checks import is_int
+from geosearch.checks import is_int, shown
 from geosearch.errors import ConfigError
 from geosearch.files import (
-    CONFIG_LIMIT,
     TEXT_CORPUS_LIMIT,
     TOKENIZER_LIMIT,
     check_user_file,
-    read_user_bytes,
     read_user_text,
     size_text,
 )
 from geosearch.models.specs import MODEL_SIZE
-from geosearch.yaml_io import parse_yaml
+from geosearch.proxy.meta import META_FILES, read_meta
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.proxy.config import TrainConfig
@@ -106,10 +101,9 @@ DEFAULT_MAX_BYTES = 4 * 2**20  # cap on the default corpus (train + validation)
 EXCLUDED_STDLIB_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",
                                   "__pycache__"})
 TOKEN_FILES = ("train.bin", "val.bin")
-META_FILES = ("meta.json", "meta.yaml", "meta.yml", "meta.pkl")
-"""The meta files of a token directory, in the order they are looked for: the first found is read."""
 TOKEN_DTYPES: dict[str, torch.dtype] = {"uint16": torch.uint16, "uint32": torch.uint32}
-"""``dtype`` values of ``meta.json`` -> how ``train.bin`` / ``val.bin`` are read (default uint16)."""
+"""``dtype`` values of a meta file (:data:`~geosearch.proxy.meta.TOKEN_DTYPE_NAMES`) -> how
+``train.bin`` / ``val.bin`` are read (default uint16)."""
 TOKENIZER_FILE = "tokenizer.json"
 _ID_SCAN_CHUNK = 2**24  # token ids converted at a time when checking their range
 _DIGEST_CHUNK = 2**20  # bytes read at a time when hashing a file
@@ -430,8 +424,8 @@ def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None,
            *_stamps(paths + [p / m for m in META_FILES]))
     if key in _CACHE:
         return _CACHE[key]
-    meta, meta_path = _read_meta(p)
-    dtype_name = meta.get("dtype", "uint16")  # a name of TOKEN_DTYPES: _read_meta checked it
+    meta, meta_path = read_meta(p)
+    dtype_name = meta.get("dtype", "uint16")  # a name of TOKEN_DTYPES: read_meta checked it
     dtype, limit = TOKEN_DTYPES[dtype_name], 2 ** (8 * TOKEN_DTYPES[dtype_name].itemsize)
     where = str(p)  # what a bad vocabulary's message names
     if vocab_size is None and tok is not None:
@@ -452,7 +446,7 @@ def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None,
     if not is_int(vocab_size) or not 1 <= vocab_size <= limit:
         hint = ' (a larger vocabulary needs "dtype": "uint32" in meta.json)' if dtype_name == "uint16" else ""
         raise ConfigError(f"vocab_size must be an integer in [1, {limit}] for {dtype_name} tokens but got "
-                          f"{_shown(vocab_size)}{hint}", source=where, key="vocab_size")
+                          f"{shown(vocab_size)}{hint}", source=where, key="vocab_size")
     splits = []
     for f in paths:
         n_bytes, width = f.stat().st_size, dtype.itemsize
@@ -526,127 +520,6 @@ def _check_ids(data: torch.Tensor, vocab_size: int, source: str) -> None:
         raise ConfigError(f"holds token id {largest} but the vocabulary has {vocab_size} ids "
                           f"(0..{vocab_size - 1}); give the data's vocabulary (--vocab-size, "
                           "meta.json) or tokenizer", source=source, key="vocab_size")
-
-
-def _read_meta(p: Path) -> tuple[dict, Path | None]:
-    """The first of :data:`META_FILES` in ``p`` and its path, or ``({}, None)`` when there is
-    none. ``meta.json`` / ``meta.yaml`` are read as a user's config
-    (:func:`geosearch.files.read_user_text`: a regular file, 1 MiB at most, UTF-8),
-    ``meta.pkl`` as plain data (:func:`_read_pickle`, the same size limit), and the fields
-    checked (:data:`META_FIELDS`).
-
-    Raises:
-        ConfigError: naming the file (and the key): not a regular file, too large, not UTF-8,
-            malformed, a pickle that names a class or function, not a mapping, or a field of
-            the wrong type or value.
-    """
-    for name in META_FILES:
-        meta_path = p / name
-        if not (meta_path.exists() or meta_path.is_symlink()):
-            continue
-        source = str(meta_path)
-        if name == "meta.pkl":
-            meta = _read_pickle(meta_path)
-        else:
-            text = read_user_text(meta_path, what='a mapping such as {"vocab_size": 50257, "dtype": "uint16"}',
-                                  limit=CONFIG_LIMIT)
-            if name == "meta.json":
-                try:
-                    meta = json.loads(text)
-                except ValueError as e:
-                    where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-                    raise ConfigError(f"malformed JSON{where}: {getattr(e, 'msg', e)}", source=source) from None
-            else:
-                meta = parse_yaml(text, source=source)
-        if not isinstance(meta, dict):
-            raise ConfigError(f"expected a mapping with a 'vocab_size' key, got {_type_word(meta)}",
-                              source=source)
-        _check_meta(meta, source)
-        return meta, meta_path
-    return {}, None
-
-
-class _NotPlainData(pickle.UnpicklingError):
-    """A pickle asked for a class or function (or a persistent object): what it names."""
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles plain data only: dicts, lists, tuples, sets, strings, bytes, numbers,
-    booleans and None, which the pickle opcodes build themselves. Every other object needs a
-    class or function looked up by name (``find_class``: the ``GLOBAL`` / ``STACK_GLOBAL`` /
-    ``INST`` opcodes and the extension registry), and that lookup is refused, so nothing a
-    pickle names is ever imported or called."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise _NotPlainData(f"{module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise _NotPlainData("a persistent object")
-
-
-def _read_pickle(path: Path) -> Any:
-    """nanoGPT's ``meta.pkl`` as plain data (:class:`_PlainUnpickler`), read as a user's file
-    of at most :data:`CONFIG_LIMIT` bytes.
-
-    Raises:
-        ConfigError: naming the file: not a regular file, too large, a pickle that names a
-            class or function (never imported or run), or not a pickle.
-    """
-    data = read_user_bytes(path, what="nanoGPT's meta.pkl, a pickled dict such as {'vocab_size': 65}",
-                           limit=CONFIG_LIMIT)
-    try:
-        return _PlainUnpickler(io.BytesIO(data)).load()
-    except _NotPlainData as e:
-        raise ConfigError(f"names {_shown(str(e))}: only plain data (dicts, lists, strings, numbers) is read "
-                          "from a pickle, no class or function, and nothing in it was run; write meta.json "
-                          '{"vocab_size": N} instead', source=str(path)) from None
-    except Exception as e:  # noqa: BLE001 - a damaged pickle fails in many ways
-        raise ConfigError(f"cannot read it as a pickle ({type(e).__name__}: {_shown(str(e))}); expected "
-                          "nanoGPT's meta.pkl, a pickled dict such as {'vocab_size': 65}",
-                          source=str(path)) from None
-
-
-META_FIELDS = {"vocab_size": "a whole number >= 1", "dtype": "uint16 or uint32"}
-"""The fields of a meta file geosearch reads, and what each must be (others are ignored)."""
-
-
-def _check_meta(meta: dict, source: str) -> None:
-    """Raise a ConfigError naming ``source`` and the key for a field of :data:`META_FIELDS`
-    of the wrong type or value."""
-    if "dtype" in meta:
-        dtype = meta["dtype"]
-        if not isinstance(dtype, str) or dtype not in TOKEN_DTYPES:
-            what = f"unknown token dtype {_shown(dtype)}" if isinstance(dtype, str) else \
-                f"got {_described(dtype)}, not the name of a token dtype"
-            raise ConfigError(f"{what} for train.bin and val.bin", source=source, key="dtype",
-                              allowed=TOKEN_DTYPES)
-    if "vocab_size" in meta:
-        v = meta["vocab_size"]
-        if not is_int(v) or v < 1:
-            raise ConfigError(f"expected {META_FIELDS['vocab_size']}, got {_described(v)}",
-                              source=source, key="vocab_size")
-
-
-def _type_word(v: object) -> str:
-    """``"a list"``, ``"a string"``, ``"null"``... for a message."""
-    words = {type(None): "null", bool: "a boolean", str: "a string", int: "a whole number",
-             float: "a number", list: "a list", dict: "a mapping"}
-    return words.get(type(v), f"a {type(v).__name__}")
-
-
-def _described(v: object) -> str:
-    """``"['uint16'] (a list)"``: a value and its type, for a message."""
-    return f"{_shown(v)} ({_type_word(v)})"
-
-
-def _shown(v: object, width: int = 60) -> str:
-    """``repr(v)``, cut to ``width`` characters (a value nested too deep for ``repr``, as a
-    pickle may build, is named by its type)."""
-    try:
-        text = repr(v)
-    except RecursionError:
-        return f"a deeply nested {type(v).__name__}"
-    return text if len(text) <= width else text[:width] + "..."
 
 
 def _files_digest(files: tuple[Path, ...], root: Path | None, source: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from geosearch.errors import ConfigError
+from geosearch.files import CONFIG_LIMIT
 from geosearch.proxy import data as data_mod
 from geosearch.proxy.data import clear_corpus_cache, get_batch, load_corpus
 
@@ -307,7 +308,7 @@ def test_a_meta_pkl_is_a_bounded_regular_file_of_plain_data(tmp_path):
     with pytest.raises(ConfigError, match=r"vocab_size: expected a whole number >= 1, got a deeply nested list"):
         load_corpus(tmp_path)
     # Rule: the config limit (1 MiB), said before the file is read; a pipe is never opened.
-    meta.write_bytes(pickle.dumps({"vocab_size": 10, "pad": "x" * data_mod.CONFIG_LIMIT}))
+    meta.write_bytes(pickle.dumps({"vocab_size": 10, "pad": "x" * CONFIG_LIMIT}))
     with pytest.raises(ConfigError, match=r"meta.pkl: is 1.0 MB \(\d+ bytes\), more than the 1 MiB"):
         load_corpus(tmp_path)
     meta.unlink()
@@ -561,7 +562,7 @@ def test_meta_json_is_read_as_a_bounded_utf8_regular_file(tmp_path, monkeypatch)
     # Rule: not UTF-8 is one line naming the file (was UnicodeDecodeError).
     with pytest.raises(ConfigError, match=rf"^{meta}: is not UTF-8 text \(byte 0xff at offset 0\)"):
         load_corpus(tmp_path)
-    meta.write_text('{"vocab_size": 10}' + " " * data_mod.CONFIG_LIMIT)
+    meta.write_text('{"vocab_size": 10}' + " " * CONFIG_LIMIT)
     # Rule: a config-sized limit (1 MiB), said before the file is read.
     with pytest.raises(ConfigError, match=rf"^{meta}: is 1.0 MB \(\d+ bytes\), more than the 1 MiB"):
         load_corpus(tmp_path)
