@@ -11,7 +11,13 @@ One script, at most 5 minutes on one GPU, that checks what a user's first GPU ru
     loss, is the floor when the seeds happen to agree);
 (c) the time of one optimizer step per geometry (``ManifoldMuon``'s adamw group, euclidean,
     stiefel, dgram, oblique; project and dual solvers) against ``torch.optim.AdamW`` and
-    ``torch.optim.Muon``, on GPT-2-small weight shapes;
+    ``torch.optim.Muon``, on GPT-2-small weight shapes, with the precision of each row:
+    weights fp32 (a bf16 run as geosearch trains it: Accelerate's bf16 mixed precision
+    autocasts the matmuls of the forward and backward passes and keeps the weights, their
+    gradients and the optimizer step in fp32) and weights bf16 (a model cast to bf16), and
+    the precision of the Newton–Schulz iteration (``torch.optim.Muon``: bf16;
+    ``ManifoldMuon``: fp32, msign's bf16 iteration being no optimizer setting; one msign
+    alone in each);
 (d) msign and the retractions with bf16 tensors, against float32. With u = 2⁻⁸ the bf16
     unit roundoff: a retraction passes when the constraint error of its bf16 result is at
     most 2u (what rounding a point of the set to bf16 can cost: each entry moves by at most
@@ -161,28 +167,58 @@ def run_children(args: argparse.Namespace) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- (c) step times
+class _MsignOnly:
+    """A stand-in optimizer whose step is one msign of the gradient, in fp32 or bf16."""
+
+    def __init__(self, p: torch.nn.Parameter, bf16: bool) -> None:
+        self.p, self.bf16, self.state = p, bf16, {}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.out = msign(self.p.grad, bf16=self.bf16)
+
+
+def _step_cases(device: torch.device) -> list[dict]:
+    """What (c) times: each optimizer, at each weight precision, and msign alone."""
+    on_cuda = device.type == "cuda"
+    cases = []
+
+    def case(optimizer, geometry, solver, weights, iteration, make, run_geometry=None):
+        cases.append({"optimizer": optimizer, "geometry": geometry, "solver": solver, "weights": weights,
+                      "iteration": iteration, "make": make, "run_geometry": run_geometry or geometry,
+                      "dtype": torch.bfloat16 if weights == "bf16" else torch.float32})
+
+    for weights in ("fp32", "bf16"):
+        case("torch AdamW", "adamw", "—", weights, "—",
+             lambda p: torch.optim.AdamW([p], lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1))
+        if hasattr(torch.optim, "Muon"):  # torch >= 2.9
+            case("torch Muon", "euclidean", "NS (Keller)", weights, "bf16",
+                 lambda p: torch.optim.Muon([p], lr=LR, weight_decay=0.0, adjust_lr_fn="original"))
+        case("ManifoldMuon", "adamw", "—", weights, "—",
+             lambda p: ManifoldMuon([{"params": [p], "geometry": "adamw", "lr": 6e-4, "weight_decay": 0.1}]))
+        # bf16 weights: the default solver only (a model cast to bf16 is not what geosearch trains)
+        for geometry in TIMED_GEOMETRIES:
+            for solver in ("project", "dual") if weights == "fp32" else ("project",):
+                case("ManifoldMuon", geometry, solver, weights, "fp32",
+                     lambda p, g=geometry, s=solver: ManifoldMuon(
+                         [{"params": [p], "geometry": g, "lr": LR, "solver": s}]))
+    for bf16 in (False, True):
+        iteration = "bf16" if bf16 and on_cuda else "fp32" + (" (bf16 is CUDA only)" if bf16 else "")
+        case("msign alone", "—", "5 Polar Express", "fp32", iteration,
+             lambda p, b=bf16: _MsignOnly(p, b), run_geometry="adamw")
+    return cases
+
+
 def step_times(size: Sizes, device: torch.device) -> list[dict]:
     """Median ms per step over ``size.shapes`` and the constraint error left, per optimizer."""
-    cases = [
-        ("torch AdamW", "adamw", "—",
-         lambda p: torch.optim.AdamW([p], lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)),
-        ("ManifoldMuon", "adamw", "—",
-         lambda p: ManifoldMuon([{"params": [p], "geometry": "adamw", "lr": 6e-4, "weight_decay": 0.1}])),
-    ]
-    if hasattr(torch.optim, "Muon"):  # torch >= 2.9
-        cases.insert(1, ("torch Muon", "euclidean", "NS (Keller, bf16)",
-                         lambda p: torch.optim.Muon([p], lr=LR, weight_decay=0.0, adjust_lr_fn="original")))
-    for geometry in TIMED_GEOMETRIES:
-        for solver in ("project", "dual"):
-            cases.append(("ManifoldMuon", geometry, solver, lambda p, g=geometry, s=solver: ManifoldMuon(
-                [{"params": [p], "geometry": g, "lr": LR, "solver": s}])))
     timing = argparse.Namespace(warmup=size.warmup, repeats=size.repeats)
     rows = []
-    for optimizer, geometry, solver, make in cases:
-        per_shape = [run_case(make, geometry, shape, timing, device) for shape in size.shapes]
+    for c in _step_cases(device):
+        per_shape = [run_case(c["make"], c["run_geometry"], shape, timing, device, dtype=c["dtype"])
+                     for shape in size.shapes]
         ms = [r["seconds"] * 1e3 for r in per_shape]
-        rows.append({"optimizer": optimizer, "geometry": geometry, "solver": solver, "ms": ms,
-                     "total": sum(ms), "error": max(r["error"] for r in per_shape)})
+        rows.append({**{k: c[k] for k in ("optimizer", "geometry", "solver", "weights", "iteration")},
+                     "ms": ms, "total": sum(ms), "error": max(r["error"] for r in per_shape)})
     return rows
 
 
@@ -261,15 +297,18 @@ def precision_section(children: list[dict]) -> tuple[str, bool]:
 
 
 def timing_section(rows: list[dict], shapes) -> str:
-    adamw = next(r["total"] for r in rows if r["optimizer"] == "torch AdamW")
-    muon = next((r["total"] for r in rows if r["optimizer"] == "torch Muon"), math.nan)
+    def base(optimizer: str, weights: str) -> float:
+        w = weights if weights in ("fp32", "bf16") else "fp32"
+        return next((r["total"] for r in rows if r["optimizer"] == optimizer and r["weights"] == w), math.nan)
+
     cols = [f"{m}×{n} ms" for m, n in shapes]
-    lines = ["| optimizer | geometry | solver | " + " | ".join(cols) + " | total ms | × AdamW | × torch Muon | error |",
-             "|---" * (len(cols) + 7) + "|"]
+    lines = ["| optimizer | geometry | solver | weights | iteration | " + " | ".join(cols)
+             + " | total ms | × AdamW | × torch Muon | error |", "|---" * (len(cols) + 9) + "|"]
     for r in rows:
-        lines.append(f"| {r['optimizer']} | {r['geometry']} | {r['solver']} | "
+        lines.append(f"| {r['optimizer']} | {r['geometry']} | {r['solver']} | {r['weights']} | {r['iteration']} | "
                      + " | ".join(f"{x:.2f}" for x in r["ms"])
-                     + f" | {r['total']:.2f} | {r['total'] / adamw:.1f} | {_num(r['total'] / muon)} | {r['error']:.1e} |")
+                     + f" | {r['total']:.2f} | {_num(r['total'] / base('torch AdamW', r['weights']))} "
+                     f"| {_num(r['total'] / base('torch Muon', r['weights']))} | {r['error']:.1e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -326,8 +365,16 @@ def main(argv: list[str] | None = None) -> int:
         f"1 seed)\n\n{search_text}\n"
         f"## (b) bf16 against fp32 ({size.model} proxy, {size.steps} steps, "
         f"{', '.join(f'{k}={v}' for k, v in ASSIGNMENT.items())})\n\n{precision_text}\n"
-        f"## (c) Optimizer step (median of {size.repeats} after {size.warmup} warm-up, fp32 weights, "
-        f"spectral lr {LR}; error = constraint error left)\n\n{timing_section(timings, size.shapes)}\n"
+        f"## (c) Optimizer step (median of {size.repeats} after {size.warmup} warm-up, spectral lr {LR}; "
+        f"error = constraint error left)\n\n"
+        f"Weights fp32 is a bf16 run as geosearch trains it: Accelerate's bf16 mixed precision autocasts the "
+        f"matmuls of the forward and backward passes to bf16 and keeps the weights, their gradients and the "
+        f"optimizer step in fp32. Weights bf16 is a model cast to bf16 (not what geosearch trains; the default "
+        f"solver only). Iteration is the precision of the Newton–Schulz (msign) iteration: torch.optim.Muon "
+        f"always runs it in bf16, ManifoldMuon in fp32 (msign's bf16 iteration, `msign(G, bf16=True)`, CUDA "
+        f"only, is no optimizer setting); the two msign rows time one msign of the gradient in each, what a "
+        f"bf16 setting could save per msign. × AdamW and × torch Muon: against the row of the same "
+        f"weights.\n\n{timing_section(timings, size.shapes)}\n"
         f"## (d) msign and retractions on bf16 tensors\n\n"
         f"u = 2⁻⁸ (bf16 unit roundoff). A retraction passes at constraint error ≤ 2u = {2 * BF16_U:.4f} "
         f"and distance ≤ 3u = {3 * BF16_U:.4f} of its largest entry from fp32; msign at a spectral "

@@ -27,12 +27,16 @@ def test_cpu_fallback_writes_every_section(tmp_path):
     assert "| 2 | completed 2 |" in text
     # (b) three runs: bf16 seed 0, fp32 seeds 0 and 1, each with a final loss.
     assert text.count("| completed |") == 3
-    # (c) a row for each baseline and each geometry × solver.
-    for row in ("| torch AdamW |", "| torch Muon |", "| ManifoldMuon | adamw |"):
+    # (c) a row for each baseline and each geometry × solver, with the precision of each:
+    # fp32 weights (a bf16 mixed-precision run's optimizer step) and bf16 weights.
+    for row in ("| torch AdamW | adamw | — | fp32 |", "| torch Muon | euclidean | NS (Keller) | fp32 | bf16 |",
+                "| ManifoldMuon | adamw |", "| torch Muon | euclidean | NS (Keller) | bf16 | bf16 |"):
         assert row in text
     for geometry in gpu_check.TIMED_GEOMETRIES:
         for solver in ("project", "dual"):
-            assert f"| ManifoldMuon | {geometry} | {solver} |" in text
+            assert f"| ManifoldMuon | {geometry} | {solver} | fp32 | fp32 |" in text
+        assert f"| ManifoldMuon | {geometry} | project | bf16 | fp32 |" in text
+    assert text.count("| msign alone |") == 2
     # (d) msign and each retraction at each shape.
     assert text.count("| msign |") == 2
     for name in gpu_check.RETRACTED:
