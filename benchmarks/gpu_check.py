@@ -1,6 +1,9 @@
-"""GPU readiness: a bf16 search, bf16 against fp32, optimizer step times, bf16 numerics.
+"""GPU readiness and GPU figures: a bf16 search, bf16 against fp32, optimizer step times, bf16
+numerics, trials side by side on one GPU.
 
-One script, at most 5 minutes on one GPU, that checks what a user's first GPU run needs:
+One script, at most about 5 minutes on one GPU (``--budget``: 300 s; every child process has
+a timeout inside it), that checks what a user's first GPU run needs and measures what it
+costs:
 
 (a) a short default search (the shipped ``default`` space on the ``tiny`` proxy, one seed,
     few steps) through ``run_search`` on CUDA in bf16: every trial completes and a winner
@@ -26,17 +29,32 @@ One script, at most 5 minutes on one GPU, that checks what a user's first GPU ru
     a retraction that at most doubles it near the set, plus the output's rounding, u); msign
     passes when bf16 and fp32 directions are within 0.1 in spectral norm (below the ±0.12
     spread of singular values that 5 Polar Express steps leave by design). The floor
-    column (the fp32 result rounded to bf16) shows what rounding alone costs.
-
+    column (the fp32 result rounded to bf16) shows what rounding alone costs;
+(e) how many trials one GPU runs side by side: for k = 1, 2, 4, 8, 16 (``--concurrency``)
+    k child processes, each one ``geosearch.proxy.train.train`` run of the default space's
+    proxy (``small``, batch 16, probes every 10 steps, bf16, attn=stiefel, mlp=dgram) with
+    one CPU thread, released together after a warm-up (a barrier) and timed over the same
+    steps: the aggregate steps/s, the ms/step of each run, the speedup over k = 1, the peak
+    memory each run allocated, and the k after which the aggregate grows by less than 10%.
+    ``geosearch search --workers k`` on one GPU puts all k workers on that GPU: this is
+    what it gains.
 Accelerate allows one precision per process, so (a)+(b, bf16) and (b, fp32) run in two
-child processes of this script; (c) and (d) run here. Without CUDA (or with
-``--device cpu``) it runs a CPU fallback on smaller shapes, marked "CPU fallback" in the
-table. The table goes to ``benchmarks/results/gpu_check.md``; the exit code is 1 when a
-check fails.
+child processes of this script; (c) and (d) run here; (e) in child processes.
+Without CUDA (or with ``--device cpu``) it runs a CPU fallback on smaller shapes, marked
+"CPU fallback" in the table. The table goes to ``benchmarks/results/gpu_check.md``; the
+exit code is 1 when a check fails (a timed-out or skipped part is reported, not failed).
+
+How long on a GPU (an estimate: this script has not run on one yet). One training step of
+the ``small`` proxy dispatches about 3,200 torch operations (counted on the CPU with a
+``TorchDispatchMode``: attn=stiefel, mlp=dgram, bf16 autocast, probes every 10 steps), each
+a kernel launch on CUDA; at 6 to 12 µs of host time per eager operation that is 20 to 40 ms
+a step for one process, however fast the GPU (the model is far too small to keep an H200
+busy: hence part (e)). So: (a, b) 40 s, (c) 15 s, (d) 5 s, (e) about 110 s (a child's
+start, about 15 s, dominates each k). The script prints its estimates before it starts.
 
 Usage::
 
-    python benchmarks/gpu_check.py                 # on a GPU: about 2-3 minutes
+    python benchmarks/gpu_check.py                 # on a GPU: about 3 minutes
     python benchmarks/gpu_check.py --device cpu    # the CPU fallback
     python benchmarks/gpu_check.py --quick         # a few seconds of work per part (tests)
 """
@@ -44,11 +62,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import io
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,13 +87,44 @@ from geosearch.optim.muon import ManifoldMuon  # noqa: E402
 from optimizer_step import LR, SHAPES, run_case  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "gpu_check.md"
-ASSIGNMENT = {"geometry.attn": "stiefel", "geometry.mlp": "dgram"}  # the bf16/fp32 pair's point
+ASSIGNMENT = {"geometry.attn": "stiefel", "geometry.mlp": "dgram"}  # a point of the default space
 LOSS_FLOOR = 0.03
 TIMED_GEOMETRIES = ("euclidean", "stiefel", "dgram", "oblique")
 RETRACTED = ("stiefel", "dgram", "oblique", "sphere", "spectral_ball")
 BF16_U = 2.0 ** -8  # bf16 unit roundoff (8 significand bits)
 MSIGN_TOL = 0.1
-CHILD_TIMEOUT = 240  # seconds; the whole check stays under 5 minutes on a GPU
+CHILD_TIMEOUT = 180  # seconds (a, b) may take at most
+BUDGET = {"cuda": 300.0, "cpu": 900.0, "quick": 300.0}  # --budget defaults, seconds
+MARGIN = 10.0  # seconds of the budget kept for the table
+SATURATION = 0.10  # the aggregate "stops growing" when the next k adds less than this
+GO_WAIT = 600.0  # seconds a concurrency child waits for the others before it runs alone
+_PARENT = "GPU_CHECK_PARENT_PID"  # a child's parent: the child gets SIGTERM when it dies
+
+# Planning figures for the estimates printed before a GPU run (guesses, not measurements;
+# the module docstring says where they come from).
+STEP_MS = (20.0, 40.0)  # one training step of the small proxy, one process on the GPU
+GPU_MS = 10.0  # the GPU's own time of such a step: the floor of k runs side by side
+START_S = 15.0  # a child process's start: imports, CUDA context, model, first steps
+PART_S = {"ab": 40.0, "c": 15.0, "d": 5.0}  # on a GPU
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Concurrency:
+    """Part (e): the runs trained side by side and the k values."""
+
+    model: str
+    batch_size: int | None  # None: the default space's (16)
+    warmup: int  # steps before the barrier (untimed)
+    timed: int  # steps timed after it
+    probe_every: int  # the barrier and the end of the window are probe steps
+    ks: tuple[int, ...]
+
+    @property
+    def steps(self) -> int:
+        """A run's steps: one probe interval after the window, so that no run ends inside
+        another's window (and the final evaluation falls outside it)."""
+        return self.warmup + self.timed + self.probe_every
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,18 +139,101 @@ class Sizes:
     shapes: list[tuple[int, int]]
     warmup: int
     repeats: int
+    concurrency: Concurrency
 
 
 def sizes(device: str, quick: bool) -> Sizes:
     """The GPU setting, the CPU fallback, or the quick one (a few seconds per part)."""
     if quick:
-        return Sizes("tiny", 6, 2, 2, 3, [(48, 16), (16, 48)], 1, 2)
+        return Sizes("tiny", 6, 2, 2, 3, [(48, 16), (16, 48)], 1, 2, Concurrency("tiny", 4, 2, 4, 2, (1, 2)))
     if device == "cuda":
-        return Sizes("tiny", 100, 4, 16, 25, SHAPES["gpt2"], 3, 10)
-    return Sizes("tiny", 40, 4, 4, 20, SHAPES["small"], 1, 3)
+        return Sizes("tiny", 100, 4, 16, 25, SHAPES["gpt2"], 3, 10,
+                     Concurrency("small", None, 20, 60, 10, (1, 2, 4, 8, 16)))
+    return Sizes("tiny", 40, 4, 4, 20, SHAPES["small"], 1, 3, Concurrency("tiny", None, 4, 12, 4, (1, 2)))
+
+
+def _mode(args: argparse.Namespace) -> str:
+    return "quick" if args.quick else args.device
 
 
 # --------------------------------------------------------------------------- child processes
+@dataclasses.dataclass
+class Child:
+    """A child process of this script, its output going to ``log``."""
+
+    name: str
+    proc: subprocess.Popen
+    log: Path
+    start: float
+    timed_out: float | None = None  # seconds after its start it was stopped at, when it was
+
+    def failure(self, out: Path | None = None) -> str | None:
+        """Why it gave no result (``out``: the file it should have written), else None."""
+        if self.timed_out is not None:
+            return f"timed out after {self.timed_out:.0f} s"
+        if self.proc.returncode != 0 or (out is not None and not out.is_file()):
+            return f"exit code {self.proc.returncode}: {_tail(self.log)}"
+        return None
+
+
+def _tail(log: Path, lines: int = 5) -> str:
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no output)"
+    return "\n".join(text.strip().splitlines()[-lines:]) or "(no output)"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """A child's environment: this checkout's geosearch, this process's pid, ``extra``."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            _PARENT: str(os.getpid()), **extra}
+
+
+def _start(name: str, cmd: list[str], log: Path, env: dict[str, str], cwd: Path | None = None) -> Child:
+    with open(log, "w", encoding="utf-8") as f:  # a file, not a pipe: a full pipe cannot block it
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=cwd)
+    return Child(name, proc, log, time.perf_counter())
+
+
+def _kill(children: list[Child]) -> None:
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.kill()
+            if c.timed_out is None:
+                c.timed_out = time.perf_counter() - c.start
+        c.proc.wait()
+
+
+def _wait(children: list[Child], until: float) -> None:
+    """Wait for every child until ``until`` (``time.perf_counter``); kill those still running
+    then and mark them timed out. Never raises for a child."""
+    try:
+        for c in children:
+            try:
+                c.proc.wait(timeout=max(0.0, until - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                c.timed_out = until - c.start
+    finally:  # also on Ctrl-C here: no child outlives this call
+        _kill(children)
+
+
+def _die_with_parent() -> None:
+    """In a child process: get SIGTERM when this script's main process dies (Linux), so that
+    no child outlives it, however it ends."""
+    parent = os.environ.get(_PARENT, "")
+    if not (parent.isdigit() and sys.platform.startswith("linux")):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # it died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+# --------------------------------------------------------------------------- (a, b) children
 def _space(size: Sizes, device: str, precision: str):
     from geosearch.search.space.spec import apply_overrides, load_space
 
@@ -140,29 +274,23 @@ def child(precision: str, seeds: list[int], search: bool, size: Sizes, device: s
     return out
 
 
-def run_children(args: argparse.Namespace) -> list[dict]:
+def run_children(args: argparse.Namespace, until: float) -> list[dict]:
     """The bf16 child (search + seed 0) and the fp32 child (seeds 0, 1), side by side."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     common = ["--device", args.device] + (["--quick"] if args.quick else [])
-    procs = []
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        for precision in ("bf16", "no"):
-            path = Path(tmp) / f"{precision}.json"
-            cmd = [sys.executable, __file__, "--child", precision, "--child-out", str(path), *common]
-            procs.append((precision, path, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                                            stderr=subprocess.STDOUT, text=True)))
+        kids = []
+        try:
+            for precision in ("bf16", "no"):
+                path = Path(tmp) / f"{precision}.json"
+                cmd = [sys.executable, __file__, "--child", precision, "--child-out", str(path), *common]
+                kids.append((precision, path, _start(precision, cmd, Path(tmp) / f"{precision}.log", _env())))
+        finally:
+            _wait([k for _, _, k in kids], until)
         results = []
-        for precision, path, proc in procs:
-            try:
-                log, _ = proc.communicate(timeout=CHILD_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                log, _ = proc.communicate()
-            if proc.returncode != 0 or not path.is_file():
-                tail = "\n".join(log.strip().splitlines()[-5:])
-                results.append({"precision": precision, "error": f"exit code {proc.returncode}: {tail}"})
-            else:
-                results.append(json.loads(path.read_text()))
+        for precision, path, kid in kids:
+            problem = kid.failure(path)
+            results.append({"precision": precision, "error": problem} if problem
+                           else json.loads(path.read_text(encoding="utf-8")))
     return results
 
 
@@ -254,11 +382,142 @@ def bf16_numerics(size: Sizes, device: torch.device) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- (e) concurrency
+def _wait_for(path: Path, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def throughput_child(index: int, sync: Path, conc: Concurrency, device: str) -> dict:
+    """In a child process: one proxy run; at step ``conc.warmup`` it says it is ready (a file
+    in ``sync``) and waits for the others (``go``), then times ``conc.timed`` steps."""
+    torch.set_num_threads(1)
+    from geosearch.proxy.train import train
+    from geosearch.search.space.spec import apply_overrides, load_space
+
+    space = apply_overrides(load_space("default"),
+                            ["proxy.mixed_precision=bf16", f"proxy.probe_every={conc.probe_every}"],
+                            name="gpu-check-concurrency", model=conc.model, steps=conc.steps,
+                            batch_size=conc.batch_size, device=device)
+    cuda = torch.device(device).type == "cuda"
+    mark: dict = {}
+
+    def callback(step: int, metrics: dict) -> None:
+        if step == conc.warmup:
+            (sync / f"ready-{index}").write_text("ready", encoding="utf-8")
+            mark["synced"] = _wait_for(sync / "go", GO_WAIT)
+            mark["t0"], mark["wall0"] = time.perf_counter(), time.time()
+        elif step == conc.warmup + conc.timed and "t0" in mark:
+            mark["t1"], mark["wall1"] = time.perf_counter(), time.time()  # the step's GPU work synced
+            if cuda:
+                mark["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+                free, total = torch.cuda.mem_get_info()
+                mark["in_use_mib"] = (total - free) / 2**20  # every process's, CUDA contexts too
+
+    assignment = space.suggest(optuna.trial.FixedTrial(ASSIGNMENT)).assignment()
+    r = train(dataclasses.replace(space.train_config(), seed=index), assignment, callback)
+    out = {"index": index, "status": r.status, "window": [mark.get("wall0"), mark.get("wall1")],
+           "peak_mib": mark.get("peak_mib"), "in_use_mib": mark.get("in_use_mib")}
+    if "t1" not in mark:
+        return {**out, "error": f"{r.status} before the end of the timed steps: {r.reason}"}
+    if not mark["synced"]:
+        return {**out, "error": f"the others were not ready within {GO_WAIT:.0f} s: timed alone"}
+    seconds = mark["t1"] - mark["t0"]
+    return {**out, "ms": seconds / conc.timed * 1e3, "steps_per_s": conc.timed / seconds}
+
+
+def _barrier(kids: list[Child], sync: Path, until: float) -> None:
+    """Release the runs (``go``) once every one that still runs is ready, or at ``until``."""
+    while time.perf_counter() < until:
+        if all(c.proc.poll() is not None or (sync / f"ready-{i}").exists() for i, c in enumerate(kids)):
+            break
+        time.sleep(0.02)
+    (sync / "go").write_text("go", encoding="utf-8")
+
+
+def concurrency_round(k: int, args: argparse.Namespace, until: float) -> dict:
+    """k runs side by side: each one's result, or why it gave none."""
+    with tempfile.TemporaryDirectory(prefix=f"gpu-check-k{k}-") as tmp:
+        sync = Path(tmp)
+        env = _env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        start = time.perf_counter()
+        kids: list[Child] = []
+        try:
+            for i in range(k):
+                cmd = [sys.executable, __file__, "--throughput-child", str(i), "--sync-dir", str(sync),
+                       "--child-out", str(sync / f"result-{i}.json"), "--device", args.device,
+                       *(["--quick"] if args.quick else [])]
+                kids.append(_start(f"run {i}", cmd, sync / f"run{i}.log", env))
+            _barrier(kids, sync, until)
+            barrier_s = time.perf_counter() - start
+        finally:
+            _wait(kids, until)
+        runs, errors = [], []
+        for i, c in enumerate(kids):
+            out = sync / f"result-{i}.json"
+            problem = c.failure(out)
+            result = None if problem else json.loads(out.read_text(encoding="utf-8"))
+            problem = problem or (result or {}).get("error")
+            if problem:
+                errors.append(f"run {i}: {problem}")
+            else:
+                runs.append(result)
+    ok = not errors and len(runs) == k
+    cut = any(c.timed_out is not None for c in kids)  # stopped at the part's end: out of budget
+    windows = [r["window"] for r in runs]
+    overlap = None
+    if windows:
+        span = max(w[1] for w in windows) - min(w[0] for w in windows)
+        overlap = max(0.0, min(w[1] for w in windows) - max(w[0] for w in windows)) / span if span > 0 else 1.0
+    return {"k": k, "ok": ok, "cut": cut, "runs": runs, "errors": errors, "barrier_s": barrier_s,
+            "wall_s": time.perf_counter() - start, "overlap": overlap,
+            "steps_per_s": sum(r["steps_per_s"] for r in runs)}
+
+
+def _round_estimate(k: int, conc: Concurrency, prev: dict | None, device: str) -> float:
+    """Seconds a round of k runs should take at most: from the last round that ran (its
+    start and warm-up × 2, its ms/step × k / its k: no gain from running side by side),
+    else from the planning figures."""
+    if prev is not None:
+        ms = max(r["ms"] for r in prev["runs"]) * k / prev["k"]
+        return 2.0 * prev["barrier_s"] + (conc.timed + conc.probe_every) * ms / 1e3 + 5.0
+    per_step = max(STEP_MS[1], k * GPU_MS) if device == "cuda" else 50.0 * k
+    return START_S + conc.steps * per_step / 1e3
+
+
+def concurrency(args: argparse.Namespace, conc: Concurrency, until: float) -> list[dict]:
+    """Part (e): a round per k in ``args.concurrency``, each skipped when its estimate does not
+    fit before ``until`` (and all of them, as one part, stopped at ``until``)."""
+    rounds, prev = [], None
+    for k in args.concurrency:
+        left = until - time.perf_counter()
+        estimate = _round_estimate(k, conc, prev, args.device)
+        if estimate > left:
+            rounds.append({"k": k, "skipped": f"its estimated {estimate:.0f} s exceed the {max(0.0, left):.0f} s "
+                                              "left of this part's budget"})
+            continue
+        print(f"  k = {k}: {k} run(s) side by side (estimated ≤ {estimate:.0f} s) ...", flush=True)
+        rounds.append(concurrency_round(k, args, until))
+        if rounds[-1]["ok"]:
+            prev = rounds[-1]
+    return rounds
+
+
 # --------------------------------------------------------------------------- the table
 def _num(x) -> str:
     if isinstance(x, str):
         return x
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
+def _cell(text: str, limit: int = 400) -> str:
+    """Text for one table cell: one line, no pipes, at most ``limit`` characters."""
+    text = " ".join(str(text).split()).replace("|", "/")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def search_section(children: list[dict]) -> tuple[str, bool]:
@@ -322,45 +581,194 @@ def numerics_section(rows: list[dict]) -> tuple[str, bool]:
     return "\n".join(lines) + "\n", all(r["ok"] for r in rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def saturation(rounds: list[dict]) -> tuple[int | None, str]:
+    """The k after which the aggregate grows by less than :data:`SATURATION`, and a line saying it."""
+    ok = [r for r in rounds if r.get("ok")]
+    if len(ok) < 2:
+        return None, "Saturation: not measured (fewer than two values of k ran to completion)."
+    for a, b in zip(ok, ok[1:]):
+        growth = b["steps_per_s"] / a["steps_per_s"] - 1
+        if growth < SATURATION:
+            return a["k"], (f"Saturates at k = {a['k']}: from k = {a['k']} to k = {b['k']} the aggregate "
+                            f"changes by {growth:+.0%} (less than +{SATURATION:.0%}).")
+    return None, (f"Does not saturate up to k = {ok[-1]['k']}: the aggregate grows by {SATURATION:.0%} or "
+                  f"more from each k to the next.")
+
+
+def _round_row(r: dict, one: float | None, prev: float | None) -> str:
+    """One row of part (e)'s table (``one``: k = 1's aggregate; ``prev``: the previous k's)."""
+    if "skipped" in r:
+        return f"| {r['k']} | — | — | — | — | — | — | — | — | skipped: {r['skipped']} |"
+    ms = [x["ms"] for x in r["runs"]]
+    peaks = [x["peak_mib"] for x in r["runs"] if x.get("peak_mib") is not None]
+    in_use = [x["in_use_mib"] for x in r["runs"] if x.get("in_use_mib") is not None]
+    errors = _cell("; ".join(r["errors"]), 300)
+    check = "ok" if r["ok"] else f"cut: the part's time ran out ({errors})" if r.get("cut") else f"FAIL: {errors}"
+    growth = f"{r['steps_per_s'] / prev - 1:+.0%}" if r["ok"] and prev else "—"
+    speedup = f"{r['steps_per_s'] / one:.2f}×" if one and r["ok"] else "—"
+    per_run = f"{sum(ms) / len(ms):.1f} ({min(ms):.1f}–{max(ms):.1f})" if ms else "—"
+    overlap = "—" if r["overlap"] is None else f"{r['overlap']:.0%}"
+    peak = f"{max(peaks):.0f}" if peaks else "—"
+    used = f"{max(in_use):.0f}" if in_use else "—"
+    return (f"| {r['k']} | {len(r['runs'])}/{r['k']} | {r['steps_per_s']:.1f} | {per_run} | {speedup} "
+            f"| {growth} | {overlap} | {peak} | {used} | {check} |")
+
+
+def _workers_meaning(rounds: list[dict], k_sat: int | None, one: float | None, fallback: bool) -> str:
+    """What part (e) means for ``geosearch search --workers k``."""
+    if fallback:
+        return ("CPU fallback: the k runs share this machine's CPU cores (one thread each), not a GPU; "
+                "these figures say nothing about a GPU. On the CPU, `geosearch search --workers k` "
+                "gives each worker cpu_count // k torch threads.")
+    ok_rounds = [r for r in rounds if r.get("ok")]
+    at = k_sat if k_sat is not None else (ok_rounds[-1]["k"] if ok_rounds else None)
+    gain = next((r["steps_per_s"] / one for r in ok_rounds if r["k"] == at), None) if one else None
+    meaning = ("What this means for `geosearch search --workers k` on one GPU: worker i takes GPU "
+               "i mod #GPUs (`CUDA_VISIBLE_DEVICES`), so with one GPU all k workers land on it, side "
+               "by side as the runs here")
+    if gain is None:
+        meaning += "."
+    elif k_sat is not None:
+        meaning += (f": `--workers {at}` trains about {gain:.1f}× the steps per second of `--workers 1`; "
+                    "more workers add less than 10% each.")
+    else:
+        meaning += (f": `--workers {at}` trains about {gain:.1f}× the steps per second of `--workers 1` "
+                    f"(more than {at} not measured).")
+    return meaning + (f" Unlike these runs, a worker takes cpu_count // k torch threads ({os.cpu_count()} // k "
+                      "here) instead of one, and between runs it builds models and evaluates, outside the "
+                      "timed window.")
+
+
+def concurrency_section(rounds: list[dict], fallback: bool) -> tuple[str, str]:
+    """The table of part (e), and its check: FAIL (a run failed), timed out (a k was cut at the
+    part's end, as a run that hangs would be), ok (a k ran, none failed or was cut), skipped."""
+    lines = ["| k | runs ok | aggregate steps/s | per-run ms/step: mean (min–max) | speedup over k = 1 "
+             "| growth over the previous k | timed windows overlap | peak allocated per run, MiB "
+             "| device memory in use, MiB | check |", "|---" * 10 + "|"]
+    one = next((r["steps_per_s"] for r in rounds if r.get("ok") and r["k"] == 1), None)
+    prev = None
+    for r in rounds:
+        lines.append(_round_row(r, one, prev))
+        if r.get("ok"):
+            prev = r["steps_per_s"]
+    k_sat, line = saturation(rounds)
+    ok_rounds = [r for r in rounds if r.get("ok")]
+    best = max(ok_rounds, key=lambda r: r["steps_per_s"], default=None)
+    if best is not None and one:
+        line += f" The highest aggregate: k = {best['k']}, {best['steps_per_s'] / one:.2f}× one run's."
+    ran = [r for r in rounds if "skipped" not in r]
+    cut = [r for r in ran if not r["ok"] and r.get("cut")]
+    failed = [r for r in ran if not r["ok"] and not r.get("cut")]
+    check = "FAIL" if failed else "timed out" if cut else "ok" if ok_rounds else "skipped"
+    meaning = _workers_meaning(rounds, k_sat, one, fallback)
+    return "\n".join(lines) + "\n\n" + line + "\n\n" + meaning + "\n", check
+
+
+# --------------------------------------------------------------------------- main
+def _ks(text: str) -> tuple[int, ...]:
+    if text.strip().lower() in ("", "none", "0"):
+        return ()
+    try:
+        ks = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected k values like 1,2,4,8, got {text!r}") from None
+    if any(k < 1 or k > 64 for k in ks):
+        raise argparse.ArgumentTypeError(f"k values must lie in 1..64, got {text!r}")
+    return ks
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"),
                         default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: seconds per part (tests)")
+    parser.add_argument("--concurrency", type=_ks, default=None, metavar="K,K,...",
+                        help="(e): the numbers of runs side by side (default 1,2,4,8,16 on CUDA, 1,2 "
+                             "otherwise; none: skip)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="the whole script's time; the parts' timeouts come out of it "
+                             f"(default {BUDGET['cuda']:.0f} on CUDA, {BUDGET['cpu']:.0f} on the CPU, "
+                             f"{BUDGET['quick']:.0f} with --quick)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--child", choices=("bf16", "no"), help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--throughput-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--sync-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.budget is not None and not args.budget > 0:
+        parser.error(f"--budget: expected seconds > 0, got {args.budget}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available here (the CPU fallback is --device cpu)")
     size = sizes(args.device, args.quick)
-    if args.child:
-        result = child(args.child, [0] if args.child == "bf16" else [0, 1], args.child == "bf16",
-                       size, args.device)
+    if args.concurrency is None:
+        args.concurrency = size.concurrency.ks
+    if args.budget is None:
+        args.budget = BUDGET[_mode(args)]
+    return args
+
+
+def estimates(args: argparse.Namespace, size: Sizes) -> str:
+    """The time each part should take on a GPU, in words."""
+    if args.device != "cuda" or args.quick:
+        return "no estimate (the planning figures are for a GPU at full sizes)"
+    conc = size.concurrency
+    e = sum(START_S + conc.steps * max(STEP_MS[1], k * GPU_MS) / 1e3 for k in args.concurrency)
+    total = sum(PART_S.values()) + e
+    return (f"(a, b) ~{PART_S['ab']:.0f} s, (c) ~{PART_S['c']:.0f} s, (d) ~{PART_S['d']:.0f} s, "
+            f"(e) ~{e:.0f} s for k = {', '.join(map(str, args.concurrency)) or 'none'}: {total:.0f} s in all, "
+            f"against a budget of {args.budget:.0f} s (the larger k of (e) are skipped rather than overrun "
+            f"it). Basis: one small-proxy step at {STEP_MS[0]:.0f}–{STEP_MS[1]:.0f} ms on the GPU (about "
+            f"3,200 eager torch ops), a child's start {START_S:.0f} s: planning figures, not measurements")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    size = sizes(args.device, args.quick)
+    if args.child or args.throughput_child is not None:
+        _die_with_parent()
+        if args.child:
+            result = child(args.child, [0] if args.child == "bf16" else [0, 1], args.child == "bf16",
+                           size, args.device)
+        else:
+            result = throughput_child(args.throughput_child, args.sync_dir, size.concurrency, args.device)
         args.child_out.write_text(json.dumps(result), encoding="utf-8")
         return 0
 
     start = time.perf_counter()
+    deadline = start + args.budget
     device = torch.device(args.device)
     fallback = device.type != "cuda"
     gpu = f"{torch.cuda.get_device_name(device)}, " if not fallback else ""
+    estimate_text = estimates(args, size)
+    print(f"estimate: {estimate_text}", flush=True)
+
     print("(a, b) search and proxy runs in child processes ...", flush=True)
-    children = run_children(args)
+    children = run_children(args, min(start + CHILD_TIMEOUT, deadline - MARGIN))
     print("(c) optimizer step times ...", flush=True)
     timings = step_times(size, device)
     print("(d) bf16 numerics ...", flush=True)
     numerics = bf16_numerics(size, device)
+    if not fallback:
+        torch.cuda.empty_cache()  # this process's cache, before (e) takes the GPU
 
+    print(f"(e) runs side by side: k = {', '.join(map(str, args.concurrency)) or 'none'} ...", flush=True)
+    rounds = concurrency(args, size.concurrency, deadline - MARGIN)
     search_text, search_ok = search_section(children)
     precision_text, precision_ok = precision_section(children)
     numerics_text, numerics_ok = numerics_section(numerics)
-    checks = {"bf16 search": search_ok, "bf16 vs fp32": precision_ok, "bf16 numerics": numerics_ok}
+    conc_text, conc_check = concurrency_section(rounds, fallback) if rounds else ("Off: --concurrency none.\n", "off")
+    checks = {"bf16 search": "ok" if search_ok else "FAIL", "bf16 vs fp32": "ok" if precision_ok else "FAIL",
+              "bf16 numerics": "ok" if numerics_ok else "FAIL",
+              "runs side by side": conc_check}
+    conc = size.concurrency
     title = "GPU readiness" + (" — CPU fallback" if fallback else "")
     text = (
         f"# {title}\n\n"
         f"Device: {gpu}{device}{' (CPU fallback: no CUDA, smaller shapes, bf16 on the CPU)' if fallback else ''}"
-        f"{' — quick sizes' if args.quick else ''}. {machine()}. Total {time.perf_counter() - start:.0f} s.\n\n"
-        f"Checks: " + ", ".join(f"{k} {'ok' if v else 'FAIL'}" for k, v in checks.items()) + ".\n\n"
+        f"{' — quick sizes' if args.quick else ''}. {machine()}. Total {time.perf_counter() - start:.0f} s "
+        f"of a {args.budget:.0f} s budget.\n\n"
+        f"Estimated before the run: {estimate_text}.\n\n"
+        f"Checks: " + ", ".join(f"{k} {v}" for k, v in checks.items()) + ".\n\n"
         f"## (a) Default search in bf16 ({size.points} assignments, {size.model} proxy, {size.steps} steps, "
         f"1 seed)\n\n{search_text}\n"
         f"## (b) bf16 against fp32 ({size.model} proxy, {size.steps} steps, "
@@ -378,10 +786,22 @@ def main(argv: list[str] | None = None) -> int:
         f"## (d) msign and retractions on bf16 tensors\n\n"
         f"u = 2⁻⁸ (bf16 unit roundoff). A retraction passes at constraint error ≤ 2u = {2 * BF16_U:.4f} "
         f"and distance ≤ 3u = {3 * BF16_U:.4f} of its largest entry from fp32; msign at a spectral "
-        f"distance ≤ {MSIGN_TOL} from fp32.\n\n{numerics_text}"
+        f"distance ≤ {MSIGN_TOL} from fp32.\n\n{numerics_text}\n"
+        f"## (e) Runs side by side on one {'GPU' if not fallback else 'machine (CPU fallback)'}\n\n"
+        f"Command: `python benchmarks/gpu_check.py --concurrency {','.join(map(str, args.concurrency)) or 'none'}"
+        f"{' --device cpu' if fallback else ''}{' --quick' if args.quick else ''}`: for each k, k child processes "
+        f"(`OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`), each one `geosearch.proxy.train.train` run of the "
+        f"default space's proxy ({conc.model}, batch {conc.batch_size or 'of the space, 16'}, bf16, probes every "
+        f"{conc.probe_every} steps, {', '.join(f'{k}={v}' for k, v in ASSIGNMENT.items())}). Each run "
+        f"trains {conc.warmup} warm-up steps, waits until every run has (a barrier), then is timed over "
+        f"{conc.timed} steps (probes included, no evaluation), and trains {conc.probe_every} more so that no "
+        f"run ends inside another's window. Aggregate = the sum over the runs of steps / second; peak "
+        f"allocated = `torch.cuda.max_memory_allocated` in each run; device memory in use = total − free "
+        f"(`torch.cuda.mem_get_info`) at the end of a window: every process's, CUDA contexts included.\n\n"
+        f"{conc_text}"
     )
     publish(text, args.out)
-    return 0 if all(checks.values()) else 1
+    return 1 if "FAIL" in checks.values() else 0
 
 
 if __name__ == "__main__":
