@@ -1,7 +1,7 @@
 """GPU readiness and GPU figures: a bf16 search, bf16 against fp32, optimizer step times, bf16
-numerics, trials side by side on one GPU.
+numerics, trials side by side on one GPU, the default search's wall time.
 
-One script, at most about 5 minutes on one GPU (``--budget``: 300 s; every child process has
+One script, at most about 8 minutes on one GPU (``--budget``: 470 s; every child process has
 a timeout inside it), that checks what a user's first GPU run needs and measures what it
 costs:
 
@@ -37,9 +37,16 @@ costs:
     steps: the aggregate steps/s, the ms/step of each run, the speedup over k = 1, the peak
     memory each run allocated, and the k after which the aggregate grows by less than 10%.
     ``geosearch search --workers k`` on one GPU puts all k workers on that GPU: this is
-    what it gains.
+    what it gains;
+(f) the shipped default search, ``python -m geosearch search --space default --device cuda
+    --mixed-precision bf16``, in a child process: wall time, steps trained, the verdict, the
+    exit code (``--default-search``: on by default on CUDA; off with ``--quick`` and on the
+    CPU, where it takes about 20 minutes). Its timeout is what is left of the budget; a
+    search that runs out is stopped (Ctrl-C, then killed) and reported as timed out, with
+    the steps it trained and the total its rate projects.
+
 Accelerate allows one precision per process, so (a)+(b, bf16) and (b, fp32) run in two
-child processes of this script; (c) and (d) run here; (e) in child processes.
+child processes of this script; (c) and (d) run here; (e) and (f) in child processes.
 Without CUDA (or with ``--device cpu``) it runs a CPU fallback on smaller shapes, marked
 "CPU fallback" in the table. The table goes to ``benchmarks/results/gpu_check.md``; the
 exit code is 1 when a check fails (a timed-out or skipped part is reported, not failed).
@@ -50,11 +57,14 @@ the ``small`` proxy dispatches about 3,200 torch operations (counted on the CPU 
 a kernel launch on CUDA; at 6 to 12 µs of host time per eager operation that is 20 to 40 ms
 a step for one process, however fast the GPU (the model is far too small to keep an H200
 busy: hence part (e)). So: (a, b) 40 s, (c) 15 s, (d) 5 s, (e) about 110 s (a child's
-start, about 15 s, dominates each k). The script prints its estimates before it starts.
+start, about 15 s, dominates each k), (f) 5,800 to 7,400 steps plus 17 to 21 run setups,
+165 to 353 s. In all about 330 to 520 s, which is why (f) gets only what is left of the budget;
+after (e) the estimate of (f) is redone from the measured ms/step of one run. The script
+prints its estimates before it starts.
 
 Usage::
 
-    python benchmarks/gpu_check.py                 # on a GPU: about 3 minutes
+    python benchmarks/gpu_check.py                 # on a GPU: about 8 minutes
     python benchmarks/gpu_check.py --device cpu    # the CPU fallback
     python benchmarks/gpu_check.py --quick         # a few seconds of work per part (tests)
 """
@@ -62,12 +72,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import dataclasses
 import io
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -94,10 +106,13 @@ RETRACTED = ("stiefel", "dgram", "oblique", "sphere", "spectral_ball")
 BF16_U = 2.0 ** -8  # bf16 unit roundoff (8 significand bits)
 MSIGN_TOL = 0.1
 CHILD_TIMEOUT = 180  # seconds (a, b) may take at most
-BUDGET = {"cuda": 300.0, "cpu": 900.0, "quick": 300.0}  # --budget defaults, seconds
+BUDGET = {"cuda": 470.0, "cpu": 900.0, "quick": 300.0}  # --budget defaults, seconds
 MARGIN = 10.0  # seconds of the budget kept for the table
 SATURATION = 0.10  # the aggregate "stops growing" when the next k adds less than this
 GO_WAIT = 600.0  # seconds a concurrency child waits for the others before it runs alone
+SEARCH_GRACE = 20.0  # seconds a timed-out search gets after Ctrl-C to record its trial (it
+# needs well under one); the most the script can run past its budget
+MIN_SEARCH = {"cuda": 60.0, "cpu": 60.0, "quick": 10.0}  # less left than this: (f) skipped
 _PARENT = "GPU_CHECK_PARENT_PID"  # a child's parent: the child gets SIGTERM when it dies
 
 # Planning figures for the estimates printed before a GPU run (guesses, not measurements;
@@ -105,8 +120,14 @@ _PARENT = "GPU_CHECK_PARENT_PID"  # a child's parent: the child gets SIGTERM whe
 STEP_MS = (20.0, 40.0)  # one training step of the small proxy, one process on the GPU
 GPU_MS = 10.0  # the GPU's own time of such a step: the floor of k runs side by side
 START_S = 15.0  # a child process's start: imports, CUDA context, model, first steps
+RUN_SETUP_S = 2.0  # per proxy run of a search: build, place on the manifolds, evaluate
 PART_S = {"ab": 40.0, "c": 15.0, "d": 5.0}  # on a GPU
 
+# (f) with --quick: the default space at tiny sizes (a check of the code path, not the search)
+QUICK_NOTE = " (quick: the default space at tiny sizes, a check of the code path)"
+QUICK_SEARCH_FLAGS = {"model": "tiny", "steps": 4, "batch_size": 2}
+QUICK_SEARCH_SETS = ["geometries.mlp=[dgram]", "ladder.stability_steps=4", "proxy.eval_every=2",
+                     "proxy.eval_batches=2", "proxy.probe_every=2", "proxy.probe_batch_size=2", "baselines=[]", "max_repeats=2"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,15 +227,26 @@ def _kill(children: list[Child]) -> None:
         c.proc.wait()
 
 
-def _wait(children: list[Child], until: float) -> None:
-    """Wait for every child until ``until`` (``time.perf_counter``); kill those still running
-    then and mark them timed out. Never raises for a child."""
+def _wait(children: list[Child], until: float, interrupt_first: bool = False) -> None:
+    """Wait for every child until ``until`` (``time.perf_counter``); stop those still running
+    then (Ctrl-C first when ``interrupt_first``, so that a search records its trial; killed
+    :data:`SEARCH_GRACE` seconds later) and mark them timed out. Never raises for a child."""
     try:
         for c in children:
             try:
                 c.proc.wait(timeout=max(0.0, until - time.perf_counter()))
             except subprocess.TimeoutExpired:
                 c.timed_out = until - c.start
+        late = [c for c in children if c.proc.poll() is None]
+        if interrupt_first and late:
+            for c in late:
+                c.proc.send_signal(signal.SIGINT)
+            grace = time.perf_counter() + SEARCH_GRACE
+            for c in late:
+                try:
+                    c.proc.wait(timeout=max(0.1, grace - time.perf_counter()))
+                except subprocess.TimeoutExpired:
+                    pass
     finally:  # also on Ctrl-C here: no child outlives this call
         _kill(children)
 
@@ -231,6 +263,19 @@ def _die_with_parent() -> None:
         return
     if os.getppid() != int(parent):  # it died before the signal was armed
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+# The same for a command that is not this script (the search of part (f)): armed, then exec'd
+# (the parent-death signal survives exec).
+_EXEC_DYING_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    f"if os.getppid() != int(os.environ['{_PARENT}']):\n"
+    "    sys.exit(143)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n")
 
 
 # --------------------------------------------------------------------------- (a, b) children
@@ -507,6 +552,83 @@ def concurrency(args: argparse.Namespace, conc: Concurrency, until: float) -> li
     return rounds
 
 
+# --------------------------------------------------------------------------- (f) default search
+def search_args(args: argparse.Namespace) -> list[str]:
+    """``geosearch search``'s arguments for part (f) (without ``--runs-dir``)."""
+    out = ["--space", "default", "--device", args.device, "--mixed-precision", "bf16"]
+    if args.quick:
+        for flag, value in QUICK_SEARCH_FLAGS.items():
+            out += [f"--{flag.replace('_', '-')}", str(value)]
+        for setting in QUICK_SEARCH_SETS:
+            out += ["--set", setting]
+    return out
+
+
+def search_plan(quick: bool) -> dict:
+    """The steps and proxy runs part (f)'s search trains: without, and with every adaptive seed."""
+    from geosearch.search.space.baselines import BASELINES
+    from geosearch.search.space.spec import apply_overrides, load_space
+
+    space = load_space("default")
+    if quick:
+        space = apply_overrides(space, QUICK_SEARCH_SETS, **QUICK_SEARCH_FLAGS)
+    match = re.search(r"trains: .*= ([\d,]+) steps(?:; up to ([\d,]+))?", space.summary())
+    steps_lo = int(match.group(1).replace(",", "")) if match else 0
+    steps_hi = int(match.group(2).replace(",", "")) if match and match.group(2) else steps_lo
+    points, stability = int(space.grid_size()), 1 if space.ladder.stability_steps else 0
+    runs_lo = points * (space.repeats + stability) + sum(
+        space.repeats + (0 if BASELINES[b].rung0_only else stability) for b in space.baselines)
+    runs_hi = runs_lo + points * max(0, (space.max_repeats or space.repeats) - space.repeats)
+    return {"steps": (steps_lo, steps_hi), "runs": (runs_lo, runs_hi)}
+
+
+def search_estimate(plan: dict, step_ms: tuple[float, float]) -> tuple[float, float]:
+    """Seconds the search should take: a start, every run's setup, every step."""
+    return tuple(START_S + runs * RUN_SETUP_S + steps * ms / 1e3
+                 for runs, steps, ms in zip(plan["runs"], plan["steps"], step_ms))
+
+
+def _trained(runs_dir: Path) -> tuple[int, int, float]:
+    """Steps trained, proxy runs and seconds in training steps, from the runs' files."""
+    steps = runs = 0
+    train_s = 0.0
+    for metrics in runs_dir.glob("*/trials/*/*/metrics.jsonl"):
+        lines = metrics.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        try:
+            last = json.loads(lines[-1]).get("step", 0) if lines else 0
+        except json.JSONDecodeError:  # a line cut short by a kill
+            last = json.loads(lines[-2]).get("step", 0) if len(lines) > 1 else 0
+        steps, runs = steps + last, runs + 1
+        result = metrics.with_name("result.json")
+        if result.is_file():
+            train_s += last * json.loads(result.read_text(encoding="utf-8"))["mean_step_ms"] / 1e3
+    return steps, runs, train_s
+
+
+def default_search(args: argparse.Namespace, until: float, plan: dict, estimate: tuple[float, float]) -> dict:
+    """Part (f): the search in a child process until it ends or ``until``."""
+    shown = "python -m geosearch search " + " ".join(search_args(args)) + " --runs-dir TMP"
+    out = {"command": shown, "plan": plan, "estimate": estimate, "timeout": until - time.perf_counter()}
+    if out["timeout"] < MIN_SEARCH[_mode(args)]:
+        return {**out, "skipped": f"only {max(0.0, out['timeout']):.0f} s of the budget left"}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-search-") as tmp:
+        runs_dir = Path(tmp) / "runs"
+        cmd = [sys.executable, "-m", "geosearch", "search", *search_args(args), "--runs-dir", str(runs_dir)]
+        kid = _start("search", [sys.executable, "-c", _EXEC_DYING_WITH_PARENT, *cmd], Path(tmp) / "search.log",
+                     _env(), cwd=Path(tmp))
+        _wait([kid], until, interrupt_first=True)
+        wall = time.perf_counter() - kid.start
+        log = kid.log.read_text(encoding="utf-8", errors="replace")
+        steps, runs, train_s = _trained(runs_dir)
+        tail = _tail(kid.log)
+    verdict = next((ln[len("verdict: "):] for ln in log.splitlines() if ln.startswith("verdict: ")), None)
+    stopped = next((ln[len("stopped: "):] for ln in log.splitlines() if ln.startswith("stopped: ")), None)
+    trials = collections.Counter(m.group(1) for m in re.finditer(r"^trial\s+\d+\s{2}.+?\s{2}(\S+)", log, re.M))
+    return {**out, "rc": kid.proc.returncode, "timed_out": kid.timed_out, "wall_s": wall, "steps": steps,
+            "runs": runs, "train_s": train_s, "verdict": verdict, "stopped": stopped, "trials": dict(trials),
+            "tail": tail}
+
+
 # --------------------------------------------------------------------------- the table
 def _num(x) -> str:
     if isinstance(x, str):
@@ -664,6 +786,53 @@ def concurrency_section(rounds: list[dict], fallback: bool) -> tuple[str, str]:
     return "\n".join(lines) + "\n\n" + line + "\n\n" + meaning + "\n", check
 
 
+def default_search_section(s: dict | None, why_off: str) -> tuple[str, str]:
+    """The table of part (f), and its check: ok, FAIL, timed out, skipped or off."""
+    if s is None:
+        return f"Off: {why_off}.\n", "off"
+    plan = s["plan"]
+    lo, hi = plan["steps"]
+    planned = f"{lo:,}" + (f"–{hi:,}" if hi != lo else "")
+    est = f"{s['estimate'][0]:.0f}–{s['estimate'][1]:.0f} s"
+    runs = "–".join(dict.fromkeys(map(str, plan["runs"])))  # "17–21", or "12" when both are
+    lines = ["| | |", "|---|---|", f"| command | `{s['command']}` |",
+             f"| estimated before the run | {est} ({planned} steps, {runs} proxy runs; "
+             f"{s.get('estimate_basis', 'planning figures')}) |",
+             f"| timeout | {max(0.0, s['timeout']):.0f} s (what was left of the budget) |"]
+    if "skipped" in s:
+        lines.append(f"| outcome | skipped: {s['skipped']} |")
+        return "\n".join(lines) + "\n", "skipped"
+    rate = s["steps"] / s["wall_s"] if s["wall_s"] > 0 else math.nan
+    timed_out = s["timed_out"] is not None
+    if timed_out:
+        outcome = (f"timed out after {s['timed_out']:.0f} s: stopped with Ctrl-C (killed {SEARCH_GRACE:.0f} s "
+                   f"later if still running), exit code {s['rc']}")
+    else:
+        outcome = f"exit code {s['rc']}"
+    trials = ", ".join(f"{k} {v}" for k, v in sorted(s["trials"].items())) or "none"
+    lines += [f"| outcome | {outcome} |", f"| wall time | {s['wall_s']:.1f} s |",
+              f"| steps trained | {s['steps']:,} of the {planned} planned, in {s['runs']} proxy runs |",
+              f"| throughput | {rate:.1f} steps/s over the wall time; the training steps themselves took "
+              f"{s['train_s']:.0f} s ({s['train_s'] / s['wall_s']:.0%}; the rest: the start, model builds, "
+              "evaluations and probes, the study's bookkeeping) |" if s["wall_s"] > 0 else "| throughput | — |",
+              f"| trials | {trials} |", f"| stopped | {_cell(s['stopped'] or '—')} |",
+              f"| verdict | {_cell(s['verdict'] or '— (none printed)')} |"]
+    if timed_out and rate > 0:
+        lines.append(f"| projection | at {rate:.1f} steps/s the planned {planned} steps take about "
+                     f"{lo / rate:.0f}" + (f"–{hi / rate:.0f}" if hi != lo else "")
+                     + " s (a projection from the part that ran, not a measurement) |")
+    failed = s["trials"].get("failed", 0)
+    if timed_out:
+        check = "FAIL" if failed else "timed out"
+    else:
+        check = "ok" if s["rc"] == 0 and s["verdict"] and not failed else "FAIL"
+    if check == "FAIL":
+        lines.append(f"| output (last lines) | {_cell(s['tail'])} |")
+    lines.append(f"| check | {check}{': not judged' if check == 'timed out' else ''} (ok: exit code 0, a verdict, "
+                 "no failed trial) |")
+    return "\n".join(lines) + "\n", check
+
+
 # --------------------------------------------------------------------------- main
 def _ks(text: str) -> tuple[int, ...]:
     if text.strip().lower() in ("", "none", "0"):
@@ -685,6 +854,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=_ks, default=None, metavar="K,K,...",
                         help="(e): the numbers of runs side by side (default 1,2,4,8,16 on CUDA, 1,2 "
                              "otherwise; none: skip)")
+    parser.add_argument("--default-search", action=argparse.BooleanOptionalAction, default=None,
+                        help="(f): run the shipped default search (default: on CUDA without --quick)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="the whole script's time; the parts' timeouts come out of it "
                              f"(default {BUDGET['cuda']:.0f} on CUDA, {BUDGET['cpu']:.0f} on the CPU, "
@@ -702,23 +873,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     size = sizes(args.device, args.quick)
     if args.concurrency is None:
         args.concurrency = size.concurrency.ks
+    if args.default_search is None:
+        args.default_search = args.device == "cuda" and not args.quick
     if args.budget is None:
         args.budget = BUDGET[_mode(args)]
     return args
 
 
-def estimates(args: argparse.Namespace, size: Sizes) -> str:
-    """The time each part should take on a GPU, in words."""
+def estimates(args: argparse.Namespace, size: Sizes, plan: dict | None) -> tuple[str, tuple[float, float] | None]:
+    """The time each part should take on a GPU, in words, and (f)'s estimate in seconds."""
+    search = search_estimate(plan, STEP_MS) if plan else None
     if args.device != "cuda" or args.quick:
-        return "no estimate (the planning figures are for a GPU at full sizes)"
+        return "no estimate (the planning figures are for a GPU at full sizes)", search
     conc = size.concurrency
     e = sum(START_S + conc.steps * max(STEP_MS[1], k * GPU_MS) / 1e3 for k in args.concurrency)
-    total = sum(PART_S.values()) + e
-    return (f"(a, b) ~{PART_S['ab']:.0f} s, (c) ~{PART_S['c']:.0f} s, (d) ~{PART_S['d']:.0f} s, "
-            f"(e) ~{e:.0f} s for k = {', '.join(map(str, args.concurrency)) or 'none'}: {total:.0f} s in all, "
-            f"against a budget of {args.budget:.0f} s (the larger k of (e) are skipped rather than overrun "
-            f"it). Basis: one small-proxy step at {STEP_MS[0]:.0f}–{STEP_MS[1]:.0f} ms on the GPU (about "
-            f"3,200 eager torch ops), a child's start {START_S:.0f} s: planning figures, not measurements")
+    fixed = sum(PART_S.values()) + e
+    lo, hi = (fixed + search[0], fixed + search[1]) if search else (fixed, fixed)
+    text = (f"(a, b) ~{PART_S['ab']:.0f} s, (c) ~{PART_S['c']:.0f} s, (d) ~{PART_S['d']:.0f} s, "
+            f"(e) ~{e:.0f} s for k = {', '.join(map(str, args.concurrency)) or 'none'}, (f) "
+            + (f"{search[0]:.0f}–{search[1]:.0f} s" if search else "off")
+            + f": {lo:.0f}–{hi:.0f} s in all, against a budget of {args.budget:.0f} s (the larger k of (e) "
+            "are skipped and (f) is timed out rather than overrun it). Basis: one small-proxy step at "
+            f"{STEP_MS[0]:.0f}–{STEP_MS[1]:.0f} ms on the GPU (about 3,200 eager torch ops), a child's start "
+            f"{START_S:.0f} s, {RUN_SETUP_S:.0f} s per proxy run's setup: planning figures, not measurements")
+    return text, search
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -739,7 +917,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     fallback = device.type != "cuda"
     gpu = f"{torch.cuda.get_device_name(device)}, " if not fallback else ""
-    estimate_text = estimates(args, size)
+    plan = search_plan(args.quick) if args.default_search else None
+    estimate_text, search_est = estimates(args, size, plan)
     print(f"estimate: {estimate_text}", flush=True)
 
     print("(a, b) search and proxy runs in child processes ...", flush=True)
@@ -749,17 +928,38 @@ def main(argv: list[str] | None = None) -> int:
     print("(d) bf16 numerics ...", flush=True)
     numerics = bf16_numerics(size, device)
     if not fallback:
-        torch.cuda.empty_cache()  # this process's cache, before (e) takes the GPU
+        torch.cuda.empty_cache()  # this process's cache, before (e) and (f) take the GPU
 
+    # (e) may use what (f) will not need: (f)'s estimate (at most half the budget) is kept for it
+    reserve = min(search_est[1], args.budget / 2) if search_est else 0.0
     print(f"(e) runs side by side: k = {', '.join(map(str, args.concurrency)) or 'none'} ...", flush=True)
-    rounds = concurrency(args, size.concurrency, deadline - MARGIN)
+    rounds = concurrency(args, size.concurrency, deadline - MARGIN - reserve)
+    search = None
+    if args.default_search:
+        basis = "planning figures"
+        one = next((r for r in rounds if r.get("ok") and r["k"] == 1), None)
+        if one is not None and not args.quick and size.concurrency.model == "small":
+            ms = one["runs"][0]["ms"]
+            search_est = search_estimate(plan, (ms, ms * 1.25))
+            basis = (f"redone from (e)'s {ms:.1f} ms/step of one run (to 1.25× that), {START_S:.0f} s start, "
+                     f"{RUN_SETUP_S:.0f} s a run's setup")
+        print(f"(f) the default search (estimated {search_est[0]:.0f}–{search_est[1]:.0f} s, "
+              f"timeout {deadline - MARGIN - time.perf_counter():.0f} s) ...", flush=True)
+        search = default_search(args, deadline - MARGIN, plan, search_est)
+        search["estimate_basis"] = basis
+
     search_text, search_ok = search_section(children)
     precision_text, precision_ok = precision_section(children)
     numerics_text, numerics_ok = numerics_section(numerics)
     conc_text, conc_check = concurrency_section(rounds, fallback) if rounds else ("Off: --concurrency none.\n", "off")
+    why_off = ("--no-default-search" if args.device == "cuda" and not args.quick else
+               "on by default on CUDA only, and not with --quick (on a 2-core CPU the default search takes "
+               "about 20 minutes); --default-search runs it")
+    default_text, default_check = default_search_section(search, why_off)
     checks = {"bf16 search": "ok" if search_ok else "FAIL", "bf16 vs fp32": "ok" if precision_ok else "FAIL",
               "bf16 numerics": "ok" if numerics_ok else "FAIL",
-              "runs side by side": conc_check}
+              "runs side by side": conc_check,
+              "default search": default_check}
     conc = size.concurrency
     title = "GPU readiness" + (" — CPU fallback" if fallback else "")
     text = (
@@ -798,7 +998,9 @@ def main(argv: list[str] | None = None) -> int:
         f"run ends inside another's window. Aggregate = the sum over the runs of steps / second; peak "
         f"allocated = `torch.cuda.max_memory_allocated` in each run; device memory in use = total − free "
         f"(`torch.cuda.mem_get_info`) at the end of a window: every process's, CUDA contexts included.\n\n"
-        f"{conc_text}"
+        f"{conc_text}\n"
+        f"## (f) The default search{QUICK_NOTE if args.quick else ''}\n\n"
+        f"{default_text}"
     )
     publish(text, args.out)
     return 1 if "FAIL" in checks.values() else 0

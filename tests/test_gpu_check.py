@@ -4,6 +4,7 @@ verdicts it draws from the numbers."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,13 @@ import gpu_check  # noqa: E402
 
 def test_cpu_fallback_writes_every_section(tmp_path):
     out = tmp_path / "gpu_check.md"
-    code = gpu_check.main(["--quick", "--device", "cpu", "--out", str(out)])
+    # --default-search: off by default with --quick, on here to run (f)'s code path (tiny sizes)
+    code = gpu_check.main(["--quick", "--device", "cpu", "--default-search", "--out", str(out)])
     text = out.read_text()
-    # Rule: without CUDA the table says it is the CPU fallback, and has the five parts.
+    # Rule: without CUDA the table says it is the CPU fallback, and has the six parts.
     assert "CPU fallback" in text
     for section in ("## (a) Default search in bf16", "## (b) bf16 against fp32", "## (c) Optimizer step",
-                    "## (d) msign and retractions", "## (e) Runs side by side"):
+                    "## (d) msign and retractions", "## (e) Runs side by side", "## (f) The default search"):
         assert section in text
     # (a) the bf16 search ran both points of the quick space to completion.
     assert "| 2 | completed 2 |" in text
@@ -45,16 +47,40 @@ def test_cpu_fallback_writes_every_section(tmp_path):
     assert "| 1 | 1/1 |" in text and "| 2 | 2/2 |" in text
     assert "Saturates at k = 1" in text or "Does not saturate up to k = 2" in text
     assert "say nothing about a GPU" in text
+    # (f) the default space's search (at tiny sizes) ran to a verdict: 2 points x (stability + 2 seeds)
+    assert "| steps trained | 24 of the 24 planned, in 6 proxy runs |" in text
+    assert "| check | ok" in text.split("## (f)", 1)[1]
     # Rule: the exit code is 0 exactly when every check says ok.
     checks = text.split("Checks: ", 1)[1].split("\n", 1)[0]
-    assert "runs side by side ok" in checks
+    assert "runs side by side ok" in checks and "default search ok" in checks
     assert (code == 0) == ("FAIL" not in checks)
+
+
+def test_the_default_search_is_on_by_default_only_on_cuda_at_full_sizes():
+    # Rule: on the CPU it takes about 20 minutes, and --quick is for tests: off there.
+    assert not gpu_check.parse_args(["--device", "cpu"]).default_search
+    assert not gpu_check.parse_args(["--quick", "--device", "cpu"]).default_search
+    assert gpu_check.parse_args(["--device", "cpu", "--default-search"]).default_search
 
 
 def test_the_k_values_are_a_flag():
     assert gpu_check.parse_args(["--device", "cpu", "--concurrency", "4,1,2"]).concurrency == (1, 2, 4)
     assert gpu_check.parse_args(["--device", "cpu", "--concurrency", "none"]).concurrency == ()
     assert gpu_check.parse_args(["--device", "cpu"]).concurrency == (1, 2)
+
+
+def test_a_search_past_its_timeout_is_stopped_and_reported(monkeypatch):
+    monkeypatch.setitem(gpu_check.MIN_SEARCH, "quick", 0.0)  # below it the search is skipped
+    args = gpu_check.parse_args(["--quick", "--device", "cpu", "--default-search"])
+    plan = gpu_check.search_plan(quick=True)
+    start = time.perf_counter()
+    result = gpu_check.default_search(args, start + 2.0, plan, (1.0, 2.0))
+    # Rule: a child has a timeout; past it the search is stopped (Ctrl-C, then killed) and
+    # reported as timed out, neither raised nor counted as a failed check.
+    assert time.perf_counter() - start < 2.0 + gpu_check.SEARCH_GRACE
+    assert result["timed_out"] is not None and result["rc"] is not None
+    text, check = gpu_check.default_search_section(result, "")
+    assert check == "timed out" and "timed out after 2 s" in text
 
 
 def _round(k: int, steps_per_s: float, ok: bool = True) -> dict:
