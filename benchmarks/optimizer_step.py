@@ -127,15 +127,20 @@ def _gradients(shape, count: int, device, seed: int) -> list[torch.Tensor]:
     return out
 
 
-def run_case(make: Callable[[torch.nn.Parameter], object], geometry: str, shape, args, device) -> dict:
-    """Median seconds per step of one optimizer on one weight, and what it leaves behind."""
+def run_case(make: Callable[[torch.nn.Parameter], object], geometry: str, shape, args, device,
+             dtype: torch.dtype = torch.float32) -> dict:
+    """Median seconds per step of one optimizer on one weight, and what it leaves behind.
+
+    ``dtype``: the weight's and its gradients' dtype (placed on the manifold in float32,
+    then rounded to it)."""
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(*shape, device=device) / math.sqrt(shape[1]))
     if geometry != "adamw":
         with torch.no_grad():
             p.copy_(get_manifold(geometry).project(p))
+    p.data = p.data.to(dtype)
     opt = make(p)
-    grads = _gradients(shape, args.warmup + args.repeats, device, seed=1)
+    grads = [g.to(dtype) for g in _gradients(shape, args.warmup + args.repeats, device, seed=1)]
     times = []
     for i, g in enumerate(grads):
         p.grad = g
