@@ -62,7 +62,7 @@ from geosearch.search.horizon.pruner import DEFAULT_MAX_LOGIT_FACTOR  # noqa: E4
 from geosearch.search.horizon.target import model_logit_scale  # noqa: E402
 from geosearch.search.stats.scores import Point, Score, main_effects  # noqa: E402
 
-GRIDS = {"tiny": (0.02, 0.05, 0.07, 0.1), "small": (0.02, 0.05)}
+GRIDS = {"tiny": (0.01, 0.02, 0.05, 0.07, 0.1), "small": (0.02, 0.05)}
 STEPS = 2000
 SHORT = {"attn=stiefel,mlp=stiefel": "S+S", "attn=stiefel,mlp=dgram": "S-attn+D-MLP",
          "attn=dgram,mlp=stiefel": "D-attn+S-MLP", "attn=dgram,mlp=dgram": "D+D"}
@@ -124,6 +124,10 @@ def report(model: str) -> list[str]:
     steps = ", ".join(f"{SHORT[a]} {c['eta']}{' (harmed at every step)' if c['harmed'] else ''}"
                       for a, c in own.items())
     lines.append(f"- each at its own best step ({steps}): {_order(own)}; {_effects(own)}")
+    edge = [SHORT[a] for a, c in own.items() if c["eta"] in (grid[0], grid[-1]) and not c["harmed"]]
+    if edge:
+        lines.append(f"- best step at an end of the grid (not bracketed: the optimum may lie beyond it): "
+                     f"{', '.join(edge)}")
     lines.append(f"- compute of the tuning: {len(grid)} steps x the untuned runs = {len(grid)}x")
     return lines
 
