@@ -107,6 +107,15 @@ def test_two_answers_side_by_side_and_the_export_carries_the_own_step(monkeypatc
     manifold = [g for g in opt.param_groups if g.get("geometry") in ("dgram", "stiefel")]
     assert manifold and all(g["lr"] == pytest.approx(0.01) for g in manifold)
 
+    # Rule: report.md gives the same verdict, both answers, and says at which step its main
+    # effects are.
+    from geosearch.report import write_report
+
+    write_report(tmp_path / "runs" / "t", plots=False)
+    report = (tmp_path / "runs" / "t" / "report.md").read_text(encoding="utf-8")
+    assert "at the shared step 0.02: winner" in report and "each assignment at its own best step" in report
+    assert "within seeds) at each assignment's own best step" in report
+
 
 def test_without_a_grid_the_ranking_is_unchanged(fake, tmp_path):
     # Rule: a space without a step grid has one answer, no step parts in its verdict.
