@@ -152,8 +152,10 @@ def _md_result(ranking: Ranking, unstable: list[TrialRecord], run: RunData) -> l
     lines = ["## Result", "", f"**Verdict:** {horizon_verdict(ranking.verdict, run.reading)}.", "",
              f"How far to trust it: {TRACK_RECORD} (docs/benchmarks.md)."]
     if ranking.effects:
+        at = (" at each assignment's own best step (at the shared step: the verdict)"
+              if ranking.steps is not None else "")
         lines += ["", "Main effects (each factor's geometry, averaged over matched pairs that differ "
-                      "only in it, within seeds):", ""]
+                      f"only in it, within seeds){at}:", ""]
         lines += [f"- {e.text()}" for e in ranking.effects]
     if ranking.sensitivity is not None:
         lines += ["", f"Sensitivity: {ranking.sensitivity.text()}."]

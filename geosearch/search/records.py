@@ -20,7 +20,7 @@ __all__ = [
     "DATA_DIGEST", "GEOSEARCH_VERSION", "HEARTBEAT", "LADDER", "LOGIT_SCALE", "MAX_LOGIT", "MEAN_STEP_MS",
     "NUM_PROCESSES", "PROBE_HISTORY", "PROXY", "PRUNED_RUNG", "PRUNED_SEED", "PRUNE_REASON",
     "QUEUED", "QUEUED_PARAMS", "RETRIES", "RETRY_OF", "RULES", "RUNG_LOSSES", "RUNG_PROBES", "SEEDS",
-    "SIGMA_MAX", "SPACE", "STATUS", "STOP_STEP", "TARGET", "TARGET_LOGIT_SCALE",
+    "SIGMA_MAX", "SPACE", "STATUS", "STEP_FACTOR", "STOP_STEP", "TARGET", "TARGET_LOGIT_SCALE",
     "TARGET_STEPS", "TARGET_SUM_ETA", "TOKENS_PER_S", "TRIAL_DIR", "VAL_LOSSES",
     "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER", "SEED_OF", "BASELINE", "RUNG_INDICES",
     "STABILITY", "STABILITY_RUN", "STABILITY_PROBES",
@@ -29,6 +29,11 @@ __all__ = [
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
     "is_extra", "json_safe", "trial_status",
 ]
+
+# --------------------------------------------------------------------------- trial params
+STEP_FACTOR = "step_factor"
+"""The Optuna parameter of a space's step grid (``hyperparams.step_grid``): the factor of
+``proxy.spectral_lr`` a point trains at (a param, not a user attr; docs/design.md, "Ranking")."""
 
 # --------------------------------------------------------------------------- study attrs
 SPACE = "space"

@@ -139,7 +139,8 @@ def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
     known = points != math.inf
     below = "" if len(rungs) == 1 or lower is None or lower >= seeds else f", {lower} below the top"
     first = f" + the stability rung ({stability:,} steps, 1 seed)" if stability else ""
-    parts = [f"{int(points) if known else 'N'} assignments x {seeds} seed(s){below} x {len(rungs)} "
+    what = "points (assignment x step)" if space.hyperparams.step_grid else "assignments"
+    parts = [f"{int(points) if known else 'N'} {what} x {seeds} seed(s){below} x {len(rungs)} "
              f"rung(s){first} ({each:,} steps each)"]
     fixed, runs = 0, []
     for name in space.baselines:

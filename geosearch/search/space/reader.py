@@ -27,13 +27,17 @@ from geosearch.search.space.sections import (
     SamplerType,
 )
 
-__all__ = ["BUDGET_LIMITS", "HYPERPARAMS", "LOSS_PRUNER_ARGS", "LOSS_PRUNER_LIMITS", "REMOVED_PRUNER_KEYS",
+__all__ = ["BUDGET_LIMITS", "HYPERPARAMS", "MAX_STEP_GRID", "STEP_FACTOR_RANGE", "LOSS_PRUNER_ARGS", "LOSS_PRUNER_LIMITS", "REMOVED_PRUNER_KEYS",
            "SAMPLER_LIMITS", "SchemaReader", "SearchSpaceError", "join_key"]
 
 REMOVED_PRUNER_KEYS = ("trend_min_logit", "horizon_steps")
 """Pruner keys of older spaces: an error says what replaced them."""
-HYPERPARAMS = ("spectral_lr", "lr")
-"""The continuous parameters a space may search (``hyperparams``)."""
+HYPERPARAMS = ("spectral_lr", "lr", "step_grid")
+"""The keys of ``hyperparams``: the continuous parameters a space may search, and the step grid."""
+STEP_FACTOR_RANGE = Range(0.01, 100)
+"""One factor of ``hyperparams.step_grid`` (of ``proxy.spectral_lr``)."""
+MAX_STEP_GRID = 5
+"""Factors a step grid may list at most: each multiplies the space's points."""
 LOSS_PRUNER_ARGS: dict[str, tuple[str, ...]] = {
     "none": (),
     "median": ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials"),
@@ -205,7 +209,7 @@ class SchemaReader:
             self.error("sampler.type", f"unknown sampler {kind!r}", kinds)
             kind = "auto"
         if kind == "grid" and hyperparams:
-            names = [n for n in HYPERPARAMS if getattr(hyperparams, n) is not None]
+            names = [n for n in ("spectral_lr", "lr") if getattr(hyperparams, n) is not None]
             self.error("sampler.type", "a grid needs a finite space, but "
                        f"{', '.join('hyperparams.' + n for n in names)} is continuous",
                        [k for k in kinds if k != "grid"])

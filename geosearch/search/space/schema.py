@@ -22,6 +22,9 @@ optional but ``version`` and ``geometries``::
     hyperparams:                  # optional continuous parameters, log-uniform [low, high]
       spectral_lr: [0.005, 0.05]  #   or per geometry: {stiefel: [..], dgram: [..]}
       lr: [1.0e-4, 3.0e-3]        #   AdamW lr (embeddings, head, norms, adamw types)
+      step_grid: [0.5, 1, 2]      #   or: each point at each factor of proxy.spectral_lr (2-5
+                                  #   factors in [0.01, 100], 1 among them), ranked at the
+                                  #   shared step and at each assignment's own best step
     proxy:                        # the proxy run: any geosearch.proxy.config.TrainConfig field
       model: small                #   tiny | small | gpt2 | hf:gpt2 | hf:llama | py:MODULE:FACTORY
       model_args: {}              #   model fields, e.g. {n_layer: 2} (geosearch.models.zoo)
@@ -87,12 +90,15 @@ from geosearch.modules import (
 )
 from geosearch.proxy.config import LIMITS as TRAIN_LIMITS
 from geosearch.proxy.config import OPTIMIZER_FIELDS, TrainConfig
+from geosearch.search.records import STEP_FACTOR
 from geosearch.models.specs import HF_PREFIX, PY_PREFIX, preset_rules
 from geosearch.search.space.baselines import REPEATS, parse_extras
 from geosearch.search.space.reader import (
     BUDGET_LIMITS,
     HYPERPARAMS,
     LOSS_PRUNER_LIMITS,
+    MAX_STEP_GRID,
+    STEP_FACTOR_RANGE,
     SAMPLER_LIMITS,
     SchemaReader,
     SearchSpaceError,
@@ -156,6 +162,8 @@ def dump_space(space: SearchSpace) -> dict[str, Any]:
         hp["spectral_lr"] = {g: _range_list(r) for g, r in space.hyperparams.spectral_lr.items()}
     if space.hyperparams.lr is not None:
         hp["lr"] = _range_list(space.hyperparams.lr)
+    if space.hyperparams.step_grid is not None:
+        hp["step_grid"] = list(space.hyperparams.step_grid)
     pruner = {f.name: getattr(space.pruner, f.name)
               for f in dataclasses.fields(space.pruner) if f.name != "loss"}
     pruner["loss"] = {"type": space.pruner.loss.type, **space.pruner.loss.args}
@@ -214,7 +222,7 @@ class _Parser(SchemaReader):
         else:
             rules = self.rules(top["rules"])
         geometries = self.geometries(top.get("geometries"), rules)
-        hyperparams = self.hyperparams(top.get("hyperparams"), geometries)
+        hyperparams = self.hyperparams(top.get("hyperparams"), geometries, proxy)
         repeats, problem = REPEATS.check(top.get("repeats", 1))
         if problem is not None:
             self.error("repeats", problem)
@@ -337,12 +345,13 @@ class _Parser(SchemaReader):
         if missing:
             self.error("geometries", "no geometries for module type(s) "
                        f"{', '.join(missing)}", [*families, *types])
-        clash = [k for k in out if k in HYPERPARAMS or k.startswith("spectral_lr.")]
+        clash = [k for k in out if k in HYPERPARAMS or k == STEP_FACTOR or k.startswith("spectral_lr.")]
         for k in clash:
             self.error(f"geometries.{k}", "a module type may not share a name with a "
                        "hyperparameter", HYPERPARAMS)
 
-    def hyperparams(self, value: Any, geometries: dict[str, tuple[str, ...]]) -> Hyperparams:
+    def hyperparams(self, value: Any, geometries: dict[str, tuple[str, ...]],
+                    proxy: TrainConfig) -> Hyperparams:
         h = self.mapping(value, "hyperparams", HYPERPARAMS)
         spectral: LogRange | dict[str, LogRange] | None = None
         if h.get("spectral_lr") is not None:
@@ -362,7 +371,34 @@ class _Parser(SchemaReader):
         lr = None
         if h.get("lr") is not None:
             lr = self.log_range(h["lr"], "hyperparams.lr")
-        return Hyperparams(spectral_lr=spectral, lr=lr)
+        grid = None
+        if h.get("step_grid") is not None:
+            grid = self.step_grid(h["step_grid"], searched=h.get("spectral_lr") is not None,
+                                  shared=proxy.spectral_lr)
+        return Hyperparams(spectral_lr=spectral, lr=lr, step_grid=grid)
+
+    def step_grid(self, value: Any, *, searched: bool, shared: float) -> tuple[float, ...] | None:
+        """``hyperparams.step_grid``: 2 to :data:`MAX_STEP_GRID` distinct factors of
+        ``proxy.spectral_lr``, each in :data:`STEP_FACTOR_RANGE`, 1 among them (the shared
+        step the first answer is read at); one problem, naming the key, when it is not."""
+        key = "hyperparams.step_grid"
+        if searched:
+            self.error(key, "hyperparams.spectral_lr already searches the step: give one or the other")
+            return None
+        if not shared > 0:
+            self.error(key, f"scales proxy.spectral_lr, which is {shown(shared)}: give the shared "
+                            "step (a number > 0)")
+            return None
+        nums = ([STEP_FACTOR_RANGE.check(x) for x in value]
+                if isinstance(value, (list, tuple)) else [])
+        factors = [float(x) for x, problem in nums if problem is None]
+        if (not 2 <= len(nums) <= MAX_STEP_GRID or len(factors) < len(nums)
+                or len(set(factors)) < len(factors) or 1.0 not in factors):
+            self.error(key, f"expected 2 to {MAX_STEP_GRID} distinct factors of proxy.spectral_lr, "
+                            f"each {STEP_FACTOR_RANGE.text}, 1 among them (the shared step), "
+                            f"e.g. [0.5, 1, 2], got {shown(value)}")
+            return None
+        return tuple(factors)
 
     def log_range(self, value: Any, key: str) -> LogRange | None:
         nums = [parse_number(x) for x in value] if isinstance(value, (list, tuple)) else []

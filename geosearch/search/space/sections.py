@@ -44,15 +44,21 @@ class LogRange:
 
 @dataclass(frozen=True)
 class Hyperparams:
-    """Continuous hyperparameters searched together with the geometries."""
+    """Hyperparameters searched together with the geometries: continuous ranges, and the
+    step grid (finite)."""
 
     spectral_lr: LogRange | dict[str, LogRange] | None = None
     """Manifold-Muon step size: one range (Optuna parameter ``spectral_lr``) or one per
     manifold geometry (``spectral_lr.<geometry>``, set as that key's ``lr`` option)."""
     lr: LogRange | None = None
     """AdamW step size (embeddings, head, norms, types assigned ``adamw``); parameter ``lr``."""
+    step_grid: tuple[float, ...] | None = None
+    """Factors of ``proxy.spectral_lr`` each point is trained at (a categorical, Optuna
+    parameter ``step_factor``; 1 among them: the shared step), so that each assignment is
+    also ranked at its own best step; ``None``: every point at the shared step."""
 
     def __bool__(self) -> bool:
+        """True when a continuous parameter is searched (the step grid is finite)."""
         return self.spectral_lr is not None or self.lr is not None
 
 

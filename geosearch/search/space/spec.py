@@ -34,7 +34,7 @@ from geosearch.files import read_user_text
 from geosearch.modules import ModuleRule
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.horizon.pruner import LogitGrowthPruner
-from geosearch.search.records import SPACE
+from geosearch.search.records import SPACE, STEP_FACTOR
 from geosearch.search.space.sections import (
     Budget,
     Hyperparams,
@@ -88,14 +88,18 @@ class Suggestion:
         geometry: categorical parameter (module type or shorthand) -> geometry.
         options: per-key assignment options (a per-geometry ``spectral_lr`` sets ``lr``).
         train_overrides: :class:`~geosearch.proxy.config.TrainConfig` fields to replace
-            (``spectral_lr``, ``lr`` when searched).
+            (``spectral_lr``, ``lr`` when searched; ``spectral_lr`` = the proxy's × the step
+            factor with a step grid).
         rules: the rule set, for the assignment.
+        step_factor: the factor of ``proxy.spectral_lr`` of a step grid (1: the shared step);
+            the target it trains for is the user's run at that factor of the target's step.
     """
 
     geometry: dict[str, str]
     options: dict[str, dict[str, float]]
     train_overrides: dict[str, float]
     rules: str | tuple[ModuleRule, ...]
+    step_factor: float = 1.0
 
     def assignment(self, provenance: Mapping[str, Any] | None = None,
                    settings: Mapping[str, Any] | None = None) -> Assignment:
@@ -189,16 +193,20 @@ class SearchSpace:
         return dump_space(self)
 
     # ------------------------------------------------------------------ what a study needs
-    def categorical_choices(self) -> dict[str, list[str]]:
-        """One Optuna categorical per geometries key: ``geometry.<key>`` -> choices."""
-        return {f"geometry.{k}": list(v) for k, v in self.geometries.items()}
+    def categorical_choices(self) -> dict[str, list[Any]]:
+        """One Optuna categorical per geometries key: ``geometry.<key>`` -> choices; and
+        ``step_factor`` -> the step grid's factors when the space has one."""
+        out: dict[str, list[Any]] = {f"geometry.{k}": list(v) for k, v in self.geometries.items()}
+        if self.hyperparams.step_grid is not None:
+            out[STEP_FACTOR] = list(self.hyperparams.step_grid)
+        return out
 
     def grid_size(self) -> int | float:
-        """Number of distinct assignments, or ``math.inf`` when continuous
-        hyperparameters are searched too."""
+        """Number of distinct points (assignments, times the step grid's factors), or
+        ``math.inf`` when continuous hyperparameters are searched too."""
         if self.hyperparams:
             return math.inf
-        return math.prod(len(v) for v in self.geometries.values())
+        return math.prod(len(v) for v in self.categorical_choices().values())
 
     def sampler_type(self) -> str:
         """The sampler :meth:`make_sampler` builds, ``auto`` resolved: ``grid`` when the
@@ -250,7 +258,8 @@ class SearchSpace:
         """Ask ``trial`` for one point of the space.
 
         Parameter names: ``geometry.<key>`` for each geometries key (``geometry.attn``...), ``spectral_lr`` or
-        ``spectral_lr.<geometry>`` (only for geometries this trial uses), ``lr``. Pass
+        ``spectral_lr.<geometry>`` (only for geometries this trial uses), ``lr``, ``step_factor``
+        (the step grid's: the run's ``spectral_lr`` is the proxy's × it). Pass
         ``optuna.trial.FixedTrial(study.best_params)`` to rebuild the best trial's point.
         """
         geometry = {k: trial.suggest_categorical(f"geometry.{k}", list(v))
@@ -266,7 +275,11 @@ class SearchSpace:
                 options.update({k: {"lr": value} for k, kg in geometry.items() if kg == g})
         if self.hyperparams.lr is not None:
             overrides["lr"] = self.hyperparams.lr.suggest(trial, "lr")
-        return Suggestion(geometry, options, overrides, self.rules)
+        factor = 1.0
+        if self.hyperparams.step_grid is not None:
+            factor = float(trial.suggest_categorical(STEP_FACTOR, list(self.hyperparams.step_grid)))
+            overrides["spectral_lr"] = self.proxy.spectral_lr * factor
+        return Suggestion(geometry, options, overrides, self.rules, factor)
 
     def train_config(self, suggestion: Suggestion | None = None, repeat: int = 0) -> TrainConfig:
         """The proxy config of one run: ``proxy`` with the suggestion's overrides and seed
@@ -288,6 +301,10 @@ class SearchSpace:
             hp.extend(f"spectral_lr.{g} {_range_text(r)}" for g, r in spectral.items())
         if self.hyperparams.lr is not None:
             hp.append(f"lr {_range_text(self.hyperparams.lr)}")
+        if self.hyperparams.step_grid is not None:
+            steps = ", ".join(f"{self.proxy.spectral_lr * f:.3g}" for f in self.hyperparams.step_grid)
+            hp.append(f"spectral_lr in {{{steps}}} (step grid x{', x'.join(f'{f:g}' for f in self.hyperparams.step_grid)} "
+                      "of the shared step: ranked at the shared step and at each assignment's own best)")
         p = self.proxy
         seeds = f"{self.repeats} seed(s) each" + (
             f", up to {self.max_repeats} for the contenders (adaptive)"
@@ -295,7 +312,8 @@ class SearchSpace:
         return "\n".join([
             f"search space {self.name!r} ({self.source or 'inline'})",
             f"  geometries: {params}"
-            + (f" = {size} assignments" if size != math.inf else "")
+            + (f" = {size} {'points' if self.hyperparams.step_grid else 'assignments'}"
+               if size != math.inf else "")
             + (f"; rule set {self.rules!r}" if isinstance(self.rules, str) else "; the space's rules")
             + (" (the model's)" if self.rules_from_model else ""),
             *([f"  hyperparams: {', '.join(hp)}"] if hp else []),

@@ -332,20 +332,27 @@ class MainEffect:
         """True when the 95% interval excludes zero."""
         return self.half_width is not None and self.effect > self.half_width
 
+    @property
+    def name(self) -> str:
+        """``"attention's geometry"``."""
+        return f"{_FACTOR_NAMES.get(self.factor, self.factor)}'s geometry"
+
     def text(self) -> str:
         """``"attention's geometry: stiefel better than dgram by 0.0800 ± 0.0200 (95% CI,
         2 seeds × 2 pairs)"``, or says that the interval covers zero."""
-        name = f"{_FACTOR_NAMES.get(self.factor, self.factor)}'s geometry"
+        return f"{self.name}: {self.body()}"
+
+    def body(self) -> str:
+        """:meth:`text` without the factor's name."""
         lo, hi = min(self.seeds), max(self.seeds)
         p = len(self.seeds)
         design = f"{lo if lo == hi else f'{lo}–{hi}'} seed{'s' * (hi > 1)} × {p} pair{'s' * (p > 1)}"
         if self.half_width is None:
-            return (f"{name}: {self.better} ahead of {self.worse} by {self.effect:.4f}, "
-                    f"spread unknown ({design})")
+            return f"{self.better} ahead of {self.worse} by {self.effect:.4f}, spread unknown ({design})"
         ci = f"{self.effect:.4f} ± {self.half_width:.4f} (95% CI, {design})"
         if self.decisive:
-            return f"{name}: {self.better} better than {self.worse} by {ci}"
-        return f"{name}: {self.better} and {self.worse} within noise: {self.better} ahead by {ci}"
+            return f"{self.better} better than {self.worse} by {ci}"
+        return f"{self.better} and {self.worse} within noise: {self.better} ahead by {ci}"
 
 
 def main_effects(cells: Iterable[tuple[Point, Score]], *, blocked: bool = True) -> list[MainEffect]:

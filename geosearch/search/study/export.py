@@ -35,6 +35,7 @@ from geosearch.search.records import (
     RULES,
     SEEDS,
     SPACE,
+    STEP_FACTOR,
     TARGET,
     trial_status,
 )
@@ -146,6 +147,14 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
         "geosearch_version": __version__,
         "trials": {"completed": len(ranking.rows), "total": done_count(study)},
     }
+    if STEP_FACTOR in trial.params:  # a step grid: the answer at each one's own best step
+        factor = float(trial.params[STEP_FACTOR])
+        shared = (attrs.get(PROXY) or {}).get("spectral_lr")
+        provenance["step"] = {
+            "spectral_lr": settings.get("spectral_lr", shared * factor if shared else None),
+            "factor": factor, "shared_spectral_lr": shared,
+            "grid": list(space.hyperparams.step_grid or ()) if space is not None else None,
+            "answer": "each assignment at its own best step"}
     if suggestion is not None:
         return suggestion.assignment(provenance, settings=settings)
     geometry = trial.user_attrs.get(ASSIGNMENT) or {}

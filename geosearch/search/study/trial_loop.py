@@ -374,6 +374,10 @@ class Searcher:
             PROBE_HISTORY: [],
             NUM_PROCESSES: self.group.world if self.group else 1,
             **self.target_attrs,
+            # a step grid's point trains for the user's run at its own step: Σ η scales with it
+            # (the stability rung's η' and its clock scale by themselves: rung_run multiplies
+            # the point's step by the rung's factor, and Σ η² ratios do not change)
+            TARGET_SUM_ETA: self.target_attrs[TARGET_SUM_ETA] * suggestion.step_factor,
         }.items():
             trial.set_user_attr(key, value)
 

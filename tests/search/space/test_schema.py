@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import optuna
 import pytest
 from _spaces import problems, space, write
 
@@ -238,10 +239,11 @@ def test_hyperparameter_ranges():
         space(hyperparams={"spectral_lr": [0.05, 0.005], "lr": 3e-4, "momentum": [0.9, 0.99]},
               budget={"trials": 5})
     found = problems(e)
-    # Rule: low < high; a range is two numbers; only spectral_lr and lr are searchable.
+    # Rule: low < high; a range is two numbers; only spectral_lr and lr are searchable (and
+    # the step grid, finite).
     assert "0 < low < high" in found["hyperparams.spectral_lr"].problem
     assert "expected [low, high]" in found["hyperparams.lr"].problem
-    assert found["hyperparams.momentum"].allowed == ["spectral_lr", "lr"]
+    assert found["hyperparams.momentum"].allowed == ["spectral_lr", "lr", "step_grid"]
     with pytest.raises(SearchSpaceError) as e:
         space(hyperparams={"spectral_lr": {"oblique": [0.01, 0.1]}}, budget={"trials": 5})
     # Rule: a per-geometry range needs a manifold geometry of this space.
@@ -334,3 +336,33 @@ def test_header_prints_the_steps_the_study_trains():
     bare = apply_overrides(load_space("default"), ["ladder.stability_steps=null", "baselines=[]",
                                                    "max_repeats=2"]).summary()
     assert "= 3,200 steps" in bare and "stability" not in bare
+
+
+def test_step_grid():
+    s = space(hyperparams={"step_grid": [0.5, 1, "2"]})
+    # Rule: a step grid is finite: every point at every factor, searched exhaustively, the
+    # factor a categorical of each point; the run's spectral_lr is the proxy's × the factor.
+    assert s.hyperparams.step_grid == (0.5, 1.0, 2.0)
+    assert s.grid_size() == 3 * math.prod(len(v) for v in s.geometries.values())
+    assert s.sampler_type() == "grid" and s.categorical_choices()["step_factor"] == [0.5, 1.0, 2.0]
+    fixed = {f"geometry.{k}": v[0] for k, v in s.geometries.items()} | {"step_factor": 2.0}
+    suggestion = s.suggest(optuna.trial.FixedTrial(fixed))
+    assert suggestion.step_factor == 2.0
+    assert s.train_config(suggestion).spectral_lr == pytest.approx(2 * s.proxy.spectral_lr)
+    assert "step grid x0.5, x1, x2" in s.summary()
+    # Rule: it round-trips; a space without it dumps no key (stored studies read as before).
+    assert type(s).from_dict(s.to_dict(), source="x").hyperparams.step_grid == (0.5, 1.0, 2.0)
+    assert "step_grid" not in space().to_dict()["hyperparams"]
+    # Rule: 2-5 distinct factors in [0.01, 100], 1 among them; else one line naming the key.
+    for bad in ([1], [0.5, 2], [0.5, 1, 1], [1, 2, 3, 4, 5, 6], [1, 1000], [1, True], [1, "x"],
+                "0.5,1", {"a": 1}):
+        with pytest.raises(SearchSpaceError) as e:
+            space(hyperparams={"step_grid": bad})
+        assert list(problems(e)) == ["hyperparams.step_grid"], bad
+        assert "\n" not in str(e.value) and "1 among them" in str(e.value)
+    # Rule: with a searched spectral_lr (a range, or per geometry), or a shared step of 0, it
+    # is refused in one line.
+    for hp, proxy in (({"spectral_lr": [0.01, 0.1]}, {}), ({}, {"spectral_lr": 0})):
+        with pytest.raises(SearchSpaceError) as e:
+            space(hyperparams={"step_grid": [1, 2], **hp}, proxy=proxy, budget={"trials": 5})
+        assert list(problems(e)) == ["hyperparams.step_grid"]
