@@ -139,6 +139,10 @@ def trial_status(trial: FrozenTrial) -> str:
         if status in (RUNNING, INTERRUPTED, COMPLETED, UNSTABLE, PRUNED) or (  # its worker died before tell
                 status is None and isinstance(reason, str) and reason.startswith(INTERRUPTED)):
             return INTERRUPTED
+        if status is None and reason is None and (WORKER in ua or HEARTBEAT in ua or QUEUED in ua):
+            # signed or queued by geosearch, then failed by the stale-trial recovery before its
+            # worker set a status (it died, or its storage failed, right after the ask)
+            return INTERRUPTED
         return FAILED
     if trial.state == TrialState.PRUNED and ua.get(STATUS) == PRUNED:
         return PRUNED

@@ -66,7 +66,10 @@ def test_the_design_doc_has_a_row_for_every_attr():
     ({"status": "duplicate", "fail_reason": "same point as trial 0"}, "duplicate"),
     ({"status": "running"}, "interrupted"),  # its worker died mid-trial
     ({"fail_reason": "interrupted (Ctrl-C)"}, "interrupted"),  # no status: the reason tells
-    ({}, "failed"),
+    # signed or queued, then failed by the recovery before its worker set a status
+    ({"worker": {"host": "h", "pid": 1}, "heartbeat": 1.0}, "interrupted"),
+    ({"queued": True, "queued_params": {"geometry.attn": "adamw"}}, "interrupted"),
+    ({}, "failed"),  # a FAIL trial geosearch never touched (a study of its own)
 ])
 def test_a_failed_trial_gets_the_word_of_its_status(attrs, word):
     trial = create_trial(state=TrialState.FAIL, user_attrs=attrs)
