@@ -21,12 +21,16 @@ from typing import Any
 from geosearch.checks import Range
 
 # Presets. vocab_size is not part of a preset: it comes from the data (256 for bytes).
-# "small" is the CPU default: the 4-layer, width-128 model the optimizer overheads in
-# docs/design.md were measured on (0.8M parameters; one batch-16 AdamW training step takes
-# about 95 ms on two CPU cores, `tiny` about 4 ms).
+# "mini" is the default search's proxy: `small` at half its width and context, the size at
+# which the default search fits its 10 minutes on two CPU cores (a DGram step takes 60 ms
+# there, 262 ms on `small`: docs/benchmarks.md, "The default problem"). "small" is the
+# 4-layer, width-128 model the optimizer overheads in docs/design.md were measured on (0.8M
+# parameters; one batch-16 AdamW training step takes about 95 ms on two CPU cores, `tiny`
+# about 4 ms).
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=32),  # tests: ms per step
-    "small": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),  # CPU default
+    "mini": dict(n_layer=4, n_head=4, n_embd=64, block_size=64),  # the default search's
+    "small": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),  # geosearch train's default
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),  # GPT-2 small (124M)
 }
 """Proxy GPT presets: :class:`~geosearch.models.model.GPTConfig` fields by name."""
