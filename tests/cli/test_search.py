@@ -164,7 +164,7 @@ def test_a_failing_report_quoting_the_secret_shows_it_masked(monkeypatch, tmp_pa
 @pytest.mark.parametrize("argv, expected", [
     (["export", "{tmp}/no_run"], "no_run: no such run directory"),
     (["export", "{tmp}"], "no study storage here (study.db or journal.log)"),
-    (["inspect", "--model", "huge"], "unknown model 'huge'; expected one of: tiny, small, gpt2, hf:gpt2"),
+    (["inspect", "--model", "huge"], "unknown model 'huge'; expected one of: tiny, mini, small, gpt2, hf:gpt2"),
     (["inspect", "--model", "tiny", "--rules", "nosuch"], "unknown rule set 'nosuch'"),
 ])
 def test_bad_export_and_inspect_inputs_are_one_line(argv, expected, tmp_path, capsys):

@@ -43,12 +43,12 @@ def test_presets_and_overrides():
     # Rule: an override replaces one field and keeps the others from the preset.
     c = make_config("tiny", n_layer=3, bias=False)
     assert (c.n_layer, c.n_embd, c.bias) == (3, 32, False)
-    assert set(PRESETS) == {"tiny", "small", "gpt2"}
+    assert set(PRESETS) == {"tiny", "mini", "small", "gpt2"}
 
 
 def test_bad_preset_and_field_are_named():
     # Rule: an unknown preset names itself and lists the presets.
-    with pytest.raises(ConfigError, match=r"preset 'huge'; expected one of: tiny, small, gpt2"):
+    with pytest.raises(ConfigError, match=r"preset 'huge'; expected one of: tiny, mini, small, gpt2"):
         make_config("huge")
     # Rule: an unknown field names itself and lists the fields.
     with pytest.raises(ConfigError, match=r"n_layers.*expected one of:.*n_layer"):

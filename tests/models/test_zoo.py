@@ -569,7 +569,7 @@ def test_unknown_specs_list_the_allowed_ones():
             check_model_spec(spec)
         # Rule: the message names the spec and lists the allowed specs.
         assert repr(spec) in str(e.value) and "hf:llama" in str(e.value) and "py:MODULE:FACTORY" in str(e.value)
-    assert model_spec_names() == ["tiny", "small", "gpt2", "hf:gpt2", "hf:llama", "py:MODULE:FACTORY"]
+    assert model_spec_names() == ["tiny", "mini", "small", "gpt2", "hf:gpt2", "hf:llama", "py:MODULE:FACTORY"]
 
 
 def test_missing_transformers_says_how_to_install(monkeypatch):

@@ -54,7 +54,7 @@ def test_all_problems_are_reported_at_once(tmp_path):
     # Rule: several problems make one message: a count, then one indented line each.
     assert msg.splitlines()[0] == f"{path}: 8 problems in the search space:"
     assert "  sampler.type: unknown sampler 'bayes'; expected one of: auto, grid, tpe, random, gp" in msg
-    assert ("  proxy.model: unknown model 'huge'; expected one of: tiny, small, gpt2, hf:gpt2, hf:llama, "
+    assert ("  proxy.model: unknown model 'huge'; expected one of: tiny, mini, small, gpt2, hf:gpt2, hf:llama, "
             "py:MODULE:FACTORY") in msg
     assert "  pruner.max_logit: expected a number > 0, got -1" in msg
     assert "  proxy.steps: expected a whole number in [1, 10,000,000], got -5" in msg

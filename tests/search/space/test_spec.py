@@ -34,8 +34,8 @@ def test_shipped_spaces_load_by_name():
     for s in (default, paper):
         assert s.categorical_choices() == {"geometry.attn": ["stiefel", "dgram"], "geometry.mlp": ["stiefel", "dgram"]}
         assert s.grid_size() == 4 and s.sampler_type() == "grid"
-    # Rule: the default space is CPU-sized: small proxy, two seeds (a spread), a few hundred steps.
-    assert default.proxy.model == "small" and default.repeats == 2
+    # Rule: the default space is CPU-sized: the mini proxy, two seeds (a spread), a few hundred steps.
+    assert default.proxy.model == "mini" and default.repeats == 2
     assert 150 <= default.proxy.steps <= 500 and default.name == "default"
     # Rule: default and paper name no rules: they take the model's (nanogpt for the presets).
     assert default.rules == paper.rules == "nanogpt" and default.rules_from_model
