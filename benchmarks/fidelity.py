@@ -23,6 +23,7 @@ Usage::
     python benchmarks/fidelity.py --lengths --eta 0.02 --steps 2000             # its order vs 2,000's
     python benchmarks/fidelity.py --truth --eta 0.02 --steps 2000 --model-arg n_embd=32  # a narrow copy
     python benchmarks/fidelity.py --widths --eta 0.02 --steps 2000              # its order vs the model's
+    python benchmarks/fidelity.py --curve --model mini --eta 0.02               # the order along the long runs
 
 The default problem, ``mini`` at 0.02 (stop 26, 2026-12-02). The default search on ``small``
 took 1,186 s on two cores and its ranked runs alone (4 × 2 × 400 steps) about 10 minutes, so no
@@ -550,6 +551,42 @@ def lengths(model: str, steps: int, eta: float, out: Path | None) -> None:
         publish(text, out)
 
 
+def curve(model: str, steps: int, eta: float, out: Path | None, model_args: dict | None = None) -> None:
+    """The long runs' own validation losses along the run (runs trained since stop 26 record
+    :data:`EVALS` points; earlier ones 4): at each point the seed means, the best, and the
+    order's Spearman against the order at the end. Mid-run losses are not those of completed
+    shorter runs (``--lengths``: those cool down), so this shows when in the run the order
+    settles, not what a ladder can reach."""
+    truth = load_truth(model, steps, eta, model_args)
+    keys = list(PAPER)
+    if any(len(truth[a]) == 0 for a in keys):
+        sys.exit(f"the ground truth at {model}/{steps}/{eta} lacks some assignments: run --truth first")
+    points: dict[int, dict[str, list[float]]] = {}
+    for a in keys:
+        for rec in truth[a]:
+            for p in rec["probes"]:
+                if p.get("val_loss") is not None:
+                    points.setdefault(p["step"], {}).setdefault(a, []).append(p["val_loss"])
+    final = [statistics.fmean(r["final_val_loss"] for r in truth[a]) for a in keys]
+    head = " | ".join(PAPER[a] for a in keys)
+    lines = [f"`{model}`{f' {model_args}' if model_args else ''}, peak spectral step {eta}, {steps} steps: the "
+             "long runs' validation loss along the run (seed means, 16 batches)", "",
+             f"| step | {head} | best | Spearman with the end |", "|---:|" + "---:|" * len(keys) + "---|---:|"]
+    for step in sorted(points):
+        row = points[step]
+        if len(row) < len(keys) or len({len(v) for v in row.values()}) != 1:
+            continue  # a point not every run recorded
+        mean = [statistics.fmean(row[a]) for a in keys]
+        best = PAPER[keys[mean.index(min(mean))]]
+        lines.append(f"| {step:,} | " + " | ".join(f"{m:.4f}" for m in mean)
+                     + f" | {best} | {spearman(mean, final):.2f} |")
+    text = "\n".join(lines) + "\n"
+    if out is None:
+        print(text)
+    else:
+        publish(text, out)
+
+
 def step_flops(config: TrainConfig, assign: str) -> float:
     """Floating-point operations of one training step of ``config``'s model with ``assign``:
     forward, backward and the optimizer step (the msign and retraction products too), as
@@ -638,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
                    "agrees with the order at --steps")
     p.add_argument("--widths", action="store_true", help="how narrower copies trained for --steps (stored "
                    "with --truth --model-arg n_embd=...) order the four against the model's own order")
+    p.add_argument("--curve", action="store_true", help="the long runs' validation loss at each recorded "
+                   "point and the order's agreement with the order at the end")
     p.add_argument("--pairs", type=int, metavar="SHORT", help="every pair's gap at SHORT steps against --steps, "
                    "tallied by size: the record the ranking's verdict quotes per pair")
     p.add_argument("--out", type=Path, help="with --compare, --lengths, --widths or --pairs: also write the table "
@@ -652,6 +691,9 @@ def main(argv: list[str] | None = None) -> int:
         model_args[key] = int(value)
     if args.compare:
         compare(args.compare, args.model, args.steps, args.eta, args.out, model_args)
+        return 0
+    if args.curve:
+        curve(args.model, args.steps, args.eta, args.out, model_args)
         return 0
     if args.widths:
         widths(args.model, args.steps, args.eta, args.out)
