@@ -31,8 +31,8 @@ costs:
     spread of singular values that 5 Polar Express steps leave by design). The floor
     column (the fp32 result rounded to bf16) shows what rounding alone costs;
 (e) how many trials one GPU runs side by side: for k = 1, 2, 4, 8, 16 (``--concurrency``)
-    k child processes, each one ``geosearch.proxy.train.train`` run of the default space's
-    proxy (``small``, batch 16, probes every 10 steps, bf16, attn=stiefel, mlp=dgram) with
+    k child processes, each one ``geosearch.proxy.train.train`` run of the ``small`` proxy
+    (batch 16, probes every 10 steps, bf16, attn=stiefel, mlp=dgram) with
     one CPU thread, released together after a warm-up (a barrier) and timed over the same
     steps: the aggregate steps/s, the ms/step of each run, the speedup over k = 1, the peak
     memory each run allocated, and the k after which the aggregate grows by less than 10%.
@@ -41,7 +41,7 @@ costs:
 (f) the shipped default search, ``python -m geosearch search --space default --device cuda
     --mixed-precision bf16``, in a child process: wall time, steps trained, the verdict, the
     exit code (``--default-search``: on by default on CUDA; off with ``--quick`` and on the
-    CPU, where it takes about 20 minutes). Its timeout is what is left of the budget; a
+    CPU, where it takes about 8 minutes). Its timeout is what is left of the budget; a
     search that runs out is stopped (Ctrl-C, then killed) and reported as timed out, with
     the steps it trained and the total its rate projects.
 
@@ -52,7 +52,8 @@ Without CUDA (or with ``--device cpu``) it runs a CPU fallback on smaller shapes
 exit code is 1 when a check fails (a timed-out or skipped part is reported, not failed).
 
 How long on a GPU (an estimate: this script has not run on one yet). One training step of
-the ``small`` proxy dispatches about 3,200 torch operations (counted on the CPU with a
+the ``small`` proxy (and of ``mini``, the default's: the same layers and matrices at half
+the width) dispatches about 3,200 torch operations (counted on the CPU with a
 ``TorchDispatchMode``: attn=stiefel, mlp=dgram, bf16 autocast, probes every 10 steps), each
 a kernel launch on CUDA; at 6 to 12 µs of host time per eager operation that is 20 to 40 ms
 a step for one process, however fast the GPU (the model is far too small to keep an H200
@@ -954,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
     conc_text, conc_check = concurrency_section(rounds, fallback) if rounds else ("Off: --concurrency none.\n", "off")
     why_off = ("--no-default-search" if args.device == "cuda" and not args.quick else
                "on by default on CUDA only, and not with --quick (on a 2-core CPU the default search takes "
-               "about 20 minutes); --default-search runs it")
+               "about 8 minutes); --default-search runs it")
     default_text, default_check = default_search_section(search, why_off)
     checks = {"bf16 search": "ok" if search_ok else "FAIL", "bf16 vs fp32": "ok" if precision_ok else "FAIL",
               "bf16 numerics": "ok" if numerics_ok else "FAIL",

@@ -57,7 +57,7 @@ def test_cpu_fallback_writes_every_section(tmp_path):
 
 
 def test_the_default_search_is_on_by_default_only_on_cuda_at_full_sizes():
-    # Rule: on the CPU it takes about 20 minutes, and --quick is for tests: off there.
+    # Rule: on the CPU it takes about 8 minutes, and --quick is for tests: off there.
     assert not gpu_check.parse_args(["--device", "cpu"]).default_search
     assert not gpu_check.parse_args(["--quick", "--device", "cpu"]).default_search
     assert gpu_check.parse_args(["--device", "cpu", "--default-search"]).default_search
