@@ -313,8 +313,7 @@ def _md_baseline_blocks(table: BaselineTable, grid: bool) -> list[str]:
     for name, b in table.baselines.items():
         where = f"rung {b['rung']}" + (f", Σ η {b['sum_eta']:.3g}" if b["sum_eta"] is not None else "")
         step = b["step"] or (f"x{b['factor']:g}" if b["factor"] is not None else "?")
-        tried = "; ".join(f"{s or f'x{f:g}'}: {_fmt(sc.mean) if sc is not None and sc.n else st}"
-                          for f, s, st, sc in b["tried"])
+        tried = "; ".join(f"{s}: {_fmt(sc.mean) if sc is not None and sc.n else st}" for _, s, st, sc in b["tried"])
         where += f"; over the grid {tried}" if tried else ""
         head = f"**{name}** at {step}" if grid else f"**{name}**"
         trained = f" Trained as {b['trained']}." if b.get("trained") else ""

@@ -149,7 +149,8 @@ class BaselineTable:
             trained, :func:`~geosearch.search.space.baselines.training_text`, and ``step``
             its step in words, ``"spectral step 0.04"``, both ``None`` without the study's
             proxy record; ``factor``: its step grid's factor, ``None`` without a grid;
-            ``tried``: with a grid, ``(factor, step, status, score)`` at each factor).
+            ``tried``: with a grid, ``(factor, step in words, status, score or None)`` at
+            each factor, ascending).
         rows: name -> the :class:`BaselineRow` of each ranked assignment (best first);
             empty when the baseline did not complete.
         shared: with a step grid, the points at the shared step against each baseline at
@@ -182,9 +183,9 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
                      else runs.get(1.0, runs[max(runs, key=lambda f: runs[f].number)]))
     table = _against(study, trials, own, ranking.rows)
     for name, b in table.baselines.items():
-        b["tried"] = [(f, _step_words(study, name, t), trial_status(t),
-                       trial_score(t) if trial_status(t) == COMPLETED else None)
-                      for f, t in sorted(latest[name].items())]
+        b["tried"] = [(f, _step_words(study, name, t) or (f"x{f:g}" if f is not None else "the proxy's step"),
+                       trial_status(t), trial_score(t) if trial_status(t) == COMPLETED else None)
+                      for f, t in sorted(latest[name].items(), key=lambda kv: (kv[0] is not None, kv[0] or 0))]
     shared_rows = ranking.steps.shared.rows if ranking.steps is not None else []
     shared = _against(study, trials, {n: runs[1.0] for n, runs in latest.items() if 1.0 in runs}, shared_rows)
     return BaselineTable(table.baselines, table.rows, shared)
@@ -262,8 +263,8 @@ def _block_lines(table: BaselineTable, *, grid: bool) -> list[str]:
         where = f"rung {b['rung']}" + (f", Σ η {b['sum_eta']:.3g}" if b["sum_eta"] is not None else "")
         step = b["step"] or (f"x{b['factor']:g}" if b["factor"] is not None else "?")
         head = f"{name} at {step}" if grid else name
-        tried = ", ".join(f"{s or f'x{f:g}'}: {sc.mean:.4f}" if sc is not None and sc.n else f"{s or f'x{f:g}'}: {st}"
-                          for f, s, st, sc in b["tried"])
+        tried = ", ".join(f"{s}: {sc.mean:.4f}" if sc is not None and sc.n else f"{s}: {st}"
+                          for _, s, st, sc in b["tried"])
         where += f"; over the grid {tried}" if tried else ""
         trained = [f"    trained as {b['trained']}"] if b["trained"] else []
         if b["status"] != COMPLETED:
