@@ -3,7 +3,8 @@
 Sections, in order: the header (run directory, storage, proxy, trial counts), the result
 (the search's verdict), the horizon (the target, the Σ η ladder's rungs, each assignment's
 loss at each rung and the reading towards the target), the ranking of completed trials
-(mean ± std over seeds, ties by the search's paired test), unstable, failed and unfinished
+(mean ± std over seeds, ties by the search's paired test; with a step grid, each assignment
+at its own best step, then the points at the shared step), unstable, failed and unfinished
 trials, the baselines (each assignment's Δ loss and ms/step ratio against AdamW and Muon),
 which module type's geometry matters (importance over the assignments, named in bold only
 when its main effect is beyond seed noise, and stability), cost, the loss-versus-time
@@ -28,7 +29,7 @@ from geosearch.search.horizon.forecast import short_logit
 from geosearch.search.stats.ranking import TRACK_RECORD, Ranking
 from geosearch.search.stats.scores import MainEffect, Score
 from geosearch.search.stats.trials import format_params
-from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY, PRUNED
+from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY, PRUNED, STEP_FACTOR
 from geosearch.search.runtime.artifacts import ARTIFACTS_DIR
 from geosearch.search.horizon.target import horizon_note, horizon_verdict
 
@@ -113,6 +114,7 @@ def render_markdown(
         _md_horizon(run, plots),
         _md_stability(run),
         _md_ranking(ranking, {t.number: t for t in run.trials}),
+        *([_md_shared_ranking(ranking, {t.number: t for t in run.trials})] if ranking.steps is not None else []),
         _md_unfinished(by_state),
         *([_md_baselines(baselines)] if baselines is not None else []),
         _md_importance(importance, stability_table(run.trials)),
@@ -245,49 +247,87 @@ def _md_ranking(ranking: Ranking, records: dict[int, TrialRecord]) -> list[str]:
         "design; *Δ vs best* is the gap the test judged (the fit's contrast with the best). A "
         "paired t-test on the seeds both ran (Welch's when fewer than two are shared) is only "
         "the fallback, when the fit has no residual df or the two assignments share no seeds. "
-        "The same rule as the ranking printed by `geosearch search`.",
+        "The same rule as the ranking printed by `geosearch search`."
+        + (" With the step grid this is each assignment at its own best step (the exported "
+           "answer); the next table ranks the points at the shared step." if ranking.steps else ""),
         "",
     ]
-    params = {r.number: records[r.number].other_params if r.number in records else {} for r in ranking.rows}
+    return lines + _ranking_rows(ranking, records, grid=ranking.steps is not None)
+
+
+def _md_shared_ranking(ranking: Ranking, records: dict[int, TrialRecord]) -> list[str]:
+    """The step grid's other answer: the points at the shared step, ranked by the same rule."""
+    step = ranking.steps.shared_step
+    lines = [f"## Ranking at the shared step {f'{step:g}' if step else '(x1)'}", "",
+             "The points at factor 1 of the step grid, ranked by the same rule as above: the "
+             "answer a space without a step grid gives.", ""]
+    if not ranking.steps.shared.rows:
+        return lines + ["No point completed at the shared step."]
+    return lines + _ranking_rows(ranking.steps.shared, records, grid=True)
+
+
+def _ranking_rows(ranking: Ranking, records: dict[int, TrialRecord], *, grid: bool) -> list[str]:
+    """The ranking's table; with a step grid each row's label is the ranking's (with its
+    step), not the searched ``step_factor``."""
+    params = {r.number: {k: v for k, v in (records[r.number].other_params if r.number in records else {}).items()
+                         if not (grid and k == STEP_FACTOR)} for r in ranking.rows}
     has_params = any(params.values())
     header = ["rank", "trial", "assignment"] + (["params"] if has_params else [])
     header += ["val loss", "std", "n", "Δ vs best", "noise", "vs best"]
     rows = []
     for r in ranking.rows:
-        label = records[r.number].label if r.number in records else r.label
+        label = records[r.number].label if r.number in records and not grid else r.label
         rank = "=1" if r.number in ranking.tied and len(ranking.tied) > 1 else str(r.rank)
         row = [rank, r.number, label] + ([format_params(params[r.number])] if has_params else [])
         row += [_fmt(r.score.mean), _fmt(r.score.std) if r.score.n >= 2 else "unknown", r.score.n]
         row += ["—" if r.rank == 1 else f"{r.gap:+.4f}", _fmt(r.threshold), r.versus_best]
         rows.append(row)
-    return lines + _table(header, rows)
+    return _table(header, rows)
 
 
 def _md_baselines(table: BaselineTable) -> list[str]:
     lines = ["## Baselines", ""]
     if not table.baselines:
         return lines + ["No baseline was trained (the space's `baselines:` is empty)."]
-    lines += ["The optimizers people use today, trained with the study's seeds at the proxy's step "
-              "sizes (not tuned separately), reported and never exported. Δ = the assignment's "
-              "val loss minus the baseline's at the baseline's rung (AdamW: rung 0, it takes no "
+    grid = table.shared is not None
+    how = ("reported and never exported, tuned over the step grid as the assignments are (AdamW at "
+           "lr × each factor, Muon at spectral_lr × each factor). Δ = each assignment at its own best "
+           "step minus each baseline at its own best step (its lowest mean val loss over the grid)"
+           if grid else "trained with the study's seeds at the proxy's step sizes (not tuned separately), "
+           "reported and never exported. Δ = the assignment's val loss minus the baseline's")
+    lines += [f"The optimizers people use today, {how} at the baseline's rung (AdamW: rung 0, it takes no "
               "spectral step; Muon: the top rung), negative = the assignment is better, with the "
               "95% interval of the paired test on shared seeds; × ms/step = the assignment's step "
               "time over the baseline's. Each baseline says the step it trained at and, for Muon, "
               "its shape scale (`muon_scale`: keller = × √max(1, fan_out/fan_in), the torch.optim.Muon "
               "convention; none = the assignments' spectral step) and its msign.", ""]
+    lines += _md_baseline_blocks(table, grid)
+    if grid:
+        lines += ["### At the shared step", "", "The points at the shared step (factor 1) against each "
+                  "baseline at factor 1.", "", *_md_baseline_blocks(table.shared, grid)]
+    return lines[:-1]
+
+
+def _md_baseline_blocks(table: BaselineTable, grid: bool) -> list[str]:
+    lines = []
     for name, b in table.baselines.items():
         where = f"rung {b['rung']}" + (f", Σ η {b['sum_eta']:.3g}" if b["sum_eta"] is not None else "")
+        step = b["step"] or (f"x{b['factor']:g}" if b["factor"] is not None else "?")
+        tried = "; ".join(f"{s}: {_fmt(sc.mean) if sc is not None and sc.n else st}" for _, s, st, sc in b["tried"])
+        where += f"; over the grid {tried}" if tried else ""
+        head = f"**{name}** at {step}" if grid else f"**{name}**"
         trained = f" Trained as {b['trained']}." if b.get("trained") else ""
         if b["status"] != "completed":
-            lines += [f"**{name}** (trial {b['trial']}, {where}): {b['status']}: {b['reason']}.{trained}", ""]
+            lines += [f"{head} (trial {b['trial']}, {where}): {b['status']}: {b['reason']}.{trained}", ""]
             continue
-        lines += [f"**{name}** (trial {b['trial']}, {where}): val loss {b['score'].text()}, "
+        lines += [f"{head} (trial {b['trial']}, {where}): val loss {b['score'].text()}, "
                   f"{_fmt(b['step_ms'], '.1f')} ms/step.{trained}", ""]
-        lines += _table(["trial", "assignment", "Δ val loss", "± 95%", "test", "× ms/step"],
-                        [[r.number, r.label, f"{r.delta:+.4f}", _fmt(r.interval), r.test,
-                          _fmt(r.step_ratio, ".2f")] for r in table.rows[name]])
+        lines += _table(["trial", "assignment", *(["baseline's step"] if grid else []), "Δ val loss", "± 95%",
+                         "test", "× ms/step"],
+                        [[r.number, r.label, *([step] if grid else []), f"{r.delta:+.4f}", _fmt(r.interval),
+                          r.test, _fmt(r.step_ratio, ".2f")] for r in table.rows[name]])
         lines.append("")
-    return lines[:-1]
+    return lines
 
 
 def _md_unfinished(by_state: dict[str, list[TrialRecord]]) -> list[str]:

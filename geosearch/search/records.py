@@ -33,7 +33,9 @@ __all__ = [
 # --------------------------------------------------------------------------- trial params
 STEP_FACTOR = "step_factor"
 """The Optuna parameter of a space's step grid (``hyperparams.step_grid``): the factor of
-``proxy.spectral_lr`` a point trains at (a param, not a user attr; docs/design.md, "Ranking")."""
+``proxy.spectral_lr`` a point trains at (a param; docs/design.md, "Ranking"). A baseline,
+which has no params, records the factor it trains at as a user attr of this name (AdamW's
+``lr``, Muon's ``spectral_lr`` times it; docs/design.md, "Baselines")."""
 
 # --------------------------------------------------------------------------- study attrs
 SPACE = "space"
@@ -95,7 +97,7 @@ TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE
                SIGMA_MAX, TARGET_SUM_ETA, TARGET_STEPS, LOGIT_SCALE, TARGET_LOGIT_SCALE,
                RUNG_LOSSES, RUNG_PROBES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
                RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES, SEED_OF, BASELINE, RUNG_INDICES,
-               STABILITY_RUN, STABILITY_PROBES)
+               STABILITY_RUN, STABILITY_PROBES, STEP_FACTOR)
 
 PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")
 """The keys of one ``probe_history`` row: metrics of the proxy run at a probe step, and Σ η

@@ -32,7 +32,7 @@ from geosearch.checks import finite_or_none
 from geosearch.search.horizon.forecast import Measured, Outlook, short_logit
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.stats.trials import trial_label
-from geosearch.search.records import BASELINE, LOGIT_SCALE, PROBE_HISTORY, TARGET_LOGIT_SCALE
+from geosearch.search.records import BASELINE, LOGIT_SCALE, PROBE_HISTORY, PROXY, TARGET_LOGIT_SCALE
 
 __all__ = ["StabilityRow", "stability_lines", "stability_record", "stability_rows"]
 
@@ -91,6 +91,7 @@ def stability_rows(study: optuna.Study, numbers: Iterable[int],
             :func:`geosearch.search.space.spec.study_pruner`.
     """
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    record = study.user_attrs.get(PROXY)  # a baseline of a step grid is labelled with its step
     rows = []
     for n in numbers:
         t = by_number[n]
@@ -100,7 +101,7 @@ def stability_rows(study: optuna.Study, numbers: Iterable[int],
         base = t.user_attrs.get(BASELINE)
         proxy, target = (finite_or_none(t.user_attrs.get(k)) for k in (LOGIT_SCALE, TARGET_LOGIT_SCALE))
         rows.append(StabilityRow(
-            number=n, label=f"baseline {base}" if base else trial_label(t, hyperparams=False),
+            number=n, label=trial_label(t, proxy=record) if base else trial_label(t, hyperparams=False),
             max_logit=finite_or_none(last.get("max_logit")), sum_eta=finite_or_none(last.get("sum_eta")),
             outlook=pruner.outlook(study, t),
             scale_ratio=target / proxy if proxy and target else 1.0, measured=pruner.measured(study, t)))

@@ -4,10 +4,13 @@ beside the assignments and never exported (``docs/design.md``, "Baselines").
 ``adamw`` gives every module type the space assigns the geometry ``adamw`` (plain AdamW at the
 proxy's ``lr``), ``muon`` gives them ``euclidean`` (unconstrained Muon at the proxy's
 ``spectral_lr``, with the proxy's ``muon_scale``, ``ns_coefficients`` and ``ns_steps``) and
-``muon_qkclip`` the same with Kimi K2's QK-clip (the proxy's ``qk_clip`` at τ = 100); none is
-tuned separately. This module reads a space's ``baselines:`` and ``max_repeats:``, plans the
-steps they take and says how each trained (:func:`training_text`); the study queues and
-scores them (:mod:`geosearch.search.study.baselines`).
+``muon_qkclip`` the same with Kimi K2's QK-clip (the proxy's ``qk_clip`` at τ = 100). With a
+step grid (``hyperparams.step_grid``) each is trained at every factor of it too, as the
+assignments are: AdamW at ``lr`` × the factor, Muon at ``spectral_lr`` × the factor
+(:func:`baseline_factors`, :func:`baseline_step`); without one, at the proxy's steps only.
+This module reads a space's ``baselines:`` and ``max_repeats:``, plans the steps they take
+and says how each trained (:func:`training_text`); the study queues and scores them
+(:mod:`geosearch.search.study.baselines`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from geosearch.search.horizon.target import rung_seeds
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["BASELINES", "KIMI_QK_CLIP", "REPEATS", "BaselineSpec", "baseline_rungs", "parse_extras", "plan_line",
-           "training_text"]
+__all__ = ["BASELINES", "KIMI_QK_CLIP", "REPEATS", "BaselineSpec", "baseline_factors", "baseline_rungs",
+           "baseline_step", "parse_extras", "plan_line", "training_text"]
 
 REPEATS = Range(1, 100, whole=True)
 """Seeds per assignment (``repeats``, and ``max_repeats`` with adaptive seeds)."""
@@ -91,10 +94,43 @@ def baseline_rungs(name: str, rungs: Sequence[Rung]) -> list[Rung]:
     return list(rungs[:1]) if BASELINES[name].rung0_only else list(rungs)
 
 
+def baseline_factors(space: SearchSpace) -> tuple[float | None, ...]:
+    """The factors each baseline trains at: the space's step grid, else ``(None,)`` (the
+    proxy's steps, no factor recorded)."""
+    grid = space.hyperparams.step_grid
+    return tuple(float(f) for f in grid) if grid else (None,)
+
+
+def _settings(proxy: Mapping[str, Any]) -> dict[str, Any]:
+    """The global optimizer settings of a study's ``proxy`` record, the catalog's defaults
+    for those it lacks."""
+    values = catalog.defaults("global")
+    values.update({k: v for k, v in proxy.items() if k in values})
+    values.update({k: v for k, v in (proxy.get("optimizer_args") or {}).items() if k in values})
+    return values
+
+
+def baseline_step(name: str, proxy: Mapping[str, Any], spectral_lr: float | None = None,
+                  factor: float | None = None) -> str:
+    """The step baseline ``name`` trained at, in words: ``"lr 0.0012"`` for AdamW (it takes
+    no spectral step), ``"spectral step 0.04"`` for Muon; ``factor`` (a step grid's) times
+    the proxy's (``spectral_lr``: the rung's peak spectral step, default the proxy's).
+
+    Example:
+        >>> baseline_step("adamw", {"lr": 0.0006}, factor=2)
+        'lr 0.0012'
+    """
+    values, f = _settings(proxy), 1.0 if factor is None else factor
+    if BASELINES[name].geometry == "adamw":
+        return f"lr {values['lr'] * f:.3g}"
+    return f"spectral step {(values['spectral_lr'] if spectral_lr is None else spectral_lr) * f:.3g}"
+
+
 _SCALE_TEXT = {"keller": "× √max(1, fan_out/fan_in)", "none": "with no shape scale"}
 
 
-def training_text(name: str, proxy: Mapping[str, Any], spectral_lr: float | None = None) -> str:
+def training_text(name: str, proxy: Mapping[str, Any], spectral_lr: float | None = None,
+                  factor: float | None = None) -> str:
     """How baseline ``name`` trained the module types it took over: its optimizer, the step and,
     for Muon, the shape convention, the msign and the weight decay, read from a study's
     ``proxy`` record (``TrainConfig`` fields; a setting it lacks has the catalog's default).
@@ -103,20 +139,20 @@ def training_text(name: str, proxy: Mapping[str, Any], spectral_lr: float | None
         name: a key of :data:`BASELINES`.
         proxy: the proxy run's fields, as a study records them.
         spectral_lr: the peak spectral step of the rung compared at (default: the proxy's).
+        factor: the step grid's factor it trained at (``None``: no grid, the proxy's steps).
 
     Example:
         >>> training_text("muon", {"spectral_lr": 0.02, "optimizer_args": {"muon_scale": "none"}})
         'Muon: spectral step 0.02 with no shape scale (muon_scale none), msign 5 × polar_express, no weight decay'
     """
-    values = catalog.defaults("global")
-    values.update({k: v for k, v in proxy.items() if k in values})
-    values.update({k: v for k, v in (proxy.get("optimizer_args") or {}).items() if k in values})
-    spec = BASELINES[name]
+    values, spec = _settings(proxy), BASELINES[name]
     if spec.geometry == "adamw":
-        return f"AdamW: lr {values['lr']:g}, weight decay {values['weight_decay']:g}"
+        lr = f"lr {values['lr']:g}" if factor is None else baseline_step(name, proxy, factor=factor)
+        return f"AdamW: {lr}, weight decay {values['weight_decay']:g}"
     step = values["spectral_lr"] if spectral_lr is None else spectral_lr
+    step_text = f"spectral step {step:g}" if factor is None else baseline_step(name, proxy, step, factor)
     scale = values["muon_scale"]
-    text = (f"Muon: spectral step {step:g} {_SCALE_TEXT.get(scale, '')} (muon_scale {scale}), "
+    text = (f"Muon: {step_text} {_SCALE_TEXT.get(scale, '')} (muon_scale {scale}), "
             f"msign {values['ns_steps']} × {values['ns_coefficients']}, no weight decay")
     if "qk_clip" in spec.train_overrides:
         text += f", QK-clip τ {spec.train_overrides['qk_clip']:g}"
@@ -125,7 +161,8 @@ def training_text(name: str, proxy: Mapping[str, Any], spectral_lr: float | None
 
 def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
     """One line of the search header: what the study trains and its steps in total, worst
-    case with adaptive seeds (every point given ``max_repeats`` seeds at the top rung)."""
+    case with adaptive seeds (every point given ``max_repeats`` seeds at the top rung); with
+    a step grid each baseline counts once per factor."""
     size = space.grid_size()
     points = space.budget.trials if space.budget.trials is not None and space.budget.trials < size else size
     seeds = space.repeats
@@ -142,13 +179,14 @@ def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
     what = "points (assignment x step)" if space.hyperparams.step_grid else "assignments"
     parts = [f"{int(points) if known else 'N'} {what} x {seeds} seed(s){below} x {len(rungs)} "
              f"rung(s){first} ({each:,} steps each)"]
-    fixed, runs = 0, []
-    for name in space.baselines:
-        own = baseline_rungs(name, rungs)
-        fixed += steps(own) + (0 if BASELINES[name].rung0_only else stability)  # AdamW: no Σ η² clock
-        runs.append(f"{name} {steps(own) + (0 if BASELINES[name].rung0_only else stability):,}")
+    fixed, runs, factors = 0, [], len(baseline_factors(space))
+    for name in space.baselines:  # AdamW: no Σ η² clock, so no stability rung
+        one = steps(baseline_rungs(name, rungs)) + (0 if BASELINES[name].rung0_only else stability)
+        fixed += factors * one
+        runs.append(f"{name} {factors * one:,}" + (f" ({factors} x {one:,})" if factors > 1 else ""))
     if runs:
-        parts.append(f"baselines (reported, never exported) {', '.join(runs)}")
+        grid = f", each at the {factors} steps of the grid" if factors > 1 else ""
+        parts.append(f"baselines (reported, never exported{grid}) {', '.join(runs)}")
     extra = max(0, (space.max_repeats or seeds) - seeds) * rungs[-1].steps
     if not known:
         total = f"{each:,} steps an assignment + {fixed:,}"

@@ -38,7 +38,7 @@ from typing import Any, Hashable
 import optuna
 from optuna.trial import FrozenTrial
 
-from geosearch.search.records import PROXY, PRUNED, STEP_FACTOR, UNSTABLE, is_extra, trial_status
+from geosearch.search.records import PROXY, STEP_FACTOR, UNSTABLE, is_extra, trial_status
 
 from geosearch.search.stats.blocked import BlockedFit, blocked_fit
 from geosearch.search.stats.seeding import max_seeds, study_seed_plan
@@ -262,7 +262,8 @@ class StepAnswers:
         factors: trial number -> its factor, for every ranked trial of both rankings.
         grid: the grid's factors seen among the points, ascending.
         unstable_shared: ``(label, trial at the shared step, own step's trial)`` for each
-            assignment pruned at the shared step and completed at another.
+            assignment pruned as unstable at the shared step and completed at another (one
+            a loss pruner stopped there is ``pruned``, not unstable, and is not here).
         effects: ``(factor, at the shared step or None, at own best steps)`` per main effect
             of the own-step ranking.
     """
@@ -389,9 +390,8 @@ def _step_ranking(study: optuna.Study, trials: list[FrozenTrial], done: list[Fro
         {t.number: Point(points[t.number].levels, _assignment_key(points[t.number])[1]) for t in best.values()},
         state_effects=False)
     unstable = []
-    for t in trials:  # pruned at the shared step, completed at another
-        if (t.params.get(STEP_FACTOR) in (1, 1.0) and not is_extra(t)
-                and trial_status(t) in (UNSTABLE, PRUNED)):
+    for t in trials:  # unstable at the shared step (a loss pruner's prune is not), completed at another
+        if t.params.get(STEP_FACTOR) in (1, 1.0) and not is_extra(t) and trial_status(t) == UNSTABLE:
             key = _assignment_key(trial_factors(t))
             other = best.get(key)
             if other is not None and all(factors[x.number] != 1 for x in groups[key]):

@@ -36,6 +36,7 @@ from geosearch.search.records import (
     RETRIED,
     SEED_OF,
     SEEDS,
+    STEP_FACTOR,
     STOP_STEP,
     PRUNED,
     UNSTABLE,
@@ -49,6 +50,7 @@ __all__ = [
     "family_geometry",
     "format_params",
     "point_scores",
+    "step_words",
     "trial_factors",
     "trial_label",
     "trial_line",
@@ -152,30 +154,56 @@ def _assignment_label(assignment: Mapping[str, str]) -> list[str]:
     return parts
 
 
-def trial_label(trial: FrozenTrial, *, hyperparams: bool = True) -> str:
+def step_words(trial: FrozenTrial, proxy: Mapping[str, Any] | None = None) -> str | None:
+    """The step a trial of a step grid trained at, in words, from its factor (the
+    ``step_factor`` param of a point, attr of a baseline) and the study's ``proxy`` record:
+    ``"spectral step 0.04"`` (a point, a Muon baseline), ``"lr 0.0012"`` (the AdamW
+    baseline), ``"spectral step x2"`` without the record; ``None`` without a factor."""
+    factor = trial.params.get(STEP_FACTOR, trial.user_attrs.get(STEP_FACTOR))
+    if not isinstance(factor, (int, float)):
+        return None
+    name = trial.user_attrs.get(BASELINE)
+    if name is not None and isinstance(proxy, Mapping):
+        from geosearch.search.space.baselines import BASELINES, baseline_step  # imports this module
+
+        if name in BASELINES:
+            return baseline_step(name, proxy, factor=float(factor))
+    shared = proxy.get("spectral_lr") if isinstance(proxy, Mapping) else None
+    if isinstance(shared, (int, float)) and shared > 0:
+        return f"spectral step {shared * factor:.3g}"
+    return f"spectral step x{factor:g}"
+
+
+def trial_label(trial: FrozenTrial, *, hyperparams: bool = True, proxy: Mapping[str, Any] | None = None) -> str:
     """The searched point in words: ``"attn=stiefel, mlp=dgram, spectral_lr=0.012"``.
 
     The geometries come from the ``geometry.*`` params (else the queued params, else the
-    ``assignment`` attr); ``hyperparams=False`` leaves the other params out.
+    ``assignment`` attr); ``hyperparams=False`` leaves the other params out. A step grid's
+    factor is given as the step (:func:`step_words`, from the study's ``proxy`` record).
     """
+    step = step_words(trial, proxy) if hyperparams else None
     if BASELINE in trial.user_attrs:
-        return f"baseline {trial.user_attrs[BASELINE]}"
+        return f"baseline {trial.user_attrs[BASELINE]}" + (f" at {step}" if step else "")
     geometry, others = _searched(trial)
     if geometry:
         parts = [f"{k}={v}" for k, v in geometry.items()]
     else:
         assignment = trial.user_attrs.get(ASSIGNMENT)
         parts = _assignment_label(assignment) if isinstance(assignment, dict) else []
+    others.pop(STEP_FACTOR, None)
     if hyperparams and others:
         parts.append(format_params(others))
+    if step:
+        parts.append(step)
     return ", ".join(parts) or "(no point)"
 
 
-def trial_line(trial: FrozenTrial) -> str:
-    """One line per finished trial: point, outcome (and why), val loss, max logit, speed."""
+def trial_line(trial: FrozenTrial, proxy: Mapping[str, Any] | None = None) -> str:
+    """One line per finished trial: point, outcome (and why), val loss, max logit, speed; a
+    step grid's factor as the step (``proxy``: the study's record, :func:`step_words`)."""
     ua = trial.user_attrs
     status = trial_status(trial)
-    head = f"trial {trial.number:>3}  {trial_label(trial)}"
+    head = f"trial {trial.number:>3}  {trial_label(trial, proxy=proxy)}"
     if SEED_OF in ua:
         head += f" (seed {', '.join(map(str, ua.get(SEEDS) or []))} of trial {ua[SEED_OF]})"
     if status == COMPLETED:

@@ -3,14 +3,19 @@
 A space's ``baselines:`` names them (:data:`BASELINES`). ``adamw`` gives every module type the
 space assigns the geometry ``adamw`` (plain AdamW at the proxy's ``lr``), ``muon`` gives them
 ``euclidean`` (unconstrained Muon at the proxy's ``spectral_lr``) and ``muon_qkclip`` the
-same with Kimi K2's QK-clip (the proxy's ``qk_clip`` at τ = 100); none is tuned separately.
-Each is a trial of its own with the ``baseline`` attr, queued once the space's points are
-done (:func:`queue_baselines`), trained with the study's seeds at every rung of the Σ η ladder
-(a Muon step moves σ by at most η too, so Σ η means the same) or, for AdamW, which takes no
-spectral step, at rung 0 only. :func:`baseline_table` compares each ranked assignment with
-each baseline at the baseline's top rung: Δ loss (negative: the assignment is better) with
-the 95% interval of the paired test on shared seeds, and the ms/step ratio; and it says how
-each baseline trained (its step, and Muon's shape convention and msign). Torch-free.
+same with Kimi K2's QK-clip (the proxy's ``qk_clip`` at τ = 100). Each is a trial of its own
+with the ``baseline`` attr, queued once the space's points are done (:func:`queue_baselines`),
+trained with the study's seeds at every rung of the Σ η ladder (a Muon step moves σ by at
+most η too, so Σ η means the same) or, for AdamW, which takes no spectral step, at rung 0
+only. With a step grid each baseline is tuned as the assignments are: one trial per factor
+(attr ``step_factor``), AdamW at ``lr`` × the factor, Muon at ``spectral_lr`` × the factor.
+:func:`baseline_table` compares each ranked assignment with each baseline at the baseline's
+top rung: Δ loss (negative: the assignment is better) with the 95% interval of the paired
+test on shared seeds, and the ms/step ratio; and it says how each baseline trained (its
+step, and Muon's shape convention and msign). With a step grid it compares each assignment
+at its own best step with each baseline at the baseline's own best step (its lowest mean
+val loss over the factors), and the points at the shared step with the baselines at factor
+1 (:attr:`BaselineTable.shared`). Torch-free.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from optuna.trial import FrozenTrial
 
 from geosearch.checks import finite_or_none
 from geosearch.search.study.queue import enqueue
-from geosearch.search.stats.ranking import Ranking, rank_study
+from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study
 from geosearch.search.stats.scores import Score
 from geosearch.search.stats.trials import trial_score
 from geosearch.search.records import (
@@ -39,37 +44,53 @@ from geosearch.search.records import (
     RUNG_LOSSES,
     RUNNING,
     SEEDS,
+    STEP_FACTOR,
     WAITING,
     trial_status,
 )
 from geosearch.search.stats.scores import compare
-from geosearch.search.space.baselines import BASELINES, training_text
+from geosearch.search.space.baselines import BASELINES, baseline_factors, baseline_step, training_text
 from geosearch.search.space.spec import SearchSpace, Suggestion
 
 
 __all__ = ["BaselineRow", "BaselineTable", "baseline_suggestion", "baseline_table", "baselines_lines",
            "queue_baselines", "rung_score"]
 
-def baseline_suggestion(space: SearchSpace, name: str) -> Suggestion:
+def baseline_suggestion(space: SearchSpace, name: str, factor: float | None = None) -> Suggestion:
     """The run of baseline ``name``: every key of the space's ``geometries`` gets the
-    baseline's geometry, the proxy's settings otherwise (not a point of the space)."""
+    baseline's geometry, the proxy's settings otherwise (not a point of the space); at a
+    step grid's ``factor``, AdamW's ``lr`` (it takes no spectral step) or Muon's
+    ``spectral_lr`` times it."""
     spec = BASELINES[name]
-    return Suggestion({k: spec.geometry for k in space.geometries}, {}, dict(spec.train_overrides),
-                      space.rules)
+    overrides: dict[str, float] = dict(spec.train_overrides)
+    if factor is None:
+        return Suggestion({k: spec.geometry for k in space.geometries}, {}, overrides, space.rules)
+    if spec.geometry == "adamw":
+        overrides["lr"] = space.proxy.lr * factor
+        factor = 1.0  # its spectral step, for the target's Σ η: unchanged
+    else:
+        overrides["spectral_lr"] = space.proxy.spectral_lr * factor
+    return Suggestion({k: spec.geometry for k in space.geometries}, {}, overrides, space.rules, factor)
 
 
 def queue_baselines(study: optuna.Study, space: SearchSpace) -> list[str]:
-    """Queue each baseline of ``space`` that no trial has run, is running or waits for
-    (keyed by name, so calling it again queues nothing twice).
+    """Queue each baseline of ``space`` (with a step grid: at each factor, attr
+    ``step_factor``) that no trial has run, is running or waits for (keyed by name and
+    factor, so calling it again queues nothing twice).
 
     Returns:
-        The names queued.
+        The names queued (``"muon at x2"`` for a factor of a step grid).
     """
-    have = {t.user_attrs.get(BASELINE) for t in study.get_trials(deepcopy=False)
-            if trial_status(t) in (*FINISHED, RUNNING, WAITING)}
-    queued = [name for name in space.baselines if name not in have]
-    for name in queued:
-        enqueue(study, {}, marks={BASELINE: name})
+    have = {(t.user_attrs.get(BASELINE), t.user_attrs.get(STEP_FACTOR))
+            for t in study.get_trials(deepcopy=False) if trial_status(t) in (*FINISHED, RUNNING, WAITING)}
+    queued = []
+    for name in space.baselines:
+        for factor in baseline_factors(space):
+            if (name, factor) in have:
+                continue
+            marks = {BASELINE: name} if factor is None else {BASELINE: name, STEP_FACTOR: factor}
+            enqueue(study, {}, marks=marks)
+            queued.append(name if factor is None else f"{name} at x{factor:g}")
     return queued
 
 
@@ -123,31 +144,71 @@ class BaselineTable:
 
     Attributes:
         baselines: name -> ``{"trial", "status", "rung", "sum_eta", "score", "step_ms",
-            "reason", "trained"}`` (the latest trial of that baseline; ``trained``: how it
-            trained, :func:`~geosearch.search.space.baselines.training_text`, ``None``
-            without the study's proxy record).
+            "reason", "trained", "factor", "step", "tried"}`` (the latest trial of that
+            baseline; with a step grid, the one at its own best step; ``trained``: how it
+            trained, :func:`~geosearch.search.space.baselines.training_text`, and ``step``
+            its step in words, ``"spectral step 0.04"``, both ``None`` without the study's
+            proxy record; ``factor``: its step grid's factor, ``None`` without a grid;
+            ``tried``: with a grid, ``(factor, step in words, status, score or None)`` at
+            each factor, ascending).
         rows: name -> the :class:`BaselineRow` of each ranked assignment (best first);
             empty when the baseline did not complete.
+        shared: with a step grid, the points at the shared step against each baseline at
+            factor 1 (this table: each assignment at its own best step against each
+            baseline at its own); ``None`` without one.
     """
 
     baselines: dict[str, dict[str, Any]]
     rows: dict[str, list[BaselineRow]]
+    shared: BaselineTable | None = None
 
 
 def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> BaselineTable:
-    """Compare every ranked assignment of ``study`` with each baseline it trained."""
+    """Compare every ranked assignment of ``study`` with each baseline it trained; with a
+    step grid, each assignment at its own best step with each baseline at its own, and the
+    points at the shared step with the baselines at factor 1 (``shared``)."""
     ranking = ranking or rank_study(study)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    ladder = study.user_attrs.get(LADDER)
-    top = len(ladder) - 1 if isinstance(ladder, list) and ladder else 0
-    latest: dict[str, FrozenTrial] = {}
+    latest: dict[str, dict[float | None, FrozenTrial]] = {}
     for t in sorted(trials.values(), key=lambda t: t.number):
         if BASELINE in t.user_attrs and trial_status(t) in FINISHED:
-            latest[t.user_attrs[BASELINE]] = t
+            factor = t.user_attrs.get(STEP_FACTOR)
+            latest.setdefault(t.user_attrs[BASELINE], {})[None if factor is None else float(factor)] = t
+    if not any(f is not None for runs in latest.values() for f in runs):  # no step grid
+        return _against(study, trials, {name: runs[None] for name, runs in latest.items()}, ranking.rows)
+    own: dict[str, FrozenTrial] = {}
+    for name, runs in latest.items():
+        done = [t for t in runs.values() if trial_status(t) == COMPLETED and trial_score(t).n]
+        own[name] = (min(done, key=lambda t: (trial_score(t).mean, t.number)) if done
+                     else runs.get(1.0, runs[max(runs, key=lambda f: runs[f].number)]))
+    table = _against(study, trials, own, ranking.rows)
+    for name, b in table.baselines.items():
+        b["tried"] = [(f, _step_words(study, name, t) or (f"x{f:g}" if f is not None else "the proxy's step"),
+                       trial_status(t), trial_score(t) if trial_status(t) == COMPLETED else None)
+                      for f, t in sorted(latest[name].items(), key=lambda kv: (kv[0] is not None, kv[0] or 0))]
+    shared_rows = ranking.steps.shared.rows if ranking.steps is not None else []
+    shared = _against(study, trials, {n: runs[1.0] for n, runs in latest.items() if 1.0 in runs}, shared_rows)
+    return BaselineTable(table.baselines, table.rows, shared)
+
+
+def _step_words(study: optuna.Study, name: str, trial: FrozenTrial, spectral_lr: float | None = None) -> str | None:
+    """Baseline ``trial``'s step in words (``None`` without the study's proxy record)."""
+    proxy = study.user_attrs.get(PROXY)
+    if not isinstance(proxy, dict) or name not in BASELINES:
+        return None
+    return baseline_step(name, proxy, spectral_lr, trial.user_attrs.get(STEP_FACTOR))
+
+
+def _against(study: optuna.Study, trials: dict[int, FrozenTrial], chosen: dict[str, FrozenTrial],
+             ranked: list[RankedTrial]) -> BaselineTable:
+    """Each of the ``ranked`` trials against each ``chosen`` baseline trial, at the
+    baseline's top rung."""
+    ladder = study.user_attrs.get(LADDER)
+    top = len(ladder) - 1 if isinstance(ladder, list) and ladder else 0
     proxy = study.user_attrs.get(PROXY)
     info: dict[str, dict[str, Any]] = {}
     rows: dict[str, list[BaselineRow]] = {}
-    for name, b in latest.items():
+    for name, b in chosen.items():
         indices = b.user_attrs.get(RUNG_INDICES) or list(range(len(b.user_attrs.get(RUNG_LOSSES) or [1])))
         rung = indices[-1]
         status = trial_status(b)
@@ -155,16 +216,18 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
         step_ms = finite_or_none(b.user_attrs.get(MEAN_STEP_MS))
         entry = ladder[rung] if isinstance(ladder, list) and rung < len(ladder) else {}
         sum_eta = entry.get("sum_eta")
-        trained = training_text(name, proxy, entry.get("spectral_lr")) \
+        factor = b.user_attrs.get(STEP_FACTOR)
+        trained = training_text(name, proxy, entry.get("spectral_lr"), factor) \
             if isinstance(proxy, dict) and name in BASELINES else None
         info[name] = {"trial": b.number, "status": status, "rung": rung, "sum_eta": sum_eta,
                       "score": score, "step_ms": step_ms,
                       "reason": b.user_attrs.get(PRUNE_REASON) or b.user_attrs.get(FAIL_REASON),
-                      "trained": trained}
+                      "trained": trained, "factor": factor,
+                      "step": _step_words(study, name, b, entry.get("spectral_lr")), "tried": []}
         rows[name] = []
         if score is None or not score.n:
             continue
-        for r in ranking.rows:
+        for r in ranked:
             mine = r.score if rung == top else rung_score(trials[r.number], rung)
             if mine is None or not mine.n:
                 continue
@@ -176,20 +239,41 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
 
 
 def baselines_lines(table: BaselineTable) -> list[str]:
-    """The table as the search prints it under the ranking (nothing without baselines)."""
+    """The table as the search prints it under the ranking (nothing without baselines);
+    with a step grid, the own-step comparison then the shared-step one, each line naming
+    the step the baseline trained at."""
     if not table.baselines:
         return []
-    lines = ["baselines (reported, never exported; Δ = assignment - baseline at the baseline's "
-             "rung, negative = the assignment is better; 95% interval; ms/step ratio):"]
+    if table.shared is None:
+        return ["baselines (reported, never exported; Δ = assignment - baseline at the baseline's "
+                "rung, negative = the assignment is better; 95% interval; ms/step ratio):",
+                *_block_lines(table, grid=False)]
+    return ["baselines (reported, never exported), tuned over the step grid as the assignments are; "
+            "Δ = each assignment at its own best step - each baseline at its own best step (its "
+            "lowest mean val loss over the grid), at the baseline's rung, negative = the "
+            "assignment is better; 95% interval; ms/step ratio:", *_block_lines(table, grid=True),
+            "  at the shared step: each point at factor 1 against each baseline at factor 1:",
+            *_block_lines(table.shared, grid=True)]
+
+
+def _block_lines(table: BaselineTable, *, grid: bool) -> list[str]:
+    """Each baseline's line, how it trained, and its rows."""
+    lines = []
     for name, b in table.baselines.items():
         where = f"rung {b['rung']}" + (f", Σ η {b['sum_eta']:.3g}" if b["sum_eta"] is not None else "")
+        step = b["step"] or (f"x{b['factor']:g}" if b["factor"] is not None else "?")
+        head = f"{name} at {step}" if grid else name
+        tried = ", ".join(f"{s}: {sc.mean:.4f}" if sc is not None and sc.n else f"{s}: {st}"
+                          for _, s, st, sc in b["tried"])
+        where += f"; over the grid {tried}" if tried else ""
         trained = [f"    trained as {b['trained']}"] if b["trained"] else []
         if b["status"] != COMPLETED:
-            lines += [f"  {name} (trial {b['trial']}, {where}): {b['status']}: {b['reason']}", *trained]
+            lines += [f"  {head} (trial {b['trial']}, {where}): {b['status']}: {b['reason']}", *trained]
             continue
         ms = f", {b['step_ms']:.1f} ms/step" if b["step_ms"] is not None else ""
-        lines += [f"  {name} (trial {b['trial']}, {where}): val {b['score'].text()}{ms}", *trained]
+        lines += [f"  {head} (trial {b['trial']}, {where}): val {b['score'].text()}{ms}", *trained]
+        versus = f" vs {name} at {step}" if grid else ""
         for r in table.rows[name]:
             ratio = f"  {r.step_ratio:.2f}x ms/step" if r.step_ratio is not None else ""
-            lines.append(f"    {r.label} (trial {r.number}): Δ {r.text()}{ratio}")
+            lines.append(f"    {r.label} (trial {r.number}): Δ {r.text()}{versus}{ratio}")
     return lines

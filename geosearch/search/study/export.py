@@ -50,35 +50,48 @@ __all__ = ["export_best", "export_summary", "format_ranking"]
 
 
 def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
-    """The ranked table of completed trials, the pruned/failed ones, the verdict (marked
-    when the ladder says it may not hold at the target), the ladder's reading and the
-    baselines (each assignment's Δ loss and ms/step ratio against each)."""
+    """The ranked table of completed trials (with a step grid: each assignment at its own
+    best step, then the points at the shared step), the pruned/failed ones, the verdict
+    (marked when the ladder says it may not hold at the target), the ladder's reading and
+    the baselines (each assignment's Δ loss and ms/step ratio against each)."""
     ranking = ranking or rank_study(study)
     reading = study_reading(study)
-    lines = []
-    if ranking.rows:
-        width = max(len(r.label) for r in ranking.rows)
-        lines.append(f"{'rank':>4}  {'trial':>5}  {'assignment':<{width}}  {'val loss':<26}  vs best")
-        for r in ranking.rows:
-            if r.versus_best == "best":
-                vs = "best"
-            elif r.versus_best == "unknown":
-                vs = f"{r.gap:+.4f} (no spread: can't judge)"
-            elif r.threshold is None:  # identical losses: a tie without a noise estimate
-                vs = f"{r.gap:+.4f}: tie"
-            else:
-                vs = (f"{r.gap:+.4f} {'<' if r.versus_best == 'tie' else '>'} noise "
-                      f"{r.threshold:.4f}: {'tie' if r.versus_best == 'tie' else 'worse'}")
-            lines.append(f"{r.rank:>4}  {r.number:>5}  {r.label:<{width}}  {r.score.text():<26}  {vs}")
+    proxy = study.user_attrs.get(PROXY)
+    lines = _ranking_table(ranking.rows)
+    if ranking.steps is not None and ranking.rows:
+        shared = ranking.steps.shared_step
+        lines.insert(0, "each assignment at its own best step (the exported answer):")
+        lines += [f"at the shared step {f'{shared:g}' if shared else '(x1)'}:",
+                  *(_ranking_table(ranking.steps.shared.rows) or ["  no point completed at the shared step"])]
     others = [t for t in study.get_trials(deepcopy=False)
               if t.state in (TrialState.PRUNED, TrialState.FAIL) and trial_status(t) not in NOT_RUN]
     if others:
         lines.append("not ranked:")
-        lines += ["  " + trial_line(t) for t in others]
+        lines += ["  " + trial_line(t, proxy) for t in others]
     lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
     lines += optuna_best_note(study, ranking)
     outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking), study_pruner(study)))
     return "\n".join(lines + horizon_lines(reading) + outlook + baselines_lines(baseline_table(study, ranking)))
+
+
+def _ranking_table(rows: list[RankedTrial]) -> list[str]:
+    """The ranked rows as a text table (nothing without rows)."""
+    if not rows:
+        return []
+    width = max(len(r.label) for r in rows)
+    lines = [f"{'rank':>4}  {'trial':>5}  {'assignment':<{width}}  {'val loss':<26}  vs best"]
+    for r in rows:
+        if r.versus_best == "best":
+            vs = "best"
+        elif r.versus_best == "unknown":
+            vs = f"{r.gap:+.4f} (no spread: can't judge)"
+        elif r.threshold is None:  # identical losses: a tie without a noise estimate
+            vs = f"{r.gap:+.4f}: tie"
+        else:
+            vs = (f"{r.gap:+.4f} {'<' if r.versus_best == 'tie' else '>'} noise "
+                  f"{r.threshold:.4f}: {'tie' if r.versus_best == 'tie' else 'worse'}")
+        lines.append(f"{r.rank:>4}  {r.number:>5}  {r.label:<{width}}  {r.score.text():<26}  {vs}")
+    return lines
 
 
 def optuna_best_note(study: optuna.Study, ranking: Ranking) -> list[str]:

@@ -50,6 +50,7 @@ from geosearch.search.records import (
     SEED_OF,
     SEEDS,
     STATUS,
+    STEP_FACTOR,
     TRIAL_DIR,
     PRUNED,
     UNSTABLE,
@@ -223,7 +224,7 @@ def failed_attrs(study: optuna.Study, trial: FrozenTrial | optuna.Trial, message
 
 # What a point's failed verdict keeps of the trial whose worker died last.
 _POINT_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, RUNG_INDICES, TRIAL_DIR,
-                NUM_PROCESSES, QUEUED_PARAMS, SEED_OF, BASELINE)
+                NUM_PROCESSES, QUEUED_PARAMS, SEED_OF, BASELINE, STEP_FACTOR)
 
 
 def settle_dead(study: optuna.Study, trial: FrozenTrial, max_retries: int) -> str:

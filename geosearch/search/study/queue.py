@@ -30,6 +30,7 @@ from geosearch.search.records import (
     SEED_OF,
     SEEDS,
     STATUS,
+    STEP_FACTOR,
     is_extra,
 )
 from geosearch.search.space.spec import SearchSpace
@@ -108,7 +109,7 @@ def done_count(study: optuna.Study) -> int:
 def enqueue(study: optuna.Study, params: dict[str, Any], *, retry_of: int | None = None,
             marks: Mapping[str, Any] | None = None) -> None:
     """Queue a point (``queued``, ``queued_params``; ``retry_of`` for the trial it reruns,
-    which keeps its ``seed_of``/``seeds``/``baseline`` marks; ``marks`` for a new adaptive
+    which keeps its ``seed_of``/``seeds``/``baseline``/``step_factor`` marks; ``marks`` for a new adaptive
     seed or baseline)."""
     attrs: dict[str, Any] = {QUEUED: True, QUEUED_PARAMS: params, **(marks or {})}
     if retry_of is not None:
@@ -122,7 +123,7 @@ def _extra_marks(study: optuna.Study, number: int) -> dict[str, Any]:
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
     if trial is None or not is_extra(trial):
         return {}
-    return {k: trial.user_attrs[k] for k in (SEED_OF, SEEDS, BASELINE) if k in trial.user_attrs}
+    return {k: trial.user_attrs[k] for k in (SEED_OF, SEEDS, BASELINE, STEP_FACTOR) if k in trial.user_attrs}
 
 
 def grid_points(space: SearchSpace) -> list[dict[str, Any]]:

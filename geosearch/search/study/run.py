@@ -408,9 +408,11 @@ def _run_study(space: SearchSpace, options: SearchOptions, group: RankGroup | No
     bar = _TrialBar(budget, study, enabled=options.progress if options.progress is not None else
                     (sys.stderr.isatty() and worker_index is None), echo=echo)
 
+    proxy = space.to_dict()["proxy"]  # as the study records it: a step grid's steps in words
+
     def on_trial(t: FrozenTrial) -> None:
         if trial_status(t) not in NOT_RUN:
-            bar.write(trial_line(t))
+            bar.write(trial_line(t, proxy))
         bar.update()
 
     try:

@@ -77,6 +77,7 @@ from geosearch.search.records import (
     RUNNING,
     SEED_OF,
     SEEDS,
+    STEP_FACTOR,
     SKIPPED,
     STABILITY_PROBES,
     STABILITY_RUN,
@@ -327,7 +328,9 @@ class Searcher:
             if ua[BASELINE] not in BASELINES:
                 self._not_run(trial, SKIPPED, f"unknown baseline {ua[BASELINE]!r}")
                 return None
-            return self._train_trial(trial, baseline_suggestion(self.space, ua[BASELINE]))
+            factor = ua.get(STEP_FACTOR)  # a step grid's, else None: the proxy's steps
+            return self._train_trial(trial, baseline_suggestion(
+                self.space, ua[BASELINE], None if factor is None else float(factor)))
         suggestion = self.space.suggest(trial)  # the point's params, fixed when queued
         twin = seed_twin_of(self.study, trial)
         if twin is not None:

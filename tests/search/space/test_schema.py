@@ -366,3 +366,14 @@ def test_step_grid():
         with pytest.raises(SearchSpaceError) as e:
             space(hyperparams={"step_grid": [1, 2], **hp}, proxy=proxy, budget={"trials": 5})
         assert list(problems(e)) == ["hyperparams.step_grid"]
+
+
+def test_header_counts_the_baselines_at_each_factor_of_a_step_grid():
+    from geosearch.search.space.spec import apply_overrides, load_space
+
+    # the default's steps (above) with a 3-factor grid: 12 points x 1,000 + each baseline
+    # at the 3 factors: adamw 3 x 800, muon 3 x 1,000
+    text = apply_overrides(load_space("default"), ["hyperparams.step_grid=[0.5,1,2]"]).summary()
+    assert ("baselines (reported, never exported, each at the 3 steps of the grid) adamw 2,400 (3 x 800), "
+            "muon 3,000 (3 x 1,000)") in text
+    assert "12 points (assignment x step)" in text and "= 17,400 steps" in text
