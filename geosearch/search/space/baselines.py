@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from geosearch.checks import Range, is_whole
-from geosearch.optim import settings as catalog
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.horizon.target import rung_seeds
+from geosearch.search.stats.trials import proxy_settings, step_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
@@ -101,15 +101,6 @@ def baseline_factors(space: SearchSpace) -> tuple[float | None, ...]:
     return tuple(float(f) for f in grid) if grid else (None,)
 
 
-def _settings(proxy: Mapping[str, Any]) -> dict[str, Any]:
-    """The global optimizer settings of a study's ``proxy`` record, the catalog's defaults
-    for those it lacks."""
-    values = catalog.defaults("global")
-    values.update({k: v for k, v in proxy.items() if k in values})
-    values.update({k: v for k, v in (proxy.get("optimizer_args") or {}).items() if k in values})
-    return values
-
-
 def baseline_step(name: str, proxy: Mapping[str, Any], spectral_lr: float | None = None,
                   factor: float | None = None) -> str:
     """The step baseline ``name`` trained at, in words: ``"lr 0.0012"`` for AdamW (it takes
@@ -120,10 +111,8 @@ def baseline_step(name: str, proxy: Mapping[str, Any], spectral_lr: float | None
         >>> baseline_step("adamw", {"lr": 0.0006}, factor=2)
         'lr 0.0012'
     """
-    values, f = _settings(proxy), 1.0 if factor is None else factor
-    if BASELINES[name].geometry == "adamw":
-        return f"lr {values['lr'] * f:.3g}"
-    return f"spectral step {(values['spectral_lr'] if spectral_lr is None else spectral_lr) * f:.3g}"
+    return step_text(1.0 if factor is None else factor, proxy, adamw=BASELINES[name].geometry == "adamw",
+                     spectral_lr=spectral_lr)
 
 
 _SCALE_TEXT = {"keller": "× √max(1, fan_out/fan_in)", "none": "with no shape scale"}
@@ -145,7 +134,7 @@ def training_text(name: str, proxy: Mapping[str, Any], spectral_lr: float | None
         >>> training_text("muon", {"spectral_lr": 0.02, "optimizer_args": {"muon_scale": "none"}})
         'Muon: spectral step 0.02 with no shape scale (muon_scale none), msign 5 × polar_express, no weight decay'
     """
-    values, spec = _settings(proxy), BASELINES[name]
+    values, spec = proxy_settings(proxy), BASELINES[name]
     if spec.geometry == "adamw":
         lr = f"lr {values['lr']:g}" if factor is None else baseline_step(name, proxy, factor=factor)
         return f"AdamW: {lr}, weight decay {values['weight_decay']:g}"

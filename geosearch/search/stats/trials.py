@@ -22,6 +22,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from geosearch.optim import settings as catalog
+
 from geosearch.search.records import (
     ASSIGNMENT,
     BASELINE,
@@ -49,7 +51,9 @@ from geosearch.search.stats.scores import Point, Score
 __all__ = [
     "family_geometry",
     "format_params",
+    "proxy_settings",
     "point_scores",
+    "step_text",
     "step_words",
     "trial_factors",
     "trial_label",
@@ -154,24 +158,45 @@ def _assignment_label(assignment: Mapping[str, str]) -> list[str]:
     return parts
 
 
+def proxy_settings(proxy: Mapping[str, Any]) -> dict[str, Any]:
+    """The global optimizer settings of a study's ``proxy`` record, the catalog's defaults
+    for those it lacks."""
+    values = catalog.defaults("global")
+    values.update({k: v for k, v in proxy.items() if k in values})
+    values.update({k: v for k, v in (proxy.get("optimizer_args") or {}).items() if k in values})
+    return values
+
+
+def step_text(factor: float, proxy: Mapping[str, Any], *, adamw: bool = False,
+              spectral_lr: float | None = None) -> str:
+    """A step grid's ``factor`` times the proxy's step, in words: ``"lr 0.0012"`` for a run
+    whose every assigned type is AdamW (it takes no spectral step), else ``"spectral step
+    0.04"`` (``spectral_lr``: the rung's peak spectral step, default the proxy's).
+
+    Example:
+        >>> step_text(2, {"lr": 0.0006}, adamw=True)
+        'lr 0.0012'
+    """
+    values = proxy_settings(proxy)
+    if adamw:
+        return f"lr {values['lr'] * factor:.3g}"
+    return f"spectral step {(values['spectral_lr'] if spectral_lr is None else spectral_lr) * factor:.3g}"
+
+
 def step_words(trial: FrozenTrial, proxy: Mapping[str, Any] | None = None) -> str | None:
     """The step a trial of a step grid trained at, in words, from its factor (the
     ``step_factor`` param of a point, attr of a baseline) and the study's ``proxy`` record:
-    ``"spectral step 0.04"`` (a point, a Muon baseline), ``"lr 0.0012"`` (the AdamW
-    baseline), ``"spectral step x2"`` without the record; ``None`` without a factor."""
+    ``"spectral step 0.04"`` (a point, a Muon baseline), ``"lr 0.0012"`` (a run whose every
+    type is AdamW: the AdamW baseline), ``"spectral step x2"`` without the record; ``None``
+    without a factor."""
     factor = trial.params.get(STEP_FACTOR, trial.user_attrs.get(STEP_FACTOR))
     if not isinstance(factor, (int, float)):
         return None
-    name = trial.user_attrs.get(BASELINE)
-    if name is not None and isinstance(proxy, Mapping):
-        from geosearch.search.space.baselines import BASELINES, baseline_step  # imports this module
-
-        if name in BASELINES:
-            return baseline_step(name, proxy, factor=float(factor))
-    shared = proxy.get("spectral_lr") if isinstance(proxy, Mapping) else None
-    if isinstance(shared, (int, float)) and shared > 0:
-        return f"spectral step {shared * factor:.3g}"
-    return f"spectral step x{factor:g}"
+    if not isinstance(proxy, Mapping):
+        return f"spectral step x{factor:g}"
+    assignment = trial.user_attrs.get(ASSIGNMENT)
+    adamw = isinstance(assignment, Mapping) and bool(assignment) and set(assignment.values()) == {"adamw"}
+    return step_text(float(factor), proxy, adamw=adamw)
 
 
 def trial_label(trial: FrozenTrial, *, hyperparams: bool = True, proxy: Mapping[str, Any] | None = None) -> str:
