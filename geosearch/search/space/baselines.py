@@ -161,6 +161,8 @@ def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
         return sum(r.steps * len(rung_seeds(range(seeds), r, rungs[-1], lower)) for r in own)
 
     stability = space.ladder.stability_steps or 0  # the stability rung: one seed, before the ladder
+    if space.hyperparams.step_grid and space.hyperparams.step_halving and points != math.inf:
+        return _halving_plan(space, rungs, int(points), stability)
     each = steps(rungs) + stability
     known = points != math.inf
     below = "" if len(rungs) == 1 or lower is None or lower >= seeds else f", {lower} below the top"
@@ -185,3 +187,40 @@ def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
     worst = (f"; up to {total + int(points) * extra:,} with adaptive seeds (max_repeats "
              f"{space.max_repeats}, at the top rung)" if extra else "")
     return f"  trains: {' + '.join(parts)} = {total:,} steps{worst}"
+
+
+def _halving_plan(space: SearchSpace, rungs: Sequence[Rung], points: int, stability: int) -> str:
+    """:func:`plan_line` of a step grid searched by successive halving: one seed at every
+    step, the other ``repeats - 1`` at the top rung for each assignment's (and baseline's)
+    best step, the stability rung at the largest step (the smaller ones train their own only
+    where a larger one fails it: the "up to")."""
+    factors = len(baseline_factors(space))
+    assignments = math.ceil(points / factors)
+    more = space.repeats - 1
+    one = sum(r.steps for r in rungs)  # a point's first seed, every rung
+    promote = more * rungs[-1].steps
+    parts = [f"{points} points (assignment x step) x 1 seed x {len(rungs)} rung(s) ({one:,} steps each)"]
+    if more:
+        parts.append(f"the best step of each of {assignments} assignments x {more} more seed(s) "
+                     f"({promote:,} each)")
+    if stability:
+        parts.append(f"the stability rung at each one's largest step ({stability:,} steps, 1 seed)")
+    total = points * one + assignments * (promote + stability)
+    spare = (points - assignments) * stability  # every smaller step training its own
+    runs = []
+    for name in space.baselines:
+        own = baseline_rungs(name, rungs)
+        stab = 0 if BASELINES[name].rung0_only else stability
+        b = factors * sum(r.steps for r in own) + more * own[-1].steps + stab
+        total += b
+        spare += (factors - 1) * stab
+        runs.append(f"{name} {b:,}")
+    if runs:
+        parts.append(f"baselines (reported, never exported; halved over the {factors} steps as the "
+                     f"points) {', '.join(runs)}")
+    extra = max(0, (space.max_repeats or space.repeats) - space.repeats) * rungs[-1].steps
+    worst = f"; up to {total + spare:,} where a larger step fails the stability rung" if spare else ""
+    worst += (f"; + up to {assignments * extra:,} with adaptive seeds (max_repeats {space.max_repeats}, "
+              "at the top rung)" if extra else "")
+    return f"  trains: {' + '.join(parts)} = {total:,} steps (step halving){worst}"
+

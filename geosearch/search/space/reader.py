@@ -32,8 +32,9 @@ __all__ = ["BUDGET_LIMITS", "HYPERPARAMS", "MAX_STEP_GRID", "STEP_FACTOR_RANGE",
 
 REMOVED_PRUNER_KEYS = ("trend_min_logit", "horizon_steps")
 """Pruner keys of older spaces: an error says what replaced them."""
-HYPERPARAMS = ("spectral_lr", "lr", "step_grid")
-"""The keys of ``hyperparams``: the continuous parameters a space may search, and the step grid."""
+HYPERPARAMS = ("spectral_lr", "lr", "step_grid", "step_halving")
+"""The keys of ``hyperparams``: the continuous parameters a space may search, the step grid
+and how it is searched."""
 STEP_FACTOR_RANGE = Range(0.01, 100)
 """One factor of ``hyperparams.step_grid`` (of ``proxy.spectral_lr``)."""
 MAX_STEP_GRID = 5

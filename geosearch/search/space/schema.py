@@ -164,6 +164,7 @@ def dump_space(space: SearchSpace) -> dict[str, Any]:
         hp["lr"] = _range_list(space.hyperparams.lr)
     if space.hyperparams.step_grid is not None:
         hp["step_grid"] = list(space.hyperparams.step_grid)
+        hp["step_halving"] = space.hyperparams.step_halving
     pruner = {f.name: getattr(space.pruner, f.name)
               for f in dataclasses.fields(space.pruner) if f.name != "loss"}
     pruner["loss"] = {"type": space.pruner.loss.type, **space.pruner.loss.args}
@@ -375,7 +376,18 @@ class _Parser(SchemaReader):
         if h.get("step_grid") is not None:
             grid = self.step_grid(h["step_grid"], searched=h.get("spectral_lr") is not None,
                                   shared=proxy.spectral_lr)
-        return Hyperparams(spectral_lr=spectral, lr=lr, step_grid=grid)
+        halving = True
+        if h.get("step_halving") is not None:
+            if not isinstance(h["step_halving"], bool):
+                self.error("hyperparams.step_halving", "expected true (successive halving over the "
+                           "step grid) or false (every seed at every step), got "
+                           f"{shown(h['step_halving'])}", ["true", "false"])
+            elif h.get("step_grid") is None:
+                self.error("hyperparams.step_halving", "applies to hyperparams.step_grid, which this "
+                           "space does not set: give a step grid, or drop this key")
+            else:
+                halving = h["step_halving"]
+        return Hyperparams(spectral_lr=spectral, lr=lr, step_grid=grid, step_halving=halving)
 
     def step_grid(self, value: Any, *, searched: bool, shared: float) -> tuple[float, ...] | None:
         """``hyperparams.step_grid``: 2 to :data:`MAX_STEP_GRID` distinct factors of

@@ -56,6 +56,10 @@ class Hyperparams:
     """Factors of ``proxy.spectral_lr`` each point is trained at (a categorical, Optuna
     parameter ``step_factor``; 1 among them: the shared step), so that each assignment is
     also ranked at its own best step; ``None``: every point at the shared step."""
+    step_halving: bool = True
+    """With a step grid: successive halving over it (one seed at every factor, the other
+    ``repeats - 1`` only at each assignment's best; the stability rung at the largest factor
+    first, its pass standing for the smaller ones); False: every seed at every factor."""
 
     def __bool__(self) -> bool:
         """True when a continuous parameter is searched (the step grid is finite)."""

@@ -48,6 +48,7 @@ from geosearch.search.stats.scores import (
     Noise,
     Point,
     Score,
+    best_on_shared_seeds,
     compare,
     detectable_gap,
     main_effects,
@@ -368,7 +369,8 @@ def _step_ranking(study: optuna.Study, trials: list[FrozenTrial], done: list[Fro
                   scores: Mapping[int, Score]) -> Ranking:
     """The two answers of a step grid (:class:`StepAnswers`): the points at the shared step
     (factor 1) ranked as without a grid, and each assignment at its own best step (the
-    factor of lowest mean final val loss among its completed points) ranked by the same
+    factor of lowest mean final val loss among its completed points, on the seeds they all
+    ran: :func:`~geosearch.search.stats.scores.best_on_shared_seeds`) ranked by the same
     rule, its main effects matched across steps; the verdict gives both, the main effects
     side by side, the assignments unstable at the shared step and stable at their own, and
     which answer is exported (the own-step one)."""
@@ -379,7 +381,10 @@ def _step_ranking(study: optuna.Study, trials: list[FrozenTrial], done: list[Fro
     groups: dict[Hashable, list[FrozenTrial]] = {}
     for t in done:
         groups.setdefault(_assignment_key(points[t.number]), []).append(t)
-    best = {k: min(ts, key=lambda t: (scores[t.number].mean, t.number)) for k, ts in groups.items()}
+    # the best step on the seeds all its steps ran: a step given more seeds afterwards
+    # (successive halving's promotion, adaptive seeds) keeps the choice they were given for
+    chosen = {k: best_on_shared_seeds((t.number, scores[t.number]) for t in ts) for k, ts in groups.items()}
+    best = {k: next(t for t in ts if t.number == chosen[k]) for k, ts in groups.items()}
     answers = StepAnswers(shared_lr, Ranking([], [], ""), factors, tuple(sorted(set(factors.values()))))
     shared = rank_scores([(t.number, trial_label(t, hyperparams=False), scores[t.number])
                           for t in done if factors[t.number] == 1],

@@ -53,6 +53,7 @@ __all__ = [
     "Point",
     "Score",
     "above_rounding",
+    "best_on_shared_seeds",
     "compare",
     "detectable_gap",
     "judge_gap",
@@ -138,6 +139,33 @@ class Score:
             return f"{self.mean:.4f}"
         return f"{self.mean:.4f} ± {self.std:.4f} (n={self.n})"
 
+
+
+def best_on_shared_seeds(candidates: Iterable[tuple[int, Score]]) -> int | None:
+    """The number of the candidate with the lowest mean over the seeds every candidate ran
+    (all of its values when seeds are not recorded or none is shared; ties: the lowest
+    number); ``None`` without a scored candidate.
+
+    How a step grid picks an assignment's best step: its factors compared on the same seeds,
+    so that a factor given more seeds afterwards (successive halving, adaptive seeds) keeps
+    the choice those seeds were given for.
+
+    Example:
+        >>> best_on_shared_seeds([(1, Score((3.0, 3.4), (0, 1))), (2, Score((3.1,), (0,)))])
+        1
+    """
+    scored = [(n, s) for n, s in candidates if s.n]
+    if not scored:
+        return None
+    shared = (set.intersection(*(set(s.seeds) for _, s in scored))
+              if all(s.seeds is not None for _, s in scored) else set())
+
+    def mean(s: Score) -> float:
+        if not shared:
+            return s.mean
+        return statistics.mean(v for v, seed in zip(s.values, s.seeds or ()) if seed in shared)
+
+    return min(scored, key=lambda c: (mean(c[1]), c[0]))[0]
 
 # =========================================================================== quantiles
 def t_quantile(df: float, p: float = 1 - ALPHA / 2) -> float:

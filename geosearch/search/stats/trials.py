@@ -78,13 +78,15 @@ def trial_score(trial: FrozenTrial) -> Score:
     return Score.of([trial.value] if done else [], seeds if done else None)
 
 
-def point_scores(trials: Iterable[FrozenTrial]) -> dict[int, Score]:
+def point_scores(trials: Iterable[FrozenTrial], *, baselines: bool = False) -> dict[int, Score]:
     """Trial number -> :class:`Score` of each completed point of the space: its own seeds
     with those of its completed adaptive-seed trials (``seed_of``) added, each seed once, so
-    that pairing by seed across assignments holds. Baselines and seed trials get no entry."""
+    that pairing by seed across assignments holds. Seed trials get no entry, nor baselines
+    unless ``baselines`` (each with its step halving's seed trial merged in the same way)."""
     trials = list(trials)
     scores = {t.number: trial_score(t) for t in trials
-              if t.state == TrialState.COMPLETE and not is_extra(t)}
+              if t.state == TrialState.COMPLETE and SEED_OF not in t.user_attrs
+              and (not is_extra(t) or (baselines and BASELINE in t.user_attrs))}
     for t in sorted(trials, key=lambda t: t.number):
         n = t.user_attrs.get(SEED_OF)
         if t.state == TrialState.COMPLETE and n in scores:

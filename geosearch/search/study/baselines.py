@@ -29,8 +29,8 @@ from optuna.trial import FrozenTrial
 from geosearch.checks import finite_or_none
 from geosearch.search.study.queue import enqueue
 from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study
-from geosearch.search.stats.scores import Score
-from geosearch.search.stats.trials import trial_score
+from geosearch.search.stats.scores import Score, best_on_shared_seeds
+from geosearch.search.stats.trials import point_scores, trial_score
 from geosearch.search.records import (
     BASELINE,
     COMPLETED,
@@ -43,6 +43,7 @@ from geosearch.search.records import (
     RUNG_INDICES,
     RUNG_LOSSES,
     RUNNING,
+    SEED_OF,
     SEEDS,
     STEP_FACTOR,
     WAITING,
@@ -85,7 +86,10 @@ def queue_baselines(study: optuna.Study, space: SearchSpace) -> list[str]:
             for t in study.get_trials(deepcopy=False) if trial_status(t) in (*FINISHED, RUNNING, WAITING)}
     queued = []
     for name in space.baselines:
-        for factor in baseline_factors(space):
+        factors = baseline_factors(space)
+        if space.hyperparams.step_grid and space.hyperparams.step_halving:
+            factors = tuple(sorted(factors, reverse=True))  # as the points: the largest step first
+        for factor in factors:
             if (name, factor) in have:
                 continue
             marks = {BASELINE: name} if factor is None else {BASELINE: name, STEP_FACTOR: factor}
@@ -169,25 +173,28 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
     points at the shared step with the baselines at factor 1 (``shared``)."""
     ranking = ranking or rank_study(study)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    scores = point_scores(trials.values(), baselines=True)  # with step halving's seed trials merged
     latest: dict[str, dict[float | None, FrozenTrial]] = {}
     for t in sorted(trials.values(), key=lambda t: t.number):
-        if BASELINE in t.user_attrs and trial_status(t) in FINISHED:
+        if BASELINE in t.user_attrs and SEED_OF not in t.user_attrs and trial_status(t) in FINISHED:
             factor = t.user_attrs.get(STEP_FACTOR)
             latest.setdefault(t.user_attrs[BASELINE], {})[None if factor is None else float(factor)] = t
     if not any(f is not None for runs in latest.values() for f in runs):  # no step grid
-        return _against(study, trials, {name: runs[None] for name, runs in latest.items()}, ranking.rows)
+        return _against(study, trials, {name: runs[None] for name, runs in latest.items()}, ranking.rows,
+                        scores)
     own: dict[str, FrozenTrial] = {}
-    for name, runs in latest.items():
-        done = [t for t in runs.values() if trial_status(t) == COMPLETED and trial_score(t).n]
-        own[name] = (min(done, key=lambda t: (trial_score(t).mean, t.number)) if done
+    for name, runs in latest.items():  # its best step on the seeds all its steps ran, as the points'
+        best = best_on_shared_seeds((t.number, scores[t.number]) for t in runs.values() if t.number in scores)
+        own[name] = (trials[best] if best is not None
                      else runs.get(1.0, runs[max(runs, key=lambda f: runs[f].number)]))
-    table = _against(study, trials, own, ranking.rows)
+    table = _against(study, trials, own, ranking.rows, scores)
     for name, b in table.baselines.items():
         b["tried"] = [(f, _step_words(study, name, t) or (f"x{f:g}" if f is not None else "the proxy's step"),
-                       trial_status(t), trial_score(t) if trial_status(t) == COMPLETED else None)
+                       trial_status(t), scores.get(t.number) if trial_status(t) == COMPLETED else None)
                       for f, t in sorted(latest[name].items(), key=lambda kv: (kv[0] is not None, kv[0] or 0))]
     shared_rows = ranking.steps.shared.rows if ranking.steps is not None else []
-    shared = _against(study, trials, {n: runs[1.0] for n, runs in latest.items() if 1.0 in runs}, shared_rows)
+    shared = _against(study, trials, {n: runs[1.0] for n, runs in latest.items() if 1.0 in runs}, shared_rows,
+                      scores)
     return BaselineTable(table.baselines, table.rows, shared)
 
 
@@ -200,9 +207,9 @@ def _step_words(study: optuna.Study, name: str, trial: FrozenTrial, spectral_lr:
 
 
 def _against(study: optuna.Study, trials: dict[int, FrozenTrial], chosen: dict[str, FrozenTrial],
-             ranked: list[RankedTrial]) -> BaselineTable:
-    """Each of the ``ranked`` trials against each ``chosen`` baseline trial, at the
-    baseline's top rung."""
+             ranked: list[RankedTrial], scores: dict[int, Score]) -> BaselineTable:
+    """Each of the ``ranked`` trials against each ``chosen`` baseline trial (its score in
+    ``scores``, seed trials merged), at the baseline's top rung."""
     ladder = study.user_attrs.get(LADDER)
     top = len(ladder) - 1 if isinstance(ladder, list) and ladder else 0
     proxy = study.user_attrs.get(PROXY)
@@ -212,7 +219,7 @@ def _against(study: optuna.Study, trials: dict[int, FrozenTrial], chosen: dict[s
         indices = b.user_attrs.get(RUNG_INDICES) or list(range(len(b.user_attrs.get(RUNG_LOSSES) or [1])))
         rung = indices[-1]
         status = trial_status(b)
-        score = trial_score(b) if status == COMPLETED else None
+        score = scores.get(b.number, trial_score(b)) if status == COMPLETED else None
         step_ms = finite_or_none(b.user_attrs.get(MEAN_STEP_MS))
         entry = ladder[rung] if isinstance(ladder, list) and rung < len(ladder) else {}
         sum_eta = entry.get("sum_eta")

@@ -9,7 +9,12 @@ with the attrs ``seed_of = n``, ``seeds = [s]``. A seed trial trains that one se
 ladder's top rung only, where the ranking is read (:func:`extra_plan`); its value merges
 into trial ``n``'s score. Every step is keyed, so a rerun, a second process or a resumed
 study queues nothing twice, and a (point, seed) that two processes queued at once trains
-once (:func:`seed_twin_of`). The rules are in ``docs/design.md`` ("Adaptive seeds").
+once (:func:`seed_twin_of`). With a step grid searched by successive halving
+(``hyperparams.step_halving``), a round of promotions comes first (:func:`queue_halving`):
+every point and tuned baseline trained one seed, and the best step of each assignment (and
+of each baseline) gets the rest of ``repeats``, as seed trials; a trial's stability rung is
+taken from a larger step of the same assignment that passed it (:func:`passed_above`). The
+rules are in ``docs/design.md`` ("Adaptive seeds", "Step halving").
 """
 
 from __future__ import annotations
@@ -23,13 +28,20 @@ from optuna.trial import TrialState
 from geosearch.search.space.baselines import baseline_rungs
 from geosearch.search.study.baselines import queue_baselines
 from geosearch.search.horizon.ladder import Rung
-from geosearch.search.study.queue import enqueue
+from geosearch.search.study.queue import enqueue, param_key, trial_params
 from geosearch.search.stats.ranking import rank_study
+from geosearch.search.stats.scores import best_on_shared_seeds
+from geosearch.search.stats.trials import trial_score
 from geosearch.search.records import (
     BASELINE,
+    COMPLETED,
+    FINISHED,
+    RUNNING,
     SEED_OF,
     SEEDS,
-    FINISHED,
+    STABILITY_PASSED,
+    STEP_FACTOR,
+    WAITING,
     is_extra,
     trial_status,
 )
@@ -38,7 +50,8 @@ from geosearch.search.stats.seeding import study_seed_plan
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["NOT_A_POINT", "extra_plan", "mark_extra", "queue_extras", "seed_twin_of"]
+__all__ = ["NOT_A_POINT", "extra_plan", "halving", "mark_extra", "passed_above", "queue_extras",
+           "queue_halving", "seed_twin_of"]
 
 NOT_A_POINT = "not_a_point"
 """The Optuna constraint that makes a baseline or an adaptive-seed trial infeasible."""
@@ -70,6 +83,11 @@ def queue_extras(study: optuna.Study, space: SearchSpace, echo: Callable[[str], 
         return True
     if any(t.state == TrialState.RUNNING for t in trials):
         return False
+    promoted = queue_halving(study, space)
+    if promoted:
+        echo(f"step halving: the other {space.repeats - 1} seed(s) for each assignment's best step: "
+             + ", ".join(promoted))
+        return True
     plan = study_seed_plan(study, rank_study(study))
     if plan is None or plan.stop:
         return False
@@ -81,17 +99,84 @@ def queue_extras(study: optuna.Study, space: SearchSpace, echo: Callable[[str], 
     return True
 
 
-def extra_plan(trial: optuna.Trial, seeds: list[int],
-               rungs: Sequence[Rung]) -> tuple[list[int], list[Rung]]:
-    """The seeds and rungs ``trial`` trains, given the study's: a seed trial its one seed
-    at the top rung, a baseline its rungs (:func:`~geosearch.search.study.baselines.baseline_rungs`),
-    a point of the space all of them."""
+def extra_plan(trial: optuna.Trial, seeds: list[int], rungs: Sequence[Rung], *,
+               halving: bool = False) -> tuple[list[int], list[Rung]]:
+    """The seeds and rungs ``trial`` trains, given the study's: a seed trial its seeds at
+    its top rung, a baseline its rungs (:func:`~geosearch.search.study.baselines.baseline_rungs`),
+    a point of the space all of them; with ``halving`` (:func:`halving`) a point or a
+    baseline trains the first seed only (:func:`queue_halving` gives the best step the rest)."""
     ua = trial.user_attrs
     if SEED_OF in ua:
-        return [int(s) for s in ua[SEEDS]], list(rungs[-1:])
+        own = baseline_rungs(ua[BASELINE], rungs) if BASELINE in ua else rungs
+        return [int(s) for s in ua[SEEDS]], list(own[-1:])
+    first = list(seeds[:1]) if halving else list(seeds)
     if BASELINE in ua:
-        return list(seeds), baseline_rungs(ua[BASELINE], rungs)
-    return list(seeds), list(rungs)
+        return first, baseline_rungs(ua[BASELINE], rungs)
+    return first, list(rungs)
+
+
+def halving(space: SearchSpace) -> bool:
+    """Whether ``space`` searches its step grid by successive halving
+    (``hyperparams.step_grid`` with ``step_halving``, the default)."""
+    return bool(space.hyperparams.step_grid) and space.hyperparams.step_halving
+
+
+def _step_group(trial: optuna.Trial | optuna.trial.FrozenTrial) -> tuple[str, object]:
+    """What a trial is apart from its step: its point without the step factor (a baseline:
+    none), and its baseline's name (a point: ``None``)."""
+    params = {k: v for k, v in (trial_params(trial) or {}).items() if k != STEP_FACTOR}
+    return param_key(params), trial.user_attrs.get(BASELINE)
+
+
+def passed_above(study: optuna.Study, trial: optuna.Trial, factor: float) -> int | None:
+    """Step halving: a trial of the same assignment (or baseline) at a step factor above
+    ``factor`` that passed its stability rung (attr ``stability_passed_at``), whose pass then
+    stands for this smaller step, or ``None``. The smaller step's run ends at a smaller Σ η²
+    (by the factors' ratio squared), and the max logit grows with Σ η² (docs/design.md,
+    "Step halving", checked on the stored long runs)."""
+    group = _step_group(trial)
+    for t in study.get_trials(deepcopy=False):
+        at = t.user_attrs.get(STABILITY_PASSED)
+        if (t.number != trial.number and isinstance(at, (int, float)) and at > factor
+                and SEED_OF not in t.user_attrs and _step_group(t) == group):
+            return t.number
+    return None
+
+
+def queue_halving(study: optuna.Study, space: SearchSpace) -> list[str]:
+    """Step halving's promotions: once every point and baseline has trained its first seed
+    at each step, queue the other ``repeats - 1`` seeds (one seed trial, attrs ``seed_of``,
+    ``seeds``) for the best completed step of each assignment and of each baseline, the
+    best on the seed they share (:func:`~geosearch.search.stats.scores.best_on_shared_seeds`).
+    A step whose promotion is queued, running or done is not promoted again.
+
+    Returns:
+        What was promoted, in words (``"trial 7 (x0.5)"``); empty when nothing was.
+    """
+    rest = [space.proxy.seed + r for r in range(1, space.repeats)]
+    if not halving(space) or not rest:
+        return []
+    trials = study.get_trials(deepcopy=False)
+    promoted = {t.user_attrs.get(SEED_OF) for t in trials
+                if SEED_OF in t.user_attrs and trial_status(t) in (*FINISHED, RUNNING, WAITING)}
+    groups: dict[tuple[str, object], list] = {}
+    for t in trials:
+        if trial_status(t) == COMPLETED and SEED_OF not in t.user_attrs and (
+                not is_extra(t) or BASELINE in t.user_attrs):
+            groups.setdefault(_step_group(t), []).append(t)
+    out = []
+    for ts in groups.values():
+        best = best_on_shared_seeds((t.number, trial_score(t)) for t in ts)
+        if best is None or best in promoted:
+            continue
+        t = next(x for x in ts if x.number == best)
+        marks = {SEED_OF: best, SEEDS: rest}
+        if BASELINE in t.user_attrs:
+            marks |= {BASELINE: t.user_attrs[BASELINE], STEP_FACTOR: t.user_attrs.get(STEP_FACTOR)}
+        enqueue(study, dict(t.params), marks=marks)
+        factor = t.params.get(STEP_FACTOR, t.user_attrs.get(STEP_FACTOR))
+        out.append(f"trial {best}" + (f" (x{float(factor):g})" if factor is not None else ""))
+    return out
 
 
 def seed_twin_of(study: optuna.Study, trial: optuna.Trial) -> int | None:

@@ -127,7 +127,8 @@ def _extra_marks(study: optuna.Study, number: int) -> dict[str, Any]:
 
 
 def grid_points(space: SearchSpace) -> list[dict[str, Any]]:
-    """Every point of a finite space as Optuna params, in a seeded random order.
+    """Every point of a finite space as Optuna params, in a seeded random order (with step
+    halving, the largest step factor first).
 
     The parameter names and choices are read from a trial the space suggests on, so they
     follow whatever names ``SearchSpace.suggest`` uses.
@@ -145,6 +146,10 @@ def grid_points(space: SearchSpace) -> list[dict[str, Any]]:
     points = [dict(zip(names, combo)) for combo in
               itertools.product(*(dists[n].choices for n in names))]
     random.Random(space.sampler.seed or 0).shuffle(points)
+    if space.hyperparams.step_grid and space.hyperparams.step_halving:
+        # step halving: the largest steps first, so that a pass of their stability rung
+        # stands for the smaller steps of the same assignment (the shuffle kept within a step)
+        points.sort(key=lambda p: -float(p.get(STEP_FACTOR, 1.0)))
     return points
 
 

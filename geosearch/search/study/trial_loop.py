@@ -32,7 +32,7 @@ from geosearch.search.space.baselines import BASELINES
 from geosearch.search.study.baselines import baseline_suggestion
 from geosearch.search.runtime.backup import TrialBackup
 from geosearch.search.runtime.distributed import RankGroup
-from geosearch.search.study.extras import extra_plan, mark_extra, queue_extras, seed_twin_of
+from geosearch.search.study.extras import extra_plan, halving, mark_extra, passed_above, queue_extras, seed_twin_of
 from geosearch.search.study.failures import (
     DEFAULT_MAX_RETRIES,
     SETTINGS_FAILURE,
@@ -79,6 +79,8 @@ from geosearch.search.records import (
     SEEDS,
     STEP_FACTOR,
     SKIPPED,
+    STABILITY_FROM,
+    STABILITY_PASSED,
     STABILITY_PROBES,
     STABILITY_RUN,
     STATUS,
@@ -341,7 +343,7 @@ class Searcher:
 
     def _plan_of(self, trial: optuna.Trial) -> tuple[list[int], list]:
         """The seeds and rungs ``trial`` trains (:func:`extra_plan`)."""
-        return extra_plan(trial, trial_seeds(self.space), self.rungs)
+        return extra_plan(trial, trial_seeds(self.space), self.rungs, halving=halving(self.space))
 
     def _not_run(self, trial: optuna.Trial, status: str, why: str, *, requeue: bool = False,
                  duplicate_of: int | None = None) -> None:
@@ -436,14 +438,21 @@ class Searcher:
         first seed, before the ladder: its run ends at the target's Σ η², so the pruner
         judges its probes as the target's logits (``stability_run``), and they are kept as
         ``stability_probes``. ``None`` when the space has no stability rung, or the trial
-        does not train it: an adaptive seed (its point measured it) or a run whose attention
-        queries and keys take no spectral step (AdamW: no Σ η² clock)."""
+        does not train it: an adaptive seed (its point measured it), a run whose attention
+        queries and keys take no spectral step (AdamW: no Σ η² clock), or, with step
+        halving, a step below one of the same assignment that passed it (``stability_from``:
+        that trial; :func:`~geosearch.search.study.extras.passed_above`). A pass is recorded
+        as ``stability_passed_at``, the trial's step factor."""
         seeds, rungs = self._plan_of(trial)
         stab = self.stability
         if stab is None or not rungs or SEED_OF in trial.user_attrs:
             return None
         config, assignment = rung_run(self.space, suggestion, seeds[0] - self.space.proxy.seed, stab)
         if not takes_spectral_qk(assignment):
+            return None
+        above = passed_above(self.study, trial, suggestion.step_factor) if halving(self.space) else None
+        if above is not None:
+            trial.set_user_attr(STABILITY_FROM, above)
             return None
         rows: list[dict] = []
         trial.set_user_attr(STABILITY_RUN, True)
@@ -456,6 +465,8 @@ class Searcher:
                              run_name=f"trial {trial.number} stability seed {seeds[0]}")
         trial.set_user_attr(STABILITY_PROBES, list(rows))
         trial.set_user_attr(STABILITY_RUN, False)
+        if result.status == "completed":
+            trial.set_user_attr(STABILITY_PASSED, suggestion.step_factor)
         return result
 
     def _stability_stopped(self, trial: optuna.Trial, result: TrainResult) -> int:

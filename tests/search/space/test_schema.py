@@ -243,7 +243,7 @@ def test_hyperparameter_ranges():
     # the step grid, finite).
     assert "0 < low < high" in found["hyperparams.spectral_lr"].problem
     assert "expected [low, high]" in found["hyperparams.lr"].problem
-    assert found["hyperparams.momentum"].allowed == ["spectral_lr", "lr", "step_grid"]
+    assert found["hyperparams.momentum"].allowed == ["spectral_lr", "lr", "step_grid", "step_halving"]
     with pytest.raises(SearchSpaceError) as e:
         space(hyperparams={"spectral_lr": {"oblique": [0.01, 0.1]}}, budget={"trials": 5})
     # Rule: a per-geometry range needs a manifold geometry of this space.
@@ -371,9 +371,37 @@ def test_step_grid():
 def test_header_counts_the_baselines_at_each_factor_of_a_step_grid():
     from geosearch.search.space.spec import apply_overrides, load_space
 
-    # the default's steps (above) with a 3-factor grid: 12 points x 1,000 + each baseline
-    # at the 3 factors: adamw 3 x 800, muon 3 x 1,000
-    text = apply_overrides(load_space("default"), ["hyperparams.step_grid=[0.5,1,2]"]).summary()
+    # the default's steps (above) with a 3-factor full grid: 12 points x 1,000 + each
+    # baseline at the 3 factors: adamw 3 x 800, muon 3 x 1,000
+    text = apply_overrides(load_space("default"), ["hyperparams.step_grid=[0.5,1,2]",
+                                                   "hyperparams.step_halving=false"]).summary()
     assert ("baselines (reported, never exported, each at the 3 steps of the grid) adamw 2,400 (3 x 800), "
             "muon 3,000 (3 x 1,000)") in text
     assert "12 points (assignment x step)" in text and "= 17,400 steps" in text
+    assert "every seed at every step" in text
+    # by successive halving (the default with a grid): 12 x 400 (one seed) + 4 best steps x
+    # 400 (the second) + 4 stability rungs x 200; adamw 3 x 400 + 400, muon the same + 200;
+    # up to 8 + 2 more stability rungs where a larger step fails it; adaptive seeds: 4 x 400
+    text = apply_overrides(load_space("default"), ["hyperparams.step_grid=[0.5,1,2]"]).summary()
+    assert "successive halving: 1 seed at each step, the rest at the best" in text
+    assert "adamw 1,600, muon 1,800 = 10,600 steps (step halving)" in text
+    assert "up to 12,600 where a larger step fails the stability rung" in text
+    assert "+ up to 1,600 with adaptive seeds" in text
+
+
+def test_step_halving():
+    # Rule: on by default with a step grid; false trains every seed at every step; it
+    # round-trips, and is dumped only with a grid.
+    s = space(hyperparams={"step_grid": [0.5, 1, 2]})
+    assert s.hyperparams.step_halving and s.to_dict()["hyperparams"]["step_halving"] is True
+    full = space(hyperparams={"step_grid": [0.5, 1, 2], "step_halving": False})
+    assert type(full).from_dict(full.to_dict(), source="x").hyperparams.step_halving is False
+    assert "step_halving" not in space().to_dict()["hyperparams"]
+    # Rule: not a boolean, or without a grid: one line naming the key (and the allowed values).
+    with pytest.raises(SearchSpaceError) as e:
+        space(hyperparams={"step_grid": [1, 2], "step_halving": "yes"})
+    assert list(problems(e)) == ["hyperparams.step_halving"]
+    assert problems(e)["hyperparams.step_halving"].allowed == ["true", "false"]
+    with pytest.raises(SearchSpaceError) as e:
+        space(hyperparams={"step_halving": True})
+    assert list(problems(e)) == ["hyperparams.step_halving"] and "step_grid" in str(e.value)

@@ -29,7 +29,7 @@ LOSS = {"attn=stiefel,mlp=stiefel": {0.5: 3.05, 1: 3.0, 2: 3.06},
 
 
 def _grid_space(lr, **extra):
-    return make_space(TWO, repeats=2, hyperparams={"step_grid": GRID},
+    return make_space(TWO, repeats=2, hyperparams={"step_grid": GRID, "step_halving": False},
                       proxy={**TINY_PROXY, "spectral_lr": SHARED}, **extra)
 
 
@@ -106,7 +106,7 @@ def test_a_loss_pruned_point_at_the_shared_step_is_pruned_not_unstable(monkeypat
         return 4.0 if key == "attn=stiefel,mlp=stiefel" and round(config.spectral_lr, 6) == SHARED else 3.0
 
     use_train(monkeypatch, FakeTrain(losses=losses, with_config=True))
-    space = make_space(TWO, hyperparams={"step_grid": GRID}, proxy={**TINY_PROXY, "spectral_lr": SHARED},
+    space = make_space(TWO, hyperparams={"step_grid": GRID, "step_halving": False}, proxy={**TINY_PROXY, "spectral_lr": SHARED},
                        pruner={"loss": {"type": "median", "n_startup_trials": 1, "n_warmup_steps": 0}})
     search(space, tmp_path)
     stopped = next(t for t in trials_of(tmp_path)

@@ -37,7 +37,7 @@ def _logits(key, seed, config):
 
 
 def _grid_space(geometries=FOUR, **extra):
-    return make_space(geometries, repeats=2, hyperparams={"step_grid": GRID},
+    return make_space(geometries, repeats=2, hyperparams={"step_grid": GRID, "step_halving": False},
                       proxy={**TINY_PROXY, "spectral_lr": SHARED}, **extra)
 
 
