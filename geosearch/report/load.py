@@ -371,7 +371,8 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
     scores = point_scores(every)
     points = [_record(t, run_dir, rungs, scores.get(t.number)) for t in ran
               if SEED_OF not in t.user_attrs and BASELINE not in t.user_attrs]
-    baselines = [_record(t, run_dir, rungs) for t in ran if BASELINE in t.user_attrs]
+    baselines = [_record(t, run_dir, rungs) for t in ran  # not a step halving's seed trial of one
+                 if BASELINE in t.user_attrs and SEED_OF not in t.user_attrs]
     completed = [r.number for r in points + baselines if r.state == "completed"]
     return RunData(run_dir, where, study, points, threshold, source, attrs,
                    not_run=len(every) - len(ran), target=target if isinstance(target, dict) else None,

@@ -32,7 +32,14 @@ from geosearch.checks import finite_or_none
 from geosearch.search.horizon.forecast import Measured, Outlook, short_logit
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.stats.trials import trial_label
-from geosearch.search.records import BASELINE, LOGIT_SCALE, PROBE_HISTORY, PROXY, TARGET_LOGIT_SCALE
+from geosearch.search.records import (
+    BASELINE,
+    LOGIT_SCALE,
+    PROBE_HISTORY,
+    PROXY,
+    STABILITY_FROM,
+    TARGET_LOGIT_SCALE,
+)
 
 __all__ = ["StabilityRow", "stability_lines", "stability_record", "stability_rows"]
 
@@ -54,6 +61,9 @@ class StabilityRow:
             model or a scale is unknown).
         measured: The max logit its stability rung measured at the target's Σ η², in the
             target's logits; ``None`` without a stability rung (then ``outlook`` forecasts).
+        measured_by: With step halving, the trial at a larger step whose stability rung
+            stands for this one's (``measured`` is that rung's, which ends past this
+            trial's target Σ η²); ``None``: its own.
     """
 
     number: int
@@ -63,11 +73,17 @@ class StabilityRow:
     outlook: Outlook | None
     scale_ratio: float = 1.0
     measured: Measured | None = None
+    measured_by: int | None = None
 
     def text(self) -> str:
         """One line: the trial, what it measured, and its outlook."""
-        if self.measured is not None:
-            return f"{self.label} (trial {self.number}): {self.measured.text()}"
+        m = self.measured
+        if m is not None and self.measured_by is not None:
+            return (f"{self.label} (trial {self.number}): measured past your target's Σ η² by the "
+                    f"stability rung of trial {self.measured_by}, at a larger step (step halving): max "
+                    f"logit {short_logit(m.final)} (peak {short_logit(m.peak)}), below {m.threshold_text}")
+        if m is not None:
+            return f"{self.label} (trial {self.number}): {m.text()}"
         now = ("no max logit probed" if self.max_logit is None else
                f"max logit {short_logit(self.max_logit)}"
                + (f" at Σ η {self.sum_eta:.3g}" if self.sum_eta is not None else ""))
@@ -100,11 +116,15 @@ def stability_rows(study: optuna.Study, numbers: Iterable[int],
         last = probes[-1] if probes else {}
         base = t.user_attrs.get(BASELINE)
         proxy, target = (finite_or_none(t.user_attrs.get(k)) for k in (LOGIT_SCALE, TARGET_LOGIT_SCALE))
+        measured, by = pruner.measured(study, t), t.user_attrs.get(STABILITY_FROM)
+        if measured is None and isinstance(by, int) and by in by_number:  # step halving's
+            measured = pruner.measured(study, by_number[by])
         rows.append(StabilityRow(
             number=n, label=trial_label(t, proxy=record) if base else trial_label(t, hyperparams=False),
             max_logit=finite_or_none(last.get("max_logit")), sum_eta=finite_or_none(last.get("sum_eta")),
             outlook=pruner.outlook(study, t),
-            scale_ratio=target / proxy if proxy and target else 1.0, measured=pruner.measured(study, t)))
+            scale_ratio=target / proxy if proxy and target else 1.0, measured=measured,
+            measured_by=by if measured is not None and isinstance(by, int) else None))
     return rows
 
 
@@ -128,6 +148,8 @@ def stability_record(row: StabilityRow) -> dict[str, Any]:
     if m is not None:
         record["measured"] = {"final": m.final, "peak": m.peak, "threshold": m.threshold,
                               "verdict": m.verdict, "crossed_at_step": m.crossed_at, "text": m.text()}
+        if row.measured_by is not None:
+            record["measured"] |= {"by_trial": row.measured_by, "text": row.text()}
     o = row.outlook
     if o is not None:
         record |= {"forecast": o.forecast.value, "low": o.forecast.low, "high": o.forecast.high,

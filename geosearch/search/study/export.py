@@ -33,6 +33,7 @@ from geosearch.search.records import (
     NOT_RUN,
     PROXY,
     RULES,
+    SEED_OF,
     SEEDS,
     SPACE,
     STEP_FACTOR,
@@ -116,9 +117,9 @@ def optuna_best_note(study: optuna.Study, ranking: Ranking) -> list[str]:
 
 def outlook_numbers(study: optuna.Study, ranking: Ranking) -> list[int]:
     """The trials whose stability outlook is shown: the ranked ones, then the completed
-    baselines."""
+    baselines (not their step halving's seed trials: their stability is the baseline's)."""
     baselines = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                 if t.user_attrs.get(BASELINE)]
+                 if t.user_attrs.get(BASELINE) and SEED_OF not in t.user_attrs]
     return [r.number for r in ranking.rows] + baselines
 
 

@@ -20,7 +20,9 @@ from geosearch.search.records import (
     STEP_FACTOR,
     trial_status,
 )
+from geosearch.search.horizon.outlook import stability_rows
 from geosearch.search.runtime.storage import open_run_study
+from geosearch.search.space.spec import study_pruner
 from geosearch.search.stats.ranking import rank_study
 from geosearch.search.study.baselines import baseline_table
 
@@ -142,3 +144,11 @@ def test_a_stability_pass_at_a_larger_step_stands_for_the_smaller_ones(monkeypat
     assert {(t.params["geometry.attn"], t.params[STEP_FACTOR]) for t in promoted} <= {
         ("stiefel", 0.5), ("stiefel", 1.0), ("stiefel", 2.0), ("dgram", 0.5), ("dgram", 1.0)}
     assert len(promoted) == 2
+    # Rule: the stability outlook of a step that took a larger step's pass says so, with
+    # that rung's measurement (past its own target's Σ η²).
+    study = open_run_study(tmp_path / "runs" / "t")
+    small, large = points["stiefel", 0.5], points["stiefel", 2.0]
+    inherited, own = stability_rows(study, [small.number, large.number], study_pruner(study))
+    assert inherited.measured_by == large.number and own.measured_by is None
+    assert inherited.measured == own.measured
+    assert f"by the stability rung of trial {large.number}, at a larger step" in inherited.text()
