@@ -190,37 +190,45 @@ def plan_line(space: SearchSpace, rungs: Sequence[Rung]) -> str:
 
 
 def _halving_plan(space: SearchSpace, rungs: Sequence[Rung], points: int, stability: int) -> str:
-    """:func:`plan_line` of a step grid searched by successive halving: one seed at every
-    step, the other ``repeats - 1`` at the top rung for each assignment's (and baseline's)
-    best step, the stability rung at the largest step (the smaller ones train their own only
-    where a larger one fails it: the "up to")."""
+    """:func:`plan_line` of a step grid searched by successive halving: every seed at the
+    shared step, one seed at the others, the rest at the top rung for each assignment's
+    (and baseline's) best step where that is not the shared one (the first "up to"); the
+    stability rung at the largest step, the smaller ones training their own only where a
+    larger one fails it (the second)."""
     factors = len(baseline_factors(space))
     assignments = math.ceil(points / factors)
-    more = space.repeats - 1
+    seeds, lower = space.repeats, space.ladder.lower_seeds
+    full = sum(r.steps * len(rung_seeds(range(seeds), r, rungs[-1], lower)) for r in rungs)
     one = sum(r.steps for r in rungs)  # a point's first seed, every rung
-    promote = more * rungs[-1].steps
-    parts = [f"{points} points (assignment x step) x 1 seed x {len(rungs)} rung(s) ({one:,} steps each)"]
-    if more:
-        parts.append(f"the best step of each of {assignments} assignments x {more} more seed(s) "
-                     f"({promote:,} each)")
+    promote = (seeds - 1) * rungs[-1].steps
+    parts = [f"{assignments} points at the shared step x {seeds} seed(s) ({full:,} steps each)",
+             f"{points - assignments} at the other steps x 1 seed ({one:,} each)"]
     if stability:
-        parts.append(f"the stability rung at each one's largest step ({stability:,} steps, 1 seed)")
-    total = points * one + assignments * (promote + stability)
-    spare = (points - assignments) * stability  # every smaller step training its own
+        parts.append(f"the stability rung at each assignment's largest step ({stability:,} steps, 1 seed)")
+    total = assignments * (full + stability) + (points - assignments) * one
+    best, spare = assignments * promote, (points - assignments) * stability
     runs = []
     for name in space.baselines:
         own = baseline_rungs(name, rungs)
         stab = 0 if BASELINES[name].rung0_only else stability
-        b = factors * sum(r.steps for r in own) + more * own[-1].steps + stab
+        b_full = sum(r.steps * len(rung_seeds(range(seeds), r, rungs[-1], lower)) for r in own)
+        b = b_full + (factors - 1) * sum(r.steps for r in own) + stab
         total += b
+        best += (seeds - 1) * own[-1].steps
         spare += (factors - 1) * stab
         runs.append(f"{name} {b:,}")
     if runs:
         parts.append(f"baselines (reported, never exported; halved over the {factors} steps as the "
                      f"points) {', '.join(runs)}")
-    extra = max(0, (space.max_repeats or space.repeats) - space.repeats) * rungs[-1].steps
-    worst = f"; up to {total + spare:,} where a larger step fails the stability rung" if spare else ""
-    worst += (f"; + up to {assignments * extra:,} with adaptive seeds (max_repeats {space.max_repeats}, "
-              "at the top rung)" if extra else "")
-    return f"  trains: {' + '.join(parts)} = {total:,} steps (step halving){worst}"
-
+    more = []
+    if best and seeds > 1:
+        more.append(f"+ up to {best:,} where a best step is not the shared one (its other {seeds - 1} "
+                    f"seed(s) at the top rung)")
+    if spare:
+        more.append(f"+ up to {spare:,} where a larger step fails the stability rung")
+    extra = max(0, (space.max_repeats or seeds) - seeds) * rungs[-1].steps
+    if extra:
+        more.append(f"+ up to {assignments * extra:,} with adaptive seeds (max_repeats {space.max_repeats}, "
+                    "at the top rung)")
+    return (f"  trains: {' + '.join(parts)} = {total:,} steps (step halving)"
+            + (f"; {'; '.join(more)}" if more else ""))

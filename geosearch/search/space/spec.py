@@ -305,7 +305,7 @@ class SearchSpace:
             steps = ", ".join(f"{self.proxy.spectral_lr * f:.3g}" for f in self.hyperparams.step_grid)
             hp.append(f"spectral_lr in {{{steps}}} (step grid x{', x'.join(f'{f:g}' for f in self.hyperparams.step_grid)} "
                       "of the shared step: ranked at the shared step and at each assignment's own best"
-                      + ("; successive halving: 1 seed at each step, the rest at the best)"
+                      + ("; successive halving: every seed at the shared step, 1 at the others, the rest at the best)"
                          if self.hyperparams.step_halving else "; every seed at every step)"))
         p = self.proxy
         seeds = f"{self.repeats} seed(s) each" + (

@@ -11,8 +11,8 @@ into trial ``n``'s score. Every step is keyed, so a rerun, a second process or a
 study queues nothing twice, and a (point, seed) that two processes queued at once trains
 once (:func:`seed_twin_of`). With a step grid searched by successive halving
 (``hyperparams.step_halving``), a round of promotions comes first (:func:`queue_halving`):
-every point and tuned baseline trained one seed, and the best step of each assignment (and
-of each baseline) gets the rest of ``repeats``, as seed trials; a trial's stability rung is
+every point and tuned baseline trained one seed away from the shared step, and the best
+step of each assignment (and of each baseline) gets the rest of ``repeats``, as seed trials; a trial's stability rung is
 taken from a larger step of the same assignment that passed it (:func:`passed_above`). The
 rules are in ``docs/design.md`` ("Adaptive seeds", "Step halving").
 """
@@ -85,7 +85,7 @@ def queue_extras(study: optuna.Study, space: SearchSpace, echo: Callable[[str], 
         return False
     promoted = queue_halving(study, space)
     if promoted:
-        echo(f"step halving: the other {space.repeats - 1} seed(s) for each assignment's best step: "
+        echo("step halving: the other seed(s) for each best step that is not the shared one: "
              + ", ".join(promoted))
         return True
     plan = study_seed_plan(study, rank_study(study))
@@ -104,12 +104,14 @@ def extra_plan(trial: optuna.Trial, seeds: list[int], rungs: Sequence[Rung], *,
     """The seeds and rungs ``trial`` trains, given the study's: a seed trial its seeds at
     its top rung, a baseline its rungs (:func:`~geosearch.search.study.baselines.baseline_rungs`),
     a point of the space all of them; with ``halving`` (:func:`halving`) a point or a
-    baseline trains the first seed only (:func:`queue_halving` gives the best step the rest)."""
+    baseline away from the shared step (step factor 1) trains the first seed only
+    (:func:`queue_halving` gives the best step the rest)."""
     ua = trial.user_attrs
     if SEED_OF in ua:
         own = baseline_rungs(ua[BASELINE], rungs) if BASELINE in ua else rungs
         return [int(s) for s in ua[SEEDS]], list(own[-1:])
-    first = list(seeds[:1]) if halving else list(seeds)
+    factor = float(trial.params.get(STEP_FACTOR, ua.get(STEP_FACTOR, 1.0)))
+    first = list(seeds[:1]) if halving and factor != 1 else list(seeds)
     if BASELINE in ua:
         return first, baseline_rungs(ua[BASELINE], rungs)
     return first, list(rungs)
@@ -145,16 +147,17 @@ def passed_above(study: optuna.Study, trial: optuna.Trial, factor: float) -> int
 
 def queue_halving(study: optuna.Study, space: SearchSpace) -> list[str]:
     """Step halving's promotions: once every point and baseline has trained its first seed
-    at each step, queue the other ``repeats - 1`` seeds (one seed trial, attrs ``seed_of``,
-    ``seeds``) for the best completed step of each assignment and of each baseline, the
-    best on the seed they share (:func:`~geosearch.search.stats.scores.best_on_shared_seeds`).
-    A step whose promotion is queued, running or done is not promoted again.
+    at each step (every seed at the shared step, whose answer keeps its intervals), queue
+    the seeds it lacks (one seed trial, attrs ``seed_of``, ``seeds``) for the best completed
+    step of each assignment and of each baseline, the best on the seed they share
+    (:func:`~geosearch.search.stats.scores.best_on_shared_seeds`): nothing when that is the
+    shared step. A step whose promotion is queued, running or done is not promoted again.
 
     Returns:
         What was promoted, in words (``"trial 7 (x0.5)"``); empty when nothing was.
     """
-    rest = [space.proxy.seed + r for r in range(1, space.repeats)]
-    if not halving(space) or not rest:
+    every = [space.proxy.seed + r for r in range(space.repeats)]
+    if not halving(space) or len(every) < 2:
         return []
     trials = study.get_trials(deepcopy=False)
     promoted = {t.user_attrs.get(SEED_OF) for t in trials
@@ -170,6 +173,9 @@ def queue_halving(study: optuna.Study, space: SearchSpace) -> list[str]:
         if best is None or best in promoted:
             continue
         t = next(x for x in ts if x.number == best)
+        rest = [seed for seed in every if seed not in (t.user_attrs.get(SEEDS) or [])]
+        if not rest:  # the shared step: trained with every seed
+            continue
         marks = {SEED_OF: best, SEEDS: rest}
         if BASELINE in t.user_attrs:
             marks |= {BASELINE: t.user_attrs[BASELINE], STEP_FACTOR: t.user_attrs.get(STEP_FACTOR)}

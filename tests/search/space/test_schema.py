@@ -379,13 +379,17 @@ def test_header_counts_the_baselines_at_each_factor_of_a_step_grid():
             "muon 3,000 (3 x 1,000)") in text
     assert "12 points (assignment x step)" in text and "= 17,400 steps" in text
     assert "every seed at every step" in text
-    # by successive halving (the default with a grid): 12 x 400 (one seed) + 4 best steps x
-    # 400 (the second) + 4 stability rungs x 200; adamw 3 x 400 + 400, muon the same + 200;
-    # up to 8 + 2 more stability rungs where a larger step fails it; adaptive seeds: 4 x 400
+    # by successive halving (the default with a grid): 4 shared-step points x 800 (both
+    # seeds) + 8 others x 400 (one) + 4 stability rungs x 200; adamw 800 + 2 x 400, muon the
+    # same + 200; up to 6 promotions x 400 where a best step is not the shared one, 8 + 2
+    # more stability rungs where a larger step fails it; adaptive seeds: 4 x 400
     text = apply_overrides(load_space("default"), ["hyperparams.step_grid=[0.5,1,2]"]).summary()
-    assert "successive halving: 1 seed at each step, the rest at the best" in text
+    assert "successive halving: every seed at the shared step, 1 at the others, the rest at the best" in text
+    assert ("4 points at the shared step x 2 seed(s) (800 steps each) + 8 at the other steps x 1 seed "
+            "(400 each)") in text
     assert "adamw 1,600, muon 1,800 = 10,600 steps (step halving)" in text
-    assert "up to 12,600 where a larger step fails the stability rung" in text
+    assert "+ up to 2,400 where a best step is not the shared one" in text
+    assert "+ up to 2,000 where a larger step fails the stability rung" in text
     assert "+ up to 1,600 with adaptive seeds" in text
 
 
