@@ -119,8 +119,8 @@ class Run:
 
 
 def proxy_space(args: argparse.Namespace) -> SearchSpace:
-    """paper.yaml at the benchmark's proxy scale."""
-    overrides = {"proxy.device": args.device}
+    """paper.yaml at the benchmark's proxy scale, at its shared step (no step grid)."""
+    overrides = {"proxy.device": args.device, "hyperparams.step_grid": None}
     if args.solver:
         overrides["proxy.solver"] = args.solver
     return apply_overrides(load_space("paper"), overrides, model=args.model, steps=args.steps,

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     header_machine = machine()
 
-    overrides = {"proxy.device": args.device}
+    overrides = {"proxy.device": args.device, "hyperparams.step_grid": None}  # one shared step
     if args.spectral_lr is not None:
         overrides["proxy.spectral_lr"] = args.spectral_lr
     space = apply_overrides(load_space(args.space), overrides, model=args.model, steps=args.steps,

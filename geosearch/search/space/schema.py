@@ -382,10 +382,7 @@ class _Parser(SchemaReader):
                 self.error("hyperparams.step_halving", "expected true (successive halving over the "
                            "step grid) or false (every seed at every step), got "
                            f"{shown(h['step_halving'])}", ["true", "false"])
-            elif h.get("step_grid") is None:
-                self.error("hyperparams.step_halving", "applies to hyperparams.step_grid, which this "
-                           "space does not set: give a step grid, or drop this key")
-            else:
+            else:  # without a grid it has nothing to halve (--set hyperparams.step_grid=null)
                 halving = h["step_halving"]
         return Hyperparams(spectral_lr=spectral, lr=lr, step_grid=grid, step_halving=halving)
 

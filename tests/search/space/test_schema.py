@@ -401,11 +401,13 @@ def test_step_halving():
     full = space(hyperparams={"step_grid": [0.5, 1, 2], "step_halving": False})
     assert type(full).from_dict(full.to_dict(), source="x").hyperparams.step_halving is False
     assert "step_halving" not in space().to_dict()["hyperparams"]
-    # Rule: not a boolean, or without a grid: one line naming the key (and the allowed values).
+    # Rule: not a boolean: one line naming the key and the allowed values.
     with pytest.raises(SearchSpaceError) as e:
         space(hyperparams={"step_grid": [1, 2], "step_halving": "yes"})
     assert list(problems(e)) == ["hyperparams.step_halving"]
     assert problems(e)["hyperparams.step_halving"].allowed == ["true", "false"]
-    with pytest.raises(SearchSpaceError) as e:
-        space(hyperparams={"step_halving": True})
-    assert list(problems(e)) == ["hyperparams.step_halving"] and "step_grid" in str(e.value)
+    # Rule: a space whose grid is removed (--set hyperparams.step_grid=null) keeps its key
+    # without effect: one answer, at the shared step.
+    from geosearch.search.space.spec import apply_overrides, load_space
+    shared = apply_overrides(load_space("paper"), ["hyperparams.step_grid=null"])
+    assert shared.grid_size() == 4 and "step_halving" not in shared.to_dict()["hyperparams"]

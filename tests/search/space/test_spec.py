@@ -30,10 +30,12 @@ def test_shipped_spaces_load_by_name():
     # Rule: every shipped space loads by name and the names are listed.
     assert space_names() == ["default", "full", "llama", "paper"]
     default, paper, full = load_space("default"), load_space("paper"), load_space("full")
-    # Rule: default and paper are attention x MLP over {stiefel, dgram}, searched exhaustively.
-    for s in (default, paper):
-        assert s.categorical_choices() == {"geometry.attn": ["stiefel", "dgram"], "geometry.mlp": ["stiefel", "dgram"]}
-        assert s.grid_size() == 4 and s.sampler_type() == "grid"
+    # Rule: default and paper are attention x MLP over {stiefel, dgram}, searched exhaustively;
+    # paper also at each assignment's own step (a grid around the study's shared one, halved).
+    four = {"geometry.attn": ["stiefel", "dgram"], "geometry.mlp": ["stiefel", "dgram"]}
+    assert default.categorical_choices() == four and default.grid_size() == 4
+    assert paper.categorical_choices() == four | {"step_factor": [0.5, 1.0, 2.0]} and paper.grid_size() == 12
+    assert paper.hyperparams.step_halving and {default.sampler_type(), paper.sampler_type()} == {"grid"}
     # Rule: the default space is CPU-sized: the mini proxy, two seeds (a spread), a few hundred steps.
     assert default.proxy.model == "mini" and default.repeats == 2
     assert 150 <= default.proxy.steps <= 500 and default.name == "default"
