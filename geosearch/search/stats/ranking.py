@@ -33,12 +33,11 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import TYPE_CHECKING
 
 import optuna
-from optuna.trial import FrozenTrial
 
-from geosearch.search.records import PROXY, STEP_FACTOR, UNSTABLE, is_extra, trial_status
+from geosearch.search.records import STEP_FACTOR
 
 from geosearch.search.stats.blocked import BlockedFit, blocked_fit
 from geosearch.search.stats.seeding import max_seeds, study_seed_plan
@@ -48,13 +47,15 @@ from geosearch.search.stats.scores import (
     Noise,
     Point,
     Score,
-    best_on_shared_seeds,
     compare,
     detectable_gap,
     main_effects,
     seed_noise,
 )
 from geosearch.search.stats.trials import point_scores, trial_factors, trial_label
+
+if TYPE_CHECKING:  # pragma: no cover - steps builds on this module
+    from geosearch.search.stats.steps import StepAnswers
 
 __all__ = [
     "ORDER_RECORD",
@@ -64,7 +65,6 @@ __all__ = [
     "RankedTrial",
     "Ranking",
     "Sensitivity",
-    "StepAnswers",
     "compare_scores",
     "rank_scores",
     "rank_study",
@@ -250,65 +250,6 @@ class Ranking:
     steps: StepAnswers | None = None
 
 
-@dataclass(frozen=True)
-class StepAnswers:
-    """The two answers of a space with a step grid (``hyperparams.step_grid``): the
-    :class:`Ranking` that holds this is each assignment at its own best step (the exported
-    answer); ``shared`` is the points at the shared step, ranked as a space without a grid
-    would be.
-
-    Attributes:
-        shared_step: ``proxy.spectral_lr`` (``None``: not recorded; the factors are shown).
-        shared: the ranking of the points at factor 1.
-        factors: trial number -> its factor, for every ranked trial of both rankings.
-        grid: the grid's factors seen among the points, ascending.
-        unstable_shared: ``(label, trial at the shared step, own step's trial)`` for each
-            assignment pruned as unstable at the shared step and completed at another (one
-            a loss pruner stopped there is ``pruned``, not unstable, and is not here).
-        effects: ``(factor, at the shared step or None, at own best steps)`` per main effect
-            of the own-step ranking.
-    """
-
-    shared_step: float | None
-    shared: Ranking
-    factors: Mapping[int, float]
-    grid: tuple[float, ...]
-    unstable_shared: tuple[tuple[str, int, int], ...] = ()
-    effects: tuple[tuple[str, MainEffect | None, MainEffect], ...] = ()
-
-    def step(self, number: int) -> str:
-        """Trial ``number``'s spectral step in words: ``"0.04"`` (``"x2"`` without the shared
-        step)."""
-        f = self.factors[number]
-        return f"{self.shared_step * f:.3g}" if self.shared_step else f"x{f:g}"
-
-    def at_the_end(self, number: int) -> bool:
-        """Whether trial ``number``'s factor is the grid's smallest or largest but not 1: as
-        an assignment's best step it is not bracketed (a step past it may be better)."""
-        f = self.factors[number]
-        return f != 1 and f in (self.grid[0], self.grid[-1])
-
-    def effect_lines(self) -> list[str]:
-        """Per main effect: whether it survives the tuning, with both intervals."""
-        out = []
-        for _, shared, own in self.effects:
-            if own.decisive and shared is not None and shared.decisive:
-                word = ("survives the tuning" if shared.better == own.better else
-                        "reverses with the tuning")
-            elif own.decisive and shared is not None and shared.half_width is None:
-                word = "is decisive at each assignment's own best step; at the shared step not judged (no spread)"
-            elif own.decisive:
-                word = "appears only with each assignment at its own best step"
-            elif shared is not None and shared.decisive:
-                word = "does not survive the tuning"
-            else:
-                word = "within noise at both"
-            at_shared = shared.body() if shared is not None else "not measured (no matched pairs)"
-            out.append(f"{own.name} {word}: at the shared step, {at_shared}; at each one's own "
-                       f"best step, {own.body()}")
-        return out
-
-
 def rank_scores(entries: Iterable[tuple[int, str, Score]],
                 points: Mapping[int, Point] | None = None, *, blocked: bool = True,
                 state_effects: bool = True) -> Ranking:
@@ -352,7 +293,9 @@ def rank_study(study: optuna.Study) -> Ranking:
     scores = point_scores(trials)
     done = [t for t in trials if t.number in scores]
     if any(STEP_FACTOR in t.params for t in done):
-        ranking = _step_ranking(study, trials, done, scores)
+        from geosearch.search.stats.steps import step_ranking  # it builds on this module
+
+        ranking = step_ranking(study, trials, done, scores)
     else:
         ranking = rank_scores([(t.number, trial_label(t), scores[t.number]) for t in done],
                               {t.number: trial_factors(t) for t in done})
@@ -365,66 +308,6 @@ def rank_study(study: optuna.Study) -> Ranking:
     note = (f"adaptive seeds (up to {max_seeds(study)} per assignment) {state}: {plan.reason}; "
             f"seeds per contender: {seeds}")
     return dataclasses.replace(ranking, verdict=f"{ranking.verdict}; {note}")
-
-
-def _step_ranking(study: optuna.Study, trials: list[FrozenTrial], done: list[FrozenTrial],
-                  scores: Mapping[int, Score]) -> Ranking:
-    """The two answers of a step grid (:class:`StepAnswers`): the points at the shared step
-    (factor 1) ranked as without a grid, and each assignment at its own best step (the
-    factor of lowest mean final val loss among its completed points, on the seeds they all
-    ran: :func:`~geosearch.search.stats.scores.best_on_shared_seeds`) ranked by the same
-    rule, its main effects matched across steps; the verdict gives both, the main effects
-    side by side, the assignments unstable at the shared step and stable at their own, and
-    which answer is exported (the own-step one)."""
-    points = {t.number: trial_factors(t) for t in done}
-    factors = {t.number: float(t.params.get(STEP_FACTOR, 1.0)) for t in done}
-    shared_lr = (study.user_attrs.get(PROXY) or {}).get("spectral_lr")
-    shared_lr = float(shared_lr) if isinstance(shared_lr, (int, float)) and shared_lr > 0 else None
-    groups: dict[Hashable, list[FrozenTrial]] = {}
-    for t in done:
-        groups.setdefault(_assignment_key(points[t.number]), []).append(t)
-    # the best step on the seeds all its steps ran: a step given more seeds afterwards
-    # (successive halving's promotion, adaptive seeds) keeps the choice they were given for
-    chosen = {k: best_on_shared_seeds((t.number, scores[t.number]) for t in ts) for k, ts in groups.items()}
-    best = {k: next(t for t in ts if t.number == chosen[k]) for k, ts in groups.items()}
-    answers = StepAnswers(shared_lr, Ranking([], [], ""), factors, tuple(sorted(set(factors.values()))))
-    shared = rank_scores([(t.number, trial_label(t, hyperparams=False), scores[t.number])
-                          for t in done if factors[t.number] == 1],
-                         {t.number: points[t.number] for t in done}, state_effects=False)
-    own = rank_scores(
-        [(t.number, f"{trial_label(t, hyperparams=False)} at step {answers.step(t.number)}", scores[t.number])
-         for t in best.values()],
-        {t.number: Point(points[t.number].levels, _assignment_key(points[t.number])[1]) for t in best.values()},
-        state_effects=False)
-    unstable = []
-    for t in trials:  # unstable at the shared step (a loss pruner's prune is not), completed at another
-        if t.params.get(STEP_FACTOR) in (1, 1.0) and not is_extra(t) and trial_status(t) == UNSTABLE:
-            key = _assignment_key(trial_factors(t))
-            other = best.get(key)
-            if other is not None and all(factors[x.number] != 1 for x in groups[key]):
-                unstable.append((trial_label(t, hyperparams=False), t.number, other.number))
-    matched = {(e.factor, frozenset((e.better, e.worse))): e for e in shared.effects}
-    effects = tuple((e.factor, matched.get((e.factor, frozenset((e.better, e.worse)))), e) for e in own.effects)
-    answers = dataclasses.replace(answers, shared=shared, unstable_shared=tuple(unstable), effects=effects)
-    at = f"the shared step {shared_lr:g}" if shared_lr else "the shared step (x1)"
-    parts = [f"at {at}: {shared.verdict}", f"each assignment at its own best step: {own.verdict}"]
-    ends = [r for r in own.rows if answers.at_the_end(r.number)]
-    if ends:
-        parts.append("best at the grid's end, so not bracketed (a step past it may be better): "
-                     + ", ".join(f"trial {r.number} ({answers.step(r.number)})" for r in ends))
-    parts += [f"{label}: unstable at the shared step (trial {n}), stable at its own (step "
-              f"{answers.step(m)}, trial {m})" for label, n, m in unstable]
-    parts += answers.effect_lines()
-    parts.append("exported: the answer at each assignment's own best step, with that step "
-                 "(its spectral_lr) in the file's settings")
-    return dataclasses.replace(own, verdict="; ".join(parts), steps=answers)
-
-
-def _assignment_key(point: Point) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
-    """An assignment of a step grid's point: its geometries and any other searched value,
-    the step factor left out."""
-    rest = tuple(kv for kv in point.rest if kv[0] != STEP_FACTOR) if isinstance(point.rest, tuple) else point.rest
-    return tuple(sorted(point.levels.items())), rest
 
 
 def _pairs(rows: list[RankedTrial], fit: BlockedFit | None) -> tuple[PairGap, ...]:
