@@ -23,7 +23,7 @@ __all__ = [
     "SIGMA_MAX", "SPACE", "STATUS", "STEP_FACTOR", "STOP_STEP", "TARGET", "TARGET_LOGIT_SCALE",
     "TARGET_STEPS", "TARGET_SUM_ETA", "TOKENS_PER_S", "TRIAL_DIR", "VAL_LOSSES",
     "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER", "SEED_OF", "BASELINE", "RUNG_INDICES",
-    "STABILITY", "STABILITY_RUN", "STABILITY_PROBES", "STABILITY_PASSED", "STABILITY_FROM",
+    "STABILITY", "STABILITY_RUN", "STABILITY_PROBES", "STABILITY_PASSED_AT", "STABILITY_FROM",
     "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
     "COMPLETED", "UNSTABLE", "PRUNED", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING", "DUPLICATE",
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
@@ -80,7 +80,7 @@ RUNG_PROBES = "rung_probes"
 PRUNED_RUNG = "pruned_rung"
 STABILITY_RUN = "stability_run"  # true while the stability rung trains: judged at the target
 STABILITY_PROBES = "stability_probes"  # the stability rung's probe_history rows
-STABILITY_PASSED = "stability_passed_at"  # the step factor whose stability rung this trial passed
+STABILITY_PASSED_AT = "stability_passed_at"  # the step factor whose stability rung this trial passed
 STABILITY_FROM = "stability_from"  # step halving: the trial at a larger step whose pass stands for this one
 # bookkeeping
 WORKER = "worker"
@@ -99,7 +99,7 @@ TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE
                SIGMA_MAX, TARGET_SUM_ETA, TARGET_STEPS, LOGIT_SCALE, TARGET_LOGIT_SCALE,
                RUNG_LOSSES, RUNG_PROBES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
                RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES, SEED_OF, BASELINE, RUNG_INDICES,
-               STABILITY_RUN, STABILITY_PROBES, STABILITY_PASSED, STABILITY_FROM,
+               STABILITY_RUN, STABILITY_PROBES, STABILITY_PASSED_AT, STABILITY_FROM,
                STEP_FACTOR)
 
 PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")

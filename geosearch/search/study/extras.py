@@ -39,7 +39,7 @@ from geosearch.search.records import (
     RUNNING,
     SEED_OF,
     SEEDS,
-    STABILITY_PASSED,
+    STABILITY_PASSED_AT,
     STEP_FACTOR,
     WAITING,
     is_extra,
@@ -138,7 +138,7 @@ def passed_above(study: optuna.Study, trial: optuna.Trial, factor: float) -> int
     "Step halving", checked on the stored long runs)."""
     group = _step_group(trial)
     for t in study.get_trials(deepcopy=False):
-        at = t.user_attrs.get(STABILITY_PASSED)
+        at = t.user_attrs.get(STABILITY_PASSED_AT)
         if (t.number != trial.number and isinstance(at, (int, float)) and at > factor
                 and SEED_OF not in t.user_attrs and _step_group(t) == group):
             return t.number

@@ -80,7 +80,7 @@ from geosearch.search.records import (
     STEP_FACTOR,
     SKIPPED,
     STABILITY_FROM,
-    STABILITY_PASSED,
+    STABILITY_PASSED_AT,
     STABILITY_PROBES,
     STABILITY_RUN,
     STATUS,
@@ -466,7 +466,7 @@ class Searcher:
         trial.set_user_attr(STABILITY_PROBES, list(rows))
         trial.set_user_attr(STABILITY_RUN, False)
         if result.status == "completed":
-            trial.set_user_attr(STABILITY_PASSED, suggestion.step_factor)
+            trial.set_user_attr(STABILITY_PASSED_AT, suggestion.step_factor)
         return result
 
     def _stability_stopped(self, trial: optuna.Trial, result: TrainResult) -> int:

@@ -16,7 +16,7 @@ from geosearch.search.records import (
     SEED_OF,
     SEEDS,
     STABILITY_FROM,
-    STABILITY_PASSED,
+    STABILITY_PASSED_AT,
     STEP_FACTOR,
     trial_status,
 )
@@ -135,12 +135,12 @@ def test_a_stability_pass_at_a_larger_step_stands_for_the_smaller_ones(monkeypat
     # Rule: the largest step trains the stability rung first; a pass there stands for the
     # smaller steps (stability_from), a failure makes the next step train its own.
     assert [k for k, _ in stability] == [DGRAM, DGRAM, STIEFEL]
-    assert points["stiefel", 2.0].user_attrs[STABILITY_PASSED] == 2.0
+    assert points["stiefel", 2.0].user_attrs[STABILITY_PASSED_AT] == 2.0
     for f in (0.5, 1.0):
         assert trials[points["stiefel", f].user_attrs[STABILITY_FROM]].params[STEP_FACTOR] == 2.0
-        assert STABILITY_PASSED not in points["stiefel", f].user_attrs
-    assert trial_status(points["dgram", 2.0]) == "unstable" and STABILITY_PASSED not in points["dgram", 2.0].user_attrs
-    assert points["dgram", 1.0].user_attrs[STABILITY_PASSED] == 1.0
+        assert STABILITY_PASSED_AT not in points["stiefel", f].user_attrs
+    assert trial_status(points["dgram", 2.0]) == "unstable" and STABILITY_PASSED_AT not in points["dgram", 2.0].user_attrs
+    assert points["dgram", 1.0].user_attrs[STABILITY_PASSED_AT] == 1.0
     assert trials[points["dgram", 0.5].user_attrs[STABILITY_FROM]] is points["dgram", 1.0]
     # Rule: the unstable step takes no part in the promotion, and the shared step, which
     # trained both seeds, is never promoted.
