@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from geosearch.lazy import lazy_getattr
-
-__version__ = "0.1.0"
+from geosearch.util.lazy import lazy_getattr
+from geosearch.util.version import __version__
 
 # name -> module that defines it; imported on first use so `geosearch --help` stays fast
 # and importing the package does not pull in torch until it is needed.
@@ -25,8 +24,8 @@ _EXPORTS = {
     "ManifoldMuon": "geosearch.optim",
     "get_manifold": "geosearch.manifolds",
     "manifold_names": "geosearch.manifolds",
-    "GeosearchError": "geosearch.errors",
-    "ConfigError": "geosearch.errors",
+    "GeosearchError": "geosearch.util.errors",
+    "ConfigError": "geosearch.util.errors",
     "objective": "geosearch.search.study.optimize",
 }
 
@@ -38,7 +37,7 @@ __getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment, load_assignment
-    from geosearch.errors import ConfigError, GeosearchError
+    from geosearch.util.errors import ConfigError, GeosearchError
     from geosearch.manifolds import get_manifold, manifold_names
     from geosearch.build import build_optimizer
     from geosearch.optim import ManifoldMuon

@@ -1,7 +1,7 @@
 """Assignments: which geometry each module type is trained with.
 
 An :class:`Assignment` maps module types (``attn_qkv``, ``mlp_in``... see
-:mod:`geosearch.modules`) to geometries (a manifold name, or ``"adamw"``), with optional
+:mod:`geosearch.rules.modules`) to geometries (a manifold name, or ``"adamw"``), with optional
 per-type optimizer options, global optimizer settings, the name rules that find each
 type's weights, and free-form provenance (the study, proxy and score it came from). It is
 what a search exports and what :func:`geosearch.build_optimizer` reads: the file alone
@@ -22,7 +22,7 @@ The YAML form (schema version 1), written by :meth:`Assignment.save`::
 Files without ``settings`` (written before it existed) load unchanged.
 
 A rules list has entries ``{type, pattern, family, split, layout}`` (the fields of
-:class:`geosearch.modules.ModuleRule`; ``split`` and ``layout`` optional).
+:class:`geosearch.rules.modules.ModuleRule`; ``split`` and ``layout`` optional).
 
 Example:
     >>> a = Assignment.parse("attn=stiefel,mlp=dgram")
@@ -42,9 +42,9 @@ from typing import Any
 
 import yaml
 
-from geosearch.errors import ConfigError
-from geosearch.frozen import FrozenMap, freeze, thaw
-from geosearch.modules import (
+from geosearch.util.errors import ConfigError
+from geosearch.util.frozen import FrozenMap, freeze, thaw
+from geosearch.rules.modules import (
     ModuleRule,
     check_rules,
     family_types,
@@ -55,7 +55,7 @@ from geosearch.modules import (
 )
 from geosearch.optim import settings as catalog
 from geosearch.optim.settings import option_keys
-from geosearch.yaml_io import load_yaml, parse_yaml
+from geosearch.util.yaml_io import load_yaml, parse_yaml
 
 __all__ = ["Assignment", "SCHEMA_VERSION", "geometry_names", "load_assignment"]
 
@@ -82,7 +82,7 @@ class Assignment:
     Constructing one validates it once and normalises it (option and setting values
     checked against :mod:`geosearch.optim.settings`); it cannot be changed afterwards
     (its mappings are read-only; use :func:`dataclasses.replace` for a changed copy).
-    Errors are :class:`~geosearch.errors.ConfigError` naming the key path and the
+    Errors are :class:`~geosearch.util.errors.ConfigError` naming the key path and the
     allowed values.
 
     Attributes:
@@ -90,7 +90,7 @@ class Assignment:
             Every module type of the rule set must be covered.
         options: module type (or shorthand) -> options for that type, e.g. ``{"lr": 0.01}``
             (see :func:`option_keys`). They override every global setting.
-        rules: a rule-set name (see :mod:`geosearch.modules`) or a tuple of rules.
+        rules: a rule-set name (see :mod:`geosearch.rules.modules`) or a tuple of rules.
         provenance: free-form plain data (strings, numbers, lists, mappings): study, proxy,
             score, date... (read-only: mappings and tuples).
         settings: global optimizer settings (names of
@@ -151,7 +151,7 @@ class Assignment:
     def with_rules(self, rules: str | Sequence[ModuleRule]) -> Assignment:
         """This assignment for another rule set, e.g. a proxy's answer (``nanogpt``) for a
         Hugging Face model (``gpt2``, ``llama``): each new module type takes its
-        counterpart's geometry and options (:mod:`geosearch.retarget`); settings are kept
+        counterpart's geometry and options (:mod:`geosearch.rules.retarget`); settings are kept
         and the provenance records the rules it came from.
 
         Example:
@@ -163,7 +163,7 @@ class Assignment:
             ConfigError: an unknown rule set, a new type without a counterpart, or one
                 that stands for old types of different geometries or options.
         """
-        from geosearch.retarget import retarget
+        from geosearch.rules.retarget import retarget
 
         target = _check_rules_field(rules if isinstance(rules, str) else tuple(rules), None)
         label = f"rule set {target!r}" if isinstance(target, str) else "the custom rules"

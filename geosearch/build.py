@@ -25,13 +25,13 @@ from typing import Any
 from torch import nn
 
 from geosearch.assignment import Assignment
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.manifolds import ADAMW
 from geosearch.optim import settings as catalog
 from geosearch.optim import sharded
 from geosearch.optim.muon import ManifoldMuon
 from geosearch.plan import Plan, bind
-from geosearch.text import text_table
+from geosearch.util.text import text_table
 
 logger = logging.getLogger("geosearch")
 

@@ -3,7 +3,7 @@
 Before a search, it helps to see what the rules make of a model: which parameter each rule
 matches and with which layout, which hidden weight no rule matches (it would be trained
 with AdamW), which registered rule sets fit the model at all, the rules read off its module
-names when none does (:mod:`geosearch.rule_inference`), and which geometries a search space
+names when none does (:mod:`geosearch.rules.inference`), and which geometries a search space
 lets each module type take. :func:`describe_parameters` gives that as rows,
 :func:`fitting_rule_sets` lists the rule sets, and :func:`inspect_model` prints the table of
 ``geosearch inspect`` for a model spec or a search space, building the model on the meta
@@ -24,8 +24,8 @@ import yaml
 from torch import nn
 
 from geosearch.assignment import Assignment, geometry_names, load_assignment
-from geosearch.errors import ConfigError
-from geosearch.modules import (
+from geosearch.util.errors import ConfigError
+from geosearch.rules.modules import (
     empty_rule_error,
     ModuleRule,
     family_types,
@@ -36,7 +36,7 @@ from geosearch.modules import (
 )
 from geosearch.plan import Plan, bind
 from geosearch.models.zoo import BuiltModel, build_meta_model
-from geosearch.rule_inference import infer_rules, rules_fit
+from geosearch.rules.inference import infer_rules, rules_fit
 from geosearch.search.space.spec import SearchSpace, load_space
 
 __all__ = ["ParamRow", "describe_parameters", "fitting_rule_sets", "inspect_model", "model_lines"]

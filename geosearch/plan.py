@@ -28,13 +28,13 @@ from typing import Any
 from torch import Tensor, nn
 
 from geosearch.assignment import Assignment, load_assignment
-from geosearch.errors import ConfigError
-from geosearch.frozen import FrozenMap, thaw
+from geosearch.util.errors import ConfigError
+from geosearch.util.frozen import FrozenMap, thaw
 from geosearch.manifolds import ADAMW
-from geosearch.modules import ParamMatch, match_parameters, module_types, rule_set_names
+from geosearch.rules.modules import ParamMatch, match_parameters, module_types, rule_set_names
 from geosearch.optim import settings as catalog
 from geosearch.optim.blocks import block_view
-from geosearch.text import text_table
+from geosearch.util.text import text_table
 
 __all__ = ["DECAY", "NO_DECAY", "RULE", "ParamPlan", "Plan", "bind", "resolve_settings"]
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geosearch.modules import ModuleRule
+from geosearch.rules.modules import ModuleRule
 
 RULES = [
     ModuleRule("attn_qkv", r"\.mix\.qkv\.weight$", "attn"),

@@ -14,9 +14,9 @@ import yaml
 import geosearch
 from geosearch.assignment import Assignment, geometry_names, load_assignment
 import geosearch.manifolds as registry
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.manifolds import get_manifold, manifold_names, register_manifold
-from geosearch.modules import ModuleRule
+from geosearch.rules.modules import ModuleRule
 
 
 def test_geometries_come_from_the_manifold_registry():

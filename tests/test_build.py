@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from geosearch.assignment import Assignment, load_assignment
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.manifolds import get_manifold
-from geosearch.modules import ModuleRule
+from geosearch.rules.modules import ModuleRule
 from geosearch.build import build_optimizer, optimizer_summary
 from geosearch.optim import ManifoldMuon
 

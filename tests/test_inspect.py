@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.inspect import describe_parameters, fitting_rule_sets, inspect_model
 from geosearch.models.zoo import build_meta_model
 
@@ -111,7 +111,7 @@ def test_a_model_no_registered_set_fits_shows_the_rules_read_off_its_names(capsy
     import yaml
 
     from geosearch.assignment import Assignment
-    from geosearch.modules import match_parameters
+    from geosearch.rules.modules import match_parameters
 
     args = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 48}
     inspect_model("hf:phi3", model_args=args)

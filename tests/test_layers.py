@@ -20,10 +20,9 @@ PACKAGE = Path(geosearch.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # lowest first; a module belongs to the longest prefix listed
-    ("geosearch.errors", "geosearch.text", "geosearch.frozen", "geosearch.lazy", "geosearch.checks",
-     "geosearch.yaml_io", "geosearch.files"),
+    ("geosearch.util",),
     ("geosearch.manifolds",),
-    ("geosearch.modules", "geosearch.rule_inference", "geosearch.retarget"),
+    ("geosearch.rules",),
     ("geosearch.models",),
     ("geosearch.optim",),
     ("geosearch.assignment",),
@@ -139,7 +138,7 @@ def test_the_science_imports_no_runtime_and_no_study():
 
 
 def test_the_runtime_knows_nothing_of_what_a_trial_trains():
-    allowed = ("geosearch.errors", "geosearch.files", "geosearch.search.records", "geosearch.search.runtime")
+    allowed = ("geosearch.util.errors", "geosearch.util.files", "geosearch.search.records", "geosearch.search.runtime")
     bad = [f"{s}:{line} imports {t}" for s, line, t in _edges()
            if s.startswith("geosearch.search.runtime") and not t.startswith(allowed)]
     assert bad == []

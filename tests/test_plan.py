@@ -7,7 +7,7 @@ import torch
 from test_build import D, TinyGPT
 
 from geosearch.assignment import Assignment
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.build import build_optimizer
 from geosearch.optim import settings
 from geosearch.plan import DECAY, NO_DECAY, RULE, bind

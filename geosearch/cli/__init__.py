@@ -5,7 +5,7 @@ Each subcommand is a module of this package (:mod:`geosearch.cli.train`,
 ``run(args) -> int`` handing them to the code that does the work
 (:func:`geosearch.cli.train.train_once`, :func:`geosearch.inspect.inspect_model`, ...),
 listed once in ``_COMMANDS``; what several commands share is in :mod:`geosearch.cli._args`.
-User errors (:class:`geosearch.errors.GeosearchError`) end as one line on stderr with exit
+User errors (:class:`geosearch.util.errors.GeosearchError`) end as one line on stderr with exit
 code 2; Ctrl-C ends with exit code 130 and nothing lost (studies resume on rerun).
 """
 
@@ -20,7 +20,7 @@ from types import ModuleType
 
 from geosearch import __version__
 from geosearch.cli import export, geometries, inspect, recover, report, search, train
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 
 _COMMANDS: list[tuple[str, str, ModuleType]] = [
     ("geometries", "list the geometries a module type can take", geometries),

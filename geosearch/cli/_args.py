@@ -22,9 +22,9 @@ TOKENIZER_HELP = ("a Hugging Face tokenizer.json (or a directory holding one) to
 
 def key_values(items: Sequence[str], flag: str) -> dict:
     """``KEY=VALUE`` flags as a dict, each value read as YAML (numbers, booleans, null;
-    :func:`geosearch.yaml_io.parse_value`)."""
-    from geosearch.errors import ConfigError
-    from geosearch.yaml_io import parse_value
+    :func:`geosearch.util.yaml_io.parse_value`)."""
+    from geosearch.util.errors import ConfigError
+    from geosearch.util.yaml_io import parse_value
 
     out = {}
     for item in items:

@@ -18,7 +18,7 @@ from geosearch.cli._args import (
     key_values,
 )
 from geosearch.cli.report import print_report_files
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace

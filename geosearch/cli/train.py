@@ -99,8 +99,8 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
             geometry, ``rules`` with an assignment file, an ``out`` that is a file or cannot
             be written (before anything is trained).
     """
-    from geosearch.errors import ConfigError
-    from geosearch.files import check_dir
+    from geosearch.util.errors import ConfigError
+    from geosearch.util.files import check_dir
     from geosearch.models.memory import check_fits
     from geosearch.models.zoo import build_meta_model
     from geosearch.proxy.accelerator import check_device
@@ -151,7 +151,7 @@ def _assignment(config: TrainConfig, assign: str | None, assignment_file: str | 
                 rules: str | None) -> tuple[Assignment, str | None]:
     """The assignment to train, and what to call where it came from (``--assign`` or the file)."""
     from geosearch.assignment import Assignment, load_assignment
-    from geosearch.errors import ConfigError
+    from geosearch.util.errors import ConfigError
     from geosearch.models.zoo import default_rules
 
     if assign is not None:
@@ -168,7 +168,7 @@ def _config(config_file: str | os.PathLike | None, fields: Mapping[str, Any],
             model_args: Mapping[str, Any]) -> TrainConfig:
     """The file's fields, the command line's over them."""
     from geosearch.proxy.config import TrainConfig
-    from geosearch.yaml_io import load_yaml
+    from geosearch.util.yaml_io import load_yaml
 
     merged: Any = {}
     if config_file:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from geosearch.lazy import lazy_getattr
+from geosearch.util.lazy import lazy_getattr
 
 _EXPORTS = {
     **dict.fromkeys(["PRESETS", "model_spec_names"], "geosearch.models.specs"),

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geosearch.checks import shown
-from geosearch.errors import ConfigError
-from geosearch.files import read_user_text
+from geosearch.util.checks import shown
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import read_user_text
 from geosearch.models.specs import size_range
 
 SMALL_SIZE: dict[str, int] = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4}

@@ -16,7 +16,7 @@ import os
 import torch
 import torch.nn as nn
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 
 __all__ = ["BYTES_PER_PARAMETER", "check_fits", "device_memory", "parameter_count"]
 

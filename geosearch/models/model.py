@@ -4,7 +4,7 @@ Every trial of a geometry search trains one of these for a few hundred steps. Th
 parameter names are nanoGPT's exactly (``transformer.wte``, ``transformer.wpe``,
 ``transformer.h.N.ln_1``, ``attn.c_attn``, ``attn.c_proj``, ``ln_2``, ``mlp.c_fc``,
 ``mlp.c_proj``, ``transformer.ln_f``, ``lm_head``), so the ``nanogpt`` rule set in
-:mod:`geosearch.modules` finds the hidden weights of this model and of a user's
+:mod:`geosearch.rules.modules` finds the hidden weights of this model and of a user's
 nanoGPT alike.
 
 Sizes come from a preset, overridable field by field::
@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.models.specs import PRESETS, size_range  # the preset names live without torch
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from geosearch.checks import Range
+from geosearch.util.checks import Range
 
 # Presets. vocab_size is not part of a preset: it comes from the data (256 for bytes).
 # "mini" is the default search's proxy: `small` at half its width and context, the size at
@@ -67,7 +67,7 @@ class HFFamily:
         defaults: config fields set unless ``model_args`` override them.
         block_field: the config field holding the context length.
         size_fields: fields that must be positive integers.
-        rules: its rule set in :mod:`geosearch.modules`.
+        rules: its rule set in :mod:`geosearch.rules.modules`.
     """
 
     config_class: str

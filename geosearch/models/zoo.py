@@ -12,7 +12,7 @@ download, no tokenizer, nothing read from the network. ``hf:<model_type>`` (any 
 causal LM of ``transformers``: ``mistral``, ``qwen2``, ``gemma``, ``phi3``, ...) and
 ``hf:PATH`` (a directory holding ``config.json``) are made by
 :mod:`geosearch.models.hf_configs`; their rules are the first registered rule set that fits,
-else rules read off their module names (:func:`geosearch.rule_inference.model_rules`). A
+else rules read off their module names (:func:`geosearch.rules.inference.model_rules`). A
 model whose queries and keys the probes cannot capture (:mod:`geosearch.models.qk`) is
 built with a warning that says why (logged once per spec, and kept in
 :attr:`BuiltModel.warnings`, hence in each run's ``config.yaml``): its runs report no
@@ -51,9 +51,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from geosearch.checks import is_int
-from geosearch.errors import ConfigError, GeosearchError, SettingsError
-from geosearch.modules import ModuleRule
+from geosearch.util.checks import is_int
+from geosearch.util.errors import ConfigError, GeosearchError, SettingsError
+from geosearch.rules.modules import ModuleRule
 from geosearch.models.hf_configs import (
     SIZE_FIELDS,
     HFSource,
@@ -69,7 +69,7 @@ from geosearch.models.hf_configs import (
 from geosearch.models.lm import output_logits
 from geosearch.models.model import GPT, make_config
 from geosearch.models.qk import detect_qk_source, why_no_qk_source
-from geosearch.rule_inference import model_rules
+from geosearch.rules.inference import model_rules
 from geosearch.models.specs import (  # the spec names live without torch
     DEFAULT_BLOCK_SIZE,
     HF_MODELS,
@@ -81,7 +81,7 @@ from geosearch.models.specs import (  # the spec names live without torch
     model_spec_names,
     preset_rules,
 )
-from geosearch.yaml_io import plain
+from geosearch.util.yaml_io import plain
 
 __all__ = [
     "BuiltModel", "build_meta_model", "build_model", "check_logits", "check_model_spec", "default_rules",
@@ -203,7 +203,7 @@ def default_rules(spec: str, model_args: Mapping[str, Any] | None = None) -> str
     :data:`~geosearch.models.specs.HF_MODELS` (both without building anything:
     :func:`~geosearch.models.specs.preset_rules`); for other ``hf:`` specs, the rules of the
     model built on the meta device with ``model_args`` (a registered rule set that fits,
-    else a tuple of :class:`~geosearch.modules.ModuleRule` read off its module names; needs
+    else a tuple of :class:`~geosearch.rules.modules.ModuleRule` read off its module names; needs
     ``transformers``); None for ``py:`` specs and unknown or unbuildable ones.
 
     Use it to parse an inline assignment for a model (``Assignment.parse(text,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from geosearch.lazy import lazy_getattr
+from geosearch.util.lazy import lazy_getattr
 
 _EXPORTS = {
     "ManifoldMuon": "geosearch.optim.muon",

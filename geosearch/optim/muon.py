@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.manifolds import ADAMW, Manifold, get_manifold, manifold_names
 from geosearch.optim import settings, sharded
 from geosearch.optim.blocks import block_view

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from geosearch.checks import Range, parse_decimal
-from geosearch.errors import ConfigError
+from geosearch.util.checks import Range, parse_decimal
+from geosearch.util.errors import ConfigError
 
 __all__ = [
     "ADAMW", "EUCLIDEAN", "KINDS", "LAYOUT", "MUON", "RANGES", "RANGES_OF", "SCOPES", "SETTINGS", "Setting",
@@ -59,7 +59,7 @@ RANGES: dict[str, Range] = {
     "unit": Range(0, 1, open_high=True),
     "count": Range(1, 10_000, whole=True),
 }
-"""The numeric kinds -> their :class:`~geosearch.checks.Range` (the one rule for numbers: NaN,
+"""The numeric kinds -> their :class:`~geosearch.util.checks.Range` (the one rule for numbers: NaN,
 ±inf and bools are in none; a count has an upper bound, so that ``ns_steps: 1e12`` written as
 an integer is refused rather than run out of memory)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from geosearch.lazy import lazy_getattr
+from geosearch.util.lazy import lazy_getattr
 
 # name -> module that defines it. `train` itself stays in geosearch.proxy.train:
 # re-exporting it here would shadow the module.

@@ -25,7 +25,7 @@ from typing import Any, get_args
 
 import torch
 
-from geosearch.errors import SettingsError
+from geosearch.util.errors import SettingsError
 from geosearch.proxy.config import Device, Precision
 
 DIST_TIMEOUT_ENV = "GEOSEARCH_DIST_TIMEOUT"

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from geosearch.checks import MAX_STEPS, SEED, STEPS, Range
-from geosearch.errors import ConfigError, SettingsError
+from geosearch.util.checks import MAX_STEPS, SEED, STEPS, Range
+from geosearch.util.errors import ConfigError, SettingsError
 from geosearch.models.specs import MODEL_SIZE
 from geosearch.optim import settings as optim_settings
 
@@ -46,7 +46,7 @@ LIMITS: dict[str, Range] = {
 }
 """Every number field of :class:`TrainConfig` but the optimizer's (whose ranges are the
 settings catalog's, :mod:`geosearch.optim.settings`) -> the values it may take: the one rule
-for numbers (:class:`~geosearch.checks.Range`: NaN and ±inf never, counts bounded)."""
+for numbers (:class:`~geosearch.util.checks.Range`: NaN and ±inf never, counts bounded)."""
 LIMIT_NOTES = {"qk_clip": " (the cap on each head's max attention logit, e.g. 100; null: off)",
                "grad_clip": " (0: no clipping)",
                "vocab_size": " (the data's vocabulary; null: its meta file's, its tokenizer's, or 256 for text)"}
@@ -267,7 +267,7 @@ def check_batch_split(batch_size: int, grad_accum: int, processes: int = 1, *,
         >>> check_batch_split(4, 3, source="s.yaml", prefix="proxy.")
         Traceback (most recent call last):
         ...
-        geosearch.errors.SettingsError: s.yaml: proxy.grad_accum: global batch 4 does not split over 1 process x 3 micro-batches; expected one of: 1, 2, 4
+        geosearch.util.errors.SettingsError: s.yaml: proxy.grad_accum: global batch 4 does not split over 1 process x 3 micro-batches; expected one of: 1, 2, 4
     """
     if batch_size % processes:
         raise SettingsError(f"global batch {batch_size} does not split over the {processes} processes "

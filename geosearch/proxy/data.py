@@ -32,7 +32,7 @@ Three sources, all offline (nothing is ever downloaded):
   any class or function (``os.system``, a numpy array) is refused before anything in it
   runs. ``itos`` / ``stoi`` are loaded as plain data and not used (geosearch decodes nothing).
 
-Every file is read as a user's file (:mod:`geosearch.files`): a named pipe, a device or a
+Every file is read as a user's file (:mod:`geosearch.util.files`): a named pipe, a device or a
 socket is refused before it is opened; a meta file may hold 1 MiB, a ``tokenizer.json``
 128 MiB, a text corpus 2 GiB in all (it is read into memory; token files are memory-mapped
 and not bounded); ``meta.json``, ``meta.yaml`` and ``tokenizer.json`` must be UTF-8.
@@ -82,9 +82,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from geosearch.checks import is_int, shown
-from geosearch.errors import ConfigError
-from geosearch.files import (
+from geosearch.util.checks import is_int, shown
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import (
     TEXT_CORPUS_LIMIT,
     TOKENIZER_LIMIT,
     check_user_file,

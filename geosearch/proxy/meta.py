@@ -1,7 +1,7 @@
 """The meta file of a token directory (nanoGPT's layout): ``meta.json``, ``meta.yaml`` or
 ``meta.pkl``, read as a user's file and checked.
 
-``meta.json`` / ``meta.yaml`` are read as a config (:func:`geosearch.files.read_user_text`:
+``meta.json`` / ``meta.yaml`` are read as a config (:func:`geosearch.util.files.read_user_text`:
 a regular file, 1 MiB at most, UTF-8); nanoGPT's ``meta.pkl`` is unpickled as plain data
 only (:class:`_PlainUnpickler`: a pickle that names any class or function is refused before
 anything in it runs). :data:`META_FIELDS` are checked; other keys are ignored. Torch-free.
@@ -15,10 +15,10 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from geosearch.checks import is_int, shown
-from geosearch.errors import ConfigError
-from geosearch.files import CONFIG_LIMIT, read_user_bytes, read_user_text
-from geosearch.yaml_io import parse_yaml
+from geosearch.util.checks import is_int, shown
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import CONFIG_LIMIT, read_user_bytes, read_user_text
+from geosearch.util.yaml_io import parse_yaml
 
 __all__ = ["META_FIELDS", "META_FILES", "TOKEN_DTYPE_NAMES", "described", "read_meta", "type_word"]
 
@@ -31,7 +31,7 @@ TOKEN_DTYPE_NAMES = ("uint16", "uint32")
 def read_meta(p: Path) -> tuple[dict, Path | None]:
     """The first of :data:`META_FILES` in ``p`` and its path, or ``({}, None)`` when there is
     none. ``meta.json`` / ``meta.yaml`` are read as a user's config
-    (:func:`geosearch.files.read_user_text`: a regular file, 1 MiB at most, UTF-8),
+    (:func:`geosearch.util.files.read_user_text`: a regular file, 1 MiB at most, UTF-8),
     ``meta.pkl`` as plain data (:func:`_read_pickle`, the same size limit), and the fields
     checked (:data:`META_FIELDS`).
 

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
-from geosearch.checks import is_int
-from geosearch.errors import ConfigError
+from geosearch.util.checks import is_int
+from geosearch.util.errors import ConfigError
 from geosearch.manifolds import ADAMW, geometry_names, get_manifold
 from geosearch.optim.blocks import block_view
 from geosearch.plan import Plan, bind

@@ -45,9 +45,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.manifolds import ADAMW
-from geosearch.modules import fused_qkv_layout
+from geosearch.rules.modules import fused_qkv_layout
 from geosearch.plan import ParamPlan, Plan
 from geosearch.proxy.config import check_qk_clip
 from geosearch.models.qk import LayerQK, attention_layers, detect_qk_source, qk_capture, why_no_qk_source
@@ -102,7 +102,7 @@ def head_layout(m: nn.Module) -> HeadLayout:
     """Where attention module ``m`` keeps each head's query and key outputs: the rows of
     ``q_proj`` and ``k_proj`` (``nn.Linear``), or the ``[Q | K | V]`` blocks of a fused
     projection (rows of an ``nn.Linear``, columns of a ``Conv1D``) sized by the module's
-    head counts (:func:`geosearch.modules.fused_qkv_layout`: Q ``heads·head_dim`` wide, K
+    head counts (:func:`geosearch.rules.modules.fused_qkv_layout`: Q ``heads·head_dim`` wide, K
     ``kv_heads·head_dim``).
 
     Raises:

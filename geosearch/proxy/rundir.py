@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from geosearch.proxy.config import TrainConfig, TrainResult, short_number
-from geosearch.yaml_io import plain
+from geosearch.util.yaml_io import plain
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.plan import Plan

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from geosearch.errors import SettingsError
+from geosearch.util.errors import SettingsError
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.proxy.config import TrainResult

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from geosearch.assignment import Assignment, load_assignment
-from geosearch.errors import ConfigError, GeosearchError, SettingsError
+from geosearch.util.errors import ConfigError, GeosearchError, SettingsError
 from geosearch.build import optimizer_from_plan
 from geosearch.plan import bind
 from geosearch.proxy.accelerator import get_accelerator
@@ -104,7 +104,7 @@ def train(
 
     Raises:
         ConfigError: bad config or an assignment that does not fit the model (before
-            anything is trained); a :class:`~geosearch.errors.SettingsError` for what fails
+            anything is trained); a :class:`~geosearch.util.errors.SettingsError` for what fails
             every run of these settings, whatever it trains: a device or precision this
             machine lacks, a batch that does not split over the processes x ``grad_accum``,
             an unknown tracker, the data, the model (a ``py:`` model's logits not of the

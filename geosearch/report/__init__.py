@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from geosearch.errors import ConfigError
-from geosearch.files import check_dir, check_out_file
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import check_dir, check_out_file
 from geosearch.report.analysis import (
     CostRow,
     CostTable,

@@ -108,7 +108,7 @@ def test_bad_storage_url_is_one_line(tmp_path, capsys):
 
 
 def _storage_error(kind: str, text: str) -> Exception:
-    from geosearch.errors import ConfigError
+    from geosearch.util.errors import ConfigError
 
     if kind == "storage":  # e.g. a connection dropped inside a transaction
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.models import memory
 from geosearch.models.memory import BYTES_PER_PARAMETER, check_fits, device_memory, parameter_count
 from geosearch.models.zoo import build_meta_model

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.models.model import GPT, GPTConfig, make_config
 from geosearch.models.specs import PRESETS
 

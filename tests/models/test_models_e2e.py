@@ -21,7 +21,7 @@ pytest.importorskip("transformers", reason="Hugging Face transformers is not ins
 
 from geosearch.assignment import load_assignment  # noqa: E402
 from geosearch.cli import main  # noqa: E402
-from geosearch.modules import get_rule_set, match_parameters, module_types  # noqa: E402
+from geosearch.rules.modules import get_rule_set, match_parameters, module_types  # noqa: E402
 from geosearch.build import build_optimizer  # noqa: E402
 from geosearch.models.lm import lm_loss  # noqa: E402
 from geosearch.models.zoo import build_model  # noqa: E402

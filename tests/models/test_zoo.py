@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from geosearch.assignment import Assignment
-from geosearch.errors import ConfigError, SettingsError
+from geosearch.util.errors import ConfigError, SettingsError
 from geosearch.inspect import describe_parameters, fitting_rule_sets
-from geosearch.modules import get_rule_set, match_parameters, module_types
+from geosearch.rules.modules import get_rule_set, match_parameters, module_types
 from geosearch.build import build_optimizer
 from geosearch.models.model import GPT, make_config
 from geosearch.proxy.probes import WeightProbe, attention_stats
-from geosearch.rule_inference import infer_rules
+from geosearch.rules.inference import infer_rules
 from geosearch.models.lm import lm_logits, lm_loss
 from geosearch.models.specs import model_spec_names
 from geosearch.models.zoo import (

@@ -22,7 +22,7 @@ from torch import nn
 
 from geosearch.assignment import Assignment
 from geosearch.build import build_optimizer
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.models.lm import lm_loss
 from geosearch.models.model import GPT, make_config
 from geosearch.optim import ManifoldMuon

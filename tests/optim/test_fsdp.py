@@ -18,7 +18,7 @@ from _fsdp_ranks import RESUME_AT, batches, duals, make_model, optimizer, train_
 from _torchrun import run_two
 from torch import nn
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.manifolds import get_manifold
 from geosearch.optim import ManifoldMuon, block_view
 

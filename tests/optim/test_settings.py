@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from geosearch.assignment import Assignment
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.manifolds import ADAMW, manifold_names
 from geosearch.build import build_optimizer
 from geosearch.optim import ManifoldMuon

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geosearch.errors import ConfigError, SettingsError
+from geosearch.util.errors import ConfigError, SettingsError
 from geosearch.proxy import accelerator as accelerator_mod
 from geosearch.proxy.accelerator import check_precision, get_accelerator
 

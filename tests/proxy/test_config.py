@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from geosearch.errors import ConfigError, SettingsError
+from geosearch.util.errors import ConfigError, SettingsError
 from geosearch.proxy.config import TrainConfig, TrainResult, check_batch_split
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from geosearch.errors import ConfigError
-from geosearch.files import CONFIG_LIMIT
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import CONFIG_LIMIT
 from geosearch.proxy import data as data_mod
 from geosearch.proxy.data import clear_corpus_cache, get_batch, load_corpus
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from geosearch.assignment import Assignment
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.manifolds import get_manifold
 from geosearch.build import optimizer_from_plan
 from geosearch.plan import bind

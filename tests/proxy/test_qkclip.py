@@ -11,7 +11,7 @@ from _torchrun import run_two
 
 import geosearch.proxy.qkclip as qkclip
 from geosearch.assignment import Assignment
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.plan import bind
 from geosearch.proxy.config import TrainConfig
 from geosearch.models.model import GPT, make_config

@@ -13,7 +13,7 @@ import yaml
 import geosearch.proxy.train as train_mod
 from geosearch.assignment import Assignment
 from geosearch.cli import main
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.proxy import trackers as trackers_mod
 from geosearch.proxy.config import TrainConfig
 from geosearch.proxy.train import train

@@ -22,7 +22,7 @@ import geosearch.proxy.train as train_mod
 import geosearch.models.zoo as zoo_mod
 from geosearch.assignment import Assignment
 from geosearch.cli import main
-from geosearch.errors import ConfigError, SettingsError
+from geosearch.util.errors import ConfigError, SettingsError
 from geosearch.proxy.accelerator import get_accelerator
 from geosearch.proxy.config import TrainConfig, TrainResult
 from geosearch.proxy.train import train
@@ -254,7 +254,7 @@ def test_one_schedule_scales_adamw_and_spectral_groups_alike(monkeypatch):
 TWO_RANKS = textwrap.dedent("""
     import json, sys
     from geosearch.assignment import Assignment
-    from geosearch.errors import ConfigError
+    from geosearch.util.errors import ConfigError
     from geosearch.proxy.config import TrainConfig
     from geosearch.proxy.train import train
     config = TrainConfig(**json.loads(sys.argv[1]))

@@ -28,7 +28,7 @@ from typing import Any
 
 import optuna
 
-from geosearch.checks import finite_or_none
+from geosearch.util.checks import finite_or_none
 from geosearch.search.horizon.forecast import Measured, Outlook, short_logit
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.stats.trials import trial_label

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from optuna.trial import FrozenTrial
 
-from geosearch.checks import finite_or_none, is_positive, is_whole
+from geosearch.util.checks import finite_or_none, is_positive, is_whole
 from geosearch.search.records import LOGIT_SCALE, PROBE_FIELDS, PROBE_HISTORY, TARGET_LOGIT_SCALE
 
 __all__ = ["PROBE_KEYS", "QK_TYPES", "Probe", "non_finite", "parse_probes", "probe_row", "read_probes",

@@ -33,7 +33,7 @@ import optuna
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
-from geosearch.checks import MAX_STEPS, Range, is_number, is_whole
+from geosearch.util.checks import MAX_STEPS, Range, is_number, is_whole
 from geosearch.search.horizon.forecast import LogitForecast, Measured, Outlook, forecast_max_logit, short_logit
 from geosearch.search.horizon.probes import Probe, non_finite, parse_probes, read_probes, stored_scales
 from geosearch.search.records import (
@@ -65,7 +65,7 @@ ARG_LIMITS: dict[str, Range] = {
 """The pruner's number arguments (a space's ``pruner:`` keys) -> the values each may take."""
 
 # Module types whose σ_max bounds the attention logits (the fused and the split query/key
-# weights of geosearch.modules' rule sets); the forecast's σ route reads the largest.
+# weights of geosearch.rules.modules' rule sets); the forecast's σ route reads the largest.
 @dataclass(frozen=True)
 class _Threshold:
     """A logit threshold in a model's units, and how to say it."""

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from geosearch.checks import STEPS, Range, is_number, is_whole
-from geosearch.errors import ConfigError
+from geosearch.util.checks import STEPS, Range, is_number, is_whole
+from geosearch.util.errors import ConfigError
 from geosearch.optim.settings import ADAMW
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.horizon.forecast import (
@@ -118,7 +118,7 @@ LADDER_LIMITS: dict[str, Range] = {
     "stability_steps": dataclasses.replace(STEPS, null=True),
 }
 """The numbers of ``ladder:`` -> their ranges (a rung is trained: at most
-:data:`~geosearch.checks.MAX_STEPS` steps)."""
+:data:`~geosearch.util.checks.MAX_STEPS` steps)."""
 
 
 class _Parser(Protocol):

@@ -37,7 +37,7 @@ import optuna
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.records import json_safe
 
 __all__ = ["FORMAT", "STUDY_FILE", "TRIAL_FILE", "StudyRecord", "TrialBackup", "lost_trials",

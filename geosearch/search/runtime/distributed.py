@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 
 __all__ = ["RankGroup", "follow", "launch_world", "leave_together"]
 

@@ -29,8 +29,8 @@ from typing import Any
 import optuna
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
-from geosearch.errors import ConfigError
-from geosearch.files import check_user_file
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import check_user_file
 from geosearch.search.runtime.interrupts import signals_held
 
 __all__ = ["ReadOnlyJournalFile", "SafeJournalFile", "check_journal_file", "open_journal",

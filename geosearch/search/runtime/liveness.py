@@ -32,7 +32,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 from geosearch.search.runtime.locks import (
     ASK_LOCK,
     busy_error,

@@ -23,7 +23,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 from geosearch.search.runtime.storage import LOCKS_DIR, make_dir
 
 try:  # POSIX advisory locks

@@ -28,8 +28,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from geosearch.errors import ConfigError
-from geosearch.files import check_user_file
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import check_user_file
 
 __all__ = ["OPTUNA_TABLES", "REQUIRED_TABLES", "check_rdb", "read_only_engine_kwargs", "sqlite_file",
            "sqlite_tables"]

@@ -35,7 +35,7 @@ import optuna
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.records import (
     FAIL_REASON,
     INTERRUPTED,

@@ -23,8 +23,8 @@ from typing import Any
 
 import optuna
 
-from geosearch.errors import ConfigError
-from geosearch.files import check_dir
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import check_dir
 from geosearch.search.runtime.backup import STUDY_FILE, lost_trials
 from geosearch.search.runtime.journal import check_journal_file, open_journal
 from geosearch.search.runtime.rdb import check_rdb, read_only_engine_kwargs, sqlite_file

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 from geosearch.search.runtime.distributed import launch_world
 from geosearch.search.runtime.interrupts import DEFERRED
 from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER, Owner

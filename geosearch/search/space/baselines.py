@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from geosearch.checks import Range, is_whole
+from geosearch.util.checks import Range, is_whole
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.horizon.target import rung_seeds
 from geosearch.search.stats.trials import proxy_settings, step_text

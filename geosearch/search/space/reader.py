@@ -2,7 +2,7 @@
 search-control sections.
 
 :class:`SchemaReader` collects every problem of a file instead of stopping at the first
-(each a :class:`~geosearch.errors.ConfigError` naming the key path and the allowed
+(each a :class:`~geosearch.util.errors.ConfigError` naming the key path and the allowed
 values), reads a mapping with its allowed keys, and parses the sections that say how
 Optuna searches rather than what: ``budget``, ``pruner`` (with its loss pruner) and
 ``sampler``, into the dataclasses of :mod:`geosearch.search.space.sections`. The parser of the
@@ -15,8 +15,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, get_args
 
-from geosearch.checks import MAX_STEPS, SEED, Range, shown
-from geosearch.errors import ConfigError
+from geosearch.util.checks import MAX_STEPS, SEED, Range, shown
+from geosearch.util.errors import ConfigError
 from geosearch.search.horizon.pruner import ARG_LIMITS
 from geosearch.search.space.sections import (
     Budget,

@@ -65,7 +65,7 @@ probe intervals, the pruners' step counts) at most 10,000,000; ``target.steps`` 
 ``probe_batch_size``, ``grad_accum``, ``dual_steps``, ``ns_steps`` at most 10,000;
 ``repeats``, ``max_repeats``, ``ladder.lower_seeds`` at most 100; ``ladder.rungs`` at most
 20; ``budget.trials`` at most 10⁶; seeds in [0, 2³¹ − 1]. A key given twice in the file is
-refused (:mod:`geosearch.yaml_io`).
+refused (:mod:`geosearch.util.yaml_io`).
 """
 
 from __future__ import annotations
@@ -75,11 +75,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from geosearch.assignment import geometry_names
-from geosearch.checks import Range, parse_number, shown
-from geosearch.errors import ConfigError
+from geosearch.util.checks import Range, parse_number, shown
+from geosearch.util.errors import ConfigError
 from geosearch.optim import settings as optim_settings
 from geosearch.optim.settings import ADAMW
-from geosearch.modules import (
+from geosearch.rules.modules import (
     ModuleRule,
     check_rules,
     family_types,
@@ -116,7 +116,7 @@ TOP_KEYS = ("version", "name", "rules", "geometries", "hyperparams", "proxy", "r
             "max_repeats", "baselines", "target", "ladder", "budget", "pruner", "sampler")
 def space_limits() -> dict[str, Range]:
     """Every number key of a space, by its path, -> the values it may take: the ranges the
-    sections check with (:class:`~geosearch.checks.Range`, the one rule for numbers: NaN and
+    sections check with (:class:`~geosearch.util.checks.Range`, the one rule for numbers: NaN and
     ±inf never, every count bounded), gathered from where each section keeps them. The
     hyperparameter ranges (``hyperparams.*``: ``[low, high]``, 0 < low < high) are lists and
     not in it. docs/design.md ("Numbers") shows this table.

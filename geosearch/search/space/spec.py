@@ -29,9 +29,9 @@ from typing import Any, get_args
 import optuna
 
 from geosearch.assignment import Assignment
-from geosearch.errors import ConfigError
-from geosearch.files import read_user_text
-from geosearch.modules import ModuleRule
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import read_user_text
+from geosearch.rules.modules import ModuleRule
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.records import SPACE, STEP_FACTOR
@@ -46,7 +46,7 @@ from geosearch.search.space.sections import (
 from geosearch.search.horizon.target import LadderSpec, TargetSpec, plan_rungs, target_line
 from geosearch.search.space.baselines import plan_line
 from geosearch.search.space.schema import dump_space, parse_space
-from geosearch.yaml_io import parse_value, parse_yaml
+from geosearch.util.yaml_io import parse_value, parse_yaml
 
 __all__ = ["SearchSpace", "Suggestion", "apply_overrides", "load_space", "space_names", "study_pruner"]
 
@@ -342,7 +342,7 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
 
     Raises:
         ConfigError: missing or unreadable file (listing the shipped names), a directory,
-            pipe or device, more than 1 MiB, not UTF-8 (:func:`geosearch.files.read_user_text`),
+            pipe or device, more than 1 MiB, not UTF-8 (:func:`geosearch.util.files.read_user_text`),
             malformed YAML (with line and column), too many YAML aliases; :class:`SearchSpaceError`
             for every problem of its content.
     """

@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from geosearch.checks import finite_or_none
+from geosearch.util.checks import finite_or_none
 from geosearch.search.study.queue import enqueue
 from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study
 from geosearch.search.stats.scores import Score, best_on_shared_seeds

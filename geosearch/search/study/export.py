@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from geosearch import __version__
-from geosearch.errors import ConfigError, GeosearchError
-from geosearch.files import check_dir, check_out_file
+from geosearch.util.version import __version__
+from geosearch.util.errors import ConfigError, GeosearchError
+from geosearch.util.files import check_dir, check_out_file
 from geosearch.search.study.baselines import baseline_table, baselines_lines
 from geosearch.search.horizon.outlook import stability_lines, stability_record, stability_rows
 from geosearch.search.study.queue import done_count
@@ -196,8 +196,8 @@ def export_best(
     (:meth:`~geosearch.assignment.Assignment.with_rules`), e.g. a proxy's answer for a
     Hugging Face model.
 
-    The output is checked before the study is read (:func:`geosearch.files.check_out_file`,
-    :func:`~geosearch.files.check_dir`), and the study is opened read-only: a refused export
+    The output is checked before the study is read (:func:`geosearch.util.files.check_out_file`,
+    :func:`~geosearch.util.files.check_dir`), and the study is opened read-only: a refused export
     writes nothing and changes nothing.
 
     Raises:

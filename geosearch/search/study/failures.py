@@ -5,7 +5,7 @@ runtime error, the host ran out of memory or disk, the storage's database failed
 of the run's SETTINGS (what the trainer refuses before it trains, whatever the assignment:
 a device or precision the machine lacks, a batch that does not split into ``grad_accum``
 micro-batches, an unknown tracker, the data, the model: a
-:class:`~geosearch.errors.SettingsError`), or because of the ASSIGNMENT it trains (anything
+:class:`~geosearch.util.errors.SettingsError`), or because of the ASSIGNMENT it trains (anything
 else: a setting the assignment does not fit, an error in the model's training, a ValueError
 from the optimizer). :func:`failure_kind` tells them apart, from the exception or from the
 ``"TypeName: message"`` line the trainer keeps of one it caught. An environment failure
@@ -28,7 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.study.queue import enqueue, retried_numbers, trial_key, trial_params
 from geosearch.search.records import (
     ASSIGNMENT,
@@ -67,7 +67,7 @@ ASSIGNMENT_FAILURE = "assignment"
 """``failure_kind`` of a trial that failed because of what it trains."""
 SETTINGS_FAILURE = "settings"
 """``failure_kind`` of a trial stopped because the run's settings fail every trial alike
-(a :class:`~geosearch.errors.SettingsError`): not the point's failure; its point is
+(a :class:`~geosearch.util.errors.SettingsError`): not the point's failure; its point is
 queued again and the search stops."""
 DEFAULT_MAX_RETRIES = 2
 """Times in a row an environment failure runs its point again (``--max-retries``)."""
@@ -105,7 +105,7 @@ def failure_kind(error: BaseException | str) -> str:
     Returns:
         :data:`ENVIRONMENT_FAILURE` (out of memory, a CUDA/NCCL runtime error, an OSError
         such as a full disk, a storage or connection error), :data:`SETTINGS_FAILURE` (a
-        :class:`~geosearch.errors.SettingsError`, unless an environment failure caused it:
+        :class:`~geosearch.util.errors.SettingsError`, unless an environment failure caused it:
         a model factory out of memory) or :data:`ASSIGNMENT_FAILURE` (everything else).
 
     Example:
@@ -113,7 +113,7 @@ def failure_kind(error: BaseException | str) -> str:
         'environment'
         >>> failure_kind("ValueError: expected a finite spectral_lr")
         'assignment'
-        >>> from geosearch.errors import SettingsError
+        >>> from geosearch.util.errors import SettingsError
         >>> failure_kind(SettingsError("does not split", key="grad_accum"))
         'settings'
     """

@@ -24,7 +24,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 from geosearch.search.runtime.artifacts import ArtifactStore, TrialFiles, default_store
 from geosearch.search.runtime.liveness import STALE_AFTER
 from geosearch.search.study.queue import done_reason

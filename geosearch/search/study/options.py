@@ -13,8 +13,8 @@ from typing import TextIO
 
 import optuna
 
-from geosearch.checks import is_int
-from geosearch.errors import ConfigError
+from geosearch.util.checks import is_int
+from geosearch.util.errors import ConfigError
 from geosearch.search.runtime.artifacts import ArtifactStore
 from geosearch.search.runtime.liveness import STALE_AFTER
 from geosearch.search.study.failures import DEFAULT_MAX_RETRIES
@@ -44,7 +44,7 @@ class SearchOptions:
     retry_failed: bool = False
 
     def check(self) -> None:
-        """Raise a :class:`~geosearch.errors.ConfigError` naming the flag or argument at
+        """Raise a :class:`~geosearch.util.errors.ConfigError` naming the flag or argument at
         fault: a bad number, both a study and a storage, or process-local objects with
         ``workers`` > 1."""
         if self.workers < 1:

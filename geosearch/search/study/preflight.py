@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.proxy.accelerator import check_device, check_precision
 from geosearch.proxy.config import check_batch_split
 from geosearch.search.space.spec import SearchSpace
@@ -57,10 +57,10 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
 
     Raises:
         ConfigError: the first problem, naming the space's key (``proxy.grad_accum``, ...);
-            a :class:`~geosearch.errors.SettingsError` for the run's settings.
+            a :class:`~geosearch.util.errors.SettingsError` for the run's settings.
     """
     from geosearch.assignment import Assignment
-    from geosearch.modules import empty_rule_error, get_rule_set, match_parameters
+    from geosearch.rules.modules import empty_rule_error, get_rule_set, match_parameters
     from geosearch.plan import bind
     from geosearch.proxy.data import config_corpus
     from geosearch.proxy.trackers import check_trackers

@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 
 import optuna
 
-from geosearch.checks import shown
-from geosearch.errors import ConfigError
+from geosearch.util.checks import shown
+from geosearch.util.errors import ConfigError
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.records import DATA_DIGEST, SPACE
 from geosearch.search.space.spec import SearchSpace

@@ -31,8 +31,8 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial
 
-from geosearch import __version__
-from geosearch.errors import ConfigError, GeosearchError
+from geosearch.util.version import __version__
+from geosearch.util.errors import ConfigError, GeosearchError
 from geosearch.proxy.accelerator import get_accelerator
 from geosearch.proxy.config import check_batch_split
 from geosearch.proxy.train import train

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 from geosearch.proxy.config import TrainResult
 from geosearch.proxy.train import train
 from geosearch.search.space.baselines import BASELINES
@@ -305,7 +305,7 @@ class Searcher:
 
     def _stop_on_settings(self, trial: optuna.Trial, error: BaseException) -> NoReturn:
         """A run of the trial refused the run's settings (a
-        :class:`~geosearch.errors.SettingsError`: ``failure_kind`` ``settings``), which every
+        :class:`~geosearch.util.errors.SettingsError`: ``failure_kind`` ``settings``), which every
         trial shares: not the point's failure. The trial is recorded as interrupted and its
         point queued again (:meth:`_interrupted`); the search stops with the error, and the
         rerun with the setting fixed trains the point.

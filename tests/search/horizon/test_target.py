@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from geosearch.assignment import load_assignment
 from geosearch.cli import build_parser
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.horizon.forecast import schedule_sum_eta, schedule_sum_eta2
 from geosearch.search.space.reader import SearchSpaceError
 from geosearch.search.space.spec import apply_overrides, load_space

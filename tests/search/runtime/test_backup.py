@@ -14,7 +14,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.runtime.backup import (
     STUDY_FILE,
     TRIAL_FILE,

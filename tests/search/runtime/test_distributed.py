@@ -21,7 +21,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.runtime import liveness
 from geosearch.search.study import recovery
 from geosearch.search.space.spec import SearchSpace

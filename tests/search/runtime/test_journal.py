@@ -10,7 +10,7 @@ import optuna
 import pytest
 from _small_fs import fill, small_filesystem
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.runtime.journal import SafeJournalFile, check_journal_file, open_journal, repair_torn_tail
 from geosearch.search.runtime.storage import open_storage
 

@@ -21,7 +21,7 @@ import pytest
 from _search_helpers import make_space, trials_of, use_train
 from optuna.trial import TrialState
 
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 from geosearch.proxy.config import TrainResult
 from geosearch.search.runtime import liveness
 from geosearch.search.study import recovery

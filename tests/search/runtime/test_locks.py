@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 from geosearch.search.runtime import liveness
 from geosearch.search.runtime.locks import CommandLock
 

@@ -79,7 +79,7 @@ def test_a_postgresql_storage_tests_its_connections_before_use(postgres_url):
 def test_a_read_only_open_of_a_database_without_a_study_creates_no_tables(postgres_url):
     import sqlalchemy
 
-    from geosearch.errors import ConfigError
+    from geosearch.util.errors import ConfigError
     from geosearch.search.runtime.storage import _with_installed_driver, open_run_study
 
     def tables() -> list[str]:

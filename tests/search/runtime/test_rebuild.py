@@ -15,7 +15,7 @@ import optuna
 import pytest
 from _search_helpers import FakeTrain, make_space, search, use_train
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.records import trial_status
 from geosearch.search.runtime.backup import STUDY_FILE, TRIAL_FILE
 from geosearch.search.runtime.rebuild import recover_run

@@ -19,7 +19,7 @@ import yaml
 from _secret_urls import ABSENT, FORMS, RAW_AT
 from _small_fs import read_only_filesystem
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.runtime.rdb import REQUIRED_TABLES, sqlite_tables
 from geosearch.search.runtime.storage import (
     MAX_STUDY_NAME,

@@ -9,8 +9,8 @@ import optuna
 import pytest
 from _spaces import problems, space, write
 
-from geosearch.errors import ConfigError
-from geosearch.modules import rule_set_names
+from geosearch.util.errors import ConfigError
+from geosearch.rules.modules import rule_set_names
 from geosearch.search import SearchSpaceError, apply_overrides, load_space
 from geosearch.search.space.reader import LOSS_PRUNER_ARGS
 from geosearch.search.space.schema import space_limits

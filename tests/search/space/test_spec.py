@@ -10,7 +10,7 @@ import optuna
 import pytest
 from _spaces import problems, space, write
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search import (
     LogitGrowthPruner,
     SearchSpace,

@@ -10,7 +10,7 @@ import pytest
 from _search_helpers import FakeTrain, make_space, search, trials_of, use_train
 from optuna.trial import TrialState
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.study.baselines import baseline_table
 from geosearch.search.study.export import format_ranking
 from geosearch.search.study.queue import done_count

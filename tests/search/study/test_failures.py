@@ -14,7 +14,7 @@ import sqlalchemy.exc
 import torch
 from optuna.trial import TrialState, create_trial
 
-from geosearch.errors import ConfigError, SettingsError
+from geosearch.util.errors import ConfigError, SettingsError
 from geosearch.search.study.failures import (
     ASSIGNMENT_FAILURE,
     ENVIRONMENT_FAILURE,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _search_helpers import TINY_PROXY, make_space
 
-from geosearch.errors import SettingsError
+from geosearch.util.errors import SettingsError
 from geosearch.search.study.preflight import preflight
 
 

@@ -18,7 +18,7 @@ import yaml
 from _search_helpers import TINY_PROXY, FakeTrain, make_space, search, trials_of, use_train
 
 from geosearch.cli import main
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.search.records import DATA_DIGEST
 from geosearch.search.study.resume import NOT_COMPARED, ON_CHANGED_FILES, ON_RESUME, RUN_TIME_KEYS
 from geosearch.search.runtime.storage import open_run_study

@@ -14,7 +14,7 @@ import torch
 from _search_helpers import TINY_PROXY, make_space, search, trials_of
 
 from geosearch.assignment import load_assignment
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 from geosearch.build import build_optimizer
 from geosearch.models.model import GPT, make_config
 from geosearch.search.stats.ranking import rank_study

@@ -17,7 +17,7 @@ from _search_helpers import FakeTrain, make_space, search, trials_of, use_train
 from optuna.trial import TrialState
 
 from geosearch.cli import main
-from geosearch.errors import GeosearchError
+from geosearch.util.errors import GeosearchError
 from geosearch.proxy.config import TrainResult
 from geosearch.search.study import trial_loop
 from geosearch.search.study.queue import done_count

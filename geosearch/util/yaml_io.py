@@ -1,7 +1,7 @@
 """Reading YAML files users write: one loader, one kind of error.
 
 :func:`load_yaml` reads a file with PyYAML's safe loader and turns everything that can
-go wrong into a one-line :class:`~geosearch.errors.ConfigError` naming the file: missing,
+go wrong into a one-line :class:`~geosearch.util.errors.ConfigError` naming the file: missing,
 a directory, unreadable, empty, or malformed (``"malformed YAML at line L, column C:
 ..."``). Documents with many aliases, or whose aliases expand to a large tree, are
 refused before they are built: aliases let a few lines stand for an exponentially large
@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from geosearch.errors import ConfigError
-from geosearch.files import CONFIG_LIMIT, read_user_text
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import CONFIG_LIMIT, read_user_text
 
 __all__ = ["MAX_ALIASES", "MAX_VALUES", "load_yaml", "parse_value", "parse_yaml"]
 
@@ -141,7 +141,7 @@ def parse_value(text: str, *, source: str | None = None) -> Any:
 
 def load_yaml(path: str | os.PathLike, *, what: str = "a YAML mapping", default: Any = _RAISE,
               limit: int = CONFIG_LIMIT) -> Any:
-    """Read and parse the YAML file at ``path`` (:func:`geosearch.files.read_user_text`).
+    """Read and parse the YAML file at ``path`` (:func:`geosearch.util.files.read_user_text`).
 
     Args:
         path: the file.

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from geosearch.errors import ConfigError
-from geosearch.modules import ModuleRule, family_types
+from geosearch.util.errors import ConfigError
+from geosearch.rules.modules import ModuleRule, family_types
 
 __all__ = ["counterparts", "retarget"]
 

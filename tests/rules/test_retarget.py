@@ -1,13 +1,13 @@
-"""Tests of geosearch.retarget and Assignment.with_rules: an answer moved to another rule set."""
+"""Tests of geosearch.rules.retarget and Assignment.with_rules: an answer moved to another rule set."""
 
 from __future__ import annotations
 
 import pytest
 
 from geosearch.assignment import Assignment
-from geosearch.errors import ConfigError
-from geosearch.modules import ModuleRule, get_rule_set, module_types
-from geosearch.retarget import counterparts
+from geosearch.util.errors import ConfigError
+from geosearch.rules.modules import ModuleRule, get_rule_set, module_types
+from geosearch.rules.retarget import counterparts
 
 
 def test_each_new_type_takes_its_counterparts_geometry_and_options():

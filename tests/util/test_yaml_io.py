@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from geosearch.errors import ConfigError
-from geosearch.files import CONFIG_LIMIT
-from geosearch.yaml_io import MAX_ALIASES, load_yaml, parse_value, parse_yaml
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import CONFIG_LIMIT
+from geosearch.util.yaml_io import MAX_ALIASES, load_yaml, parse_value, parse_yaml
 
 
 def test_reads_a_mapping(tmp_path):

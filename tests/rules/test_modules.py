@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from geosearch.errors import ConfigError
-from geosearch.modules import (
+from geosearch.util.errors import ConfigError
+from geosearch.rules.modules import (
     RULE_SETS,
     ModuleRule,
     check_rules,

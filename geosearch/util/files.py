@@ -8,7 +8,7 @@ config of many megabytes takes minutes to parse. Every command that writes check
 first, writing nothing (:func:`check_dir`, :func:`check_out_file`): a path that is a file
 where a directory is expected, or the reverse, or a directory this process cannot write
 to (permissions, a read-only mount), is one line before any work. Each check raises a
-one-line :class:`~geosearch.errors.ConfigError` naming the file.
+one-line :class:`~geosearch.util.errors.ConfigError` naming the file.
 
 The limits (``docs/reliability.md``, "Bad inputs"):
 
@@ -31,7 +31,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from geosearch.errors import ConfigError
+from geosearch.util.errors import ConfigError
 
 __all__ = ["CONFIG_LIMIT", "TEXT_CORPUS_LIMIT", "TOKENIZER_LIMIT", "check_dir", "check_out_file",
            "check_user_file", "file_kind", "read_user_bytes", "read_user_text", "size_text"]

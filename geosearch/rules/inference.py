@@ -27,8 +27,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from geosearch.errors import ConfigError
-from geosearch.modules import (
+from geosearch.util.errors import ConfigError
+from geosearch.rules.modules import (
     ModuleRule,
     _embedding_and_head_ids,
     _module_kind,
@@ -152,7 +152,7 @@ def _type_of(module_name: str) -> str | None:
 def _split(type_: str, entries: list[tuple[str, nn.Module]], modules: dict[str, nn.Module]) -> tuple[str, ...]:
     """The split of a fused type when every weight of it is stacked in equal whole blocks:
     for ``attn_qkv``, when the attention module's head counts say Q, K and V are equally wide
-    and stacked whole (:func:`~geosearch.modules.fused_qkv_layout`)."""
+    and stacked whole (:func:`~geosearch.rules.modules.fused_qkv_layout`)."""
     leaves = {n.split(".")[-2] for n, _ in entries}
     if len(leaves) != 1 or next(iter(leaves)) not in _CONTIGUOUS_SPLITS:
         return ()

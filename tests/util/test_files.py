@@ -9,9 +9,9 @@ import socket
 import pytest
 from _small_fs import read_only_filesystem
 
-from geosearch import files
-from geosearch.errors import ConfigError
-from geosearch.files import (
+from geosearch.util import files
+from geosearch.util.errors import ConfigError
+from geosearch.util.files import (
     CONFIG_LIMIT,
     check_dir,
     check_out_file,

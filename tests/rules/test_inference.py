@@ -1,4 +1,4 @@
-"""Rules read off module names (geosearch/rule_inference.py): types, layouts, splits, patterns."""
+"""Rules read off module names (geosearch/rules/inference.py): types, layouts, splits, patterns."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from geosearch.modules import ModuleRule, get_rule_set, match_parameters, module_types
+from geosearch.rules.modules import ModuleRule, get_rule_set, match_parameters, module_types
 from geosearch.models.model import GPT, make_config
-from geosearch.rule_inference import infer_rules, model_rules, rules_fit
+from geosearch.rules.inference import infer_rules, model_rules, rules_fit
 
 HF_REASON = "Hugging Face transformers is not installed (pip install 'geosearch[hf]')"
 SMALL = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=48)

@@ -1,8 +1,8 @@
-"""User-facing errors (geosearch/errors.py): one line, naming where, within the line's budget."""
+"""User-facing errors (geosearch/util/errors.py): one line, naming where, within the line's budget."""
 
 from __future__ import annotations
 
-from geosearch.errors import MAX_MESSAGE, ConfigError
+from geosearch.util.errors import MAX_MESSAGE, ConfigError
 
 
 def test_a_long_list_of_allowed_values_is_cut_to_the_budget_saying_how_many_are_left_out():

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from geosearch.errors import ConfigError, unknown_name
+from geosearch.util.errors import ConfigError, unknown_name
 
 if TYPE_CHECKING:  # pragma: no cover - torch is imported where a model is matched
     from torch import nn

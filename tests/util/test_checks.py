@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from geosearch.checks import (
+from geosearch.util.checks import (
     SEED,
     STEPS,
     Range,
@@ -59,11 +59,11 @@ def test_the_two_parsers_differ_only_where_documented(v, number, decimal):
 
 
 def test_the_module_imports_nothing_of_geosearch():
-    # Rule: beyond what `import geosearch` itself loads, only geosearch.checks.
-    code = ("import sys, geosearch; before = set(sys.modules); import geosearch.checks; "
+    # Rule: beyond what `import geosearch` itself loads, only geosearch.util.checks.
+    code = ("import sys, geosearch; before = set(sys.modules); import geosearch.util.checks; "
             "print(sorted(m for m in set(sys.modules) - before if m.startswith('geosearch')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert loaded.stdout.strip() == "['geosearch.checks']"
+    assert loaded.stdout.strip() == "['geosearch.util.checks']"
 
 
 @pytest.mark.parametrize("allowed, value, out, problem", [
