@@ -74,42 +74,40 @@ import hashlib
 import os
 import sys
 import sysconfig
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from geosearch.util.checks import is_int, shown
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import (
     TEXT_CORPUS_LIMIT,
-    TOKENIZER_LIMIT,
     check_user_file,
-    read_user_text,
     size_text,
 )
 from geosearch.models.specs import MODEL_SIZE
 from geosearch.proxy.meta import META_FILES, read_meta
+from geosearch.proxy.reading import (
+    Tokenizer,
+    check_ids,
+    file_stamps,
+    files_digest,
+    n_held_out,
+    reader_of,
+    split_files,
+    walk_files,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.proxy.config import TrainConfig
 
 DEFAULT_MAX_BYTES = 4 * 2**20  # cap on the default corpus (train + validation)
-EXCLUDED_STDLIB_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",
-                                  "__pycache__"})
 TOKEN_FILES = ("train.bin", "val.bin")
 TOKEN_DTYPES: dict[str, torch.dtype] = {"uint16": torch.uint16, "uint32": torch.uint32}
 """``dtype`` values of a meta file (:data:`~geosearch.proxy.meta.TOKEN_DTYPE_NAMES`) -> how
 ``train.bin`` / ``val.bin`` are read (default uint16)."""
-TOKENIZER_FILE = "tokenizer.json"
-_ID_SCAN_CHUNK = 2**24  # token ids converted at a time when checking their range
-_DIGEST_CHUNK = 2**20  # bytes read at a time when hashing a file
-DIGEST_NAMED_FILES = 16
-"""A corpus of at most this many files records each file's SHA-256 by name in its
-:meth:`Corpus.digest` (so that a changed file can be named); larger ones only the total."""
 
 
 @dataclass(frozen=True)
@@ -142,17 +140,17 @@ class Corpus:
         """The identity of the contents, JSON-safe, for a study to record: ``{"data": PART,
         "tokenizer": PART or None}``. A PART is ``{"sha256", "files", "bytes", "source",
         "root", "each"}``: the SHA-256 over each file's name, size and SHA-256 (every file
-        streamed whole, :data:`_DIGEST_CHUNK` bytes at a time), the file and byte counts, what
+        streamed whole, :data:`DIGEST_CHUNK` bytes at a time), the file and byte counts, what
         it is in words, the directory the names are relative to, and each file's SHA-256 by
-        name (None for more than :data:`DIGEST_NAMED_FILES` files). Computed on each call
+        name (None for more than :data:`~geosearch.proxy.reading.DIGEST_NAMED_FILES` files). Computed on each call
         (about 2 GB/s): call it once per command.
 
         Raises:
             ConfigError: a file that can no longer be read, naming it.
         """
         tok = self.tokenizer
-        return {"data": _files_digest(self.files, self.root, self.source),
-                "tokenizer": None if tok is None else _files_digest((tok,), tok.parent, str(tok))}
+        return {"data": files_digest(self.files, self.root, self.source),
+                "tokenizer": None if tok is None else files_digest((tok,), tok.parent, str(tok))}
 
     def check_block_size(self, block_size: int) -> None:
         """Raise a ConfigError naming the source if a split is too short for one sample.
@@ -210,7 +208,7 @@ def load_corpus(
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"must be strictly between 0 and 1 but got {val_fraction!r}",
                           source="load_corpus", key="val_fraction")
-    tok = _Tokenizer.load(tokenizer) if tokenizer is not None else None
+    tok = Tokenizer.load(tokenizer) if tokenizer is not None else None
     if path is None:
         corpus = _load_stdlib(val_fraction, max_bytes, tok)
     else:
@@ -282,76 +280,13 @@ def get_batch(
     return x.contiguous(), y.contiguous()
 
 
-# --------------------------------------------------------------------------- tokenizer
-class _Tokenizer:
-    """A Hugging Face ``tokenizers.Tokenizer`` read from a local file, and where it came from."""
-
-    def __init__(self, tokenizer: Any, path: Path) -> None:
-        self.tokenizer, self.path = tokenizer, path
-        self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> _Tokenizer:
-        """Read ``path`` (a ``tokenizer.json`` or a directory holding one).
-
-        Raises:
-            ConfigError: no such file, not a regular file, more than :data:`TOKENIZER_LIMIT`
-                bytes, not UTF-8, ``tokenizers`` not installed, or not a tokenizer.
-        """
-        p = Path(path).expanduser()
-        if p.is_dir():
-            p = p / TOKENIZER_FILE
-        what = f"a Hugging Face {TOKENIZER_FILE} or a directory holding one"
-        text = read_user_text(p, what=what, limit=TOKENIZER_LIMIT, missing=f"no such file; expected {what}",
-                              source=f"{p}: tokenizer")
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ConfigError("reading a tokenizer needs Hugging Face tokenizers, which is not "
-                              "installed; install it with: pip install 'geosearch[tokenizers]'",
-                              source=str(p), key="tokenizer") from None
-        try:
-            return cls(Tokenizer.from_str(text), p)
-        except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exceptions
-            first = (str(e).strip().splitlines() or [""])[0]
-            raise ConfigError(f"cannot read it as a Hugging Face tokenizer ({first})",
-                              source=str(p), key="tokenizer") from None
-
-    def stamp(self) -> tuple:
-        """The file's identity for the corpus cache."""
-        return tuple(_stamps([self.path]))
-
-    def read(self, files: list[Path], source: str) -> torch.Tensor:
-        """The files' text (UTF-8, bad bytes replaced) encoded one file at a time, concatenated."""
-        texts = [f.read_bytes().decode("utf-8", errors="replace") for f in files]
-        encoded = self.tokenizer.encode_batch(texts)
-        dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
-        ids = np.concatenate([np.asarray(e.ids, dtype=dtype) for e in encoded]) if encoded else []
-        if len(ids) == 0:
-            raise ConfigError("the text is empty; expected at least one non-empty file", source=source)
-        data = torch.from_numpy(ids)  # (N,) token ids
-        _check_ids(data, self.vocab_size, str(self.path))
-        return data
-
-
-_Reader = Callable[[list[Path], str], torch.Tensor]
-"""Files -> one 1-D tensor of ids: :func:`_read_bytes` or :meth:`_Tokenizer.read`."""
-
-
-def _reader(tok: _Tokenizer | None) -> tuple[_Reader, int, str]:
-    """How text is read: the reader, its vocabulary size, and a phrase for the source."""
-    if tok is None:
-        return _read_bytes, 256, "bytes"
-    return tok.read, tok.vocab_size, f"tokens of {tok.path}"
-
-
 # --------------------------------------------------------------------------- sources
-def _load_stdlib(val_fraction: float, max_bytes: int, tok: _Tokenizer | None) -> Corpus:
+def _load_stdlib(val_fraction: float, max_bytes: int, tok: Tokenizer | None) -> Corpus:
     root = Path(sysconfig.get_paths()["stdlib"])
     key = ("stdlib", str(root), val_fraction, max_bytes, tok and tok.stamp())
     if key in _CACHE:
         return _CACHE[key]
-    files = [f for f in _walk(root, stdlib=True) if f.suffix == ".py"]
+    files = [f for f in walk_files(root, stdlib=True) if f.suffix == ".py"]
     if not files:
         raise ConfigError("found no .py files in the standard library directory; "
                           "pass a corpus path instead", source=str(root))
@@ -370,8 +305,8 @@ def _load_stdlib(val_fraction: float, max_bytes: int, tok: _Tokenizer | None) ->
         raise ConfigError(f"max_bytes={max_bytes} keeps {len(picked)} standard-library file(s); "
                           "at least 2 are needed for a train/validation split",
                           source="load_corpus", key="max_bytes")
-    read, vocab, unit = _reader(tok)
-    train, val = _split_files(picked, val_fraction, str(root), read)
+    read, vocab, unit = reader_of(tok)
+    train, val = split_files(picked, val_fraction, str(root), read)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     source = f"{version} stdlib {root} ({len(picked)} files, {total} bytes)"
     if tok is not None:
@@ -382,26 +317,26 @@ def _load_stdlib(val_fraction: float, max_bytes: int, tok: _Tokenizer | None) ->
     return corpus
 
 
-def _load_text(p: Path, val_fraction: float, tok: _Tokenizer | None) -> Corpus:
+def _load_text(p: Path, val_fraction: float, tok: Tokenizer | None) -> Corpus:
     if not p.is_dir():  # a pipe or a device would be read forever
         check_user_file(p, what="a text file, a directory of text files, or a directory with "
                         "train.bin and val.bin")
-    files = [p] if not p.is_dir() else _walk(p, stdlib=False)
-    key = ("text", str(p.resolve()), val_fraction, tok and tok.stamp(), *_stamps(files))
+    files = [p] if not p.is_dir() else walk_files(p, stdlib=False)
+    key = ("text", str(p.resolve()), val_fraction, tok and tok.stamp(), *file_stamps(files))
     if key in _CACHE:
         return _CACHE[key]
     if not files:
         raise ConfigError("the directory holds no files; expected text files (or train.bin and "
                           "val.bin)", source=str(p))
-    total = sum(size for _, size, _ in _stamps(files))
+    total = sum(size for _, size, _ in file_stamps(files))
     if total > TEXT_CORPUS_LIMIT:
         raise ConfigError(f"{size_text(total)} of text, more than the {size_text(TEXT_CORPUS_LIMIT)} "
                           "a text corpus may hold (it is read into memory); write larger data as "
                           "train.bin and val.bin token files, which are memory-mapped", source=str(p))
-    read, vocab, unit = _reader(tok)
-    n_val = _n_held_out(len(files), val_fraction)
+    read, vocab, unit = reader_of(tok)
+    n_val = n_held_out(len(files), val_fraction)
     if 0 < n_val < len(files):
-        train, val = _split_files(files, val_fraction, str(p), read)
+        train, val = split_files(files, val_fraction, str(p), read)
     else:  # one file (or too few to split by file): the last val_fraction of the ids
         data = read(files, str(p))
         n_train = len(data) - max(1, round(val_fraction * len(data)))
@@ -413,7 +348,7 @@ def _load_text(p: Path, val_fraction: float, tok: _Tokenizer | None) -> Corpus:
     return corpus
 
 
-def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None,
+def _load_tokens(p: Path, vocab_size: int | None, tok: Tokenizer | None,
                  model_vocab_size: int | None) -> Corpus:
     paths = [p / name for name in TOKEN_FILES]
     for f in paths:
@@ -421,7 +356,7 @@ def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None,
                         missing=f"{f.name} is missing; a token directory needs both train.bin and "
                                 "val.bin (token ids)")
     key = ("tokens", str(p.resolve()), vocab_size, model_vocab_size, tok and tok.stamp(),
-           *_stamps(paths + [p / m for m in META_FILES]))
+           *file_stamps(paths + [p / m for m in META_FILES]))
     if key in _CACHE:
         return _CACHE[key]
     meta, meta_path = read_meta(p)
@@ -455,7 +390,7 @@ def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None,
                               f"ids (a multiple of {width} bytes)", source=str(f))
         # memory-mapped copy-on-write: pages are read when a batch touches them
         data = torch.from_file(str(f), shared=False, size=n_bytes // width, dtype=dtype)
-        _check_ids(data, vocab_size, str(f))
+        check_ids(data, vocab_size, str(f))
         splits.append(data)
     corpus = Corpus(train=splits[0], val=splits[1], vocab_size=vocab_size,
                     source=f"token files {p} ({len(splits[0])} + {len(splits[1])} {dtype_name} tokens)",
@@ -465,84 +400,3 @@ def _load_tokens(p: Path, vocab_size: int | None, tok: _Tokenizer | None,
     return corpus
 
 
-# --------------------------------------------------------------------------- helpers
-def _walk(root: Path, stdlib: bool) -> list[Path]:
-    """Regular files below root in sorted path order (by path components), skipping the
-    excluded directories (stdlib) or hidden files and directories (user data)."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        if stdlib:
-            dirnames[:] = [d for d in dirnames if d not in EXCLUDED_STDLIB_DIRS]
-        else:
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            filenames = [f for f in filenames if not f.startswith(".")]
-        out.extend(Path(dirpath) / f for f in filenames)
-    return sorted((f for f in out if f.is_file()), key=lambda f: f.relative_to(root).parts)
-
-
-def _stamps(files: list[Path]) -> list[tuple]:
-    """(path, size, mtime) of each existing file, so an edited file is reloaded."""
-    return [(str(f), s.st_size, s.st_mtime_ns) for f in files if f.exists() for s in [f.stat()]]
-
-
-def _n_held_out(n_files: int, val_fraction: float) -> int:
-    return sum(_held_out(i, val_fraction) for i in range(n_files))
-
-
-def _held_out(i: int, val_fraction: float) -> bool:
-    """File i goes to validation when it crosses the next multiple of 1/val_fraction."""
-    return int((i + 1) * val_fraction) > int(i * val_fraction)
-
-
-def _split_files(files: list[Path], val_fraction: float, source: str,
-                 read: _Reader) -> tuple[torch.Tensor, torch.Tensor]:
-    train = [f for i, f in enumerate(files) if not _held_out(i, val_fraction)]
-    val = [f for i, f in enumerate(files) if _held_out(i, val_fraction)]
-    return read(train, source), read(val, source)
-
-
-def _read_bytes(files: list[Path], source: str) -> torch.Tensor:
-    data = b"".join(f.read_bytes() for f in files)
-    if not data:
-        raise ConfigError("the text is empty; expected at least one non-empty file", source=source)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)  # (N,) byte ids
-
-
-def _check_ids(data: torch.Tensor, vocab_size: int, source: str) -> None:
-    """Raise a ConfigError naming ``source`` when an id of ``data`` is ``>= vocab_size``.
-
-    Read in chunks (``uint16``/``uint32`` tensors have no ``max`` of their own), so a
-    memory-mapped file is paged through, not copied whole.
-    """
-    largest = max(int(data[i:i + _ID_SCAN_CHUNK].to(torch.int64).max())
-                  for i in range(0, len(data), _ID_SCAN_CHUNK))
-    if largest >= vocab_size:
-        raise ConfigError(f"holds token id {largest} but the vocabulary has {vocab_size} ids "
-                          f"(0..{vocab_size - 1}); give the data's vocabulary (--vocab-size, "
-                          "meta.json) or tokenizer", source=source, key="vocab_size")
-
-
-def _files_digest(files: tuple[Path, ...], root: Path | None, source: str) -> dict[str, Any]:
-    """One part of :meth:`Corpus.digest`: every file streamed through SHA-256.
-
-    Raises:
-        ConfigError: a file that cannot be read, naming it.
-    """
-    total, each, n_bytes = hashlib.sha256(), {}, 0
-    buffer = bytearray(_DIGEST_CHUNK)
-    view = memoryview(buffer)
-    for f in files:
-        name = f.relative_to(root).as_posix() if root is not None else f.name
-        h, size = hashlib.sha256(), 0
-        try:
-            with open(f, "rb") as fh:
-                while n := fh.readinto(buffer):
-                    h.update(view[:n])
-                    size += n
-        except OSError as e:
-            raise ConfigError(f"cannot read the file to hash it ({e.strerror or e})", source=str(f)) from None
-        total.update(os.fsencode(name) + b"\0" + str(size).encode() + b"\0" + h.hexdigest().encode() + b"\n")
-        each[name] = h.hexdigest()
-        n_bytes += size
-    return {"sha256": total.hexdigest(), "files": len(files), "bytes": n_bytes, "source": source,
-            "root": None if root is None else str(root), "each": each if len(files) <= DIGEST_NAMED_FILES else None}

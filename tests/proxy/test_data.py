@@ -14,6 +14,7 @@ import torch
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import CONFIG_LIMIT
 from geosearch.proxy import data as data_mod
+from geosearch.proxy import reading
 from geosearch.proxy.data import clear_corpus_cache, get_batch, load_corpus
 
 
@@ -327,7 +328,7 @@ def test_the_digest_names_every_file_a_corpus_was_read_from(tmp_path, monkeypatc
     assert set(part["each"]) == {"train.bin", "val.bin", "meta.json"}
     assert part["bytes"] == 20 + 10 + len(json.dumps({"vocab_size": 10}))
     # Rule: streamed in chunks: the same hash whatever the chunk.
-    monkeypatch.setattr(data_mod, "_DIGEST_CHUNK", 3)
+    monkeypatch.setattr(reading, "DIGEST_CHUNK", 3)
     assert load_corpus(tmp_path / "tok").digest() == first
     # Rule: a changed byte changes the file's hash and the total; the others keep theirs.
     write_tokens(tmp_path / "tok", [*range(9), 8], range(5))
@@ -335,7 +336,7 @@ def test_the_digest_names_every_file_a_corpus_was_read_from(tmp_path, monkeypatc
     assert second["sha256"] != part["sha256"] and second["each"]["train.bin"] != part["each"]["train.bin"]
     assert second["each"]["val.bin"] == part["each"]["val.bin"]
     # Rule: text directories by relative path; many files keep only the total.
-    monkeypatch.setattr(data_mod, "DIGEST_NAMED_FILES", 2)
+    monkeypatch.setattr(reading, "DIGEST_NAMED_FILES", 2)
     for i in range(3):
         (tmp_path / "texts" / "sub").mkdir(parents=True, exist_ok=True)
         (tmp_path / "texts" / "sub" / f"{i}.txt").write_text("hello world " * (i + 5))
@@ -393,10 +394,10 @@ def test_token_ids_are_checked_against_the_vocabulary(tmp_path):
     ids = torch.zeros(100, dtype=torch.int64)
     ids[-1] = 12
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(data_mod, "_ID_SCAN_CHUNK", 7)
+    monkey.setattr(reading, "ID_SCAN_CHUNK", 7)
     try:
         with pytest.raises(ConfigError, match="holds token id 12 but the vocabulary has 12 ids"):
-            data_mod._check_ids(ids.to(torch.uint16), 12, "x")
+            reading.check_ids(ids.to(torch.uint16), 12, "x")
     finally:
         monkey.undo()
 
@@ -449,7 +450,7 @@ def test_tokenizer_sets_the_vocabulary_of_token_files(tmp_path):
     write_tokens(tmp_path / "tok", range(50), range(20))  # no meta.json
     # Rule: without meta.json the tokenizer gives the vocabulary size of token files.
     corpus = load_corpus(tmp_path / "tok", tokenizer=tmp_path / "tokenizer.json")
-    assert corpus.vocab_size == data_mod._Tokenizer.load(tmp_path / "tokenizer.json").vocab_size
+    assert corpus.vocab_size == reading.Tokenizer.load(tmp_path / "tokenizer.json").vocab_size
 
 
 def test_bad_tokenizers_name_the_file(tmp_path, monkeypatch):
@@ -483,7 +484,7 @@ def test_a_tokenizer_is_read_as_a_bounded_utf8_regular_file(tmp_path, monkeypatc
     # Rule: not UTF-8 names the file and the byte.
     with pytest.raises(ConfigError, match=rf"^{tok}: tokenizer: is not UTF-8 text \(byte 0xff at offset 19\)"):
         load_corpus(tmp_path / "c.txt", tokenizer=tok)
-    monkeypatch.setattr(data_mod, "TOKENIZER_LIMIT", 16)
+    monkeypatch.setattr(reading, "TOKENIZER_LIMIT", 16)
     # Rule: a size limit (128 MiB), said before the file is read.
     with pytest.raises(ConfigError, match=rf"^{tok}: tokenizer: is 21 bytes, more than the 16 bytes"):
         load_corpus(tmp_path / "c.txt", tokenizer=tok)
@@ -607,7 +608,7 @@ def test_a_text_corpus_larger_than_its_limit_is_refused_before_it_is_read(tmp_pa
     (tmp_path / "a.txt").write_bytes(b"a" * 600)
     (tmp_path / "b.txt").write_bytes(b"b" * 600)
     read = []
-    monkeypatch.setattr(data_mod, "_read_bytes", lambda files, source: read.append(files))
+    monkeypatch.setattr(reading, "read_bytes", lambda files, source: read.append(files))
     # Rule: the text is read into memory: more than the limit (in all) is refused, and says
     # what to do instead.
     with pytest.raises(ConfigError, match=rf"^{tmp_path}: 1.2 kB of text, more than the 1 KiB a text "
