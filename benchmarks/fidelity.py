@@ -91,7 +91,8 @@ from geosearch.search.records import (
 )
 from geosearch.search.stats.scores import Point, Score, main_effects
 from geosearch.search.stats.trials import family_geometry, trial_label
-from geosearch.search.horizon.target import probe_sum_eta, study_reading
+from geosearch.search.horizon.reading import study_reading
+from geosearch.search.horizon.target import probe_sum_eta
 from geosearch.search.runtime.storage import open_run_study
 
 DATA = Path(__file__).parent / "data" / "fidelity"

@@ -6,7 +6,7 @@
 searched geometries, the score over seeds, the step it stopped at and why, its speed, the
 ``metrics.jsonl`` records of each seed (at the last rung it reached), and its losses and
 probes at each rung of the Σ η ladder, whose reading towards the target
-(:func:`geosearch.search.horizon.target.study_reading`) the run keeps too. The user attrs are read
+(:func:`geosearch.search.horizon.reading.study_reading`) the run keeps too. The user attrs are read
 through the constants of :mod:`geosearch.search.records`; missing or truncated files give
 what can be read, never an error. Duplicate and skipped bookkeeping trials are counted, not loaded;
 a point's adaptive-seed trials are merged into its score, and baselines are kept apart
@@ -56,7 +56,7 @@ from geosearch.search.records import (
 )
 from geosearch.search.runtime.storage import open_run_study, resolve_storage
 from geosearch.search.runtime.urls import mask_url
-from geosearch.search.horizon.target import rung_means, study_reading
+from geosearch.search.horizon.reading import rung_means, study_reading
 
 __all__ = ["RunData", "TrialRecord", "as_finite", "load_run", "mean_finite", "read_metrics"]
 
