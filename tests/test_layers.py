@@ -177,7 +177,8 @@ def test_an_upward_import_is_caught():
 
 KNOWN_CYCLES = [
     ["geosearch.search.stats.blocked", "geosearch.search.stats.scores"],
-    ["geosearch.search.stats.ranking", "geosearch.search.stats.seeding", "geosearch.search.stats.steps"],
+    ["geosearch.search.stats.ranking", "geosearch.search.stats.seeding",
+     "geosearch.search.stats.steps"],
 ]
 """Cycles in the ranking's statistics, which its rewrite (the verdict as data) removes: the
 list may only shrink."""
@@ -194,7 +195,8 @@ def test_a_cycle_is_caught():
              ("geosearch.search.space.plan", 9, "geosearch.search.space.spec"),
              ("geosearch.util.files", 2, "geosearch.util.files")]
     assert cycles(edges) == [
-        ["geosearch.search.space.baselines", "geosearch.search.space.schema", "geosearch.search.space.spec"],
+        ["geosearch.search.space.baselines", "geosearch.search.space.schema",
+         "geosearch.search.space.spec"],
         ["geosearch.util.files"],
     ]
 

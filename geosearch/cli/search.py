@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
 
             check_trackers(space.proxy.log_with, source="--log-with", key=None)
     try:
-        with sigterm_as_ctrl_c():  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
+        # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
+        with sigterm_as_ctrl_c():
             outcome = run_search(space, SearchOptions(
                 runs_dir=args.runs_dir, storage=args.storage, workers=args.workers,
                 worker_index=args.worker_index, max_retries=args.max_retries,
@@ -162,7 +163,8 @@ def _space(args: argparse.Namespace) -> SearchSpace:
 
     key_values(args.model_arg, "--model-arg")  # checked here: the message names the flag
     model_args = [f"proxy.model_args.{item.strip()}" for item in args.model_arg]
-    flags = {f: getattr(args, "study" if f == "name" else f) for f in CLI_FLAGS}  # --study sets name
+    # every flag of CLI_FLAGS is an argument of the same name; --study sets the name
+    flags = {f: getattr(args, "study" if f == "name" else f) for f in CLI_FLAGS}
     return apply_overrides(load_space(args.space), [*args.set, *model_args], **flags)
 
 

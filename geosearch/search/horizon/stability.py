@@ -22,8 +22,8 @@ from geosearch.search.horizon.forecast import stability_lr
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.horizon.target import Target, run_sum_eta, run_sum_eta2, warmup_share
 
-__all__ = ["STABILITY_RUNG", "StabilityRung", "plan_stability", "stability_clause", "stability_clock",
-           "stability_prefix", "stability_skip", "target_step_at"]
+__all__ = ["STABILITY_RUNG", "StabilityRung", "plan_stability", "stability_clause",
+           "stability_clock", "stability_prefix", "stability_skip", "target_step_at"]
 
 STABILITY_RUNG = -1
 """The index of the stability rung (:func:`plan_stability`): it is not a rung of the ladder."""
@@ -119,7 +119,8 @@ def stability_clock(proxy: TrainConfig, target: Target, rung: Rung) -> Callable[
 
 def stability_prefix(stab: StabilityRung) -> str:
     """How a trial stopped by the stability rung is said, before the reason."""
-    return f"stability rung ({stab.steps} steps at spectral_lr {stab.spectral_lr:.3g}, your run's Σ η²): "
+    return (f"stability rung ({stab.steps} steps at spectral_lr {stab.spectral_lr:.3g}, "
+            "your run's Σ η²): ")
 
 
 def stability_clause(stab: StabilityRung) -> str:

@@ -22,7 +22,13 @@ from typing import Any
 
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.horizon.stability import StabilityRung, plan_stability, stability_clause
-from geosearch.search.horizon.target import Target, ladder_record, plan_rungs, resolve_target, rung_seeds
+from geosearch.search.horizon.target import (
+    Target,
+    ladder_record,
+    plan_rungs,
+    resolve_target,
+    rung_seeds,
+)
 from geosearch.search.records import LADDER, STABILITY, TARGET
 from geosearch.search.space.baselines import BASELINES, baseline_factors, baseline_rungs
 from geosearch.search.space.spec import SearchSpace
@@ -35,7 +41,8 @@ class StudyPlan:
     """What a study trains (:func:`plan_study`)."""
 
     target: Target
-    """The user's run, resolved against the proxy: steps, peak spectral step, model, Σ η, Σ η²."""
+    """The user's run, resolved against the proxy: steps, peak spectral step, model, Σ η and
+    Σ η²."""
     rungs: tuple[Rung, ...]
     """The ladder's rungs, rung 0 (the proxy run) first; the value is read at the top one."""
     stability: StabilityRung | None
@@ -47,7 +54,8 @@ class StudyPlan:
     baselines: tuple[str, ...]
     """The baselines trained beside the points, reported and never exported."""
     step_grid: tuple[float, ...] | None
-    """The step grid's factors of ``proxy.spectral_lr``; ``None``: every point at the shared step."""
+    """The step grid's factors of ``proxy.spectral_lr``; ``None``: every point at the shared
+    step."""
     halving: bool
     """Whether the step grid is searched by successive halving."""
     least_steps: int | None
@@ -87,13 +95,15 @@ def plan_study(space: SearchSpace) -> StudyPlan:
     grid = space.hyperparams.step_grid
     return StudyPlan(
         target=target, rungs=tuple(rungs), stability=stability,
-        seeds=tuple(proxy.seed + r for r in range(space.repeats)), lower_seeds=space.ladder.lower_seeds,
+        seeds=tuple(proxy.seed + r for r in range(space.repeats)),
+        lower_seeds=space.ladder.lower_seeds,
         baselines=tuple(space.baselines), step_grid=None if grid is None else tuple(grid),
         halving=bool(grid) and space.hyperparams.step_halving, least_steps=least, most_steps=most,
         lines=(_target_line(space, target, rungs, stability), trains))
 
 
-def _target_line(space: SearchSpace, t: Target, rungs: Sequence[Rung], stab: StabilityRung | None) -> str:
+def _target_line(space: SearchSpace, t: Target, rungs: Sequence[Rung],
+                 stab: StabilityRung | None) -> str:
     """The header's line on the target, its Σ η, and the ladder's rungs."""
     base = rungs[0].sum_eta
     if t.sum_eta <= base * 1.1:

@@ -10,7 +10,7 @@ the trials here (:mod:`~geosearch.search.study.trial_loop`), in ``--workers N`` 
 (:mod:`~geosearch.search.runtime.distributed`), prints the ranking and exports the winner
 (:mod:`~geosearch.search.study.export`). Optuna's own objects plug in: an ``optuna.Study``, a
 storage, a sampler, a pruner, an artifact store for each trial's files
-(:mod:`~geosearch.search.runtime.artifacts`); :mod:`~geosearch.search.study.optimize` offers the same
+(:mod:`~geosearch.search.runtime.backup`); :mod:`~geosearch.search.study.optimize` offers the same
 trial to ``study.optimize``. The run directory, the trial records, outcomes, budget and
 liveness rules are described in ``docs/design.md`` ("The study").
 """
@@ -36,12 +36,12 @@ from geosearch.util.errors import ConfigError, GeosearchError
 from geosearch.proxy.accelerator import get_accelerator
 from geosearch.proxy.config import check_batch_split
 from geosearch.proxy.train import train
-from geosearch.search.runtime.artifacts import TrialFiles, default_store
+from geosearch.search.runtime.backup import TrialFiles, default_store
 from geosearch.search.runtime.distributed import RankGroup, follow, launch_world
 from geosearch.search.study.export import export_best, format_ranking
 from geosearch.search.study.failures import requeue_failed
 from geosearch.search.study.options import SearchOptions
-from geosearch.search.study.recovery import recover_stale, recovered_line
+from geosearch.search.study.failures import recover_stale, recovered_line
 from geosearch.search.runtime.liveness import (
     Owner,
     check_no_other_run,
@@ -59,7 +59,7 @@ from geosearch.search.records import (
     SPACE,
     trial_status,
 )
-from geosearch.search.study.preflight import data_digest, preflight
+from geosearch.search.study.resume import data_digest, preflight
 from geosearch.search.study.resume import check_data, check_identity
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 from geosearch.search.runtime.backup import (
@@ -116,13 +116,15 @@ class SearchOutcome:
     rank: int = 0
 
 
-def _study_attrs(space: SearchSpace, digest: dict[str, Any] | None, plan: StudyPlan) -> dict[str, Any]:
+def _study_attrs(space: SearchSpace, digest: dict[str, Any] | None,
+                 plan: StudyPlan) -> dict[str, Any]:
     """The study attrs of a new study: its space, version, rules, proxy run, its plan's
     target, rungs and stability rung, and the digest of its data (when given)."""
     d = space.to_dict()
     proxy = dict(d["proxy"])
     proxy.update(repeats=space.repeats, seeds=list(plan.seeds))
-    attrs = {SPACE: d, GEOSEARCH_VERSION: __version__, RULES: d["rules"], PROXY: proxy, **plan.record()}
+    attrs = {SPACE: d, GEOSEARCH_VERSION: __version__, RULES: d["rules"], PROXY: proxy,
+             **plan.record()}
     if digest is not None:
         attrs[DATA_DIGEST] = digest
     return attrs
@@ -177,8 +179,8 @@ def write_space_file(space: SearchSpace, run_dir: Path) -> None:
                                       encoding="utf-8")
 
 
-def _start_study(space: SearchSpace, plan: StudyPlan, run_dir: Path, sampler: optuna.samplers.BaseSampler,
-                 options: SearchOptions) -> tuple[optuna.Study, str, bool, list[str]]:
+def _start_study(space: SearchSpace, plan: StudyPlan, run_dir: Path,
+                 sampler: optuna.samplers.BaseSampler, options: SearchOptions) -> tuple[optuna.Study, str, bool, list[str]]:
     """Create or load the study of ``space`` (or take the given one, with the given sampler
     and pruner if any): ``(study, storage in words, whether it existed, notes on its changed
     run-time settings)``. A command (not a worker) hashes the data first (:func:`data_digest`)."""
@@ -384,19 +386,20 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
 
         try:
             if workers > 1 and worker_index is None:
-                stopped = run_workers(space, run_dir, options.storage, workers, study, on_trial, echo,
-                                      options.stale_after, max_retries=options.max_retries)
+                stopped = run_workers(space, run_dir, options.storage, workers, study, on_trial,
+                                      echo, options.stale_after, max_retries=options.max_retries)
                 stopped = done_reason(study, budget, exhaustive, space.grid_size()) or stopped
             else:
                 store = options.artifact_store or default_store(run_dir)
                 searcher = Searcher(space, study, run_dir, exhaustive=exhaustive, budget=budget,
                                     stale_after=options.stale_after, echo=echo, group=group,
-                                    store_files=TrialFiles(store, echo), max_retries=options.max_retries,
-                                    plan=plan)
+                                    store_files=TrialFiles(store, echo), plan=plan,
+                                    max_retries=options.max_retries)
                 stopped = searcher.run(space.budget.timeout, on_trial)
         finally:
             bar.close()
-        outcome = SearchOutcome(space.name, run_dir, desc, stopped, rank_study(study), _status_counts(study))
+        outcome = SearchOutcome(space.name, run_dir, desc, stopped, rank_study(study),
+                                _status_counts(study))
         return _conclude(study, options, outcome, echo)
 
 

@@ -63,8 +63,8 @@ class TrialRuns:
         self.space, self.plan, self.study, self.run_dir = space, plan, study, run_dir
         self.train, self.on_prune = train, on_prune
 
-    def stability(self, trial: optuna.Trial, suggestion: Suggestion, seeds: list[int], rungs: list[Rung],
-                  trial_dir: Path, heartbeat: Heartbeat) -> TrainResult | None:
+    def stability(self, trial: optuna.Trial, suggestion: Suggestion, seeds: list[int],
+                  rungs: list[Rung], trial_dir: Path, heartbeat: Heartbeat) -> TrainResult | None:
         """Train the stability rung with the trial's first seed, before the ladder
         (:mod:`geosearch.search.horizon.stability`: its step, which trials skip it, how it is
         judged); its probes are kept as ``stability_probes``, a pass as
@@ -73,7 +73,8 @@ class TrialRuns:
         stab = self.plan.stability
         if stab is None or not rungs:
             return None
-        config, assignment = rung_run(self.space, suggestion, seeds[0] - self.space.proxy.seed, stab.rung)
+        repeat = seeds[0] - self.space.proxy.seed
+        config, assignment = rung_run(self.space, suggestion, repeat, stab.rung)
         seed_trial = SEED_OF in trial.user_attrs
         spectral_qk = not seed_trial and takes_spectral_qk(assignment)
         above = (passed_above(self.study, trial, suggestion.step_factor)
@@ -85,10 +86,11 @@ class TrialRuns:
         rows: list[dict] = []
         trial.set_user_attr(STABILITY_RUN, True)
         clock = stability_clock(self.space.proxy, self.plan.target, stab.rung)
-        callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment), heartbeat,
-                                report=False, judge=True, target_step=clock, on_prune=self.on_prune)
-        result = self.train(config, assignment, callback=callback,
-                            out_dir=rung_dir(trial_dir, stab.rung.index, len(rungs), seeds[0], len(seeds)),
+        callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment),
+                                heartbeat, report=False, judge=True, target_step=clock,
+                                on_prune=self.on_prune)
+        out_dir = rung_dir(trial_dir, stab.rung.index, len(rungs), seeds[0], len(seeds))
+        result = self.train(config, assignment, callback=callback, out_dir=out_dir,
                             project=self.study.study_name, store_dir=self.run_dir,
                             run_name=f"trial {trial.number} stability seed {seeds[0]}")
         trial.set_user_attr(STABILITY_PROBES, list(rows))
@@ -97,8 +99,9 @@ class TrialRuns:
             trial.set_user_attr(STABILITY_PASSED_AT, suggestion.step_factor)
         return result
 
-    def ladder(self, trial: optuna.Trial, suggestion: Suggestion, seeds: list[int], rungs: list[Rung],
-               trial_dir: Path, heartbeat: Heartbeat) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
+    def ladder(self, trial: optuna.Trial, suggestion: Suggestion, seeds: list[int],
+               rungs: list[Rung], trial_dir: Path,
+               heartbeat: Heartbeat) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
         """Train each seed at each rung, lowest first, until a run does not complete.
 
         Returns:
@@ -113,17 +116,17 @@ class TrialRuns:
                 r = seed - self.space.proxy.seed  # the repeat: a seed trial's may be past repeats
                 config, assignment = rung_run(self.space, suggestion, r, rung)
                 rows: list[dict] = []
-                callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment), heartbeat,
-                                        report=rung.index == rungs[-1].index and r == 0,
-                                        judge=rung.spectral_lr <= self.plan.target.spectral_lr * (1 + 1e-9),
-                                        on_prune=self.on_prune)
+                judge = rung.spectral_lr <= self.plan.target.spectral_lr * (1 + 1e-9)
+                callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment),
+                                        heartbeat, report=rung.index == rungs[-1].index and r == 0,
+                                        judge=judge, on_prune=self.on_prune)
                 out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
                 # trackers (proxy.log_with): one run per trial and seed, in the study's project
                 # (MLflow's store: the study's directory)
                 name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
-                results[-1].append(self.train(config, assignment, callback=callback, out_dir=out_dir,
-                                              project=self.study.study_name, run_name=f"{name} seed {seed}",
-                                              store_dir=self.run_dir))
+                results[-1].append(self.train(
+                    config, assignment, callback=callback, out_dir=out_dir,
+                    project=self.study.study_name, run_name=f"{name} seed {seed}", store_dir=self.run_dir))
                 probes[-1].append(rows)
                 if results[-1][-1].status != "completed":  # TrainResult.status
                     return results, probes

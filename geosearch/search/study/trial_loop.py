@@ -42,7 +42,7 @@ from geosearch.search.study.failures import (
     settings_line,
 )
 from geosearch.search.runtime.interrupts import ctrl_c_latch, sigint_deferred
-from geosearch.search.study.recovery import recover_stale, recovered_line
+from geosearch.search.study.failures import recover_stale, recovered_line
 from geosearch.search.runtime.liveness import HEARTBEAT_EVERY, Heartbeat, Owner, TrialLost
 from geosearch.search.study.queue import (
     budget_taken,
@@ -129,7 +129,7 @@ class Searcher:
         echo: prints one line.
         group: in a data-parallel launch, the ranks that train each run with this one.
         store_files: called with each trained trial and its folder before its outcome is
-            told (:class:`~geosearch.search.runtime.artifacts.TrialFiles` stores them as artifacts).
+            told (:class:`~geosearch.search.runtime.backup.TrialFiles` stores them as artifacts).
         max_retries: times in a row a failure of the environment queues its point again.
         plan: the study's plan (:func:`~geosearch.search.space.plan.plan_study` of ``space``
             when not given).
@@ -161,7 +161,8 @@ class Searcher:
         same = target.model == proxy.model and target.model_args == dict(proxy.model_args)
         self.target_attrs = {
             TARGET_SUM_ETA: target.sum_eta, TARGET_STEPS: target.steps, LOGIT_SCALE: scale,
-            TARGET_LOGIT_SCALE: scale if same else model_logit_scale(target.model, target.model_args)}
+            TARGET_LOGIT_SCALE: scale if same else model_logit_scale(target.model,
+                                                                     target.model_args)}
 
     # ------------------------------------------------------------------ loop
     def run(self, timeout: float | None, on_trial: Callable[[FrozenTrial], None]) -> str:
@@ -376,9 +377,10 @@ class Searcher:
         heartbeat = Heartbeat(trial, min(HEARTBEAT_EVERY, self.stale_after / 4))
         try:
             with heartbeat:
-                stability = self.runs.stability(trial, suggestion, seeds, rungs, trial_dir, heartbeat)
+                args = (trial, suggestion, seeds, rungs, trial_dir, heartbeat)
+                stability = self.runs.stability(*args)
                 if stability is None or stability.status == "completed":
-                    results, probes = self.runs.ladder(trial, suggestion, seeds, rungs, trial_dir, heartbeat)
+                    results, probes = self.runs.ladder(*args)
             if heartbeat.lost.is_set():
                 raise TrialLost
         except TrialLost:

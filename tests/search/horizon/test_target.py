@@ -1,5 +1,6 @@
 """Tests of geosearch.search.horizon.target (read through the study plan,
-geosearch.search.space.plan): the target and the Σ η ladder, from the space to the export, with the trial loop's rungs (a fake trainer, and the tiny proxy for real once)."""
+geosearch.search.space.plan): the target and the Σ η ladder, from the space to the export,
+with the trial loop's rungs (a fake trainer, and the tiny proxy for real once)."""
 
 from __future__ import annotations
 
@@ -235,7 +236,8 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
     # Rule: the export records the target and the reading.
     a = load_assignment(out.exported)
     assert a.provenance["target"]["steps"] == 40 and a.provenance["target"]["model"] == "tiny"
-    assert a.provenance["target"]["sum_eta"] == pytest.approx(plan_study(ladder_space()).target.sum_eta)
+    target = plan_study(ladder_space()).target
+    assert a.provenance["target"]["sum_eta"] == pytest.approx(target.sum_eta)
     h = a.provenance["horizon"]
     assert h["stable"] is False and h["leaders"][0].startswith("attn=adamw")
     assert h["leaders"][-1].startswith("attn=euclidean") and len(h["lead_changes"]) == 1

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 import geosearch
 from geosearch.cli import build_parser
 from geosearch.util.errors import ConfigError, GeosearchError
-from geosearch.search.runtime.artifacts import upload_trial_files
+from geosearch.search.runtime.backup import upload_trial_files
 from geosearch.report import write_report
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.records import trial_status

@@ -1,4 +1,4 @@
-"""Tests of geosearch.search.study.preflight: what would fail every trial is refused before
+"""Tests of geosearch.search.study.resume: what would fail every trial is refused before
 the study is touched, naming the space's key.
 
 The refusals end to end (one line, exit 2, nothing written) are in tests/faults/test_bad_inputs.py.
@@ -12,7 +12,7 @@ import pytest
 from _search_helpers import TINY_PROXY, make_space
 
 from geosearch.util.errors import SettingsError
-from geosearch.search.study.preflight import preflight
+from geosearch.search.study.resume import preflight
 
 
 USER_MODEL = Path(__file__).resolve().parents[2] / "_user_model.py"
