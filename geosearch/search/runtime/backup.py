@@ -29,31 +29,28 @@ from __future__ import annotations
 
 import datetime
 import json
+import mimetypes
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Protocol
 
 import optuna
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from geosearch.util.errors import ConfigError
 from geosearch.search.records import json_safe
-import mimetypes
-import shutil
-import tempfile
-from collections.abc import Callable
-from typing import BinaryIO, Protocol
 
-from optuna.artifacts import FileSystemArtifactStore, upload_artifact
-
-__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "STUDY_FILE", "StudyRecord",
-           "TRIAL_FILE", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
-           "read_study_record", "read_trial_records", "recorded_trial", "save_study_record",
-           "trial_record", "upload_trial_files"]
+__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "RUNG_PROBES_FILE", "STUDY_FILE",
+           "StudyRecord", "TRIAL_FILE", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
+           "read_rung_probes", "read_study_record", "read_trial_records", "recorded_trial",
+           "save_study_record", "trial_record", "upload_trial_files", "write_rung_probes"]
 
 STUDY_FILE = "study.json"
 """``<run-dir>/study.json``: the study's name, directions, metric names, user attrs and uid."""
@@ -408,3 +405,27 @@ class TrialFiles:
         except Exception as e:  # noqa: BLE001 - a store that is down must not fail the trial
             self.echo(f"warning: trial {trial.number}'s files were not stored as artifacts "
                       f"({type(e).__name__}: {e}); they are in {trial_dir}")
+
+
+RUNG_PROBES_FILE = "rung_probes.json"
+"""A trained trial's probe rows per rung reached (its first seed's), in its folder: the
+report's max logit against Σ η. Kept as a file, not a user attr: the last rung's rows are
+the trial's ``probe_history`` already."""
+
+
+def write_rung_probes(trial_dir: Path, rungs: list[list[dict]]) -> None:
+    """Write ``rungs`` (per rung, the probe rows) to the trial's :data:`RUNG_PROBES_FILE`."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / RUNG_PROBES_FILE).write_text(json.dumps(json_safe(rungs)), encoding="utf-8")
+
+
+def read_rung_probes(trial_dir: Path) -> list[list[dict]]:
+    """The trial's probe rows per rung (:func:`write_rung_probes`); ``[]`` when the file is
+    missing or does not read as a list of lists of rows."""
+    try:
+        rungs = json.loads((trial_dir / RUNG_PROBES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(rungs, list):
+        return []
+    return [[r for r in rung if isinstance(r, dict)] for rung in rungs if isinstance(rung, list)]

@@ -31,7 +31,7 @@ from geosearch.proxy.config import TrainResult
 from geosearch.proxy.train import train
 from geosearch.search.space.baselines import BASELINES
 from geosearch.search.study.baselines import baseline_suggestion
-from geosearch.search.runtime.backup import TrialBackup
+from geosearch.search.runtime.backup import TrialBackup, write_rung_probes
 from geosearch.search.runtime.distributed import RankGroup
 from geosearch.search.study.extras import extra_plan, mark_extra, queue_extras, seed_twin_of
 from geosearch.search.study.failures import (
@@ -75,6 +75,7 @@ from geosearch.search.records import (
     QUEUED,
     RETRIED,
     RUNG_INDICES,
+    RUNG_PROBES,
     RUNNING,
     SEED_OF,
     SEEDS,
@@ -463,9 +464,13 @@ class Searcher:
         attrs.setdefault(STOP_STEP, None)
         if state != TrialState.FAIL:
             attrs.setdefault(FAIL_REASON, None)
+        trial_dir = self.run_dir / TRIALS_DIR / str(trial.number)
+        rung_probes = attrs.pop(RUNG_PROBES, None)  # a file: the last rung's is probe_history
         try:
+            if rung_probes:
+                write_rung_probes(trial_dir, rung_probes)
             if self.store_files is not None:
-                self.store_files(trial, self.run_dir / TRIALS_DIR / str(trial.number))
+                self.store_files(trial, trial_dir)
             for key, v in attrs.items():
                 trial.set_user_attr(key, json_safe(v))
             self._tell(trial, state, value)

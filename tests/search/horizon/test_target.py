@@ -20,6 +20,7 @@ from geosearch.util.errors import ConfigError
 from geosearch.search.horizon.forecast import schedule_sum_eta, schedule_sum_eta2
 from geosearch.search.space.reader import SearchSpaceError
 from geosearch.search.space.spec import apply_overrides, load_space
+from geosearch.search.runtime.backup import read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.study.run import run_search
 from geosearch.search.horizon.reading import horizon_note, study_reading
@@ -216,16 +217,19 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
         # Rule: the forecast's inputs are on the trial before training.
         assert ua["target_sum_eta"] == pytest.approx(plan_study(ladder_space()).target.sum_eta)
         assert ua["target_steps"] == 40 and ua["logit_scale"] == ua["target_logit_scale"] == 8.0
-        # Rule: each probe row carries its run's Σ η and σ_max; rung_probes keeps each rung's.
+        # Rule: each probe row carries its run's Σ η and σ_max; rung_probes keeps each rung's
+        # (the trial's file: the last rung's rows are its probe_history, stored once).
         # AdamW query/key weights take no spectral step: their rows have no Σ η.
-        for rung, rows in zip(rungs, ua["rung_probes"]):
+        assert "rung_probes" not in ua
+        rung_probes = read_rung_probes(tmp_path / "runs" / "t" / ua["trial_dir"])
+        for rung, rows in zip(rungs, rung_probes):
             if ua["assignment"]["attn_qkv"] == "adamw":
                 assert [r["sum_eta"] for r in rows] == [None, None]
             else:
                 assert [r["sum_eta"] for r in rows] == pytest.approx(
                     [schedule_sum_eta(s, steps=rung.steps, peak=rung.spectral_lr) for s in (5, 10)])
             assert all(r["sigma_max"] == {"attn_qkv": 1.0} for r in rows)
-        assert ua["probe_history"] == ua["rung_probes"][-1]
+        assert ua["probe_history"] == rung_probes[-1]
     # Rule: the ranking is the top rung's, and the reading names the lead change and marks
     # the verdict as not yet stable.
     assert out.ranking.rows[0].label.startswith("attn=euclidean")
@@ -271,7 +275,8 @@ def test_a_rung_with_a_larger_step_than_the_targets_is_not_judged_on_its_logits(
     # Rule: rung 1 takes a 10x larger step than the target's: its logits (5e3) are recorded,
     # not judged; the trial completes and is ranked on its loss.
     assert t.state == TrialState.COMPLETE
-    assert max(r["max_logit"] for r in t.user_attrs["rung_probes"][1]) == 5e3
+    rung_probes = read_rung_probes(tmp_path / "runs" / "t" / t.user_attrs["trial_dir"])
+    assert max(r["max_logit"] for r in rung_probes[1]) == 5e3
 
 
 def test_an_unstable_run_at_a_higher_rung_prunes_naming_the_rung(monkeypatch, tmp_path):
