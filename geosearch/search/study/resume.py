@@ -30,7 +30,7 @@ import optuna
 from geosearch.util.checks import shown
 from geosearch.util.errors import ConfigError
 from geosearch.proxy.config import TrainConfig
-from geosearch.search.records import DATA_DIGEST, SPACE
+from geosearch.search.records import DATA_DIGEST, LADDER, SPACE, STABILITY, TARGET
 from geosearch.search.space.spec import SearchSpace
 
 from geosearch.proxy.accelerator import check_device, check_precision
@@ -108,8 +108,9 @@ def check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> li
     """A resumed study must measure and judge the same thing (:data:`ON_RESUME`): a change of
     a key that would change verdicts raises; the others are returned as notes, one line each.
 
-    A key the study's stored space lacks (a study of an older version, from before the key)
-    is not compared, but for the proxy's fields (a field the study lacks must be unset).
+    A study written by an earlier build of geosearch 0.1.0 (one that recorded no target,
+    ladder, stability rung or data digest) is refused (:func:`_check_this_build`). A proxy
+    field the study's stored space lacks must be unset.
 
     Raises:
         ConfigError: one line naming the first refused key (``key``) and both values.
@@ -119,6 +120,7 @@ def check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> li
         return []
     new = space.to_dict()
     name = study.study_name
+    _check_this_build(study, old, run_dir)
     _check_horizon(study, old, new, run_dir)
     notes = []
     for key, resume in ON_RESUME.items():
@@ -138,12 +140,25 @@ def check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> li
     return notes
 
 
+def _check_this_build(study: optuna.Study, old: dict[str, Any], run_dir: Path) -> None:
+    """Refuse, in one line, a study written by an earlier build of geosearch 0.1.0: one
+    without the study attrs or space sections this build records (its target, ladder,
+    stability rung and data digest)."""
+    attrs = study.user_attrs
+    missing = [k for k in (TARGET, LADDER, STABILITY) if k not in attrs]
+    missing += [] if isinstance(attrs.get(DATA_DIGEST), dict) else [DATA_DIGEST]
+    missing += [f"space.{k}" for k in ("target", "ladder") if not isinstance(old.get(k), dict)]
+    if missing:
+        raise ConfigError(f"study {study.study_name!r} was written by an earlier build of geosearch "
+                          f"(it records no {missing[0]}), which this one does not resume: start a new "
+                          "study with --study NAME", source=str(run_dir))
+
+
 def check_data(study: optuna.Study, digest: dict[str, Any] | None, run_dir: Path) -> list[str]:
     """A resumed study must train on the contents it was created on: compare ``digest`` (the
     data's and tokenizer's, :meth:`geosearch.proxy.data.Corpus.digest`) with the one the study
-    recorded, by :data:`ON_CHANGED_FILES`. A study without one (created before geosearch
-    recorded it) or a run that gives none (a worker process: its command checked) is not
-    compared.
+    recorded, by :data:`ON_CHANGED_FILES`. A run that gives none (a worker process: its
+    command checked) is not compared.
 
     Returns:
         One note per allowed change (none in the table today).
@@ -224,18 +239,16 @@ def _batch_hint(old: dict[str, Any], new: dict[str, Any]) -> str | None:
 def _check_horizon(study: optuna.Study, old: dict[str, Any], new: dict[str, Any],
                    run_dir: Path) -> None:
     """The target and the ladder are part of what a study measures: the target sets the
-    pruner's forecast and the rungs, the top rung the values. A study from before them had
-    one rung and no target; with one rung the ladder's limits are unused."""
+    pruner's forecast and the rungs, the top rung the values; with one rung the ladder's
+    limits are unused."""
     name = study.study_name
-    if "target" in old and old["target"] != new["target"]:
+    if old["target"] != new["target"]:
         raise ConfigError(
             f"study {name!r} was created for the target {shown(old['target'], 100)}, not "
             f"{shown(new['target'], 100)}: another target is another question; start a new study with "
             "--study NAME, or rerun with the study's target (--target-steps ...) to resume it",
             source=str(run_dir), key="target")
-    # older studies: all seeds at every rung, no stability rung
-    a = {"lower_seeds": None, "stability_steps": None, **old.get("ladder", {"rungs": 1})}
-    b = new["ladder"]
+    a, b = old["ladder"], new["ladder"]
     one_rung = a.get("rungs") == b["rungs"] == 1 and a["stability_steps"] == b["stability_steps"]
     if a != b and not one_rung:
         raise ConfigError(f"study {name!r} was created with the ladder {shown(a, 120)}, not {shown(b, 120)}; "

@@ -158,8 +158,6 @@ def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: s
     if new:
         for k, v in _study_attrs(space, digest, plan or plan_study(space)).items():
             study.set_user_attr(k, v)
-    elif digest is not None and not isinstance(study.user_attrs.get(DATA_DIGEST), dict):  # an older study
-        study.set_user_attr(DATA_DIGEST, digest)
     if study.metric_names is None:  # the dashboard and `optuna` CLI name the value by it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -429,7 +427,7 @@ def _prepare(study: optuna.Study, space: SearchSpace, plan: StudyPlan, options: 
             echo(recovered_line(*recovered))
     finally:
         owner.close()
-    TrialBackup(run_dir, echo).sync(study)  # trials told without a record (an older version, a full disk)
+    TrialBackup(run_dir, echo).sync(study)  # trials told without a record (a full disk)
 
 
 def _retry_failed(study: optuna.Study, options: SearchOptions, echo: Callable[[str], None]) -> None:

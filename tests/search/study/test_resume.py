@@ -232,19 +232,20 @@ def test_a_study_refuses_to_resume_on_data_whose_contents_changed(fake, tmp_path
     assert main([*command, "--trials", "3"]) == 0
 
 
-def test_a_study_of_an_older_version_records_its_data_at_its_next_run(fake, tmp_path, capsys):
+def test_a_study_of_an_earlier_build_is_refused_in_one_line(fake, tmp_path, capsys):
     tok, command = _token_space(tmp_path)
     assert main(command) == 0
     study = open_run_study(tmp_path / "runs" / "t")
-    recorded = study.user_attrs[DATA_DIGEST]
-    study.set_user_attr(DATA_DIGEST, None)  # as if created before geosearch recorded it
-    study = open_run_study(tmp_path / "runs" / "t")
-    assert study.user_attrs[DATA_DIGEST] is None
-    # Rule: not compared (there is nothing to compare with), then recorded for the next run.
-    np.fromfile(tok / "train.bin", dtype=np.uint16)[::-1].tofile(tok / "train.bin")
-    assert main([*command, "--trials", "3"]) == 0
-    now = open_run_study(tmp_path / "runs" / "t").user_attrs[DATA_DIGEST]
-    assert now["data"]["sha256"] != recorded["data"]["sha256"] and now["data"]["files"] == 2
+    study.set_user_attr(DATA_DIGEST, None)  # as an earlier build left it: no data recorded
+    before = _everything(tmp_path)
+    capsys.readouterr()
+    # Rule: this build does not resume it: one line naming what it lacks, exit 2, nothing
+    # written.
+    assert main([*command, "--trials", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "written by an earlier build of geosearch" in err
+    assert "records no data_digest" in err and "--study NAME" in err
+    assert _everything(tmp_path) == before
 
 
 def test_the_table_of_changed_files_is_documented():
