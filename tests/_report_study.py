@@ -84,7 +84,8 @@ def add(
         # rung 0 is 0.5 higher, more so for stiefel attention: the rungs' order differs
         rung0 = [v + 0.5 + (0.3 if attn == "stiefel" else 0.0) for v in losses]
         ua.update(rung_losses=[rung0, losses])
-        write_rung_probes(run_dir / f"trials/{number}", [  # the trial's file, as the search writes it
+        # the trial's file, as the search writes it
+        write_rung_probes(run_dir / f"trials/{number}", [
             [{"step": s_, "max_logit": 5.0 * (1 + k) * (1 + s_ / 10), "sum_eta": r["sum_eta"] * s_ / steps}
              for s_ in range(10, steps + 1, 10)] for k, r in enumerate(LADDER)])
     ua.update(attrs or {})

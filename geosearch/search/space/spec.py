@@ -379,12 +379,9 @@ def apply_overrides(
         overrides: dotted ``key=value`` strings as typed on a command line (the value is
             read as YAML: ``proxy.steps=100``, ``proxy.data=null``,
             ``hyperparams.lr=[1e-4,1e-3]``), or a mapping of dotted keys to values.
-        **flags: command-line flags (:data:`CLI_FLAGS`: ``trials``, ``timeout``, ``steps``,
-            ``model``, ``data``, ``tokenizer``, ``vocab_size``, ``batch_size``, ``device``,
-            ``mixed_precision``, ``grad_accum``, ``compile``, ``log_with``, ``repeats``, ``seed``,
-            ``sampler``, ``name``, ``target_steps``, ``target_spectral_lr``,
-            ``target_model``); a ``None`` value means "not given". Applied after
-            ``overrides``.
+        **flags: command-line flags, the keys of :data:`CLI_FLAGS` (the one list of them:
+            ``geosearch search`` passes each of its arguments of that name); a ``None`` value
+            means "not given". Applied after ``overrides``.
 
     Raises:
         ConfigError: an override that is not ``key=value``, or a key path through a

@@ -403,8 +403,8 @@ def test_resume_with_another_target_is_refused(fake, tmp_path):
     search(make_space(name="old"), tmp_path)
     old_study = open_run_study(tmp_path / "runs" / "old")
     old_study.set_user_attr("space", {**old, "name": "old"})
-    with pytest.raises(ConfigError, match=r"study 'old' was written by an earlier build of geosearch "
-                                          r"\(it records no space.target\)") as e:
+    with pytest.raises(ConfigError, match=r"study 'old' was written by an earlier build of "
+                                          r"geosearch \(it records no space.target\)") as e:
         search(make_space(name="old", target={"steps": 40}), tmp_path)
     assert "\n" not in str(e.value)
 

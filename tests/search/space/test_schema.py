@@ -336,8 +336,8 @@ def test_header_prints_the_steps_the_study_trains():
     assert (plan.least_steps, plan.most_steps) == (5800, 7400)  # the plan holds what it prints
     off = header(apply_overrides(load_space("default"), ["baselines=[]", "max_repeats=2"]))
     assert "= 4,000 steps" in off and "adaptive" not in off
-    bare = header(apply_overrides(load_space("default"), ["ladder.stability_steps=null", "baselines=[]",
-                                                          "max_repeats=2"]))
+    bare = header(apply_overrides(load_space("default"), ["ladder.stability_steps=null",
+                                                          "baselines=[]", "max_repeats=2"]))
     assert "= 3,200 steps" in bare and "stability" not in bare
 
 
