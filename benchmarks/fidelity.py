@@ -83,15 +83,17 @@ from geosearch.search.records import (
     PRUNED_RUNG,
     RUNG_INDICES,
     RUNG_LOSSES,
-    RUNG_PROBES,
     SEED_OF,
     STABILITY,
     STABILITY_PROBES,
     STOP_STEP,
+    TRIAL_DIR,
 )
 from geosearch.search.stats.scores import Point, Score, main_effects
 from geosearch.search.stats.trials import family_geometry, trial_label
-from geosearch.search.horizon.target import probe_sum_eta, study_reading
+from geosearch.search.horizon.reading import study_reading
+from geosearch.search.horizon.target import probe_sum_eta
+from geosearch.search.runtime.backup import read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 
 DATA = Path(__file__).parent / "data" / "fidelity"
@@ -278,25 +280,27 @@ def _pruned_trials(trials: dict) -> dict[str, object]:
     return pruned
 
 
-def _frozen_rung0(t):
-    """A copy of trial ``t`` whose probe history is its first rung's (None without rung probes)."""
-    if t is None or not t.user_attrs.get(RUNG_PROBES):
+def _frozen_rung0(t, run_dir: str):
+    """A copy of trial ``t`` whose probe history is its first rung's (None without rung probes,
+    which its folder's rung_probes.json holds)."""
+    rungs = read_rung_probes(Path(run_dir) / t.user_attrs.get(TRIAL_DIR, "")) if t is not None else []
+    if not rungs:
         return None
-    attrs = dict(t.user_attrs, **{PROBE_HISTORY: t.user_attrs[RUNG_PROBES][0]})
+    attrs = dict(t.user_attrs, **{PROBE_HISTORY: rungs[0]})
     return optuna.trial.create_trial(state=t.state, value=t.value if t.state.name == "COMPLETE"
                                      else None, params=t.params, distributions=t.distributions,
                                      user_attrs=attrs, intermediate_values=t.intermediate_values)
 
 
 def _forecast_row(a: str, runs: list[dict], score: Score, search: dict[str, dict], pruned: dict[str, object],
-                  study, pruner, target_sum_eta: float) -> tuple[str, list[float | None]]:
+                  study, pruner, target_sum_eta: float, run_dir: str) -> tuple[str, list[float | None]]:
     """One assignment's row of the search-vs-truth table, with its forecast-over-real ratios."""
     recs = [r for r in runs if r["status"] == "completed"]
     real = [v for v in (_final_logit(r) for r in recs) if v is not None]
     real_mean = statistics.fmean(real) if real else math.nan
     cells, row_ratios = [], []
     t = search.get(a, {}).get("trial") or pruned.get(a)
-    frozen_rung0 = _frozen_rung0(t)
+    frozen_rung0 = _frozen_rung0(t, run_dir)
     for f in ([pruner.forecast(study, t) if t is not None else None,
                pruner.forecast(study, frozen_rung0) if frozen_rung0 is not None else None]):
         v = None if f is None else f.value
@@ -397,7 +401,8 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
              "|---|---|---|---|---|---|---|"]
     ratios: list[float] = []
     for a in sorted(PAPER, key=truth_mean.get):
-        line, row_ratios = _forecast_row(a, truth[a], scores[a], search, pruned, study, pruner, target_sum_eta)
+        line, row_ratios = _forecast_row(a, truth[a], scores[a], search, pruned, study, pruner, target_sum_eta,
+                                           run_dir)
         ratios += [x for x in row_ratios if x is not None]
         lines.append(line)
     lines += ["",

@@ -38,7 +38,16 @@ from fidelity import PAPER, _final_logit, _paper_key, load_truth
 from geosearch.search.horizon.forecast import forecast_max_logit
 from geosearch.search.horizon.probes import QK_TYPES
 from geosearch.search.horizon.pruner import DEFAULT_WINDOW, LogitGrowthPruner
-from geosearch.search.records import ASSIGNMENT, BASELINE, PROBE_HISTORY, PROXY, RUNG_PROBES, SEED_OF, TARGET_SUM_ETA
+from geosearch.search.records import (
+    ASSIGNMENT,
+    BASELINE,
+    PROBE_HISTORY,
+    PROXY,
+    SEED_OF,
+    TARGET_SUM_ETA,
+    TRIAL_DIR,
+)
+from geosearch.search.runtime.backup import read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 
 RULES = ("pruner", "logit law", "σ route", "peak phase")
@@ -101,7 +110,7 @@ def table(run_dir: str, model: str, eta: float, steps: int) -> tuple[list[str], 
             continue  # a baseline, another assignment, an extra seed (top rung only), or a failed run
         real = [v for v in (_final_logit(r) for r in truth.get(key, []) if r["status"] == "completed")
                 if v is not None]
-        rungs = t.user_attrs.get(RUNG_PROBES) or []
+        rungs = read_rung_probes(Path(run_dir) / t.user_attrs.get(TRIAL_DIR, f"trials/{t.number}"))
         target = t.user_attrs.get(TARGET_SUM_ETA)
         if not real or not rungs or target is None:
             continue

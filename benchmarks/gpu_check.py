@@ -568,14 +568,15 @@ def search_args(args: argparse.Namespace) -> list[str]:
 def search_plan(quick: bool) -> dict:
     """The steps and proxy runs part (f)'s search trains: without, and with every adaptive seed."""
     from geosearch.search.space.baselines import BASELINES
+    from geosearch.search.space.plan import plan_study
     from geosearch.search.space.spec import apply_overrides, load_space
 
     space = load_space("default")
     if quick:
         space = apply_overrides(space, QUICK_SEARCH_SETS, **QUICK_SEARCH_FLAGS)
-    match = re.search(r"trains: .*= ([\d,]+) steps(?:; up to ([\d,]+))?", space.summary())
-    steps_lo = int(match.group(1).replace(",", "")) if match else 0
-    steps_hi = int(match.group(2).replace(",", "")) if match and match.group(2) else steps_lo
+    plan = plan_study(space)
+    steps_lo = plan.least_steps or 0
+    steps_hi = plan.most_steps or steps_lo
     points, stability = int(space.grid_size()), 1 if space.ladder.stability_steps else 0
     runs_lo = points * (space.repeats + stability) + sum(
         space.repeats + (0 if BASELINES[b].rung0_only else stability) for b in space.baselines)

@@ -78,6 +78,7 @@ from geosearch.search.records import (
     TARGET_STEPS,
     TARGET_SUM_ETA,
 )
+from geosearch.search.space.plan import plan_study
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 
 RESULTS = Path(__file__).parent / "results" / "pruning.md"
@@ -447,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = logit_scale(space)
     order = list(assignments(space))
     random.Random(args.order_seed).shuffle(order)
-    print(space.summary(), flush=True)
+    print(space.summary(plan_study(space).header_lines()), flush=True)
     sections = [one_step_size(space, float(lr), args, scale, order) for lr in args.lrs.split(",")]
 
     p = space.proxy

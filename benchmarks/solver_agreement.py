@@ -41,6 +41,7 @@ import torch
 from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.proxy.train import train
 from geosearch.search.horizon.ladder import ranks, spearman
+from geosearch.search.space.plan import plan_study
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 
 RESULTS = Path(__file__).parent / "results" / "solver_agreement.md"
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if space.hyperparams:
         raise SystemExit("solver_agreement.py: the space searches continuous hyperparameters; "
                          "give one with only geometries")
-    print(space.summary(), flush=True)
+    print(space.summary(plan_study(space).header_lines()), flush=True)
     results = run_all(space, args)
     table, _ = report(results)
 

@@ -73,7 +73,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from fidelity import DATA, PAPER, _final_logit, load_truth  # noqa: E402
 
 from geosearch.search.horizon.pruner import DEFAULT_MAX_LOGIT_FACTOR  # noqa: E402
-from geosearch.search.horizon.target import model_logit_scale  # noqa: E402
+from geosearch.search.horizon.scale import model_logit_scale  # noqa: E402
 from geosearch.search.stats.scores import Point, Score, main_effects  # noqa: E402
 
 GRIDS = {"tiny": (0.01, 0.02, 0.05, 0.07, 0.1), "small": (0.02, 0.05)}

@@ -18,6 +18,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
+from geosearch.search.runtime.backup import write_rung_probes
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 GEOS = ["stiefel", "dgram", "adamw", "euclidean"]
@@ -81,7 +83,9 @@ def add(
     if losses is not None and "ladder" in study.user_attrs:
         # rung 0 is 0.5 higher, more so for stiefel attention: the rungs' order differs
         rung0 = [v + 0.5 + (0.3 if attn == "stiefel" else 0.0) for v in losses]
-        ua.update(rung_losses=[rung0, losses], rung_probes=[
+        ua.update(rung_losses=[rung0, losses])
+        # the trial's file, as the search writes it
+        write_rung_probes(run_dir / f"trials/{number}", [
             [{"step": s_, "max_logit": 5.0 * (1 + k) * (1 + s_ / 10), "sum_eta": r["sum_eta"] * s_ / steps}
              for s_ in range(10, steps + 1, 10)] for k, r in enumerate(LADDER)])
     ua.update(attrs or {})

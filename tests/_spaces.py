@@ -22,3 +22,10 @@ def problems(excinfo):
 
 def space(**changes):
     return SearchSpace.from_dict({**MINIMAL, **changes}, source="inline")
+
+
+def header(space):
+    """The search header of ``space``: its summary with its study plan's lines."""
+    from geosearch.search.space.plan import plan_study
+
+    return space.summary(plan_study(space).header_lines())

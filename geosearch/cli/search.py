@@ -112,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
 
     from geosearch.search.runtime.distributed import leave_together
     from geosearch.search.runtime.storage import check_dir
-    from geosearch.search.runtime.workers import follow_parent
+    from geosearch.search.runtime.urls import redact
+    from geosearch.search.runtime.workers import follow_parent, sigterm_as_ctrl_c
+    from geosearch.search.study.options import SearchOptions
+    from geosearch.search.study.run import run_search
 
     if args.worker_index is not None:
         follow_parent()  # a worker stops with its --workers parent, however that ends
@@ -128,7 +131,18 @@ def run(args: argparse.Namespace) -> int:
             from geosearch.proxy.trackers import check_trackers
 
             check_trackers(space.proxy.log_with, source="--log-with", key=None)
-    outcome = _search(space, args)
+    try:
+        # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
+        with sigterm_as_ctrl_c():
+            outcome = run_search(space, SearchOptions(
+                runs_dir=args.runs_dir, storage=args.storage, workers=args.workers,
+                worker_index=args.worker_index, max_retries=args.max_retries,
+                retry_failed=args.retry_failed,
+                **({} if args.stale_after is None else {"stale_after": args.stale_after})))
+    except optuna.exceptions.StorageInternalError as e:  # e.g. a database connection dropped
+        cause = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]
+        raise GeosearchError(f"the storage failed ({redact(cause[0], args.storage)[:200]}); what it "
+                             "holds is kept: rerun the same command to resume") from None
     try:
         if outcome.rank:  # a data-parallel rank other than 0: rank 0 reports
             return 0
@@ -145,40 +159,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _space(args: argparse.Namespace) -> SearchSpace:
     """The space of ``--space`` with ``--set``, ``--model-arg`` and the other flags over it."""
-    from geosearch.search.space.spec import apply_overrides, load_space
+    from geosearch.search.space.spec import CLI_FLAGS, apply_overrides, load_space
 
     key_values(args.model_arg, "--model-arg")  # checked here: the message names the flag
     model_args = [f"proxy.model_args.{item.strip()}" for item in args.model_arg]
-    return apply_overrides(
-        load_space(args.space), [*args.set, *model_args], trials=args.trials, timeout=args.timeout,
-        tokenizer=args.tokenizer, vocab_size=args.vocab_size, steps=args.steps, model=args.model, data=args.data,
-        batch_size=args.batch_size,
-        device=args.device, mixed_precision=args.mixed_precision, grad_accum=args.grad_accum,
-        compile=args.compile, log_with=args.log_with, repeats=args.repeats, seed=args.seed, sampler=args.sampler,
-        name=args.study, target_steps=args.target_steps,
-        target_spectral_lr=args.target_spectral_lr, target_model=args.target_model)
-
-
-def _search(space: SearchSpace, args: argparse.Namespace):
-    """:func:`~geosearch.search.study.run.run_search`'s outcome; a storage that failed under
-    it is one line that says the study is kept."""
-    import optuna
-
-    from geosearch.search.runtime.urls import redact
-    from geosearch.search.runtime.workers import sigterm_as_ctrl_c
-    from geosearch.search.study.run import run_search
-
-    try:
-        with sigterm_as_ctrl_c():  # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
-            outcome = run_search(space, runs_dir=args.runs_dir, storage=args.storage,
-                                 workers=args.workers, worker_index=args.worker_index,
-                                 max_retries=args.max_retries, retry_failed=args.retry_failed,
-                                 **({} if args.stale_after is None else {"stale_after": args.stale_after}))
-    except optuna.exceptions.StorageInternalError as e:  # e.g. a database connection dropped
-        cause = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]
-        raise GeosearchError(f"the storage failed ({redact(cause[0], args.storage)[:200]}); what it "
-                             "holds is kept: rerun the same command to resume") from None
-    return outcome
+    # every flag of CLI_FLAGS is an argument of the same name; --study sets the name
+    flags = {f: getattr(args, "study" if f == "name" else f) for f in CLI_FLAGS}
+    return apply_overrides(load_space(args.space), [*args.set, *model_args], **flags)
 
 
 def _report_after_search(run_dir: Path, study_name: str, storage: str | None) -> None:

@@ -6,7 +6,7 @@
 searched geometries, the score over seeds, the step it stopped at and why, its speed, the
 ``metrics.jsonl`` records of each seed (at the last rung it reached), and its losses and
 probes at each rung of the Σ η ladder, whose reading towards the target
-(:func:`geosearch.search.horizon.target.study_reading`) the run keeps too. The user attrs are read
+(:func:`geosearch.search.horizon.reading.study_reading`) the run keeps too. The user attrs are read
 through the constants of :mod:`geosearch.search.records`; missing or truncated files give
 what can be read, never an error. Duplicate and skipped bookkeeping trials are counted, not loaded;
 a point's adaptive-seed trials are merged into its score, and baselines are kept apart
@@ -44,7 +44,6 @@ from geosearch.search.records import (
     PRUNE_REASON,
     RUNG_INDICES,
     RUNG_LOSSES,
-    RUNG_PROBES,
     SPACE,
     STOP_STEP,
     TARGET,
@@ -54,9 +53,10 @@ from geosearch.search.records import (
     SEED_OF,
     trial_status,
 )
+from geosearch.search.runtime.backup import read_rung_probes
 from geosearch.search.runtime.storage import open_run_study, resolve_storage
 from geosearch.search.runtime.urls import mask_url
-from geosearch.search.horizon.target import rung_means, study_reading
+from geosearch.search.horizon.reading import rung_means, study_reading
 
 __all__ = ["RunData", "TrialRecord", "as_finite", "load_run", "mean_finite", "read_metrics"]
 
@@ -275,7 +275,7 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
     duration = trial.duration.total_seconds() if trial.duration is not None else None
 
     probe = ua.get(PROBE_HISTORY)
-    rung_probes = ua.get(RUNG_PROBES)
+    rung_probes = read_rung_probes(trial_dir)
     indices = ua.get(RUNG_INDICES)  # the rungs planned, lowest first: those reached lead
     if isinstance(indices, list) and len(indices) >= len(reached) and all(isinstance(i, int) for i in indices):
         indices = indices[:len(reached)]
@@ -298,7 +298,7 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
         metrics=metrics,
         probe_history=probe if isinstance(probe, list) else [],
         rung_losses=reached,
-        rung_probes=[r for r in rung_probes if isinstance(r, list)] if isinstance(rung_probes, list) else [],
+        rung_probes=rung_probes,
         rung_indices=indices,
         baseline=str(ua[BASELINE]) if ua.get(BASELINE) is not None else None,
     )

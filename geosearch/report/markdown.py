@@ -30,8 +30,8 @@ from geosearch.search.stats.ranking import TRACK_RECORD, Ranking
 from geosearch.search.stats.scores import MainEffect, Score
 from geosearch.search.stats.trials import format_params
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY, PRUNED, STEP_FACTOR
-from geosearch.search.runtime.artifacts import ARTIFACTS_DIR
-from geosearch.search.horizon.target import horizon_note, horizon_verdict
+from geosearch.search.runtime.backup import ARTIFACTS_DIR
+from geosearch.search.horizon.reading import horizon_note, horizon_verdict
 
 __all__ = ["dashboard_paragraph", "render_markdown"]
 

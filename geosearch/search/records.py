@@ -76,7 +76,7 @@ TARGET_STEPS = "target_steps"
 LOGIT_SCALE = "logit_scale"
 TARGET_LOGIT_SCALE = "target_logit_scale"
 RUNG_LOSSES = "rung_losses"
-RUNG_PROBES = "rung_probes"
+RUNG_PROBES = "rung_probes"  # per rung, the first seed's rows: the trial's rung_probes.json, no attr
 PRUNED_RUNG = "pruned_rung"
 STABILITY_RUN = "stability_run"  # true while the stability rung trains: judged at the target
 STABILITY_PROBES = "stability_probes"  # the stability rung's probe_history rows
@@ -97,7 +97,7 @@ TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE
                NUM_PROCESSES, STATUS, PRUNE_REASON, FAIL_REASON, STOP_STEP, PRUNED_SEED,
                VAL_LOSSES, VAL_LOSS_MEAN, VAL_LOSS_STD, MEAN_STEP_MS, TOKENS_PER_S, MAX_LOGIT,
                SIGMA_MAX, TARGET_SUM_ETA, TARGET_STEPS, LOGIT_SCALE, TARGET_LOGIT_SCALE,
-               RUNG_LOSSES, RUNG_PROBES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
+               RUNG_LOSSES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
                RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES, SEED_OF, BASELINE, RUNG_INDICES,
                STABILITY_RUN, STABILITY_PROBES, STABILITY_PASSED_AT, STABILITY_FROM,
                STEP_FACTOR)

@@ -12,6 +12,7 @@ from _report_study import LADDER, PNG, _metrics, add, new_study, row
 from optuna.trial import create_trial
 
 from geosearch import report as rp
+from geosearch.search.runtime.backup import write_rung_probes
 from geosearch.report.plots import (
     _horizon_figure,
     _layers_figure,
@@ -44,10 +45,10 @@ def _baseline(study: optuna.Study, run_dir: Path, name: str, losses: list[float]
         "status": "completed", "baseline": name, "trial_dir": f"trials/{number}", "budget_steps": 40,
         "val_losses": losses, "val_loss_mean": mean, "seeds": list(range(len(losses))),
         "mean_step_ms": 10.0, "rung_indices": rungs,
-        "rung_losses": [[v + 0.5 * (rungs[-1] - k) for v in losses] for k in rungs],
-        "rung_probes": [[{"step": s, "max_logit": 4.0 + s / 10, **({} if adamw else {
-            "sum_eta": LADDER[k]["sum_eta"] * s / 40})} for s in range(10, 41, 10)] for k in rungs]}))
-    (run_dir / f"trials/{number}").mkdir(parents=True)
+        "rung_losses": [[v + 0.5 * (rungs[-1] - k) for v in losses] for k in rungs]}))
+    write_rung_probes(run_dir / f"trials/{number}", [  # the trial's file, as the search writes it
+        [{"step": s, "max_logit": 4.0 + s / 10, **({} if adamw else {
+            "sum_eta": LADDER[k]["sum_eta"] * s / 40})} for s in range(10, 41, 10)] for k in rungs])
     recs = _metrics(40, 1.05, losses[0], 1.0)
     (run_dir / f"trials/{number}/metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     return number

@@ -20,29 +20,37 @@ The ``uid`` keeps a study's records apart from those of an earlier study of the 
 whose storage was deleted: a new study gets a new ``uid``, and records of another ``uid``
 are ignored. Records are whole files or none (written aside, then renamed). Torch-free.
 The run directory's layout is in ``docs/design.md`` ("The run directory").
+
+Each trial's files also go to an Optuna artifact store as artifacts of their trial
+(:class:`TrialFiles`), when one is given.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import mimetypes
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Protocol
 
 import optuna
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from geosearch.util.errors import ConfigError
 from geosearch.search.records import json_safe
 
-__all__ = ["FORMAT", "STUDY_FILE", "TRIAL_FILE", "StudyRecord", "TrialBackup", "lost_trials",
-           "read_study_record", "read_trial_records", "recorded_trial", "save_study_record",
-           "trial_record"]
+__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "RUNG_PROBES_FILE", "STUDY_FILE",
+           "StudyRecord", "TRIAL_FILE", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
+           "read_rung_probes", "read_study_record", "read_trial_records", "recorded_trial",
+           "save_study_record", "trial_record", "upload_trial_files", "write_rung_probes"]
 
 STUDY_FILE = "study.json"
 """``<run-dir>/study.json``: the study's name, directions, metric names, user attrs and uid."""
@@ -324,3 +332,100 @@ def lost_trials(run_dir: str | os.PathLike, study: optuna.Study) -> list[int]:
                 and data.get("state") in ("COMPLETE", "PRUNED", "FAIL")):
             lost.append(n)
     return lost
+
+
+ARTIFACTS_DIR = "artifacts"
+"""``<run-dir>/artifacts/``: the default artifact store of a study's trial files."""
+
+# Types Python's mimetypes does not know, so optuna-dashboard previews them as text.
+_MIMETYPES = {".jsonl": "application/jsonl", ".yaml": "application/yaml", ".yml": "application/yaml",
+              ".txt": "text/plain", ".log": "text/plain"}
+
+
+class ArtifactStore(Protocol):
+    """What an Optuna artifact store offers (``FileSystemArtifactStore``, ``Boto3ArtifactStore``...)."""
+
+    def open_reader(self, artifact_id: str) -> BinaryIO: ...
+
+    def write(self, artifact_id: str, content_body: BinaryIO) -> None: ...
+
+    def remove(self, artifact_id: str) -> None: ...
+
+
+def default_store(run_dir: str | os.PathLike) -> FileSystemArtifactStore:
+    """The file-system artifact store in ``<run_dir>/artifacts/`` (created)."""
+    path = Path(run_dir) / ARTIFACTS_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    return FileSystemArtifactStore(path)
+
+
+def upload_trial_files(store: ArtifactStore, trial: optuna.Trial, trial_dir: Path) -> list[str]:
+    """Upload every file under ``trial_dir`` as an artifact of ``trial`` (a running trial).
+
+    Args:
+        store: the artifact store.
+        trial: the trial the files belong to; it must not be finished yet.
+        trial_dir: its folder (missing: nothing is uploaded).
+
+    Returns:
+        The artifact file names, in upload order (``config.yaml``, ``seed1-metrics.jsonl``...).
+    """
+    if not trial_dir.is_dir():
+        return []
+    names = []
+    with tempfile.TemporaryDirectory(prefix="geosearch-artifact-") as tmp:
+        for path in sorted(p for p in trial_dir.rglob("*") if p.is_file()):
+            rel = path.relative_to(trial_dir)
+            name = "-".join(rel.parts)
+            if len(rel.parts) > 1:  # upload_artifact names an artifact after its file
+                path = Path(shutil.copyfile(path, Path(tmp) / name))
+            mimetype = _MIMETYPES.get(path.suffix) or mimetypes.guess_type(name)[0]
+            upload_artifact(artifact_store=store, file_path=str(path), study_or_trial=trial,
+                            mimetype=mimetype)
+            names.append(name)
+    return names
+
+
+class TrialFiles:
+    """The trial loop's hook: upload a finished trial's folder, warn instead of failing.
+
+    Args:
+        store: the artifact store.
+        echo: prints a warning line when an upload fails (the trial's outcome stands).
+    """
+
+    def __init__(self, store: ArtifactStore, echo: Callable[[str], None]) -> None:
+        self.store, self.echo = store, echo
+
+    def __call__(self, trial: optuna.Trial, trial_dir: Path) -> None:
+        try:
+            upload_trial_files(self.store, trial, trial_dir)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            raise  # the trial was failed meanwhile by a worker that took it for dead
+        except Exception as e:  # noqa: BLE001 - a store that is down must not fail the trial
+            self.echo(f"warning: trial {trial.number}'s files were not stored as artifacts "
+                      f"({type(e).__name__}: {e}); they are in {trial_dir}")
+
+
+RUNG_PROBES_FILE = "rung_probes.json"
+"""A trained trial's probe rows per rung reached (its first seed's), in its folder: the
+report's max logit against Σ η. Kept as a file, not a user attr: the last rung's rows are
+the trial's ``probe_history`` already."""
+
+
+def write_rung_probes(trial_dir: Path, rungs: list[list[dict]]) -> None:
+    """Write ``rungs`` (per rung, the probe rows) to the trial's :data:`RUNG_PROBES_FILE`."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / RUNG_PROBES_FILE).write_text(json.dumps(json_safe(rungs)), encoding="utf-8")
+
+
+def read_rung_probes(trial_dir: Path) -> list[list[dict]]:
+    """The trial's probe rows per rung (:func:`write_rung_probes`); ``[]`` when the file is
+    missing or does not read as a list of lists of rows."""
+    try:
+        rungs = json.loads((trial_dir / RUNG_PROBES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(rungs, list):
+        return []
+    return [[r for r in rung if isinstance(r, dict)] for rung in rungs if isinstance(rung, list)]

@@ -5,7 +5,7 @@ trial trains, a thread writes the trial's ``heartbeat``. A RUNNING trial is dead
 worker, on this host, no longer holds its lock, or, when the lock file is not on this
 machine, when its heartbeat is ``stale_after`` seconds old; every worker fails such trials
 before asking for one, and queues their points again up to ``--max-retries`` deaths in a
-row (:mod:`geosearch.search.study.recovery`, which reads :func:`dead_reason`). A lock file stays when its process
+row (:mod:`geosearch.search.study.failures`, which reads :func:`dead_reason`). A lock file stays when its process
 ends, however it ends (so the next run sees at once that its trials are dead), and is
 removed once no RUNNING trial names it. :func:`check_no_other_run` keeps a command from
 training beside live workers of an earlier one. The processes of a machine ask for
@@ -112,7 +112,7 @@ class Owner:
         (Optuna's pop is not atomic between processes on SQLite, whose ``SELECT ... FOR
         UPDATE`` is a no-op). The lock file records the ask (its start, then the trial)
         until the trial is signed: a process that dies or fails in between leaves the
-        record, and :func:`~geosearch.search.study.recovery.recover_stale` fails that trial at once instead of waiting.
+        record, and :func:`~geosearch.search.study.failures.recover_stale` fails that trial at once instead of waiting.
         """
         if fcntl is None or self.lock is None:
             trial = study.ask()
@@ -145,7 +145,7 @@ class Owner:
     def close(self) -> None:
         """Release the lock. The file stays: a trial this process leaves RUNNING (it could
         not tell its outcome, say on a full disk) is then seen dead at once; the file goes
-        when no RUNNING trial names it (:func:`~geosearch.search.study.recovery.recover_stale`)."""
+        when no RUNNING trial names it (:func:`~geosearch.search.study.failures.recover_stale`)."""
         if self._fd is not None:
             os.close(self._fd)  # releases the lock
             self._fd = None

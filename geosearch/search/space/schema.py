@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 from geosearch.assignment import geometry_names
 from geosearch.util.checks import Range, parse_number, shown
@@ -106,10 +106,11 @@ from geosearch.search.space.reader import (
 from geosearch.search.horizon.pruner import ARG_LIMITS as PRUNER_LIMITS
 from geosearch.search.space.sections import Hyperparams, LogRange
 from geosearch.search.runtime.storage import study_name_problem
-from geosearch.search.horizon.target import LADDER_LIMITS, TARGET_LIMITS, parse_horizon
+from geosearch.search.space.horizon import LADDER_LIMITS, TARGET_LIMITS, parse_horizon
 
-if TYPE_CHECKING:  # pragma: no cover
-    from geosearch.search.space.spec import SearchSpace
+Space = TypeVar("Space")
+"""The space class (:class:`~geosearch.search.space.spec.SearchSpace`, which calls this module:
+named here by a type variable, so that the two modules do not import each other)."""
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "name", "rules", "geometries", "hyperparams", "proxy", "repeats",
@@ -138,7 +139,7 @@ def space_limits() -> dict[str, Range]:
     return out
 
 
-def parse_space(cls: type[SearchSpace], d: Any, source: str | None = None) -> SearchSpace:
+def parse_space(cls: type[Space], d: Any, source: str | None = None) -> Space:
     """Validate a mapping in the YAML schema (see the module docstring) into a ``cls``
     (:class:`~geosearch.search.space.spec.SearchSpace`, whose ``from_dict`` calls this).
 
@@ -149,8 +150,9 @@ def parse_space(cls: type[SearchSpace], d: Any, source: str | None = None) -> Se
     return _Parser(source, cls).space(d)
 
 
-def dump_space(space: SearchSpace) -> dict[str, Any]:
-    """Plain YAML-safe data in the schema, which :func:`parse_space` turns back into ``space``."""
+def dump_space(space: Any) -> dict[str, Any]:
+    """Plain YAML-safe data in the schema, which :func:`parse_space` turns back into ``space``
+    (a :class:`~geosearch.search.space.spec.SearchSpace`)."""
     rules: Any = space.rules
     if not isinstance(rules, str):
         rules = [{"type": r.type, "pattern": r.pattern, "family": r.family,
@@ -190,17 +192,17 @@ def _range_list(r: LogRange) -> list[float]:
     return [r.low, r.high]
 
 
-class _Parser(SchemaReader):
+class _Parser(SchemaReader, Generic[Space]):
     """Reads one space, collecting every problem instead of stopping at the first (the
     budget, pruner and sampler sections: :class:`~geosearch.search.space.reader.SchemaReader`)
     into a ``make`` (the space class)."""
 
-    def __init__(self, source: str | None, make: type[SearchSpace]) -> None:
+    def __init__(self, source: str | None, make: type[Space]) -> None:
         super().__init__(source)
         self.make = make
 
     # ------------------------------------------------------------------ the whole file
-    def space(self, d: Any) -> SearchSpace:
+    def space(self, d: Any) -> Space:
         if d is None:
             d = {}
         top = self.mapping(d, "", TOP_KEYS)

@@ -20,7 +20,7 @@ import dataclasses
 import importlib.util
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -43,8 +43,7 @@ from geosearch.search.space.sections import (
     SamplerSpec,
     SamplerType,
 )
-from geosearch.search.horizon.target import LadderSpec, TargetSpec, plan_rungs, target_line
-from geosearch.search.space.baselines import plan_line
+from geosearch.search.space.horizon import LadderSpec, TargetSpec
 from geosearch.search.space.schema import dump_space, parse_space
 from geosearch.util.yaml_io import parse_value, parse_yaml
 
@@ -287,8 +286,10 @@ class SearchSpace:
         overrides = suggestion.train_overrides if suggestion is not None else {}
         return dataclasses.replace(self.proxy, seed=self.proxy.seed + repeat, **overrides)
 
-    def summary(self) -> str:
-        """A few lines for a person: what is searched, how, on which proxy."""
+    def summary(self, plan_lines: Sequence[str] = ()) -> str:
+        """A few lines for a person: what is searched, how, on which proxy; ``plan_lines``
+        (the study plan's :meth:`~geosearch.search.space.plan.StudyPlan.header_lines`) go
+        before the sampler's."""
         by_choices: dict[tuple[str, ...], list[str]] = {}
         for k, v in self.geometries.items():
             by_choices.setdefault(v, []).append(k)
@@ -321,8 +322,7 @@ class SearchSpace:
             *([f"  hyperparams: {', '.join(hp)}"] if hp else []),
             f"  proxy: {p.model}{p.model_args or ''}, {p.steps} steps x {p.batch_size} seqs, "
             f"data {p.data or 'built-in'}, solver {p.solver}; {seeds}",
-            target_line(self),
-            plan_line(self, plan_rungs(self)),
+            *plan_lines,
             f"  sampler: {self.sampler_type()}; budget: trials {self.budget.trials}, "
             f"timeout {self.budget.timeout}",
         ])
@@ -379,12 +379,9 @@ def apply_overrides(
         overrides: dotted ``key=value`` strings as typed on a command line (the value is
             read as YAML: ``proxy.steps=100``, ``proxy.data=null``,
             ``hyperparams.lr=[1e-4,1e-3]``), or a mapping of dotted keys to values.
-        **flags: command-line flags (:data:`CLI_FLAGS`: ``trials``, ``timeout``, ``steps``,
-            ``model``, ``data``, ``tokenizer``, ``vocab_size``, ``batch_size``, ``device``,
-            ``mixed_precision``, ``grad_accum``, ``compile``, ``log_with``, ``repeats``, ``seed``,
-            ``sampler``, ``name``, ``target_steps``, ``target_spectral_lr``,
-            ``target_model``); a ``None`` value means "not given". Applied after
-            ``overrides``.
+        **flags: command-line flags, the keys of :data:`CLI_FLAGS` (the one list of them:
+            ``geosearch search`` passes each of its arguments of that name); a ``None`` value
+            means "not given". Applied after ``overrides``.
 
     Raises:
         ConfigError: an override that is not ``key=value``, or a key path through a

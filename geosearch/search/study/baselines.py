@@ -86,7 +86,7 @@ def queue_baselines(study: optuna.Study, space: SearchSpace) -> list[str]:
             for t in study.get_trials(deepcopy=False) if trial_status(t) in (*FINISHED, RUNNING, WAITING)}
     queued = []
     for name in space.baselines:
-        factors = baseline_factors(space)
+        factors = baseline_factors(space.hyperparams.step_grid)
         if space.hyperparams.step_grid and space.hyperparams.step_halving:
             factors = tuple(sorted(factors, reverse=True))  # as the points: the largest step first
         for factor in factors:

@@ -42,7 +42,7 @@ from geosearch.search.records import (
 )
 from geosearch.search.space.spec import SearchSpace, Suggestion, study_pruner
 from geosearch.search.runtime.storage import BEST_FILE, TOP_DIR, open_run_study
-from geosearch.search.horizon.target import horizon_lines, horizon_verdict, reading_record, study_reading
+from geosearch.search.horizon.reading import horizon_lines, horizon_verdict, reading_record, study_reading
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment

@@ -17,6 +17,11 @@ failed points, once each. A worker that is killed or crashes mid-trial is an env
 failure too; the stale-trial recovery of :mod:`geosearch.search.runtime.liveness` queues its
 point again. Torch-free: the exception types are recognised by name. The rules are in
 ``docs/design.md`` ("Failures and retries").
+
+Dead-trial recovery (:func:`recover_stale`): fail the RUNNING trials whose worker died
+(:func:`geosearch.search.runtime.liveness.dead_reason`: its lock released, or its heartbeat
+stale) and settle their points (:func:`settle_dead`); every worker recovers before it asks
+for a trial (``docs/design.md``, "Stale trials").
 """
 
 from __future__ import annotations
@@ -56,10 +61,20 @@ from geosearch.search.records import (
     UNSTABLE,
     trial_status,
 )
+from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["ASSIGNMENT_FAILURE", "DEFAULT_MAX_RETRIES", "ENVIRONMENT_FAILURE", "SETTINGS_FAILURE",
-           "earlier_retries", "failed_attrs", "failure_kind", "requeue_failed", "settings_line",
-           "settle_dead", "worker_died"]
+
+from geosearch.search.records import HEARTBEAT, WORKER
+from geosearch.search.runtime.backup import TrialBackup
+from geosearch.search.runtime.liveness import Owner, dead_reason, fcntl, live_processes
+from geosearch.search.runtime.locks import asked_in, dead_ask, lock_files, lock_held
+from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE
+
+__all__ = ["ASSIGNMENT_FAILURE", "DEFAULT_MAX_RETRIES", "ENVIRONMENT_FAILURE", "Recovered",
+           "SETTINGS_FAILURE", "earlier_retries", "failed_attrs", "failure_kind",
+           "recover_stale", "recovered_line", "requeue_failed", "settings_line", "settle_dead",
+           "worker_died"]
 
 ENVIRONMENT_FAILURE = "environment"
 """``failure_kind`` of a trial that failed because of the machine or the storage."""
@@ -229,7 +244,7 @@ _POINT_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, RUNG_INDICES, T
 
 def settle_dead(study: optuna.Study, trial: FrozenTrial, max_retries: int) -> str:
     """Decide what becomes of the point of a trial the caller just failed because its
-    worker was found dead (:func:`geosearch.search.study.recovery.recover_stale`).
+    worker was found dead (:func:`geosearch.search.study.failures.recover_stale`).
 
     A death while training (:func:`worker_died`) is a failure of the environment: the
     point is queued again (``retry_of``) while fewer than ``max_retries`` such failures
@@ -305,3 +320,101 @@ def settings_line(error: BaseException, space_source: str) -> str:
         return str(ConfigError(error.problem, source=space_source, key=f"proxy.{error.key}",
                                allowed=error.allowed))
     return str(error)
+
+
+class Recovered(NamedTuple):
+    """A trial :func:`recover_stale` failed: its number, why its worker was taken as dead,
+    and what became of its point (``"marked failed and queued again ..."``)."""
+
+    number: int
+    why: str
+    outcome: str
+
+
+def recover_stale(study: optuna.Study, owner: Owner, stale_after: float,
+                  max_retries: int = DEFAULT_MAX_RETRIES) -> list[Recovered]:
+    """Fail the RUNNING trials whose worker died and queue their points again, up to
+    ``max_retries`` deaths in a row while training a point, after which the point stays
+    failed (:func:`~geosearch.search.study.failures.settle_dead`); then remove the released
+    lock files of this host that no RUNNING trial names.
+
+    Telling the trial FAIL is the claim: when two workers find the same dead trial, only
+    the one whose ``tell`` succeeds settles its point. The trials it fails or adds are
+    backed up (``trials/<n>/trial.json``, :class:`~geosearch.search.runtime.backup.TrialBackup`).
+
+    Returns:
+        Each trial recovered.
+    """
+    recovered = _recover(study, owner, stale_after, max_retries)
+    if recovered:  # the failed trials, and any point failed in their name, as stored
+        TrialBackup(owner.run_dir).sync(study)
+    if owner.lock:
+        _prune_locks(Path(owner.lock).parent, study)
+    return recovered
+
+
+def _recover(study: optuna.Study, owner: Owner, stale_after: float,
+             max_retries: int) -> list[Recovered]:
+    recovered = []
+    alone: bool | None = None
+    ask_record = dead_ask(Path(owner.lock).parent) if owner.lock else None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        why = None if owner.owns(t) else dead_reason(t, stale_after)
+        unsigned = WORKER not in t.user_attrs and HEARTBEAT not in t.user_attrs
+        if why is None and unsigned and asked_in(t, ask_record):
+            why = "a process on this machine died or failed while it asked for it"
+        if why is None and unsigned:
+            # asked, then its worker died before it could sign it
+            alone = _alone(owner) if alone is None else alone
+            why = "no other process on this machine runs the study" if alone else None
+        if why is None:
+            continue
+        try:
+            study.tell(t.number, state=TrialState.FAIL)
+        except (ValueError, RuntimeError):  # finished meanwhile, e.g. by another worker
+            continue
+        if t.number in retried_numbers(study.get_trials(deepcopy=False)):
+            # its worker queued the point before it could tell (Searcher._fail): once is enough
+            recovered.append(Recovered(t.number, why, "marked failed; its point was already queued again"))
+            continue
+        recovered.append(Recovered(t.number, why, settle_dead(study, t, max_retries)))
+    return recovered
+
+
+def _alone(owner: Owner) -> bool:
+    """Whether ``owner`` is the only process that can be running its study: the storage is
+    the run directory's own file, no other process of this host holds a lock there, and no
+    other host left a lock file there (a run directory shared over the network)."""
+    if fcntl is None or not owner.lock:
+        return False
+    folder = Path(owner.lock).parent
+    run_dir = folder.parent
+    if not ((run_dir / DB_FILE).is_file() or (run_dir / JOURNAL_FILE).is_file()):
+        return False  # --storage: other machines may share it
+    here = {p for p, _ in lock_files(folder)}
+    if any(p not in here for p in folder.glob("*.lock")):
+        return False
+    return not live_processes(run_dir)
+
+
+def _prune_locks(folder: Path, study: optuna.Study) -> None:
+    """Remove the released lock files of this host that no RUNNING trial names."""
+    if fcntl is None:
+        return
+    released = [p for p, _ in lock_files(folder) if not lock_held(str(p))]
+    if not released:
+        return
+    named = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get(WORKER)
+        if isinstance(worker, dict) and worker.get("lock"):
+            named.add(str(worker["lock"]))
+    for p in released:
+        if str(p.resolve()) not in named:
+            p.unlink(missing_ok=True)
+
+
+def recovered_line(number: int, why: str, outcome: str = "marked failed and queued again") -> str:
+    """What the search prints about a trial :func:`recover_stale` recovered (called with
+    the fields of a :class:`Recovered`)."""
+    return f"trial {number} was left running by a worker that died ({why}): {outcome}"

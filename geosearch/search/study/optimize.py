@@ -25,12 +25,12 @@ import optuna
 from optuna.trial import TrialState
 
 from geosearch.util.errors import GeosearchError
-from geosearch.search.runtime.artifacts import ArtifactStore, TrialFiles, default_store
+from geosearch.search.runtime.backup import ArtifactStore, TrialFiles, default_store
 from geosearch.search.runtime.liveness import STALE_AFTER
 from geosearch.search.study.queue import done_reason
 from geosearch.search.records import FAIL_REASON, PRUNE_REASON
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
-from geosearch.search.study.preflight import data_digest, preflight
+from geosearch.search.study.resume import data_digest, preflight
 from geosearch.search.study.run import bind_study, write_space_file
 from geosearch.search.study.trial_loop import Searcher, StopSearch
 

@@ -15,7 +15,7 @@ import optuna
 
 from geosearch.util.checks import is_int
 from geosearch.util.errors import ConfigError
-from geosearch.search.runtime.artifacts import ArtifactStore
+from geosearch.search.runtime.backup import ArtifactStore
 from geosearch.search.runtime.liveness import STALE_AFTER
 from geosearch.search.study.failures import DEFAULT_MAX_RETRIES
 

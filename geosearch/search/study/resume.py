@@ -13,6 +13,9 @@ The files the space names are compared by their contents too (:data:`ON_CHANGED_
 study records the SHA-256 of its data and tokenizer when it is created
 (:meth:`geosearch.proxy.data.Corpus.digest`, the study attr ``data_digest``), and a run that
 finds them changed is refused the same way, naming the file.
+
+Before the study is touched, :func:`preflight` refuses what would fail every trial, and
+:func:`data_digest` hashes the data a resumed study must still be trained on.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ import optuna
 from geosearch.util.checks import shown
 from geosearch.util.errors import ConfigError
 from geosearch.proxy.config import TrainConfig
-from geosearch.search.records import DATA_DIGEST, SPACE
+from geosearch.search.records import DATA_DIGEST, LADDER, SPACE, STABILITY, TARGET
 from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["NOT_COMPARED", "ON_CHANGED_FILES", "ON_RESUME", "RUN_TIME_KEYS", "Resume", "check_data",
-           "check_identity"]
+from geosearch.proxy.accelerator import check_device, check_precision
+from geosearch.proxy.config import check_batch_split
+
+__all__ = ["NOT_COMPARED", "ON_CHANGED_FILES", "ON_RESUME", "RUN_TIME_KEYS", "Resume",
+           "check_data", "check_identity", "data_digest", "preflight"]
 
 
 class Resume(NamedTuple):
@@ -102,8 +108,9 @@ def check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> li
     """A resumed study must measure and judge the same thing (:data:`ON_RESUME`): a change of
     a key that would change verdicts raises; the others are returned as notes, one line each.
 
-    A key the study's stored space lacks (a study of an older version, from before the key)
-    is not compared, but for the proxy's fields (a field the study lacks must be unset).
+    A study written by an earlier build of geosearch 0.1.0 (one that recorded no target,
+    ladder, stability rung or data digest) is refused (:func:`_check_this_build`). A proxy
+    field the study's stored space lacks must be unset.
 
     Raises:
         ConfigError: one line naming the first refused key (``key``) and both values.
@@ -113,6 +120,7 @@ def check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> li
         return []
     new = space.to_dict()
     name = study.study_name
+    _check_this_build(study, old, run_dir)
     _check_horizon(study, old, new, run_dir)
     notes = []
     for key, resume in ON_RESUME.items():
@@ -132,12 +140,25 @@ def check_identity(study: optuna.Study, space: SearchSpace, run_dir: Path) -> li
     return notes
 
 
+def _check_this_build(study: optuna.Study, old: dict[str, Any], run_dir: Path) -> None:
+    """Refuse, in one line, a study written by an earlier build of geosearch 0.1.0: one
+    without the study attrs or space sections this build records (its target, ladder,
+    stability rung and data digest)."""
+    attrs = study.user_attrs
+    missing = [k for k in (TARGET, LADDER, STABILITY) if k not in attrs]
+    missing += [] if isinstance(attrs.get(DATA_DIGEST), dict) else [DATA_DIGEST]
+    missing += [f"space.{k}" for k in ("target", "ladder") if not isinstance(old.get(k), dict)]
+    if missing:
+        raise ConfigError(f"study {study.study_name!r} was written by an earlier build of geosearch "
+                          f"(it records no {missing[0]}), which this one does not resume: start a new "
+                          "study with --study NAME", source=str(run_dir))
+
+
 def check_data(study: optuna.Study, digest: dict[str, Any] | None, run_dir: Path) -> list[str]:
     """A resumed study must train on the contents it was created on: compare ``digest`` (the
     data's and tokenizer's, :meth:`geosearch.proxy.data.Corpus.digest`) with the one the study
-    recorded, by :data:`ON_CHANGED_FILES`. A study without one (created before geosearch
-    recorded it) or a run that gives none (a worker process: its command checked) is not
-    compared.
+    recorded, by :data:`ON_CHANGED_FILES`. A run that gives none (a worker process: its
+    command checked) is not compared.
 
     Returns:
         One note per allowed change (none in the table today).
@@ -218,20 +239,96 @@ def _batch_hint(old: dict[str, Any], new: dict[str, Any]) -> str | None:
 def _check_horizon(study: optuna.Study, old: dict[str, Any], new: dict[str, Any],
                    run_dir: Path) -> None:
     """The target and the ladder are part of what a study measures: the target sets the
-    pruner's forecast and the rungs, the top rung the values. A study from before them had
-    one rung and no target; with one rung the ladder's limits are unused."""
+    pruner's forecast and the rungs, the top rung the values; with one rung the ladder's
+    limits are unused."""
     name = study.study_name
-    if "target" in old and old["target"] != new["target"]:
+    if old["target"] != new["target"]:
         raise ConfigError(
             f"study {name!r} was created for the target {shown(old['target'], 100)}, not "
             f"{shown(new['target'], 100)}: another target is another question; start a new study with "
             "--study NAME, or rerun with the study's target (--target-steps ...) to resume it",
             source=str(run_dir), key="target")
-    # older studies: all seeds at every rung, no stability rung
-    a = {"lower_seeds": None, "stability_steps": None, **old.get("ladder", {"rungs": 1})}
-    b = new["ladder"]
+    a, b = old["ladder"], new["ladder"]
     one_rung = a.get("rungs") == b["rungs"] == 1 and a["stability_steps"] == b["stability_steps"]
     if a != b and not one_rung:
         raise ConfigError(f"study {name!r} was created with the ladder {shown(a, 120)}, not {shown(b, 120)}; "
                           "rerun with the same ladder to resume it, or start a new study with --study "
                           "NAME", source=str(run_dir), key="ladder")
+
+
+def data_digest(space: SearchSpace) -> dict[str, Any]:
+    """The SHA-256 of the files the space's proxy trains on, its data and tokenizer
+    (:meth:`geosearch.proxy.data.Corpus.digest`; the corpus is the one the preflight loaded,
+    from the process's cache), for :func:`bind_study`. Reads every file once: a command calls
+    it once, its workers never.
+
+    Raises:
+        ConfigError: the data cannot be loaded or read.
+    """
+    from geosearch.proxy.data import config_corpus
+
+    return config_corpus(space.proxy).digest()
+
+
+def preflight(space: SearchSpace, processes: int = 1) -> None:
+    """Errors that would fail every trial, found before the study is touched.
+
+    The run's settings, as :func:`geosearch.proxy.train.train` refuses them: a device this
+    machine does not have, a mixed precision it cannot train in
+    (:func:`~geosearch.proxy.accelerator.check_precision`), a tracker of ``log_with`` that is
+    unknown or not installed, a global batch that does not split over ``processes`` x
+    ``grad_accum`` micro-batches. Then the data, the model (a zoo spec, built on the meta
+    device), a context the data cannot fill, one forward pass of the model
+    (:func:`~geosearch.models.zoo.check_logits`: logits of the data's vocabulary; a ``py:``
+    model whose forward cannot run on the meta device is built for real on the CPU for it),
+    and rules that do not fit the model, match nothing or leave a hidden weight without a
+    geometry: the plan (:func:`geosearch.plan.bind`) of the space's first assignment, with
+    the proxy's optimizer settings. ``space.rules`` are the rules every trial's assignment
+    carries: the space's, or the model's default rule set when the space names none.
+
+    Args:
+        space: the search space, flags applied.
+        processes: the processes that train each trial (a data-parallel launch's world).
+
+    Raises:
+        ConfigError: the first problem, naming the space's key (``proxy.grad_accum``, ...);
+            a :class:`~geosearch.util.errors.SettingsError` for the run's settings.
+    """
+    from geosearch.assignment import Assignment
+    from geosearch.rules.modules import empty_rule_error, get_rule_set, match_parameters
+    from geosearch.plan import bind
+    from geosearch.proxy.data import config_corpus
+    from geosearch.proxy.trackers import check_trackers
+    from geosearch.models.specs import PY_PREFIX
+    from geosearch.models.memory import check_fits
+    from geosearch.models.zoo import build_meta_model, build_model, check_logits
+
+    proxy = space.proxy
+    where = space.source or "the search space"
+    device = check_device(proxy.device, source=where, key="proxy.device")
+    check_precision(proxy.device, proxy.mixed_precision, source=where, key="proxy.mixed_precision")
+    check_trackers(proxy.log_with, source=where, key="proxy.log_with")
+    check_batch_split(proxy.batch_size, proxy.grad_accum, processes, source=where, prefix="proxy.")
+    corpus = config_corpus(proxy)
+    built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
+    corpus.check_block_size(built.block_size)
+    check_fits(built.model, proxy.model, device, source=where, key="proxy.model_args")
+    if not check_logits(built, corpus.vocab_size, source=where, key="proxy.model") \
+            and proxy.model.startswith(PY_PREFIX):  # its forward needs real tensors
+        real = build_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
+        check_logits(real, corpus.vocab_size, source=where, key="proxy.model")
+        del real
+    rules = get_rule_set(space.rules) if isinstance(space.rules, str) else space.rules
+    try:
+        match = match_parameters(built.model, rules)
+    except ConfigError as e:  # e.g. nanogpt's nn.Linear rules on hf:gpt2's Conv1D weights
+        raise ConfigError(e.problem, source=where, key=e.key, allowed=e.allowed) from None
+    empty = empty_rule_error(match, proxy.model, source=where)
+    if empty is not None:
+        raise empty
+    first = Assignment(geometry={k: v[0] for k, v in space.geometries.items()},
+                       rules=space.rules if isinstance(space.rules, str) else list(space.rules))
+    try:  # what the trials' optimizers will be built from: unassigned hidden weights, ...
+        bind(built.model, first, proxy.optimizer_settings(), source=where)
+    except ConfigError as e:
+        raise ConfigError(e.problem, source=where, key=e.key, allowed=e.allowed) from None

@@ -10,7 +10,7 @@ the trials here (:mod:`~geosearch.search.study.trial_loop`), in ``--workers N`` 
 (:mod:`~geosearch.search.runtime.distributed`), prints the ranking and exports the winner
 (:mod:`~geosearch.search.study.export`). Optuna's own objects plug in: an ``optuna.Study``, a
 storage, a sampler, a pruner, an artifact store for each trial's files
-(:mod:`~geosearch.search.runtime.artifacts`); :mod:`~geosearch.search.study.optimize` offers the same
+(:mod:`~geosearch.search.runtime.backup`); :mod:`~geosearch.search.study.optimize` offers the same
 trial to ``study.optimize``. The run directory, the trial records, outcomes, budget and
 liveness rules are described in ``docs/design.md`` ("The study").
 """
@@ -18,14 +18,14 @@ liveness rules are described in ``docs/design.md`` ("The study").
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
 import os
 import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import optuna
 import yaml
@@ -36,14 +36,13 @@ from geosearch.util.errors import ConfigError, GeosearchError
 from geosearch.proxy.accelerator import get_accelerator
 from geosearch.proxy.config import check_batch_split
 from geosearch.proxy.train import train
-from geosearch.search.runtime.artifacts import ArtifactStore, TrialFiles, default_store
+from geosearch.search.runtime.backup import TrialFiles, default_store
 from geosearch.search.runtime.distributed import RankGroup, follow, launch_world
 from geosearch.search.study.export import export_best, format_ranking
-from geosearch.search.study.failures import DEFAULT_MAX_RETRIES, requeue_failed
+from geosearch.search.study.failures import requeue_failed
 from geosearch.search.study.options import SearchOptions
-from geosearch.search.study.recovery import recover_stale, recovered_line
+from geosearch.search.study.failures import recover_stale, recovered_line
 from geosearch.search.runtime.liveness import (
-    STALE_AFTER,
     Owner,
     check_no_other_run,
 )
@@ -54,16 +53,13 @@ from geosearch.search.stats.trials import trial_line
 from geosearch.search.records import (
     DATA_DIGEST,
     GEOSEARCH_VERSION,
-    LADDER,
-    STABILITY,
     NOT_RUN,
     PROXY,
     RULES,
     SPACE,
-    TARGET,
     trial_status,
 )
-from geosearch.search.study.preflight import data_digest, preflight
+from geosearch.search.study.resume import data_digest, preflight
 from geosearch.search.study.resume import check_data, check_identity
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 from geosearch.search.runtime.backup import (
@@ -82,8 +78,8 @@ from geosearch.search.runtime.storage import (
     own_file,
     storage_error,
 )
-from geosearch.search.horizon.target import ladder_record, plan_rungs, resolve_target, stability_record
-from geosearch.search.study.trial_loop import Searcher, trial_seeds
+from geosearch.search.space.plan import StudyPlan, plan_study
+from geosearch.search.study.trial_loop import Searcher
 from geosearch.search.runtime.workers import run_workers, share_cpu
 
 __all__ = ["METRIC_NAME", "SearchOutcome", "bind_study", "run_search", "write_space_file"]
@@ -120,31 +116,32 @@ class SearchOutcome:
     rank: int = 0
 
 
-def _study_attrs(space: SearchSpace, digest: dict[str, Any] | None) -> dict[str, Any]:
-    """The study attrs of a new study: its space, version, rules, proxy run, target, rungs,
-    and the digest of its data (when given)."""
+def _study_attrs(space: SearchSpace, digest: dict[str, Any] | None,
+                 plan: StudyPlan) -> dict[str, Any]:
+    """The study attrs of a new study: its space, version, rules, proxy run, its plan's
+    target, rungs and stability rung, and the digest of its data (when given)."""
     d = space.to_dict()
     proxy = dict(d["proxy"])
-    proxy.update(repeats=space.repeats, seeds=trial_seeds(space))
+    proxy.update(repeats=space.repeats, seeds=list(plan.seeds))
     attrs = {SPACE: d, GEOSEARCH_VERSION: __version__, RULES: d["rules"], PROXY: proxy,
-             TARGET: resolve_target(space).record(), LADDER: ladder_record(plan_rungs(space)),
-             STABILITY: stability_record(space)}
+             **plan.record()}
     if digest is not None:
         attrs[DATA_DIGEST] = digest
     return attrs
 
 
 def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: str,
-               digest: dict[str, Any] | None = None) -> list[str]:
+               digest: dict[str, Any] | None = None, plan: StudyPlan | None = None) -> list[str]:
     """Make ``study`` the study of ``space``: it must minimise and, when it already holds
     a space, measure the same thing on the same data; a new one gets the space's study attrs.
 
     Args:
         study, space, run_dir: the study, its space and its run directory.
         source: the storage in words, for a message.
-        digest: the data's :func:`data_digest`: recorded by a new study (and by one created
-            before geosearch recorded it), compared on resume
+        digest: the data's :func:`data_digest`: recorded by a new study, compared on resume
             (:func:`~geosearch.search.study.resume.check_data`); None: neither (a worker).
+        plan: the study's plan (:func:`~geosearch.search.space.plan.plan_study` of ``space``
+            when not given), recorded by a new study.
 
     Returns:
         One note per run-time setting (:data:`RUN_TIME_KEYS`) that differs from the study's.
@@ -159,10 +156,8 @@ def bind_study(study: optuna.Study, space: SearchSpace, run_dir: Path, source: s
     notes = check_identity(study, space, run_dir) + check_data(study, digest, run_dir)
     new = SPACE not in study.user_attrs
     if new:
-        for k, v in _study_attrs(space, digest).items():
+        for k, v in _study_attrs(space, digest, plan or plan_study(space)).items():
             study.set_user_attr(k, v)
-    elif digest is not None and not isinstance(study.user_attrs.get(DATA_DIGEST), dict):  # an older study
-        study.set_user_attr(DATA_DIGEST, digest)
     if study.metric_names is None:  # the dashboard and `optuna` CLI name the value by it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -182,8 +177,8 @@ def write_space_file(space: SearchSpace, run_dir: Path) -> None:
                                       encoding="utf-8")
 
 
-def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.BaseSampler,
-                 options: SearchOptions) -> tuple[optuna.Study, str, bool, list[str]]:
+def _start_study(space: SearchSpace, plan: StudyPlan, run_dir: Path,
+                 sampler: optuna.samplers.BaseSampler, options: SearchOptions) -> tuple[optuna.Study, str, bool, list[str]]:
     """Create or load the study of ``space`` (or take the given one, with the given sampler
     and pruner if any): ``(study, storage in words, whether it existed, notes on its changed
     run-time settings)``. A command (not a worker) hashes the data first (:func:`data_digest`)."""
@@ -217,7 +212,7 @@ def _start_study(space: SearchSpace, run_dir: Path, sampler: optuna.samplers.Bas
         except Exception as e:  # noqa: BLE001
             raise storage_error(e, desc, own) from None
     try:
-        notes = bind_study(study, space, run_dir, desc, digest)
+        notes = bind_study(study, space, run_dir, desc, digest, plan)
         lost = lost_trials(run_dir, study) if options.worker_index is None else []  # reads every trial
     except GeosearchError:
         raise
@@ -247,24 +242,8 @@ def _check_no_backup(run_dir: Path, name: str, desc: str) -> None:
             f"{TRIALS_DIR}/ aside)", source=str(run_dir))
 
 
-def run_search(
-    space: SearchSpace | str | os.PathLike,
-    *,
-    runs_dir: str | os.PathLike = "runs",
-    storage: str | optuna.storages.BaseStorage | None = None,
-    workers: int = 1,
-    worker_index: int | None = None,
-    stale_after: float = STALE_AFTER,
-    export: bool = True,
-    out: TextIO | None = None,
-    progress: bool | None = None,
-    study: optuna.Study | None = None,
-    sampler: optuna.samplers.BaseSampler | None = None,
-    pruner: optuna.pruners.BasePruner | None = None,
-    artifact_store: ArtifactStore | None = None,
-    max_retries: int = DEFAULT_MAX_RETRIES,
-    retry_failed: bool = False,
-) -> SearchOutcome:
+def run_search(space: SearchSpace | str | os.PathLike, options: SearchOptions | None = None,
+               /, **fields: Any) -> SearchOutcome:
     """Run (or resume) the study of ``space`` and export its best assignment.
 
     Every setting (study name = ``space.name``, proxy, repeats, budget, pruner, sampler)
@@ -274,6 +253,8 @@ def run_search(
 
     Args:
         space: the search space, or its file / shipped name.
+        options: how to run it (:class:`~geosearch.search.study.options.SearchOptions`);
+            or its fields as keywords (``run_search(space, runs_dir="runs", workers=2)``):
         runs_dir: parent of the run directory ``<runs_dir>/<space.name>``.
         storage: an Optuna storage URL, a journal file path or an
             ``optuna.storages.BaseStorage`` instead of the run directory's own.
@@ -322,14 +303,11 @@ def run_search(
     """
     if not isinstance(space, SearchSpace):
         space = load_space(space)
-    options = SearchOptions(
-        runs_dir=runs_dir, storage=storage, workers=workers, worker_index=worker_index,
-        stale_after=stale_after, export=export, out=out, progress=progress, study=study,
-        sampler=sampler, pruner=pruner, artifact_store=artifact_store, max_retries=max_retries,
-        retry_failed=retry_failed)
+    options = dataclasses.replace(options or SearchOptions(), **fields)
     options.check()
-    if study is not None:
-        space = apply_overrides(space, name=study.study_name)
+    workers, worker_index = options.workers, options.worker_index
+    if options.study is not None:
+        space = apply_overrides(space, name=options.study.study_name)
     world = launch_world()[1]
     if world == 1:
         return _search(space, options)
@@ -346,7 +324,7 @@ def run_search(
     group = RankGroup(get_accelerator(space.proxy.device, space.proxy.mixed_precision))
     if group.rank != 0:
         stopped = follow(group, train)
-        return SearchOutcome(space.name, Path(runs_dir) / space.name, "the storage of rank 0",
+        return SearchOutcome(space.name, Path(options.runs_dir) / space.name, "the storage of rank 0",
                              stopped, Ranking([], [], "ranked by rank 0"), {}, rank=group.rank)
     try:
         outcome = _search(space, options, group)
@@ -359,26 +337,9 @@ def run_search(
 
 def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None = None) -> SearchOutcome:
     """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
-    (not one of its workers) checks what would fail every trial, then holds the study's
-    :class:`~geosearch.search.runtime.locks.CommandLock` on this machine while it runs."""
-    if options.worker_index is not None:  # its command holds the lock
-        return _run_study(space, options, group)
-    run_dir = Path(options.runs_dir) / space.name
-    echo = functools.partial(print, file=options.out or sys.stdout, flush=True)
-
-    check_no_other_run(run_dir, space.name, echo)  # at once, before the preflight's work
-    preflight(space, group.world if group is not None else 1)  # before the storage is opened
-    with contextlib.ExitStack() as held:
-        def claim() -> None:  # once the storage opened (a bad one writes nothing), before any ask
-            held.enter_context(CommandLock(run_dir, space.name))  # of two commands, one runs
-            check_no_other_run(run_dir, space.name, echo)  # workers of a dead command stopping
-
-        return _run_study(space, options, group, claim)
-
-
-def _run_study(space: SearchSpace, options: SearchOptions, group: RankGroup | None = None,
-               claim: Callable[[], None] | None = None) -> SearchOutcome:
-    """:func:`_search` (``claim``: called once the study is open, to hold it)."""
+    (not one of its workers) checks what would fail every trial first, then holds the
+    study's :class:`~geosearch.search.runtime.locks.CommandLock` on this machine from the
+    moment its storage opened (a bad one writes nothing) until it has concluded."""
     out = options.out or sys.stdout
     workers, worker_index = options.workers, options.worker_index
 
@@ -386,50 +347,58 @@ def _run_study(space: SearchSpace, options: SearchOptions, group: RankGroup | No
         print(line, file=out, flush=True)
 
     run_dir = Path(options.runs_dir) / space.name
+    if worker_index is None:  # its command holds the lock
+        check_no_other_run(run_dir, space.name, echo)  # at once, before the preflight's work
+        preflight(space, group.world if group is not None else 1)  # before the storage is opened
+    plan = plan_study(space)
     exhaustive = options.sampler is None and space.sampler_type() == "grid"
     budget = resolve_budget(space, exhaustive)
     if worker_index is not None:
         share_cpu(workers)
-    study, desc, existed, notes = _start_study(space, run_dir, _sampler(space, options, exhaustive), options)
-    if claim is not None:
-        claim()
-    if worker_index is None:
-        _prepare(study, space, options, run_dir, notes, echo)
-        if exhaustive:
-            top_up_queue(study, space, budget)
-        _retry_failed(study, options, echo)
-        done = done_count(study)
-        echo(f"study {space.name!r} in {desc}: "
-             + (f"resuming, {done} trials done" if existed else "new")
-             + (f", budget {budget} trials" if budget is not None else "")
-             + (f", timeout {space.budget.timeout:g} s" if space.budget.timeout else "")
-             + (f"; each trial on {group.world} processes (data parallel)" if group else ""))
+    with contextlib.ExitStack() as held:
+        study, desc, existed, notes = _start_study(space, plan, run_dir,
+                                                   _sampler(space, options, exhaustive), options)
+        if worker_index is None:
+            held.enter_context(CommandLock(run_dir, space.name))  # of two commands, one runs
+            check_no_other_run(run_dir, space.name, echo)  # workers of a dead command stopping
+            _prepare(study, space, plan, options, run_dir, notes, echo)
+            if exhaustive:
+                top_up_queue(study, space, budget)
+            _retry_failed(study, options, echo)
+            done = done_count(study)
+            echo(f"study {space.name!r} in {desc}: "
+                 + (f"resuming, {done} trials done" if existed else "new")
+                 + (f", budget {budget} trials" if budget is not None else "")
+                 + (f", timeout {space.budget.timeout:g} s" if space.budget.timeout else "")
+                 + (f"; each trial on {group.world} processes (data parallel)" if group else ""))
 
-    bar = _TrialBar(budget, study, enabled=options.progress if options.progress is not None else
-                    (sys.stderr.isatty() and worker_index is None), echo=echo)
+        bar = _TrialBar(budget, study, enabled=options.progress if options.progress is not None else
+                        (sys.stderr.isatty() and worker_index is None), echo=echo)
 
-    proxy = space.to_dict()["proxy"]  # as the study records it: a step grid's steps in words
+        proxy = space.to_dict()["proxy"]  # as the study records it: a step grid's steps in words
 
-    def on_trial(t: FrozenTrial) -> None:
-        if trial_status(t) not in NOT_RUN:
-            bar.write(trial_line(t, proxy))
-        bar.update()
+        def on_trial(t: FrozenTrial) -> None:
+            if trial_status(t) not in NOT_RUN:
+                bar.write(trial_line(t, proxy))
+            bar.update()
 
-    try:
-        if workers > 1 and worker_index is None:
-            stopped = run_workers(space, run_dir, options.storage, workers, study, on_trial, echo,
-                                  options.stale_after, max_retries=options.max_retries)
-            stopped = done_reason(study, budget, exhaustive, space.grid_size()) or stopped
-        else:
-            store = options.artifact_store or default_store(run_dir)
-            searcher = Searcher(space, study, run_dir, exhaustive=exhaustive, budget=budget,
-                                stale_after=options.stale_after, echo=echo, group=group,
-                                store_files=TrialFiles(store, echo), max_retries=options.max_retries)
-            stopped = searcher.run(space.budget.timeout, on_trial)
-    finally:
-        bar.close()
-    outcome = SearchOutcome(space.name, run_dir, desc, stopped, rank_study(study), _status_counts(study))
-    return _conclude(study, options, outcome, echo)
+        try:
+            if workers > 1 and worker_index is None:
+                stopped = run_workers(space, run_dir, options.storage, workers, study, on_trial,
+                                      echo, options.stale_after, max_retries=options.max_retries)
+                stopped = done_reason(study, budget, exhaustive, space.grid_size()) or stopped
+            else:
+                store = options.artifact_store or default_store(run_dir)
+                searcher = Searcher(space, study, run_dir, exhaustive=exhaustive, budget=budget,
+                                    stale_after=options.stale_after, echo=echo, group=group,
+                                    store_files=TrialFiles(store, echo), plan=plan,
+                                    max_retries=options.max_retries)
+                stopped = searcher.run(space.budget.timeout, on_trial)
+        finally:
+            bar.close()
+        outcome = SearchOutcome(space.name, run_dir, desc, stopped, rank_study(study),
+                                _status_counts(study))
+        return _conclude(study, options, outcome, echo)
 
 
 def _sampler(space: SearchSpace, options: SearchOptions, exhaustive: bool) -> optuna.samplers.BaseSampler:
@@ -444,12 +413,12 @@ def _sampler(space: SearchSpace, options: SearchOptions, exhaustive: bool) -> op
     return optuna.samplers.RandomSampler(seed=seed) if exhaustive else space.make_sampler(seed)
 
 
-def _prepare(study: optuna.Study, space: SearchSpace, options: SearchOptions, run_dir: Path,
-             notes: list[str], echo: Callable[[str], None]) -> None:
+def _prepare(study: optuna.Study, space: SearchSpace, plan: StudyPlan, options: SearchOptions,
+             run_dir: Path, notes: list[str], echo: Callable[[str], None]) -> None:
     """A command's start: write ``space.yaml``, print the space and the notes, recover the
     trials of dead workers, back up the finished trials that have no ``trial.json`` yet."""
     write_space_file(space, run_dir)
-    echo(space.summary())
+    echo(space.summary(plan.header_lines()))
     for note in notes:
         echo(note)
     owner = Owner(run_dir)
@@ -458,7 +427,7 @@ def _prepare(study: optuna.Study, space: SearchSpace, options: SearchOptions, ru
             echo(recovered_line(*recovered))
     finally:
         owner.close()
-    TrialBackup(run_dir, echo).sync(study)  # trials told without a record (an older version, a full disk)
+    TrialBackup(run_dir, echo).sync(study)  # trials told without a record (a full disk)
 
 
 def _retry_failed(study: optuna.Study, options: SearchOptions, echo: Callable[[str], None]) -> None:

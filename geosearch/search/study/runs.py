@@ -1,4 +1,5 @@
-"""What one proxy run of a trial does to its trial: the run's callback (reports, probes, the
+"""One proxy run of a trial: its config at a rung (:func:`rung_run`) and folder
+(:func:`rung_dir`), what it does to its trial (the run's callback: reports, probes, the
 pruner's verdict) and the attrs a trained trial keeps of its runs. Used by
 :class:`~geosearch.search.study.trial_loop.Searcher`; the attrs are described in
 ``docs/design.md`` ("Study and trial attributes").
@@ -6,13 +7,19 @@ pruner's verdict) and the attrs a trained trial keeps of its runs. Used by
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import optuna
 
-from geosearch.proxy.config import TrainResult
+from geosearch.assignment import Assignment
+from geosearch.proxy.config import TrainConfig, TrainResult
+from geosearch.search.horizon.ladder import Rung
+from geosearch.search.horizon.stability import STABILITY_RUNG, stability_clock, stability_skip
+from geosearch.search.horizon.target import probe_sum_eta, takes_spectral_qk, warmup_share
 from geosearch.search.horizon.probes import probe_row
 from geosearch.search.horizon.pruner import prune_verdict
 from geosearch.search.records import (
@@ -22,15 +29,135 @@ from geosearch.search.records import (
     PRUNED_RUNG,
     RUNG_LOSSES,
     RUNG_PROBES,
+    SEED_OF,
     SIGMA_MAX,
+    STABILITY_FROM,
+    STABILITY_PASSED_AT,
+    STABILITY_PROBES,
+    STABILITY_RUN,
     STOP_STEP,
     TOKENS_PER_S,
     json_safe,
 )
 from geosearch.search.runtime.interrupts import CTRL_C
 from geosearch.search.runtime.liveness import Heartbeat, TrialLost
+from geosearch.search.space.plan import StudyPlan
+from geosearch.search.space.spec import SearchSpace, Suggestion
+from geosearch.search.study.extras import passed_above
 
-__all__ = ["run_attrs", "run_callback", "stopped_attrs"]
+__all__ = ["TrialRuns", "rung_dir", "rung_run", "run_attrs", "run_callback", "stopped_attrs"]
+
+
+class TrialRuns:
+    """Trains the runs of a trial of ``space`` as its ``plan`` says: the stability rung
+    first, then each seed at each rung of the ladder.
+
+    Args:
+        space, plan, study, run_dir: the study's space, plan, study and run directory.
+        train: trains one run (``train(config, assignment, **kwargs) -> TrainResult``).
+        on_prune: called with ``unstable`` when the pruner stops a run.
+    """
+
+    def __init__(self, space: SearchSpace, plan: StudyPlan, study: optuna.Study, run_dir: Path,
+                 train: Callable[..., TrainResult], on_prune: Callable[[bool], None]) -> None:
+        self.space, self.plan, self.study, self.run_dir = space, plan, study, run_dir
+        self.train, self.on_prune = train, on_prune
+
+    def stability(self, trial: optuna.Trial, suggestion: Suggestion, seeds: list[int],
+                  rungs: list[Rung], trial_dir: Path, heartbeat: Heartbeat) -> TrainResult | None:
+        """Train the stability rung with the trial's first seed, before the ladder
+        (:mod:`geosearch.search.horizon.stability`: its step, which trials skip it, how it is
+        judged); its probes are kept as ``stability_probes``, a pass as
+        ``stability_passed_at`` (the trial's step factor), a skip for a larger step's pass as
+        ``stability_from``. ``None`` when the space has none or the trial skips it."""
+        stab = self.plan.stability
+        if stab is None or not rungs:
+            return None
+        repeat = seeds[0] - self.space.proxy.seed
+        config, assignment = rung_run(self.space, suggestion, repeat, stab.rung)
+        seed_trial = SEED_OF in trial.user_attrs
+        spectral_qk = not seed_trial and takes_spectral_qk(assignment)
+        above = (passed_above(self.study, trial, suggestion.step_factor)
+                 if spectral_qk and self.plan.halving else None)
+        if stability_skip(seed_trial=seed_trial, spectral_qk=spectral_qk, passed_above=above):
+            if above is not None:
+                trial.set_user_attr(STABILITY_FROM, above)
+            return None
+        rows: list[dict] = []
+        trial.set_user_attr(STABILITY_RUN, True)
+        clock = stability_clock(self.space.proxy, self.plan.target, stab.rung)
+        callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment),
+                                heartbeat, report=False, judge=True, target_step=clock,
+                                on_prune=self.on_prune)
+        out_dir = rung_dir(trial_dir, stab.rung.index, len(rungs), seeds[0], len(seeds))
+        result = self.train(config, assignment, callback=callback, out_dir=out_dir,
+                            project=self.study.study_name, store_dir=self.run_dir,
+                            run_name=f"trial {trial.number} stability seed {seeds[0]}")
+        trial.set_user_attr(STABILITY_PROBES, list(rows))
+        trial.set_user_attr(STABILITY_RUN, False)
+        if result.status == "completed":
+            trial.set_user_attr(STABILITY_PASSED_AT, suggestion.step_factor)
+        return result
+
+    def ladder(self, trial: optuna.Trial, suggestion: Suggestion, seeds: list[int],
+               rungs: list[Rung], trial_dir: Path,
+               heartbeat: Heartbeat) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
+        """Train each seed at each rung, lowest first, until a run does not complete.
+
+        Returns:
+            Per rung reached, per seed run: its result, and the probe rows it recorded.
+        """
+        results: list[list[TrainResult]] = []
+        probes: list[list[list[dict]]] = []
+        for rung in rungs:
+            results.append([])
+            probes.append([])
+            for seed in self.plan.rung_seeds(seeds, rung):
+                r = seed - self.space.proxy.seed  # the repeat: a seed trial's may be past repeats
+                config, assignment = rung_run(self.space, suggestion, r, rung)
+                rows: list[dict] = []
+                judge = rung.spectral_lr <= self.plan.target.spectral_lr * (1 + 1e-9)
+                callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment),
+                                        heartbeat, report=rung.index == rungs[-1].index and r == 0,
+                                        judge=judge, on_prune=self.on_prune)
+                out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
+                # trackers (proxy.log_with): one run per trial and seed, in the study's project
+                # (MLflow's store: the study's directory)
+                name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
+                results[-1].append(self.train(
+                    config, assignment, callback=callback, out_dir=out_dir,
+                    project=self.study.study_name, run_name=f"{name} seed {seed}", store_dir=self.run_dir))
+                probes[-1].append(rows)
+                if results[-1][-1].status != "completed":  # TrainResult.status
+                    return results, probes
+        return results, probes
+
+
+def rung_run(space: SearchSpace, suggestion: Suggestion, repeat: int,
+             rung: Rung) -> tuple[TrainConfig, Assignment]:
+    """The config and assignment of one seed's run at ``rung``: rung 0 is the proxy run as
+    the space makes it; a higher rung (or the stability rung) takes the rung's steps (the
+    warmup stretched with them) and multiplies every spectral step of the trial (the
+    searched ones too) by the rung's over the proxy's."""
+    if rung.index == 0:
+        return space.train_config(suggestion, repeat=repeat), suggestion.assignment()
+    factor = rung.spectral_lr / space.proxy.spectral_lr
+    options = {k: {**o, "lr": o["lr"] * factor} if "lr" in o else dict(o)
+               for k, o in suggestion.options.items()}
+    scaled = dataclasses.replace(suggestion, options=options)
+    config = space.train_config(scaled, repeat=repeat)
+    config = dataclasses.replace(config, steps=rung.steps, spectral_lr=config.spectral_lr * factor,
+                                 warmup_steps=warmup_share(space.proxy, rung.steps))
+    return config, scaled.assignment()
+
+
+def rung_dir(trial_dir: Path, rung: int, rungs: int, seed: int, seeds: int) -> Path:
+    """``trials/<n>[/rung<k>][/seed<s>]``: a level only where there is more than one;
+    ``trials/<n>/stability`` for the stability rung (one seed)."""
+    if rung == STABILITY_RUNG:
+        return trial_dir / "stability"
+    out = trial_dir if rungs == 1 else trial_dir / f"rung{rung}"
+    return out if seeds == 1 else out / f"seed{seed}"
 
 
 def run_callback(study: optuna.Study, trial: optuna.Trial, history: list[dict],

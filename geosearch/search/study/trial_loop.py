@@ -2,7 +2,8 @@
 
 :class:`Searcher` asks the study for a trial, skips it when the budget is taken or it
 repeats a scored point, trains the proxy run once per seed at each rung of the Σ η ladder
-(:mod:`geosearch.search.horizon.target`; one rung unless the space asks for more), reporting
+(the study's plan: :mod:`geosearch.search.space.plan`; one rung unless the space asks for
+more), after the stability rung (:mod:`geosearch.search.horizon.stability`), reporting
 validation losses, recording probes with their Σ η and asking the pruner at each record,
 and tells the study the outcome with its user attrs; a trial's exception fails that
 trial, not the search: a failure of the environment (out of memory, CUDA, disk, storage:
@@ -30,9 +31,9 @@ from geosearch.proxy.config import TrainResult
 from geosearch.proxy.train import train
 from geosearch.search.space.baselines import BASELINES
 from geosearch.search.study.baselines import baseline_suggestion
-from geosearch.search.runtime.backup import TrialBackup
+from geosearch.search.runtime.backup import TrialBackup, write_rung_probes
 from geosearch.search.runtime.distributed import RankGroup
-from geosearch.search.study.extras import extra_plan, halving, mark_extra, passed_above, queue_extras, seed_twin_of
+from geosearch.search.study.extras import extra_plan, mark_extra, queue_extras, seed_twin_of
 from geosearch.search.study.failures import (
     DEFAULT_MAX_RETRIES,
     SETTINGS_FAILURE,
@@ -41,7 +42,7 @@ from geosearch.search.study.failures import (
     settings_line,
 )
 from geosearch.search.runtime.interrupts import ctrl_c_latch, sigint_deferred
-from geosearch.search.study.recovery import recover_stale, recovered_line
+from geosearch.search.study.failures import recover_stale, recovered_line
 from geosearch.search.runtime.liveness import HEARTBEAT_EVERY, Heartbeat, Owner, TrialLost
 from geosearch.search.study.queue import (
     budget_taken,
@@ -74,15 +75,13 @@ from geosearch.search.records import (
     QUEUED,
     RETRIED,
     RUNG_INDICES,
+    RUNG_PROBES,
     RUNNING,
     SEED_OF,
     SEEDS,
     STEP_FACTOR,
     SKIPPED,
-    STABILITY_FROM,
-    STABILITY_PASSED_AT,
     STABILITY_PROBES,
-    STABILITY_RUN,
     STATUS,
     STOP_STEP,
     TARGET_LOGIT_SCALE,
@@ -98,33 +97,19 @@ from geosearch.search.records import (
     is_extra,
     json_safe,
 )
-from geosearch.search.study.runs import run_attrs, run_callback, stopped_attrs
+from geosearch.search.study.runs import TrialRuns, run_attrs, stopped_attrs
+from geosearch.search.space.plan import StudyPlan, plan_study
 from geosearch.search.space.spec import SearchSpace, Suggestion
 from geosearch.search.runtime.storage import TRACEBACK_FILE, TRIALS_DIR
-from geosearch.search.horizon.target import (
-    model_logit_scale,
-    plan_rungs,
-    plan_stability,
-    probe_sum_eta,
-    resolve_target,
-    rung_dir,
-    rung_run,
-    rung_seeds,
-    stability_clock,
-    takes_spectral_qk,
-)
+from geosearch.search.horizon.scale import model_logit_scale
+from geosearch.search.horizon.stability import stability_prefix
 
-__all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_FAILURES_IN_A_ROW", "Searcher", "StopSearch", "trial_seeds"]
+__all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_FAILURES_IN_A_ROW", "Searcher", "StopSearch"]
 
 MAX_FAILURES_IN_A_ROW = 5
 """Failed trials in a row after which the search stops (the problem is not the point)."""
 MAX_DUPLICATES_IN_A_ROW = 100
 """Already scored proposals in a row after which the space is taken as exhausted."""
-
-
-def trial_seeds(space: SearchSpace) -> list[int]:
-    """The seeds each trial trains, one proxy run per seed: ``proxy.seed + r``."""
-    return [space.proxy.seed + r for r in range(space.repeats)]
 
 
 class StopSearch(Exception):
@@ -145,15 +130,17 @@ class Searcher:
         echo: prints one line.
         group: in a data-parallel launch, the ranks that train each run with this one.
         store_files: called with each trained trial and its folder before its outcome is
-            told (:class:`~geosearch.search.runtime.artifacts.TrialFiles` stores them as artifacts).
+            told (:class:`~geosearch.search.runtime.backup.TrialFiles` stores them as artifacts).
         max_retries: times in a row a failure of the environment queues its point again.
+        plan: the study's plan (:func:`~geosearch.search.space.plan.plan_study` of ``space``
+            when not given).
     """
 
     def __init__(self, space: SearchSpace, study: optuna.Study, run_dir: Path, *, exhaustive: bool,
                  budget: int | None, stale_after: float, echo: Callable[[str], None],
                  group: RankGroup | None = None,
                  store_files: Callable[[optuna.Trial, Path], None] | None = None,
-                 max_retries: int = DEFAULT_MAX_RETRIES) -> None:
+                 max_retries: int = DEFAULT_MAX_RETRIES, plan: StudyPlan | None = None) -> None:
         self.space, self.study, self.run_dir = space, study, run_dir
         self.exhaustive, self.budget, self.stale_after = exhaustive, budget, stale_after
         self.echo = echo
@@ -166,15 +153,17 @@ class Searcher:
         self.drained = False  # the queued twins were announced
         self.owner = Owner(run_dir)
         self.backup = TrialBackup(run_dir, echo)
-        self.rungs = plan_rungs(space)
-        self.stability = plan_stability(space)  # the stability rung, or None
-        target = resolve_target(space)
-        self.target_lr = target.spectral_lr  # rungs above it are not judged (see runs.run_callback)
-        # what the pruner's forecast reads on each trial (geosearch.search.horizon.pruner)
+        self.plan = plan = plan if plan is not None else plan_study(space)
+        self.runs = TrialRuns(space, plan, study, run_dir, self._train, self._pruned_by)
+        target, proxy = plan.target, space.proxy
+        # what the pruner's forecast reads on each trial (geosearch.search.horizon.pruner); the
+        # model is built on the meta device once, twice only for another target model
+        scale = model_logit_scale(proxy.model, proxy.model_args)
+        same = target.model == proxy.model and target.model_args == dict(proxy.model_args)
         self.target_attrs = {
-            TARGET_SUM_ETA: target.sum_eta, TARGET_STEPS: target.steps,
-            LOGIT_SCALE: model_logit_scale(space.proxy.model, space.proxy.model_args),
-            TARGET_LOGIT_SCALE: model_logit_scale(target.model, target.model_args)}
+            TARGET_SUM_ETA: target.sum_eta, TARGET_STEPS: target.steps, LOGIT_SCALE: scale,
+            TARGET_LOGIT_SCALE: scale if same else model_logit_scale(target.model,
+                                                                     target.model_args)}
 
     # ------------------------------------------------------------------ loop
     def run(self, timeout: float | None, on_trial: Callable[[FrozenTrial], None]) -> str:
@@ -343,7 +332,7 @@ class Searcher:
 
     def _plan_of(self, trial: optuna.Trial) -> tuple[list[int], list]:
         """The seeds and rungs ``trial`` trains (:func:`extra_plan`)."""
-        return extra_plan(trial, trial_seeds(self.space), self.rungs, halving=halving(self.space))
+        return extra_plan(trial, list(self.plan.seeds), self.plan.rungs, halving=self.plan.halving)
 
     def _not_run(self, trial: optuna.Trial, status: str, why: str, *, requeue: bool = False,
                  duplicate_of: int | None = None) -> None:
@@ -389,9 +378,10 @@ class Searcher:
         heartbeat = Heartbeat(trial, min(HEARTBEAT_EVERY, self.stale_after / 4))
         try:
             with heartbeat:
-                stability = self._train_stability(trial, suggestion, trial_dir, heartbeat)
+                args = (trial, suggestion, seeds, rungs, trial_dir, heartbeat)
+                stability = self.runs.stability(*args)
                 if stability is None or stability.status == "completed":
-                    results, probes = self._train_rungs(trial, suggestion, trial_dir, heartbeat)
+                    results, probes = self.runs.ladder(*args)
             if heartbeat.lost.is_set():
                 raise TrialLost
         except TrialLost:
@@ -432,48 +422,10 @@ class Searcher:
         self.failures_in_a_row = 0
         return n
 
-    def _train_stability(self, trial: optuna.Trial, suggestion: Suggestion, trial_dir: Path,
-                         heartbeat: Heartbeat) -> TrainResult | None:
-        """Train the stability rung (docs/design.md, "The stability rung") with the trial's
-        first seed, before the ladder: its run ends at the target's Σ η², so the pruner
-        judges its probes as the target's logits (``stability_run``), and they are kept as
-        ``stability_probes``. ``None`` when the space has no stability rung, or the trial
-        does not train it: an adaptive seed (its point measured it), a run whose attention
-        queries and keys take no spectral step (AdamW: no Σ η² clock), or, with step
-        halving, a step below one of the same assignment that passed it (``stability_from``:
-        that trial; :func:`~geosearch.search.study.extras.passed_above`). A pass is recorded
-        as ``stability_passed_at``, the trial's step factor."""
-        seeds, rungs = self._plan_of(trial)
-        stab = self.stability
-        if stab is None or not rungs or SEED_OF in trial.user_attrs:
-            return None
-        config, assignment = rung_run(self.space, suggestion, seeds[0] - self.space.proxy.seed, stab)
-        if not takes_spectral_qk(assignment):
-            return None
-        above = passed_above(self.study, trial, suggestion.step_factor) if halving(self.space) else None
-        if above is not None:
-            trial.set_user_attr(STABILITY_FROM, above)
-            return None
-        rows: list[dict] = []
-        trial.set_user_attr(STABILITY_RUN, True)
-        callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment), heartbeat,
-                                report=False, judge=True, target_step=stability_clock(self.space, stab),
-                                on_prune=self._pruned_by)
-        result = self._train(config, assignment, callback=callback,
-                             out_dir=rung_dir(trial_dir, stab.index, len(rungs), seeds[0], len(seeds)),
-                             project=self.study.study_name, store_dir=self.run_dir,
-                             run_name=f"trial {trial.number} stability seed {seeds[0]}")
-        trial.set_user_attr(STABILITY_PROBES, list(rows))
-        trial.set_user_attr(STABILITY_RUN, False)
-        if result.status == "completed":
-            trial.set_user_attr(STABILITY_PASSED_AT, suggestion.step_factor)
-        return result
-
     def _stability_stopped(self, trial: optuna.Trial, result: TrainResult) -> int:
         """Tell a trial whose stability rung did not complete: unstable at the target (the
         pruner's reason, or a non-finite run), or failed."""
-        stab = self.stability
-        prefix = f"stability rung ({stab.steps} steps at spectral_lr {stab.spectral_lr:.3g}, your run's Σ η²): "
+        prefix = stability_prefix(self.plan.stability)
         attrs = stopped_attrs(result, trial.user_attrs.get(STABILITY_PROBES) or [])
         if result.status == "failed":
             return self._fail(trial, prefix + (result.reason or "failed"), failure_kind(result.reason or ""), attrs)
@@ -482,39 +434,6 @@ class Searcher:
             PRUNE_REASON: prefix + (result.reason or "unstable"), **attrs})
         self.failures_in_a_row = 0
         return trial.number
-
-    def _train_rungs(self, trial: optuna.Trial, suggestion: Suggestion, trial_dir: Path,
-                     heartbeat: Heartbeat) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
-        """Train each seed at each rung, lowest first, until a run does not complete.
-
-        Returns:
-            Per rung reached, per seed run: its result, and the probe rows it recorded.
-        """
-        results: list[list[TrainResult]] = []
-        probes: list[list[list[dict]]] = []
-        seeds, rungs = self._plan_of(trial)
-        for rung in rungs:
-            results.append([])
-            probes.append([])
-            for seed in rung_seeds(seeds, rung, self.rungs[-1], self.space.ladder.lower_seeds):
-                r = seed - self.space.proxy.seed  # the repeat: a seed trial's may be past repeats
-                config, assignment = rung_run(self.space, suggestion, r, rung)
-                rows: list[dict] = []
-                callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment), heartbeat,
-                                        report=rung.index == rungs[-1].index and r == 0,
-                                        judge=rung.spectral_lr <= self.target_lr * (1 + 1e-9),
-                                        on_prune=self._pruned_by)
-                out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
-                # trackers (proxy.log_with): one run per trial and seed, in the study's project
-                # (MLflow's store: the study's directory)
-                name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
-                results[-1].append(self._train(config, assignment, callback=callback, out_dir=out_dir,
-                                               project=self.study.study_name, run_name=f"{name} seed {seed}",
-                                               store_dir=self.run_dir))
-                probes[-1].append(rows)
-                if results[-1][-1].status != "completed":  # TrainResult.status
-                    return results, probes
-        return results, probes
 
     def _fail(self, trial: optuna.Trial, message: str, kind: str, attrs: dict[str, Any]) -> int:
         """Fail a trained trial; a failure of the environment with retries left is ``retried``:
@@ -545,9 +464,13 @@ class Searcher:
         attrs.setdefault(STOP_STEP, None)
         if state != TrialState.FAIL:
             attrs.setdefault(FAIL_REASON, None)
+        trial_dir = self.run_dir / TRIALS_DIR / str(trial.number)
+        rung_probes = attrs.pop(RUNG_PROBES, None)  # a file: the last rung's is probe_history
         try:
+            if rung_probes:
+                write_rung_probes(trial_dir, rung_probes)
             if self.store_files is not None:
-                self.store_files(trial, self.run_dir / TRIALS_DIR / str(trial.number))
+                self.store_files(trial, trial_dir)
             for key, v in attrs.items():
                 trial.set_user_attr(key, json_safe(v))
             self._tell(trial, state, value)

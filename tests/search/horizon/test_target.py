@@ -1,5 +1,6 @@
-"""Tests of geosearch.search.horizon.target: the target and the Σ η ladder, from the space to the
-export, with the trial loop's rungs (a fake trainer, and the tiny proxy for real once)."""
+"""Tests of geosearch.search.horizon.target (read through the study plan,
+geosearch.search.space.plan): the target and the Σ η ladder, from the space to the export,
+with the trial loop's rungs (a fake trainer, and the tiny proxy for real once)."""
 
 from __future__ import annotations
 
@@ -19,17 +20,12 @@ from geosearch.util.errors import ConfigError
 from geosearch.search.horizon.forecast import schedule_sum_eta, schedule_sum_eta2
 from geosearch.search.space.reader import SearchSpaceError
 from geosearch.search.space.spec import apply_overrides, load_space
+from geosearch.search.runtime.backup import read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.study.run import run_search
-from geosearch.search.horizon.target import (
-    horizon_note,
-    model_logit_scale,
-    plan_rungs,
-    plan_stability,
-    resolve_target,
-    study_reading,
-    target_line,
-)
+from geosearch.search.horizon.reading import horizon_note, study_reading
+from geosearch.search.horizon.scale import model_logit_scale
+from geosearch.search.space.plan import plan_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -51,11 +47,11 @@ def own_step_space(rungs=2, max_steps=20, **extra):
 # --------------------------------------------------------------------------- the sections
 def test_target_and_rungs_resolve_against_the_proxy():
     s = ladder_space(rungs=3)
-    t = resolve_target(s)
+    t = plan_study(s).target
     # Rule: the target's Σ η is its own schedule's (the proxy's shape, its own length).
     assert (t.steps, t.spectral_lr, t.model) == (40, 0.02, "tiny")
     assert t.sum_eta == pytest.approx(schedule_sum_eta(40, steps=40, peak=0.02))
-    rungs = plan_rungs(s)
+    rungs = list(plan_study(s).rungs)
     # Rule: rung 0 is the proxy run; the rungs grow evenly in log Σ η up to the target's.
     assert (rungs[0].steps, rungs[0].spectral_lr) == (10, 0.02)
     assert rungs[0].sum_eta == pytest.approx(schedule_sum_eta(10, steps=10, peak=0.02))
@@ -64,42 +60,44 @@ def test_target_and_rungs_resolve_against_the_proxy():
     assert ratios[0] == pytest.approx(ratios[1])
     # Rule: an explicit warmup keeps its share of the run (4 of 10 steps -> 16 of 40).
     warm = make_space(proxy={**TINY_PROXY, "warmup_steps": 4}, target={"steps": 40})
-    assert resolve_target(warm).sum_eta == pytest.approx(
+    assert plan_study(warm).target.sum_eta == pytest.approx(
         schedule_sum_eta(40, steps=40, peak=0.02, warmup_steps=16))
     # Rule: without a target section the target is the proxy run, and one rung is planned.
     plain = make_space(ladder={"rungs": 3})
-    assert resolve_target(plain).sum_eta == pytest.approx(rungs[0].sum_eta) and len(plan_rungs(plain)) == 1
+    assert plan_study(plain).target.sum_eta == pytest.approx(rungs[0].sum_eta)
+    assert len(plan_study(plain).rungs) == 1
 
 
 def test_default_ladder_takes_more_steps_never_a_larger_step():
     s = own_step_space(rungs=3, max_steps=20)
-    rungs, target = plan_rungs(s), resolve_target(s).sum_eta
+    rungs, target = list(plan_study(s).rungs), plan_study(s).target.sum_eta
     # Rule: every rung steps at the proxy's 0.02; the rungs grow by steps, the top one at
     # max_steps, short of the target (40 steps), and it says where it stopped.
     assert [r.spectral_lr for r in rungs] == [0.02] * len(rungs) and len(rungs) >= 2
     assert [r.steps for r in rungs] == sorted({r.steps for r in rungs}) and rungs[-1].steps == 20
     assert rungs[-1].sum_eta == pytest.approx(schedule_sum_eta(20, steps=20, peak=0.02))
     assert rungs[-1].sum_eta < target
-    assert f"ladder: {len(rungs)} rungs at Σ η" in target_line(s)
+    assert f"ladder: {len(rungs)} rungs at Σ η" in plan_study(s).header_lines()[0]
     # Rule: with max_steps at the proxy's (its default) nothing lies beyond rung 0, and the
     # header names the limit to raise rather than ladder.rungs.
     flat = make_space(target={"steps": 40}, ladder={"rungs": 2})
-    assert len(plan_rungs(flat)) == 1 and "ladder.max_steps > proxy.steps 10" in target_line(flat)
+    assert len(plan_study(flat).rungs) == 1
+    assert "ladder.max_steps > proxy.steps 10" in plan_study(flat).header_lines()[0]
 
 
 def test_ladder_limits_take_more_steps_then_stop():
     # the target (40 steps) needs 4x the proxy's step in 10 steps; capped at 2x, the top
     # rung trains the fewest steps that reach it instead
     s = ladder_space(ladder={"max_spectral_lr": 0.04, "max_steps": 40})
-    top, target = plan_rungs(s)[-1], resolve_target(s).sum_eta
+    top, target = list(plan_study(s).rungs)[-1], plan_study(s).target.sum_eta
     assert top.spectral_lr == 0.04 and 10 < top.steps < 40
     assert schedule_sum_eta(top.steps - 1, steps=top.steps - 1, peak=0.04) < target <= top.sum_eta
     # a target of 80 steps is out of reach of 20 steps at 0.04: the top rung stops there
     s = ladder_space(target_steps=80, ladder={"max_spectral_lr": 0.04, "max_steps": 20})
-    top = plan_rungs(s)[-1]
+    top = list(plan_study(s).rungs)[-1]
     assert (top.spectral_lr, top.steps) == (0.04, 20)
     assert top.sum_eta == pytest.approx(schedule_sum_eta(20, steps=20, peak=0.04))
-    assert top.sum_eta < resolve_target(s).sum_eta
+    assert top.sum_eta < plan_study(s).target.sum_eta
 
 
 def test_bad_target_and_ladder_name_the_key():
@@ -140,7 +138,7 @@ def test_a_target_shorter_than_the_proxy_run_is_refused_saying_what_to_shorten()
     assert "proxy.spectral_lr=0.005" in problems(e)["target.spectral_lr"].problem
     # Rule: the proxy's own length, or more, is a target (the header says "the proxy run itself").
     assert space(proxy={"steps": 20}, target={"steps": 20}).target.steps == 20
-    assert "the proxy run itself" in target_line(space(proxy={"steps": 20}))
+    assert "the proxy run itself" in plan_study(space(proxy={"steps": 20})).header_lines()[0]
 
 
 def test_cli_flags_set_the_target_and_the_header_prints_it():
@@ -150,7 +148,7 @@ def test_cli_flags_set_the_target_and_the_header_prints_it():
                         target_spectral_lr=args.target_spectral_lr, target_model=args.target_model)
     # Rule: the flags override the space's target section.
     assert (s.target.steps, s.target.spectral_lr, s.target.model) == (5000, 0.01, "gpt2")
-    text = s.summary()
+    text = s.summary(plan_study(s).header_lines())
     # Rule: the header states the target and its Σ η, and the proxy's.
     sum_eta = schedule_sum_eta(5000, steps=5000, peak=0.01)
     assert f"target: 5000 steps at spectral_lr 0.01, model gpt2: Σ η {sum_eta:.3g}" in text
@@ -160,7 +158,7 @@ def test_cli_flags_set_the_target_and_the_header_prints_it():
 
 def test_the_default_space_measures_stability_at_its_target_and_ranks_on_a_quarter_of_its_steps():
     s = load_space("default")
-    rungs, target, stab = plan_rungs(s), resolve_target(s), plan_stability(s)
+    rungs, target, stab = list(plan_study(s).rungs), plan_study(s).target, plan_study(s).stability
     # Rule: the default target is 2,000 steps at the proxy's step; the stability rung ends at its
     # Σ η² (200 steps at 3.14 x the step); the ranked run takes the proxy's own step, short of
     # the target's Σ η.
@@ -202,7 +200,7 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
     f = use_train(monkeypatch, FakeTrain(losses=rung_loss, with_config=True))
     buf = io.StringIO()
     out = run_search(ladder_space(repeats=2), runs_dir=tmp_path / "runs", out=buf, progress=False)
-    rungs = plan_rungs(ladder_space())
+    rungs = list(plan_study(ladder_space()).rungs)
     # Rule: every seed is trained at every rung, lowest first, with the rung's steps and step.
     assert [(c.steps, c.spectral_lr, c.seed) for c in f.configs[:4]] == [
         (10, 0.02, 0), (10, 0.02, 1), (rungs[1].steps, pytest.approx(rungs[1].spectral_lr), 0),
@@ -217,18 +215,21 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
         assert set(t.intermediate_values.values()) == {ua["rung_losses"][-1][0]}
         assert max(t.intermediate_values) == rungs[-1].steps
         # Rule: the forecast's inputs are on the trial before training.
-        assert ua["target_sum_eta"] == pytest.approx(resolve_target(ladder_space()).sum_eta)
+        assert ua["target_sum_eta"] == pytest.approx(plan_study(ladder_space()).target.sum_eta)
         assert ua["target_steps"] == 40 and ua["logit_scale"] == ua["target_logit_scale"] == 8.0
-        # Rule: each probe row carries its run's Σ η and σ_max; rung_probes keeps each rung's.
+        # Rule: each probe row carries its run's Σ η and σ_max; rung_probes keeps each rung's
+        # (the trial's file: the last rung's rows are its probe_history, stored once).
         # AdamW query/key weights take no spectral step: their rows have no Σ η.
-        for rung, rows in zip(rungs, ua["rung_probes"]):
+        assert "rung_probes" not in ua
+        rung_probes = read_rung_probes(tmp_path / "runs" / "t" / ua["trial_dir"])
+        for rung, rows in zip(rungs, rung_probes):
             if ua["assignment"]["attn_qkv"] == "adamw":
                 assert [r["sum_eta"] for r in rows] == [None, None]
             else:
                 assert [r["sum_eta"] for r in rows] == pytest.approx(
                     [schedule_sum_eta(s, steps=rung.steps, peak=rung.spectral_lr) for s in (5, 10)])
             assert all(r["sigma_max"] == {"attn_qkv": 1.0} for r in rows)
-        assert ua["probe_history"] == ua["rung_probes"][-1]
+        assert ua["probe_history"] == rung_probes[-1]
     # Rule: the ranking is the top rung's, and the reading names the lead change and marks
     # the verdict as not yet stable.
     assert out.ranking.rows[0].label.startswith("attn=euclidean")
@@ -239,7 +240,8 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
     # Rule: the export records the target and the reading.
     a = load_assignment(out.exported)
     assert a.provenance["target"]["steps"] == 40 and a.provenance["target"]["model"] == "tiny"
-    assert a.provenance["target"]["sum_eta"] == pytest.approx(resolve_target(ladder_space()).sum_eta)
+    target = plan_study(ladder_space()).target
+    assert a.provenance["target"]["sum_eta"] == pytest.approx(target.sum_eta)
     h = a.provenance["horizon"]
     assert h["stable"] is False and h["leaders"][0].startswith("attn=adamw")
     assert h["leaders"][-1].startswith("attn=euclidean") and len(h["lead_changes"]) == 1
@@ -248,7 +250,7 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
 def test_lower_seeds_trains_the_first_seeds_below_the_top_rung_and_all_at_the_top(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=rung_loss, with_config=True))
     space = ladder_space(rungs=3, ladder={"lower_seeds": 1}, repeats=3)
-    rungs = plan_rungs(space)
+    rungs = list(plan_study(space).rungs)
     out = run_search(space, runs_dir=tmp_path / "runs", out=io.StringIO(), progress=False)
     # Rule: one trial trains seed 0 at each lower rung, then every seed at the top rung.
     assert [(c.steps, c.seed) for c in f.configs[:5]] == [
@@ -260,7 +262,8 @@ def test_lower_seeds_trains_the_first_seeds_below_the_top_rung_and_all_at_the_to
     assert out.ranking.rows[0].score.n == 3
     # Rule: the header counts the steps so: (1 + 1 + 3 seeds) at their rungs per assignment.
     each = rungs[0].steps + rungs[1].steps + 3 * rungs[2].steps
-    assert f"({each:,} steps each)" in space.summary() and "1 below the top" in space.summary()
+    text = space.summary(plan_study(space).header_lines())
+    assert f"({each:,} steps each)" in text and "1 below the top" in text
 
 
 def test_a_rung_with_a_larger_step_than_the_targets_is_not_judged_on_its_logits(monkeypatch, tmp_path):
@@ -272,7 +275,8 @@ def test_a_rung_with_a_larger_step_than_the_targets_is_not_judged_on_its_logits(
     # Rule: rung 1 takes a 10x larger step than the target's: its logits (5e3) are recorded,
     # not judged; the trial completes and is ranked on its loss.
     assert t.state == TrialState.COMPLETE
-    assert max(r["max_logit"] for r in t.user_attrs["rung_probes"][1]) == 5e3
+    rung_probes = read_rung_probes(tmp_path / "runs" / "t" / t.user_attrs["trial_dir"])
+    assert max(r["max_logit"] for r in rung_probes[1]) == 5e3
 
 
 def test_an_unstable_run_at_a_higher_rung_prunes_naming_the_rung(monkeypatch, tmp_path):
@@ -283,7 +287,7 @@ def test_an_unstable_run_at_a_higher_rung_prunes_naming_the_rung(monkeypatch, tm
     space = ladder_space(repeats=2, target_lr=1.0)
     search(space, tmp_path)
     t = next(t for t in trials_of(tmp_path) if t.params["geometry.attn"] == "euclidean")
-    top = plan_rungs(space)[-1]
+    top = list(plan_study(space).rungs)[-1]
     assert t.state == TrialState.PRUNED
     # Rule: the reason names the rung and its Σ η, then the seed and the pruner's rule.
     assert t.user_attrs["prune_reason"].startswith(f"rung 1 (Σ η {top.sum_eta:.3g}), seed 0: max logit 5e+03")
@@ -302,7 +306,7 @@ def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tm
     space = stability_space(repeats=2, baselines=["adamw", "muon"])
     buf = io.StringIO()
     run_search(space, runs_dir=tmp_path / "runs", out=buf, progress=False)
-    stab = plan_stability(space)
+    stab = plan_study(space).stability
     target2 = schedule_sum_eta2(40, steps=40, peak=0.02)
     # Rule: the stability rung takes stability_steps at the step whose run ends at the target's
     # Σ η² (same schedule shape): 10 steps for a 40-step target at 0.02 -> 0.02·√(S₂(40)/S₂(10)).
@@ -392,13 +396,17 @@ def test_resume_with_another_target_is_refused(fake, tmp_path):
         search(ladder_space(target_steps=80), tmp_path)
     with pytest.raises(ConfigError, match=r"ladder: study 't' was created with the ladder"):
         search(ladder_space(rungs=3), tmp_path)
-    # Rule: a study from before targets (no target in its space) resumes with one rung.
+    # Rule: a study written by an earlier build (no target in its space) is refused in one
+    # line; this build does not read it.
     study = open_run_study(tmp_path / "runs" / "t")
     old = {k: v for k, v in study.user_attrs["space"].items() if k not in ("target", "ladder")}
     search(make_space(name="old"), tmp_path)
     old_study = open_run_study(tmp_path / "runs" / "old")
     old_study.set_user_attr("space", {**old, "name": "old"})
-    search(make_space(name="old", target={"steps": 40}), tmp_path)
+    with pytest.raises(ConfigError, match=r"study 'old' was written by an earlier build of "
+                                          r"geosearch \(it records no space.target\)") as e:
+        search(make_space(name="old", target={"steps": 40}), tmp_path)
+    assert "\n" not in str(e.value)
 
 
 # --------------------------------------------------------------------------- for real
@@ -408,12 +416,12 @@ def test_tiny_ladder_trains_each_rung_in_its_own_directory(tmp_path):
     assert out.counts == {"completed": 1}
     (t,) = trials_of(tmp_path)
     run = tmp_path / "runs" / "t" / "trials" / str(t.number)
-    top = plan_rungs(s)[-1]
+    top = list(plan_study(s).rungs)[-1]
     assert top.index == 1 and top.spectral_lr > 0.02  # rung 1: a larger step, same 10 steps
     # Rule: one directory per rung; each run's config is the rung's.
     for k in (0, 1):
         config = yaml.safe_load((run / f"rung{k}" / "config.yaml").read_text())["train"]
-        rung = plan_rungs(s)[k]
+        rung = list(plan_study(s).rungs)[k]
         assert (config["steps"], config["spectral_lr"]) == (rung.steps, pytest.approx(rung.spectral_lr))
         assert len((run / f"rung{k}" / "metrics.jsonl").read_text().splitlines()) == 2
     # Rule: the value is the top rung's loss; its probes carry the top run's Σ η.

@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from geosearch.util.errors import ConfigError
 from geosearch.search.runtime import liveness
-from geosearch.search.study import recovery
+from geosearch.search.study import failures as recovery
 from geosearch.search.space.spec import SearchSpace
 from geosearch.search.study.run import run_search
 

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from geosearch.util.errors import GeosearchError
 from geosearch.proxy.config import TrainResult
 from geosearch.search.runtime import liveness
-from geosearch.search.study import recovery
+from geosearch.search.study import failures as recovery
 from geosearch.search.runtime.storage import open_storage
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.study.run import run_search

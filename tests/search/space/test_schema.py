@@ -7,12 +7,13 @@ from pathlib import Path
 
 import optuna
 import pytest
-from _spaces import problems, space, write
+from _spaces import header, problems, space, write
 
 from geosearch.util.errors import ConfigError
 from geosearch.rules.modules import rule_set_names
 from geosearch.search import SearchSpaceError, apply_overrides, load_space
 from geosearch.search.space.reader import LOSS_PRUNER_ARGS
+from geosearch.search.space.plan import plan_study
 from geosearch.search.space.schema import space_limits
 
 REPO = Path(__file__).resolve().parents[3]
@@ -204,7 +205,7 @@ def test_every_number_field_of_every_section_has_a_range():
     import dataclasses
 
     from geosearch.proxy.config import TrainConfig
-    from geosearch.search.horizon.target import LadderSpec, TargetSpec
+    from geosearch.search.space.horizon import LadderSpec, TargetSpec
     from geosearch.search.space.sections import Budget, PrunerSpec, SamplerSpec
 
     sections = {"proxy": TrainConfig, "target": TargetSpec, "ladder": LadderSpec, "budget": Budget,
@@ -327,14 +328,16 @@ def test_header_prints_the_steps_the_study_trains():
 
     # 4 points x (the stability rung's 200, one seed + 2 x 400 ranked) + adamw 2 x 400 (no
     # stability rung: no spectral step) + muon 200 + 2 x 400; + 4 x 400 adaptive seeds
-    text = load_space("default").summary()
+    text = header(load_space("default"))
     assert "the stability rung (200 steps, 1 seed) (1,000 steps each)" in text
     assert "baselines (reported, never exported) adamw 800, muon 1,000" in text
     assert "= 5,800 steps; up to 7,400 with adaptive seeds (max_repeats 3" in text
-    off = apply_overrides(load_space("default"), ["baselines=[]", "max_repeats=2"]).summary()
+    plan = plan_study(load_space("default"))
+    assert (plan.least_steps, plan.most_steps) == (5800, 7400)  # the plan holds what it prints
+    off = header(apply_overrides(load_space("default"), ["baselines=[]", "max_repeats=2"]))
     assert "= 4,000 steps" in off and "adaptive" not in off
-    bare = apply_overrides(load_space("default"), ["ladder.stability_steps=null", "baselines=[]",
-                                                   "max_repeats=2"]).summary()
+    bare = header(apply_overrides(load_space("default"), ["ladder.stability_steps=null",
+                                                          "baselines=[]", "max_repeats=2"]))
     assert "= 3,200 steps" in bare and "stability" not in bare
 
 
@@ -349,7 +352,7 @@ def test_step_grid():
     suggestion = s.suggest(optuna.trial.FixedTrial(fixed))
     assert suggestion.step_factor == 2.0
     assert s.train_config(suggestion).spectral_lr == pytest.approx(2 * s.proxy.spectral_lr)
-    assert "step grid x0.5, x1, x2" in s.summary()
+    assert "step grid x0.5, x1, x2" in header(s)
     # Rule: it round-trips; a space without it dumps no key (stored studies read as before).
     assert type(s).from_dict(s.to_dict(), source="x").hyperparams.step_grid == (0.5, 1.0, 2.0)
     assert "step_grid" not in space().to_dict()["hyperparams"]
@@ -373,8 +376,8 @@ def test_header_counts_the_baselines_at_each_factor_of_a_step_grid():
 
     # the default's steps (above) with a 3-factor full grid: 12 points x 1,000 + each
     # baseline at the 3 factors: adamw 3 x 800, muon 3 x 1,000
-    text = apply_overrides(load_space("default"), ["hyperparams.step_grid=[0.5,1,2]",
-                                                   "hyperparams.step_halving=false"]).summary()
+    text = header(apply_overrides(load_space("default"), ["hyperparams.step_grid=[0.5,1,2]",
+                                                          "hyperparams.step_halving=false"]))
     assert ("baselines (reported, never exported, each at the 3 steps of the grid) adamw 2,400 (3 x 800), "
             "muon 3,000 (3 x 1,000)") in text
     assert "12 points (assignment x step)" in text and "= 17,400 steps" in text
@@ -383,7 +386,7 @@ def test_header_counts_the_baselines_at_each_factor_of_a_step_grid():
     # seeds) + 8 others x 400 (one) + 4 stability rungs x 200; adamw 800 + 2 x 400, muon the
     # same + 200; up to 6 promotions x 400 where a best step is not the shared one, 8 + 2
     # more stability rungs where a larger step fails it; adaptive seeds: 4 x 400
-    text = apply_overrides(load_space("default"), ["hyperparams.step_grid=[0.5,1,2]"]).summary()
+    text = header(apply_overrides(load_space("default"), ["hyperparams.step_grid=[0.5,1,2]"]))
     assert "successive halving: every seed at the shared step, 1 at the others, the rest at the best" in text
     assert ("4 points at the shared step x 2 seed(s) (800 steps each) + 8 at the other steps x 1 seed "
             "(400 each)") in text

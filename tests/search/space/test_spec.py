@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from _spaces import problems, space, write
+from _spaces import header, problems, space, write
 
 from geosearch.util.errors import ConfigError
 from geosearch.search import (
@@ -229,7 +229,7 @@ def test_bad_overrides_name_the_override():
 
 
 def test_summary_mentions_what_is_searched():
-    text = load_space("default").summary()
+    text = header(load_space("default"))
     # Rule: the summary names the space, the choices and the sampler.
     assert "search space 'default'" in text and "attn, mlp in {stiefel, dgram}" in text
     assert "= 4 assignments" in text and "sampler: grid" in text

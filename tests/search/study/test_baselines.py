@@ -17,7 +17,7 @@ from geosearch.search.study.queue import done_count
 from geosearch.search.records import BASELINE
 from geosearch.search.study.export import export_best
 from geosearch.search.runtime.storage import open_run_study
-from geosearch.search.horizon.target import plan_rungs
+from geosearch.search.space.plan import plan_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -47,7 +47,7 @@ def test_baselines_are_trained_not_counted_not_exported_and_compared(monkeypatch
     extra = {"budget": {"trials": 2}, "sampler": {"type": "tpe", "seed": 0}} if sampler == "tpe" else {}
     space = make_space(GRID, repeats=2, baselines=["adamw", "muon"], target={"steps": 40},
                        ladder={"rungs": 2, "max_steps": 20}, **extra)
-    rungs = plan_rungs(space)
+    rungs = plan_study(space).rungs
     out = search(space, tmp_path)
     trials = trials_of(tmp_path)
     base = {t.user_attrs[BASELINE]: t for t in trials if BASELINE in t.user_attrs}

@@ -17,7 +17,7 @@ from geosearch.search.study.queue import done_count, enqueue
 from geosearch.search.records import SEED_OF, SEEDS
 from geosearch.search.study.export import export_best
 from geosearch.search.runtime.storage import open_run_study
-from geosearch.search.horizon.target import plan_rungs
+from geosearch.search.space.plan import plan_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -35,7 +35,7 @@ def tied_losses(key, seed, *config):
 def test_contenders_get_seeds_at_the_top_rung_merged_into_their_score(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=tied_losses, with_config=True))
     space = make_space(GRID, repeats=2, max_repeats=4, target={"steps": 40}, ladder={"rungs": 2, "max_steps": 20})
-    top = plan_rungs(space)[-1]
+    top = plan_study(space).rungs[-1]
     assert top.index == 1
     out = search(space, tmp_path)
     trials = trials_of(tmp_path)

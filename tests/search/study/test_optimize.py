@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 import geosearch
 from geosearch.cli import build_parser
 from geosearch.util.errors import ConfigError, GeosearchError
-from geosearch.search.runtime.artifacts import upload_trial_files
+from geosearch.search.runtime.backup import upload_trial_files
 from geosearch.report import write_report
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.records import trial_status
@@ -178,8 +178,10 @@ def test_trial_files_are_optuna_artifacts_of_their_trial(monkeypatch, tmp_path):
     for t in optuna.load_study(study_name="t", storage=storage).get_trials():
         metas = {m.filename: m for m in get_all_artifact_meta(t, storage=storage)}
         # Rule: every file of the trial's folder is an artifact of that trial; a seed's
-        # sub-folder is part of the name.
-        assert set(metas) == {f"seed{s}-{f}" for s in (0, 1) for f in ("config.yaml", "metrics.jsonl")}
+        # sub-folder is part of the name; the trial's own rung_probes.json (its probes per
+        # rung, kept out of its user attrs) is one too.
+        assert set(metas) == {f"seed{s}-{f}" for s in (0, 1)
+                              for f in ("config.yaml", "metrics.jsonl")} | {"rung_probes.json"}
         copy = tmp_path / f"{t.number}.jsonl"
         download_artifact(artifact_store=store, file_path=str(copy),
                           artifact_id=metas["seed1-metrics.jsonl"].artifact_id)

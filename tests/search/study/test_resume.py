@@ -1,9 +1,12 @@
-"""Tests of geosearch.search.study.resume: what a resumed study may change, and what it refuses.
+"""Tests of geosearch.search.study.resume: what a resumed study may change, and what it refuses;
+and the preflight: what would fail every trial is refused before the study is touched, naming
+the space's key (the refusals end to end, one line, exit 2, nothing written, are in
+tests/faults/test_bad_inputs.py).
 
 Run through the command (``geosearch search`` in this process, with the fake trainer of
 tests/_search_helpers.py): the note, the one error line, the exit code, the study untouched.
 The run-time settings a resumed study may change are checked before any trial (the
-preflight of geosearch.search.study.run) as a new study's are.
+preflight, below) as a new study's are.
 """
 
 from __future__ import annotations
@@ -18,9 +21,15 @@ import yaml
 from _search_helpers import TINY_PROXY, FakeTrain, make_space, search, trials_of, use_train
 
 from geosearch.cli import main
-from geosearch.util.errors import ConfigError
+from geosearch.util.errors import ConfigError, SettingsError
 from geosearch.search.records import DATA_DIGEST
-from geosearch.search.study.resume import NOT_COMPARED, ON_CHANGED_FILES, ON_RESUME, RUN_TIME_KEYS
+from geosearch.search.study.resume import (
+    NOT_COMPARED,
+    ON_CHANGED_FILES,
+    ON_RESUME,
+    RUN_TIME_KEYS,
+    preflight,
+)
 from geosearch.search.runtime.storage import open_run_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -232,19 +241,20 @@ def test_a_study_refuses_to_resume_on_data_whose_contents_changed(fake, tmp_path
     assert main([*command, "--trials", "3"]) == 0
 
 
-def test_a_study_of_an_older_version_records_its_data_at_its_next_run(fake, tmp_path, capsys):
+def test_a_study_of_an_earlier_build_is_refused_in_one_line(fake, tmp_path, capsys):
     tok, command = _token_space(tmp_path)
     assert main(command) == 0
     study = open_run_study(tmp_path / "runs" / "t")
-    recorded = study.user_attrs[DATA_DIGEST]
-    study.set_user_attr(DATA_DIGEST, None)  # as if created before geosearch recorded it
-    study = open_run_study(tmp_path / "runs" / "t")
-    assert study.user_attrs[DATA_DIGEST] is None
-    # Rule: not compared (there is nothing to compare with), then recorded for the next run.
-    np.fromfile(tok / "train.bin", dtype=np.uint16)[::-1].tofile(tok / "train.bin")
-    assert main([*command, "--trials", "3"]) == 0
-    now = open_run_study(tmp_path / "runs" / "t").user_attrs[DATA_DIGEST]
-    assert now["data"]["sha256"] != recorded["data"]["sha256"] and now["data"]["files"] == 2
+    study.set_user_attr(DATA_DIGEST, None)  # as an earlier build left it: no data recorded
+    before = _everything(tmp_path)
+    capsys.readouterr()
+    # Rule: this build does not resume it: one line naming what it lacks, exit 2, nothing
+    # written.
+    assert main([*command, "--trials", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "written by an earlier build of geosearch" in err
+    assert "records no data_digest" in err and "--study NAME" in err
+    assert _everything(tmp_path) == before
 
 
 def test_the_table_of_changed_files_is_documented():
@@ -255,3 +265,32 @@ def test_the_table_of_changed_files_is_documented():
     text = (Path(__file__).resolve().parents[3] / "docs" / "design.md").read_text(encoding="utf-8")
     start = text.index("| key | its files' contents on resume | what they are |")
     assert text[start:].split("\n\n")[0].splitlines()[2:] == rows
+
+
+# --------------------------------------------------------------------------- the preflight
+USER_MODEL = Path(__file__).resolve().parents[2] / "_user_model.py"
+USER_RULES = [{"type": "attn_qkv", "pattern": r"\.mix\.qkv\.weight$", "family": "attn"},
+              {"type": "attn_out", "pattern": r"\.mix\.out\.weight$", "family": "attn"},
+              {"type": "mlp_in", "pattern": r"\.ff\.up\.weight$", "family": "mlp"},
+              {"type": "mlp_out", "pattern": r"\.ff\.down\.weight$", "family": "mlp"}]
+
+
+def test_preflight_splits_the_batch_over_the_processes_of_a_launch():
+    preflight(make_space(proxy={**TINY_PROXY, "batch_size": 4, "grad_accum": 2}), processes=2)
+    # Rule: each process's rows must split into grad_accum micro-batches.
+    with pytest.raises(SettingsError, match=r"^test space: proxy.grad_accum: global batch 4 does not split "
+                                            r"over 2 processes x 4 micro-batches; expected one of: 1, 2$"):
+        preflight(make_space(proxy={**TINY_PROXY, "batch_size": 4, "grad_accum": 4}), processes=2)
+
+
+def test_preflight_runs_a_py_model_for_real_when_its_forward_cannot_run_on_the_meta_device():
+    def space(factory):
+        return make_space(rules=USER_RULES, proxy={**TINY_PROXY, "model": f"py:{USER_MODEL}:{factory}"})
+
+    preflight(space("checked"))  # keeps the contract: built for real on the CPU, it passes
+    # Rule: a py: model whose logits are not the data's vocabulary is refused before any
+    # trial, naming the space's key, even when only a real forward can show it.
+    with pytest.raises(SettingsError, match=r"^test space: proxy.model: model 'py:.*checked_ignores_vocab': "
+                                            r"forward\(idx\) returned logits of shape \(2, 128, 100\), "
+                                            r"expected \(2, 128, 256\)"):
+        preflight(space("checked_ignores_vocab"))
