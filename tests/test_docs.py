@@ -21,7 +21,12 @@ from typing import Any
 
 import pytest
 
-from geosearch.search.horizon.target import model_logit_scale, plan_rungs, plan_stability, resolve_target
+from geosearch.search.horizon.target import (
+    model_logit_scale,
+    plan_rungs,
+    plan_stability,
+    resolve_target,
+)
 from geosearch.search.space.baselines import plan_line
 from geosearch.search.space.spec import apply_overrides, load_space
 
@@ -123,7 +128,8 @@ CLAIMS: list[tuple[str, str, tuple[str, ...], int]] = [
     ("docs/spaces.md", rf"= {N} steps\. The baselines add {N}: .{{0,60}}That makes {N}\. "
      rf"Adaptive seeds add at most 4 x 400 = {N}\.",
      ("assignment_steps", "baseline_steps", "steps", "adaptive_extra"), 1),
-    ("docs/spaces.md", rf"`--set baselines=\[\]` cuts {N} steps and `--set max_repeats=2` up to {N}\.",
+    ("docs/spaces.md",
+     rf"`--set baselines=\[\]` cuts {N} steps and `--set max_repeats=2` up to {N}\.",
      ("baseline_steps", "adaptive_extra"), 1),
     ("docs/spaces.md", rf"trains {N}–{N} steps against {N}\.",
      ("grid_steps", "grid_steps_worst", "steps"), 1),
@@ -137,28 +143,35 @@ CLAIMS: list[tuple[str, str, tuple[str, ...], int]] = [
     ("docs/design.md", rf"the baselines {N} \(AdamW\) and {N} \(Muon\): {N} steps, 1\.83× the "
      rf"shared-step search's {N}", ("grid_adamw", "grid_muon", "grid_steps", "steps"), 1),
     ("docs/design.md", rf"\(up to {N}, 2\.24×\)", ("grid_steps_worst",), 1),
-    ("docs/design.md", rf"fails the stability rung 200 more \(up to {N}\)\. The full grid trains {N}",
+    ("docs/design.md",
+     rf"fails the stability rung 200 more \(up to {N}\)\. The full grid trains {N}",
      ("grid_stability_worst", "full_grid_steps"), 1),
     ("docs/design.md", rf"{N} steps run at {N} η and 200 at {N} η",
      ("stability_steps_400", "stability_factor_400", "stability_factor"), 1),
-    ("docs/design.md", rf"about d/√d_head \({N} for `tiny`, {N} for `small`, {N} for GPT-2 small\)",
+    ("docs/design.md",
+     rf"about d/√d_head \({N} for `tiny`, {N} for `small`, {N} for GPT-2 small\)",
      ("scale_tiny", "scale_small", "scale_gpt2"), 1),
     ("docs/glossary.md", rf"the square root of the head size: {N} for `tiny`, {N} for `mini`",
      ("scale_tiny", "scale_mini"), 1),
-    ("docs/glossary.md", rf"\"{N}×\" means {N} × η", ("stability_factor", "stability_factor"), 1),
+    ("docs/glossary.md", rf"\"{N}×\" means {N} × η",
+     ("stability_factor", "stability_factor"), 1),
     ("docs/benchmarks.md", rf"Σ η of the 2,000 steps \| {N} \| {N} \| {N} \| {N} \| {N} \|",
      ("target_sum_eta", "sum_eta_small_0.05", "sum_eta_tiny_0.02", "sum_eta_tiny_0.1",
       "sum_eta_small_0.05"), 1),
     ("docs/benchmarks.md", rf"At the same Σ η {N},", ("target_sum_eta",), 1),
-    ("docs/benchmarks.md", rf"Σ η {N} of {N} leaves crossings ahead", ("proxy_sum_eta", "target_sum_eta"), 1),
+    ("docs/benchmarks.md", rf"Σ η {N} of {N} leaves crossings ahead",
+     ("proxy_sum_eta", "target_sum_eta"), 1),
     ("docs/benchmarks.md", rf"\(the plan line's {N}, 1\.83×", ("grid_steps",), 1),
-    ("docs/benchmarks.md", rf"\({N} to {N} by the plan line", ("grid_steps", "grid_steps_worst"), 1),
-    ("docs/benchmarks.md", rf"\({N} against {N} by the plan line", ("grid_steps", "full_grid_steps"), 1),
+    ("docs/benchmarks.md", rf"\({N} to {N} by the plan line",
+     ("grid_steps", "grid_steps_worst"), 1),
+    ("docs/benchmarks.md", rf"\({N} against {N} by the plan line",
+     ("grid_steps", "full_grid_steps"), 1),
     ("docs/benchmarks.md", rf"{N} steps \(no adaptive seed", ("steps",), 1),
     ("docs/benchmarks.md", rf"\({N} \+ two adaptive seeds of 400\)", ("steps",), 1),
     ("docs/benchmarks.md", rf"\(5,800 to {N} steps of `small`", ("steps_adaptive",), 1),
     ("docs/benchmarks.md", rf"a third seed, adds {N} steps", ("adaptive_extra",), 1),
-    ("docs/benchmarks.md", rf"Against the shared-step search \({N} steps on this space\)", ("steps",), 1),
+    ("docs/benchmarks.md", rf"Against the shared-step search \({N} steps on this space\)",
+     ("steps",), 1),
 ]
 # Numbers distinctive enough that every occurrence must be inside a claim's phrase, and the
 # measured figures that happen to read the same (file, the text around them).
@@ -201,7 +214,8 @@ def test_every_copied_number_is_the_one_the_code_computes():
         for m in matches:
             for name, written in zip(names, m.groups(), strict=True):
                 if not _agrees(written, values[name]):
-                    wrong.append(f"{file}: {written} in {m.group(0)!r}, but {name} is {values[name]:.4g}")
+                    wrong.append(f"{file}: {written} in {m.group(0)!r}, "
+                                 f"but {name} is {values[name]:.4g}")
     assert wrong == [], "\n".join(wrong)
 
 
@@ -210,13 +224,15 @@ def test_no_derived_number_is_copied_where_no_claim_checks_it():
     for path in _doc_files():
         file = str(path.relative_to(REPO))
         text = _flat(path)
-        covered = [m.span() for f, phrase, _, _ in CLAIMS if f == file for m in re.finditer(phrase, text)]
-        covered += [m.span() for f, phrase in NOT_DERIVED if f == file for m in re.finditer(phrase, text)]
+        phrases = [phrase for f, phrase, _, _ in CLAIMS if f == file]
+        phrases += [phrase for f, phrase in NOT_DERIVED if f == file]
+        covered = [m.span() for phrase in phrases for m in re.finditer(phrase, text)]
         for number in SWEEP:
             for m in re.finditer(rf"(?<![\d.,]){re.escape(number)}(?![\d,]|\.\d)", text):
                 if not any(a <= m.start() and m.end() <= b for a, b in covered):
                     loose.append(f"{file}: {text[max(0, m.start() - 60):m.end() + 20]!r}")
-    assert loose == [], "copies of derived numbers no claim checks (add a claim):\n" + "\n".join(loose)
+    assert loose == [], ("copies of derived numbers no claim checks (add a claim):\n"
+                         + "\n".join(loose))
 
 
 def test_the_claims_compare_numbers_at_the_digits_shown():
@@ -239,7 +255,8 @@ def paragraphs(text: str) -> list[str]:
         stripped = line.strip()
         if stripped.startswith("```"):
             fenced = not fenced
-        if fenced or stripped.startswith("```") or not stripped or stripped.startswith(("|", "#", "<!--")):
+        skip = not stripped or stripped.startswith(("```", "|", "#", "<!--"))
+        if fenced or skip:
             if current:
                 found.append(current)
             current = []
@@ -261,7 +278,8 @@ def test_paragraphs_are_split_at_the_right_places():
 @pytest.mark.parametrize("path", [p for p in _doc_files() if p.suffix == ".md"],
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_no_paragraph_is_longer_than_150_words(path):
-    long = [f"{len(p.split())} words: {p[:80]}..." for p in paragraphs(path.read_text(encoding="utf-8"))
+    text = path.read_text(encoding="utf-8")
+    long = [f"{len(p.split())} words: {p[:80]}..." for p in paragraphs(text)
             if len(p.split()) > MAX_WORDS]
     assert long == [], "\n".join(long)
 
@@ -301,7 +319,7 @@ def test_every_link_between_pages_reaches_its_file_and_heading():
 
 
 def test_every_section_the_code_cites_exists():
-    # e.g. docs/design.md, "The stability rung"; ``docs/design.md`` ("Adaptive seeds", "Step halving")
+    # docs/design.md, "The stability rung"; ``docs/design.md`` ("Adaptive seeds", "Step halving")
     cited = re.compile(r'docs/([\w/]+\.md)`*(?:,\s*|\s*\(\s*)((?:"[^"]{1,80}",?\s*)+)')
     missing = []
     for root in ("geosearch", "tests", "benchmarks"):
