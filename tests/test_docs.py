@@ -21,13 +21,8 @@ from typing import Any
 
 import pytest
 
-from geosearch.search.horizon.target import (
-    model_logit_scale,
-    plan_rungs,
-    plan_stability,
-    resolve_target,
-)
-from geosearch.search.space.baselines import plan_line
+from geosearch.search.horizon.scale import model_logit_scale
+from geosearch.search.space.plan import plan_study
 from geosearch.search.space.spec import apply_overrides, load_space
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,10 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 # Every call into the library, in one table (repoint these when what they compute moves).
 LIB: dict[str, Callable[..., Any]] = {
     "space": lambda name, *sets, **flags: apply_overrides(load_space(name), sets, **flags),
-    "target": resolve_target,          # .sum_eta, .sum_eta2 of the target run
-    "rungs": plan_rungs,               # [Rung(steps, spectral_lr, sum_eta), ...]
-    "stability": plan_stability,       # Rung of the stability rung, or None
-    "plan_line": lambda space: plan_line(space, plan_rungs(space)),  # the header's "trains:"
+    "target": lambda space: plan_study(space).target,        # .sum_eta, .sum_eta2
+    "rungs": lambda space: list(plan_study(space).rungs),    # [Rung(steps, spectral_lr, sum_eta)]
+    "stability": lambda space: plan_study(space).stability,  # the stability rung, or None
+    "plan_line": lambda space: plan_study(space).header_lines()[-1],  # the header's "trains:"
     "logit_scale": model_logit_scale,  # d/√d_head of a model spec
 }
 # ----------------------------------------------------------------------------------------
