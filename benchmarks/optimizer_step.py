@@ -348,6 +348,201 @@ def accuracy_main(args, device) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------
+# --train: the whole training step of a proxy, per geometry, against torch.optim.Muon and
+# against the ungrouped step (every matrix stepped alone, the adaptive retraction), the
+# variants alternated in blocks in one process.
+# ------------------------------------------------------------------------------------
+TRAIN_ASSIGNMENTS = {
+    "all-Stiefel": "attn=stiefel,mlp=stiefel",
+    "attn Stiefel + MLP DGram": "attn=stiefel,mlp=dgram",
+    "all-DGram": "attn=dgram,mlp=dgram",
+}
+TRAIN_RESULTS = Path(__file__).parent / "results" / "train_step.md"
+MUON = "torch.optim.Muon"
+VARIANTS = {  # label -> ManifoldMuon keywords and settings
+    "grouped": ({}, {}),
+    "ungrouped (previous)": ({"grouped": False}, {"retraction": "adaptive"}),
+}
+
+
+class OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ATen operations dispatched while active (views and in-place ops included;
+    a foreach call is one operation): on a GPU each is at least one kernel launch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class TrainCase:
+    """One variant's model, optimizer(s) and batches, stepped a block at a time."""
+
+    def __init__(self, model_name: str, label: str, assignment: str | None, corpus, device, seed: int = 0,
+                 batch_size: int = 16, optimizer_kwargs: dict | None = None):
+        from geosearch.assignment import Assignment
+        from geosearch.build import build_optimizer
+        from geosearch.models.model import GPT, make_config
+
+        torch.manual_seed(seed)
+        self.label, self.device, self.batch_size = label, device, batch_size
+        self.config = make_config(model_name, vocab_size=corpus.vocab_size)
+        self.model = GPT(self.config).to(device)
+        self.corpus = corpus
+        self.gen = torch.Generator().manual_seed(seed)
+        opt_kwargs, settings = optimizer_kwargs or ({}, {})
+        if assignment is None:  # torch Muon on the hidden matrices, our AdamW on the rest
+            plan = build_optimizer(self.model, Assignment.parse("attn=euclidean,mlp=euclidean"), verbose=False)
+            hidden = [p for g in plan.param_groups if g["geometry"] != "adamw" for p in g["params"]]
+            rest = [g for g in plan.param_groups if g["geometry"] == "adamw"]
+            self.opts = [torch.optim.Muon(hidden, lr=LR, weight_decay=0.0, adjust_lr_fn="original"),
+                         ManifoldMuon(rest)]
+        else:
+            opt = build_optimizer(self.model, Assignment.parse(assignment), verbose=False, **settings)
+            self.opts = [ManifoldMuon(opt.param_groups, **opt_kwargs) if opt_kwargs else opt]
+        self.ms: list[float] = []
+
+    def batch(self):
+        from geosearch.proxy.data import get_batch
+
+        x, y = get_batch(self.corpus.train, self.batch_size, self.config.block_size, self.gen)
+        return x.to(self.device), y.to(self.device)
+
+    def step(self) -> None:
+        x, y = self.batch()
+        _, loss = self.model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        for opt in self.opts:
+            opt.step()
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+
+    def run(self, steps: int, record: bool) -> None:
+        for _ in range(steps):
+            _sync(self.device)
+            t0 = time.perf_counter()
+            self.step()
+            _sync(self.device)
+            if record:
+                self.ms.append(1e3 * (time.perf_counter() - t0))
+
+    def optimizer_ops(self) -> int:
+        """ATen operations of one optimizer step (on fresh gradients)."""
+        x, y = self.batch()
+        _, loss = self.model(x, y)
+        loss.backward()
+        with OpCounter() as counter:
+            for opt in self.opts:
+                opt.step()
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+        return counter.count
+
+    def error(self) -> float:
+        """Largest constraint error over the manifold matrices (nan for torch Muon)."""
+        from geosearch.optim.blocks import block_view
+
+        worst = math.nan
+        for opt in self.opts:
+            for g in opt.param_groups:
+                if not isinstance(opt, ManifoldMuon) or g["geometry"] in ("adamw", "euclidean"):
+                    continue
+                names = g["geometry"] if isinstance(g["geometry"], tuple) else (g["geometry"],) * g["split"]
+                for p in g["params"]:
+                    blocks = block_view(p.detach().double(), g["split"], g["split_dim"]).reshape(
+                        g["split"], *block_view(p, g["split"], g["split_dim"]).shape[-2:])
+                    for name, W in zip(names, blocks):
+                        e = float(get_manifold(name).constraint_error(W))
+                        worst = e if math.isnan(worst) else max(worst, e)
+        return worst
+
+
+def train_rows(model_name: str, args, device) -> list[dict]:
+    """Per variant: median ms of a whole training step, optimizer operations per step,
+    constraint error after the run; the variants alternate in blocks of ``args.block``."""
+    from geosearch.proxy.data import load_corpus
+
+    corpus = load_corpus(None)
+    cases = [TrainCase(model_name, MUON, None, corpus, device)]
+    for name, assignment in TRAIN_ASSIGNMENTS.items():
+        for label, kw in VARIANTS.items():
+            cases.append(TrainCase(model_name, label, assignment, corpus, device, optimizer_kwargs=kw))
+            cases[-1].geometry = name
+    cases[0].geometry = "euclidean (Muon)"
+    for case in cases:  # warm-up
+        case.run(args.warmup, record=False)
+    for _ in range(args.rounds):
+        for case in cases:
+            case.run(args.block, record=True)
+    rows = []
+    for case in cases:
+        rows.append({"model": model_name, "geometry": case.geometry, "variant": case.label,
+                     "ms": statistics.median(case.ms), "ops": case.optimizer_ops(), "error": case.error()})
+        print(f"  {model_name} {case.geometry:26s} {case.label:22s} {rows[-1]['ms']:7.1f} ms "
+              f"{rows[-1]['ops']:6d} ops  error {rows[-1]['error']:.1e}", flush=True)
+    return rows
+
+
+def train_table(rows: list[dict]) -> str:
+    """Ratios against torch Muon and against the ungrouped step of the same run."""
+    lines = ["| model | geometry | variant | step ms | × Muon | ÷ ungrouped ms | optimizer ops | "
+             "ops ÷ (ungrouped ÷ this) | constraint error |", "|---" * 9 + "|"]
+    for r in rows:
+        muon = next(x for x in rows if x["model"] == r["model"] and x["variant"] == MUON)
+        old = next((x for x in rows if x["model"] == r["model"] and x["geometry"] == r["geometry"]
+                    and x["variant"].startswith("ungrouped")), None)
+        speed = f"{old['ms'] / r['ms']:.2f}" if old else "—"
+        fewer = f"{old['ops'] / r['ops']:.1f}" if old else "—"
+        err = "—" if math.isnan(r["error"]) else f"{r['error']:.1e}"
+        lines.append(f"| {r['model']} | {r['geometry']} | {r['variant']} | {r['ms']:.1f} | "
+                     f"{r['ms'] / muon['ms']:.2f} | {speed} | {r['ops']} | {fewer} | {err} |")
+    return "\n".join(lines) + "\n"
+
+
+def train_verdicts(rows: list[dict]) -> str:
+    """Targets: grouped step ≤ 1.25× Muon on mini, ≤ 1.1× on small, at error ≤ 1e-5; optimizer
+    operations ÷ ≥ 4 on mini."""
+    limit = {"mini": 1.25, "small": 1.1}
+    out = []
+    for r in rows:
+        if r["variant"] != "grouped":
+            continue
+        muon = next(x for x in rows if x["model"] == r["model"] and x["variant"] == MUON)
+        old = next(x for x in rows if x["model"] == r["model"] and x["geometry"] == r["geometry"]
+                   and x["variant"].startswith("ungrouped"))
+        ratio, fewer = r["ms"] / muon["ms"], old["ops"] / r["ops"]
+        lim = limit.get(r["model"])
+        ok = lim is not None and ratio <= lim and r["error"] <= 1e-5
+        out.append(f"- {r['model']}, {r['geometry']}: {ratio:.2f}× Muon's step (target ≤ {lim}), error "
+                   f"{r['error']:.1e}: {'met' if ok else 'NOT met'}; optimizer ops ÷ {fewer:.1f}"
+                   + (f" (target ≥ 4: {'met' if fewer >= 4 else 'NOT met'})" if r["model"] == "mini" else ""))
+    return "\n".join(out) + "\n"
+
+
+def train_main(args, device) -> int:
+    rows = [r for m in args.models for r in train_rows(m, args, device)]
+    header = (
+        f"# Training step against torch.optim.Muon ({', '.join(args.models)})\n\n"
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; device {device} "
+        f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads); "
+        f"torch {torch.__version__}. One process, the variants alternated in blocks of {args.block} steps, "
+        f"{args.rounds} rounds after {args.warmup} warm-up steps each; step ms: median over the "
+        f"{args.block * args.rounds} timed steps (forward, backward, clip, optimizer step, zero_grad; batch 16). "
+        f"{MUON}: Keller's quintic, 5 steps, adjust_lr_fn='original', lr {LR}, on the attention and MLP "
+        "matrices (a fused c_attn as one matrix), ManifoldMuon's AdamW on the rest, as in every variant. "
+        "grouped: this ManifoldMuon (matrices of one shape and geometry stepped as one batch, "
+        "retraction 'auto'); ungrouped (previous): every matrix stepped alone, retraction 'adaptive'. "
+        "Optimizer ops: ATen operations of one optimizer step (TorchDispatchMode); constraint error: "
+        "the largest over the manifold matrices after the run.\n\n")
+    publish(header + train_table(rows) + "\n" + train_verdicts(rows), args.out or TRAIN_RESULTS)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="gpt2",
@@ -365,6 +560,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accuracy", action="store_true",
                         help="measure msign per coefficient set and iteration count instead (accuracy "
                              "against the exact polar factor, and time per call)")
+    parser.add_argument("--train", action="store_true",
+                        help="time the whole training step of --models per geometry against torch.optim.Muon "
+                             "and the ungrouped step instead")
+    parser.add_argument("--models", nargs="+", default=["mini", "small"], help="proxies for --train")
+    parser.add_argument("--rounds", type=int, default=6, help="--train: rounds of alternated blocks")
+    parser.add_argument("--block", type=int, default=5, help="--train: steps per variant and round")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"where to write (default {RESULTS.name}, or {ACCURACY_RESULTS.name} with --accuracy, "
                              "in benchmarks/results/)")
@@ -374,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if args.accuracy:
         return accuracy_main(args, device)
+    if args.train:
+        return train_main(args, device)
     shapes = SHAPES[args.shapes]
 
     rows = []
