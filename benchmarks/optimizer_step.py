@@ -353,7 +353,11 @@ def accuracy_main(args, device) -> int:
 # against the ungrouped step (every matrix stepped alone, the adaptive retraction), the
 # variants alternated in blocks in one process.
 # ------------------------------------------------------------------------------------
+# Muon in float32 as the search's baseline runs it: ManifoldMuon's euclidean geometry with
+# torch.optim.Muon's coefficients (torch's own iterates in bfloat16, slow on most CPUs).
+MUON_FP32 = "Muon fp32 (euclidean, quintic)"
 TRAIN_ASSIGNMENTS = {
+    MUON_FP32: "attn=euclidean,mlp=euclidean",
     "all-Stiefel": "attn=stiefel,mlp=stiefel",
     "attn Stiefel + MLP DGram": "attn=stiefel,mlp=dgram",
     "all-DGram": "attn=dgram,mlp=dgram",
@@ -470,8 +474,10 @@ def train_rows(model_name: str, args, device) -> list[dict]:
     corpus = load_corpus(None)
     cases = [TrainCase(model_name, MUON, None, corpus, device)]
     for name, assignment in TRAIN_ASSIGNMENTS.items():
-        for label, kw in VARIANTS.items():
-            cases.append(TrainCase(model_name, label, assignment, corpus, device, optimizer_kwargs=kw))
+        for label, (kw, settings) in VARIANTS.items():
+            if name == MUON_FP32:
+                settings = dict(settings, ns_coefficients="quintic")
+            cases.append(TrainCase(model_name, label, assignment, corpus, device, optimizer_kwargs=(kw, settings)))
             cases[-1].geometry = name
     cases[0].geometry = "euclidean (Muon)"
     for case in cases:  # warm-up
@@ -490,17 +496,20 @@ def train_rows(model_name: str, args, device) -> list[dict]:
 
 def train_table(rows: list[dict]) -> str:
     """Ratios against torch Muon and against the ungrouped step of the same run."""
-    lines = ["| model | geometry | variant | step ms | × Muon | ÷ ungrouped ms | optimizer ops | "
-             "ops ÷ (ungrouped ÷ this) | constraint error |", "|---" * 9 + "|"]
+    lines = ["| model | geometry | variant | step ms | × torch Muon | × Muon fp32 grouped | ungrouped ÷ this, ms | "
+             "optimizer ops | ungrouped ÷ this, ops | constraint error |", "|---" * 10 + "|"]
     for r in rows:
         muon = next(x for x in rows if x["model"] == r["model"] and x["variant"] == MUON)
+        fp32 = next(x for x in rows if x["model"] == r["model"] and x["geometry"] == MUON_FP32
+                    and x["variant"] == "grouped")
         old = next((x for x in rows if x["model"] == r["model"] and x["geometry"] == r["geometry"]
                     and x["variant"].startswith("ungrouped")), None)
         speed = f"{old['ms'] / r['ms']:.2f}" if old else "—"
         fewer = f"{old['ops'] / r['ops']:.1f}" if old else "—"
         err = "—" if math.isnan(r["error"]) else f"{r['error']:.1e}"
         lines.append(f"| {r['model']} | {r['geometry']} | {r['variant']} | {r['ms']:.1f} | "
-                     f"{r['ms'] / muon['ms']:.2f} | {speed} | {r['ops']} | {fewer} | {err} |")
+                     f"{r['ms'] / muon['ms']:.2f} | {r['ms'] / fp32['ms']:.2f} | {speed} | {r['ops']} | {fewer} | "
+                     f"{err} |")
     return "\n".join(lines) + "\n"
 
 
@@ -510,16 +519,20 @@ def train_verdicts(rows: list[dict]) -> str:
     limit = {"mini": 1.25, "small": 1.1}
     out = []
     for r in rows:
-        if r["variant"] != "grouped":
+        if r["variant"] != "grouped" or r["geometry"] == MUON_FP32:
             continue
         muon = next(x for x in rows if x["model"] == r["model"] and x["variant"] == MUON)
+        fp32 = next(x for x in rows if x["model"] == r["model"] and x["geometry"] == MUON_FP32
+                    and x["variant"] == "grouped")
         old = next(x for x in rows if x["model"] == r["model"] and x["geometry"] == r["geometry"]
                    and x["variant"].startswith("ungrouped"))
         ratio, fewer = r["ms"] / muon["ms"], old["ops"] / r["ops"]
         lim = limit.get(r["model"])
         ok = lim is not None and ratio <= lim and r["error"] <= 1e-5
-        out.append(f"- {r['model']}, {r['geometry']}: {ratio:.2f}× Muon's step (target ≤ {lim}), error "
-                   f"{r['error']:.1e}: {'met' if ok else 'NOT met'}; optimizer ops ÷ {fewer:.1f}"
+        ok32 = lim is not None and r["ms"] / fp32["ms"] <= lim and r["error"] <= 1e-5
+        out.append(f"- {r['model']}, {r['geometry']}: {ratio:.2f}× torch.optim.Muon's step (target ≤ {lim}), "
+                   f"error {r['error']:.1e}: {'met' if ok else 'NOT met'}; {r['ms'] / fp32['ms']:.2f}× Muon fp32 "
+                   f"grouped: {'met' if ok32 else 'NOT met'}; optimizer ops ÷ {fewer:.1f}"
                    + (f" (target ≥ 4: {'met' if fewer >= 4 else 'NOT met'})" if r["model"] == "mini" else ""))
     return "\n".join(out) + "\n"
 
@@ -534,7 +547,9 @@ def train_main(args, device) -> int:
         f"{args.rounds} rounds after {args.warmup} warm-up steps each; step ms: median over the "
         f"{args.block * args.rounds} timed steps (forward, backward, clip, optimizer step, zero_grad; batch 16). "
         f"{MUON}: Keller's quintic, 5 steps, adjust_lr_fn='original', lr {LR}, on the attention and MLP "
-        "matrices (a fused c_attn as one matrix), ManifoldMuon's AdamW on the rest, as in every variant. "
+        "matrices (a fused c_attn as one matrix; its Newton–Schulz runs in bfloat16, slow on a CPU without "
+        f"bf16 units), ManifoldMuon's AdamW on the rest, as in every variant. {MUON_FP32}: ManifoldMuon's "
+        "euclidean geometry with the same coefficients in float32 (the search's Muon baseline). "
         "grouped: this ManifoldMuon (matrices of one shape and geometry stepped as one batch, "
         "retraction 'auto'); ungrouped (previous): every matrix stepped alone, retraction 'adaptive'. "
         "Optimizer ops: ATen operations of one optimizer step (TorchDispatchMode); constraint error: "
@@ -602,6 +617,52 @@ def retraction_main(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------
+# --order: how far the weights move when only the float summation order changes (the
+# grouped step against the ungrouped one: batched against single products), per solver.
+# ------------------------------------------------------------------------------------
+def order_rows(model_name: str, steps: int) -> list[dict]:
+    """Per assignment and solver: the largest |ΔW| between the grouped and the ungrouped
+    step after each of ``steps`` training steps from the same weights and batches."""
+    from geosearch.proxy.data import load_corpus
+
+    corpus, rows = load_corpus(None), []
+    for name, assignment in TRAIN_ASSIGNMENTS.items():
+        if name == MUON_FP32:
+            continue
+        for solver in ("project", "dual"):
+            settings = {"solver": solver, "retraction": "adaptive"}
+            a = TrainCase(model_name, "grouped", assignment, corpus, torch.device("cpu"),
+                          optimizer_kwargs=({}, settings))
+            b = TrainCase(model_name, "ungrouped", assignment, corpus, torch.device("cpu"),
+                          optimizer_kwargs=({"grouped": False}, settings))
+            diffs = []
+            for _ in range(steps):
+                a.step()
+                b.step()
+                diffs.append(max(float((p - q).abs().max()) for p, q in
+                                 zip(a.model.parameters(), b.model.parameters())))
+            rows.append({"assignment": name, "solver": solver, "diffs": diffs})
+            print(f"  {name:26s} {solver:8s} " + " ".join(f"{d:.1e}" for d in diffs), flush=True)
+    return rows
+
+
+def order_main(args) -> int:
+    rows = order_rows(args.models[0], args.steps)
+    lines = ["| assignment | solver | " + " | ".join(f"step {i + 1}" for i in range(args.steps)) + " |",
+             "|---" * (2 + args.steps) + "|"]
+    lines += [f"| {r['assignment']} | {r['solver']} | " + " | ".join(f"{d:.1e}" for d in r["diffs"]) + " |"
+              for r in rows]
+    header = (
+        f"# Summation order: grouped against ungrouped step ({args.models[0]})\n\n"
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; {torch.get_num_threads()} thread(s); "
+        f"torch {torch.__version__}. Two copies of the model from the same seed and batches, one stepped "
+        "grouped (batched products), one ungrouped (each matrix alone), retraction 'adaptive' in both; "
+        "the largest |ΔW| over all weights after each training step (dual: K 20, tol 1e-3).\n\n")
+    publish(header + "\n".join(lines) + "\n", args.out or Path(__file__).parent / "results" / "order.md")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="gpt2",
@@ -624,7 +685,10 @@ def main(argv: list[str] | None = None) -> int:
                              "and the ungrouped step instead")
     parser.add_argument("--retraction", action="store_true",
                         help="the constraint error of the fixed and adaptive retractions over --steps steps")
-    parser.add_argument("--steps", type=int, default=2000, help="--retraction: optimizer steps")
+    parser.add_argument("--order", action="store_true",
+                        help="how far the weights of the first of --models move, grouped against ungrouped, "
+                             "over --steps training steps (the summation order alone)")
+    parser.add_argument("--steps", type=int, default=2000, help="--retraction, --order: steps")
     parser.add_argument("--models", nargs="+", default=["mini", "small"], help="proxies for --train")
     parser.add_argument("--rounds", type=int, default=6, help="--train: rounds of alternated blocks")
     parser.add_argument("--block", type=int, default=5, help="--train: steps per variant and round")
@@ -641,6 +705,8 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(args, device)
     if args.retraction:
         return retraction_main(args)
+    if args.order:
+        return order_main(args)
     shapes = SHAPES[args.shapes]
 
     rows = []
