@@ -14,6 +14,10 @@ Jordan's ``MuonWithAuxAdam``: every group says what it is with a ``geometry`` ke
   Constrained geometries take ``s = 1`` (the spectral step size of the reference study)
   and no weight decay.
 
+Every matrix of every manifold group is stepped in a batch with the other matrices of its
+shape, geometry and settings (:mod:`geosearch.optim.grouped`; ``grouped=False`` steps each
+alone, the same maths in more operations).
+
 Parameters of manifold groups are **projected onto their manifold when the group is
 added** (at construction), as the reference study places weights on their manifold at
 initialisation; the optimizer then keeps them there. Parameters already on it (constraint
@@ -80,6 +84,8 @@ class ManifoldMuon(torch.optim.Optimizer):
             a tuple with one manifold name per block. Missing keys take
             :data:`MUON_DEFAULTS` / :data:`ADAMW_DEFAULTS`; an optional ``name`` is free
             text. Manifold groups take 2-D tensors of either orientation.
+        grouped: step matrices of one shape, geometry and setting as one batch (the
+            default); ``False`` steps each matrix alone (for comparisons).
 
     Raises:
         ConfigError (a ``ValueError``): a missing or unknown geometry, an unknown key
