@@ -22,6 +22,7 @@ to the float summation order of batched products (about 1e-7 in float32).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ from torch import Tensor
 from geosearch.manifolds import Manifold
 from geosearch.optim.solvers import batched_update
 
-__all__ = ["Member", "batch_key", "step_batch"]
+__all__ = ["Member", "batch_key", "cost", "share_batch", "step_batch"]
 
 
 @dataclass
@@ -90,3 +91,27 @@ def step_batch(manifold: Manifold, members: list[Member], step: dict[str, Any]) 
     rs = [None] * len(members) if r is None else r.split(counts)
     for m, lam_m, r_m in zip(members, lams, rs):
         m.lam, m.residual = lam_m, r_m
+
+
+def cost(members: list[Member]) -> float:
+    """The arithmetic of a batch's step, roughly: matrices × rows × cols × the small dim."""
+    return float(sum(m.weight.shape[0] * m.weight.shape[-2] * m.weight.shape[-1] ** 2 for m in members))
+
+
+def share_batch(manifold: Manifold, members: list[Member], step: dict[str, Any],
+                send: Callable[[Tensor], None]) -> None:
+    """After the owner rank stepped a batch: ``send`` (a broadcast from the owner) each new
+    weight, and with the dual solver each residual and (Gram geometries) dual variable, so
+    every rank holds what the owner computed. Other ranks receive into fresh buffers."""
+    for m in members:
+        send(m.weight)
+        if step["solver"] != "dual":
+            continue
+        count, k = m.weight.shape[0], m.weight.shape[-1]
+        if m.residual is None:
+            m.residual = m.weight.new_zeros(count)
+        send(m.residual)
+        if manifold.is_gram:
+            if m.lam is None:
+                m.lam = m.update.new_zeros(count, k, k)
+            send(m.lam)

@@ -25,8 +25,9 @@ error at most 1e-4 of the scale of ``WᵀW``, e.g. weights resumed from a checkp
 left bit-for-bit untouched.
 
 Sharded weights (FSDP2's ``fully_shard``: DTensor parameters on a 1-D device mesh) work:
-momentum and AdamW run on each rank's slice, while each manifold matrix is gathered, placed,
-stepped and retracted whole on every rank, and every rank keeps its slice
+momentum and AdamW run on each rank's slice, while each manifold matrix is gathered and
+placed whole on every rank, stepped and retracted whole by one owner rank per batch, which
+sends the result to the others, and every rank keeps its slice
 (:mod:`geosearch.optim.sharded`; docs/design.md, "Sharded training").
 
 Group keys, their defaults and their checks come from :mod:`geosearch.optim.settings`.
@@ -164,7 +165,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             kwargs = {k: group[k] for k in settings.solver_keys()}
             for p, update in zip(params, self._momentum(params, group)):
                 lam0 = self.state[p].get("dual") if warm else None
-                # A sharded (FSDP2) weight is stepped whole, on every rank: gathered here,
+                # A sharded (FSDP2) weight is stepped whole, by one owner rank: gathered here,
                 # written back into this rank's slice below (geosearch.optim.sharded).
                 weight, update = sharded.whole(p), sharded.whole(update)
                 members = []
@@ -176,11 +177,18 @@ class ManifoldMuon(torch.optim.Optimizer):
                     step = dict(kwargs, lr=group["lr"], weight_decay=_decay(manifold, group),
                                 scale=_scale(manifold, W, group))
                     key = grouped.batch_key(manifold, member, step, None if self.grouped else (id(p), i))
-                    batches.setdefault(key, (manifold, step, []))[2].append(member)
+                    batch = batches.setdefault(key, (manifold, step, [], []))
+                    batch[2].append(member)
+                    batch[3].append(p)
                     members.append(member)
                 stepped.append((p, group, weight, members))
-        for manifold, step, members in batches.values():
-            grouped.step_batch(manifold, members, step)
+        # Sharded weights: each batch stepped once, by its owner rank, and shared (sharded.py)
+        plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches.values()])
+        for (manifold, step, members, _), owner in zip(batches.values(), plan):
+            if sharded.is_mine(owner):
+                grouped.step_batch(manifold, members, step)
+            if owner is not None:
+                grouped.share_batch(manifold, members, step, lambda t, o=owner: sharded.share(t, o))
         for p, group, weight, members in stepped:
             sharded.write_back(p, weight)
             if group["solver"] != "dual":
