@@ -103,7 +103,9 @@ import torch  # noqa: E402
 from _common import machine, publish  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 from geosearch.manifolds import get_manifold, msign  # noqa: E402
 from geosearch.optim.muon import ManifoldMuon  # noqa: E402
-from optimizer_step import LR, SHAPES, run_case, train_rows, train_table, train_verdicts  # noqa: E402
+from optimizer_step import (  # noqa: E402
+    LR, SHAPES, run_case, train_rows, train_table, train_verdicts,
+)
 
 RESULTS = Path(__file__).parent / "results" / "gpu_check.md"
 ASSIGNMENT = {"geometry.attn": "stiefel", "geometry.mlp": "dgram"}  # a point of the default space
@@ -1026,9 +1028,12 @@ def main(argv: list[str] | None = None) -> int:
         f"## (f) The default search{QUICK_NOTE if args.quick else ''}\n\n"
         f"{default_text}\n"
         f"## (g) Training step against Muon ({', '.join(train['models'])}; {train['what']})\n\n"
-        f"The rows of `benchmarks/optimizer_step.py --train`: the whole training step (fp32) of each geometry, "
-        f"grouped and ungrouped, against torch.optim.Muon and Muon in fp32, alternated in one process; "
-        f"optimizer ops = ATen operations of one optimizer step (each at least one kernel launch on a GPU)."
+        "The rows of `benchmarks/optimizer_step.py --train`: the whole training step (fp32) of "
+        "each geometry, "
+        "grouped and ungrouped, against torch.optim.Muon and Muon in fp32, alternated in one "
+        "process; "
+        "optimizer ops = ATen operations of one optimizer step (each at least one kernel launch "
+        "on a GPU)."
         f"\n\n{train_table(train['rows'])}\n{train_verdicts(train['rows'])}"
     )
     publish(text, args.out)

@@ -386,7 +386,8 @@ class OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
 class TrainCase:
     """One variant's model, optimizer(s) and batches, stepped a block at a time."""
 
-    def __init__(self, model_name: str, label: str, assignment: str | None, corpus, device, seed: int = 0,
+    def __init__(self, model_name: str, label: str, assignment: str | None, corpus, device,
+                 seed: int = 0,
                  batch_size: int = 16, optimizer_kwargs: dict | None = None):
         from geosearch.assignment import Assignment
         from geosearch.build import build_optimizer
@@ -400,13 +401,15 @@ class TrainCase:
         self.gen = torch.Generator().manual_seed(seed)
         opt_kwargs, settings = optimizer_kwargs or ({}, {})
         if assignment is None:  # torch Muon on the hidden matrices, our AdamW on the rest
-            plan = build_optimizer(self.model, Assignment.parse("attn=euclidean,mlp=euclidean"), verbose=False)
+            muon = Assignment.parse("attn=euclidean,mlp=euclidean")
+            plan = build_optimizer(self.model, muon, verbose=False)
             hidden = [p for g in plan.param_groups if g["geometry"] != "adamw" for p in g["params"]]
             rest = [g for g in plan.param_groups if g["geometry"] == "adamw"]
             self.opts = [torch.optim.Muon(hidden, lr=LR, weight_decay=0.0, adjust_lr_fn="original"),
                          ManifoldMuon(rest)]
         else:
-            opt = build_optimizer(self.model, Assignment.parse(assignment), verbose=False, **settings)
+            opt = build_optimizer(self.model, Assignment.parse(assignment), verbose=False,
+                                  **settings)
             self.opts = [ManifoldMuon(opt.param_groups, **opt_kwargs) if opt_kwargs else opt]
         self.ms: list[float] = []
 
@@ -456,7 +459,8 @@ class TrainCase:
             for g in opt.param_groups:
                 if not isinstance(opt, ManifoldMuon) or g["geometry"] in ("adamw", "euclidean"):
                     continue
-                names = g["geometry"] if isinstance(g["geometry"], tuple) else (g["geometry"],) * g["split"]
+                geo = g["geometry"]
+                names = geo if isinstance(geo, tuple) else (geo,) * g["split"]
                 for p in g["params"]:
                     blocks = block_view(p.detach().double(), g["split"], g["split_dim"]).reshape(
                         g["split"], *block_view(p, g["split"], g["split_dim"]).shape[-2:])
@@ -477,7 +481,8 @@ def train_rows(model_name: str, args, device) -> list[dict]:
         for label, (kw, settings) in VARIANTS.items():
             if name == MUON_FP32:
                 settings = dict(settings, ns_coefficients="quintic")
-            cases.append(TrainCase(model_name, label, assignment, corpus, device, optimizer_kwargs=(kw, settings)))
+            cases.append(TrainCase(model_name, label, assignment, corpus, device,
+                                   optimizer_kwargs=(kw, settings)))
             cases[-1].geometry = name
     cases[0].geometry = "euclidean (Muon)"
     for case in cases:  # warm-up
@@ -488,7 +493,8 @@ def train_rows(model_name: str, args, device) -> list[dict]:
     rows = []
     for case in cases:
         rows.append({"model": model_name, "geometry": case.geometry, "variant": case.label,
-                     "ms": statistics.median(case.ms), "ops": case.optimizer_ops(), "error": case.error()})
+                     "ms": statistics.median(case.ms), "ops": case.optimizer_ops(),
+                     "error": case.error()})
         print(f"  {model_name} {case.geometry:26s} {case.label:22s} {rows[-1]['ms']:7.1f} ms "
               f"{rows[-1]['ops']:6d} ops  error {rows[-1]['error']:.1e}", flush=True)
     return rows
@@ -496,8 +502,9 @@ def train_rows(model_name: str, args, device) -> list[dict]:
 
 def train_table(rows: list[dict]) -> str:
     """Ratios against torch Muon and against the ungrouped step of the same run."""
-    lines = ["| model | geometry | variant | step ms | × torch Muon | × Muon fp32 grouped | ungrouped ÷ this, ms | "
-             "optimizer ops | ungrouped ÷ this, ops | constraint error |", "|---" * 10 + "|"]
+    lines = ["| model | geometry | variant | step ms | × torch Muon | × Muon fp32 grouped | "
+             "ungrouped ÷ this, ms | optimizer ops | ungrouped ÷ this, ops | constraint error |",
+             "|---" * 10 + "|"]
     for r in rows:
         muon = next(x for x in rows if x["model"] == r["model"] and x["variant"] == MUON)
         fp32 = next(x for x in rows if x["model"] == r["model"] and x["geometry"] == MUON_FP32
@@ -508,7 +515,8 @@ def train_table(rows: list[dict]) -> str:
         fewer = f"{old['ops'] / r['ops']:.1f}" if old else "—"
         err = "—" if math.isnan(r["error"]) else f"{r['error']:.1e}"
         lines.append(f"| {r['model']} | {r['geometry']} | {r['variant']} | {r['ms']:.1f} | "
-                     f"{r['ms'] / muon['ms']:.2f} | {r['ms'] / fp32['ms']:.2f} | {speed} | {r['ops']} | {fewer} | "
+                     f"{r['ms'] / muon['ms']:.2f} | {r['ms'] / fp32['ms']:.2f} | {speed} | "
+                     f"{r['ops']} | {fewer} | "
                      f"{err} |")
     return "\n".join(lines) + "\n"
 
@@ -530,10 +538,13 @@ def train_verdicts(rows: list[dict]) -> str:
         lim = limit.get(r["model"])
         ok = lim is not None and ratio <= lim and r["error"] <= 1e-5
         ok32 = lim is not None and r["ms"] / fp32["ms"] <= lim and r["error"] <= 1e-5
-        out.append(f"- {r['model']}, {r['geometry']}: {ratio:.2f}× torch.optim.Muon's step (target ≤ {lim}), "
-                   f"error {r['error']:.1e}: {'met' if ok else 'NOT met'}; {r['ms'] / fp32['ms']:.2f}× Muon fp32 "
+        out.append(f"- {r['model']}, {r['geometry']}: {ratio:.2f}× torch.optim.Muon's step "
+                   f"(target ≤ {lim}), "
+                   f"error {r['error']:.1e}: {'met' if ok else 'NOT met'}; "
+                   f"{r['ms'] / fp32['ms']:.2f}× Muon fp32 "
                    f"grouped: {'met' if ok32 else 'NOT met'}; optimizer ops ÷ {fewer:.1f}"
-                   + (f" (target ≥ 4: {'met' if fewer >= 4 else 'NOT met'})" if r["model"] == "mini" else ""))
+                   + (f" (target ≥ 4: {'met' if fewer >= 4 else 'NOT met'})"
+                      if r["model"] == "mini" else ""))
     return "\n".join(out) + "\n"
 
 
@@ -543,16 +554,23 @@ def train_main(args, device) -> int:
         f"# Training step against torch.optim.Muon ({', '.join(args.models)})\n\n"
         f"{datetime.datetime.now().isoformat(timespec='seconds')}; device {device} "
         f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads); "
-        f"torch {torch.__version__}. One process, the variants alternated in blocks of {args.block} steps, "
+        f"torch {torch.__version__}. One process, the variants alternated in blocks of "
+        f"{args.block} steps, "
         f"{args.rounds} rounds after {args.warmup} warm-up steps each; step ms: median over the "
-        f"{args.block * args.rounds} timed steps (forward, backward, clip, optimizer step, zero_grad; batch 16). "
-        f"{MUON}: Keller's quintic, 5 steps, adjust_lr_fn='original', lr {LR}, on the attention and MLP "
-        "matrices (a fused c_attn as one matrix; its Newton–Schulz runs in bfloat16, slow on a CPU without "
-        f"bf16 units), ManifoldMuon's AdamW on the rest, as in every variant. {MUON_FP32}: ManifoldMuon's "
+        f"{args.block * args.rounds} timed steps (forward, backward, clip, optimizer step, "
+        "zero_grad; batch 16). "
+        f"{MUON}: Keller's quintic, 5 steps, adjust_lr_fn='original', lr {LR}, on the attention "
+        "and MLP "
+        "matrices (a fused c_attn as one matrix; its Newton–Schulz runs in bfloat16, slow on a CPU "
+        "without "
+        f"bf16 units), ManifoldMuon's AdamW on the rest, as in every variant. {MUON_FP32}: "
+        "ManifoldMuon's "
         "euclidean geometry with the same coefficients in float32 (the search's Muon baseline). "
         "grouped: this ManifoldMuon (matrices of one shape and geometry stepped as one batch, "
-        "retraction 'auto'); ungrouped (previous): every matrix stepped alone, retraction 'adaptive'. "
-        "Optimizer ops: ATen operations of one optimizer step (TorchDispatchMode); constraint error: "
+        "retraction 'auto'); ungrouped (previous): every matrix stepped alone, retraction "
+        "'adaptive'. "
+        "Optimizer ops: ATen operations of one optimizer step (TorchDispatchMode); constraint "
+        "error: "
         "the largest over the manifold matrices after the run.\n\n")
     publish(header + train_table(rows) + "\n" + train_verdicts(rows), args.out or TRAIN_RESULTS)
     return 0
@@ -572,8 +590,10 @@ def retraction_drift(geometry: str, retraction: str, steps: int, seed: int = 0) 
     :data:`RETRACTION_SHAPES`: the largest and final constraint error over the steps, and
     the median ms of an optimizer step."""
     gen = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(*s, generator=gen) / math.sqrt(s[1])) for s in RETRACTION_SHAPES]
-    opt = ManifoldMuon([{"params": params, "geometry": geometry, "lr": LR, "retraction": retraction}])
+    params = [torch.nn.Parameter(torch.randn(*s, generator=gen) / math.sqrt(s[1]))
+              for s in RETRACTION_SHAPES]
+    opt = ManifoldMuon([{"params": params, "geometry": geometry, "lr": LR,
+                         "retraction": retraction}])
     M = get_manifold(geometry)
     worst, times, final = 0.0, [], 0.0
     for i in range(steps):
@@ -597,19 +617,25 @@ def retraction_main(args) -> int:
             r = rows[-1]
             print(f"  {geometry:14s} {retraction:9s} worst {r['worst']:.2e} final {r['final']:.2e} "
                   f"{r['ms']:.2f} ms", flush=True)
-    lines = ["| geometry | retraction | largest error | final error | optimizer ms | fixed ≤ 1e-5 |",
+    lines = ["| geometry | retraction | largest error | final error | optimizer ms "
+             "| fixed ≤ 1e-5 |",
              "|---" * 6 + "|"]
     for r in rows:
         ok = "—" if r["retraction"] == "adaptive" else ("yes" if r["worst"] <= 1e-5 else "no")
-        lines.append(f"| {r['geometry']} | {r['retraction']} | {r['worst']:.1e} | {r['final']:.1e} | "
-                     f"{r['ms']:.2f} | {ok} |")
+        lines.append(f"| {r['geometry']} | {r['retraction']} | {r['worst']:.1e} | "
+                     f"{r['final']:.1e} | {r['ms']:.2f} | {ok} |")
     header = (
         f"# Constraint error of the retractions over {args.steps} steps\n\n"
-        f"{datetime.datetime.now().isoformat(timespec='seconds')}; {torch.get_num_threads()} thread(s); "
-        f"torch {torch.__version__}. ManifoldMuon, project solver, lr {LR}, Gaussian gradients, on the mini "
-        f"proxy's 24 matrix shapes ({len(RETRACTION_SHAPES)} matrices, one group); error: the largest "
-        "over the matrices, checked every 10 steps (largest over the run, and at the end); ms: median "
-        "optimizer step. adaptive: the checked retraction (polar with per-matrix decisions and an SVD "
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; {torch.get_num_threads()} "
+        "thread(s); "
+        f"torch {torch.__version__}. ManifoldMuon, project solver, lr {LR}, Gaussian gradients, on "
+        "the mini "
+        f"proxy's 24 matrix shapes ({len(RETRACTION_SHAPES)} matrices, one group); error: the "
+        "largest "
+        "over the matrices, checked every 10 steps (largest over the run, and at the end); ms: "
+        "median "
+        "optimizer step. adaptive: the checked retraction (polar with per-matrix decisions and an "
+        "SVD "
         "fallback); fixed: the geometry's fixed-iteration one (Stiefel: 2 cubic Newton–Schulz "
         "iterations from the stepped point; DGram: 8 Polar Express + 2 cubic; Oblique, Sphere: the "
         "same normalisation without the zero branch; spectral ball: the msign cap).\n\n")
@@ -649,17 +675,21 @@ def order_rows(model_name: str, steps: int) -> list[dict]:
 
 def order_main(args) -> int:
     rows = order_rows(args.models[0], args.steps)
-    lines = ["| assignment | solver | " + " | ".join(f"step {i + 1}" for i in range(args.steps)) + " |",
-             "|---" * (2 + args.steps) + "|"]
-    lines += [f"| {r['assignment']} | {r['solver']} | " + " | ".join(f"{d:.1e}" for d in r["diffs"]) + " |"
-              for r in rows]
+    steps = " | ".join(f"step {i + 1}" for i in range(args.steps))
+    lines = [f"| assignment | solver | {steps} |", "|---" * (2 + args.steps) + "|"]
+    lines += [f"| {r['assignment']} | {r['solver']} | "
+              + " | ".join(f"{d:.1e}" for d in r["diffs"]) + " |" for r in rows]
     header = (
         f"# Summation order: grouped against ungrouped step ({args.models[0]})\n\n"
-        f"{datetime.datetime.now().isoformat(timespec='seconds')}; {torch.get_num_threads()} thread(s); "
-        f"torch {torch.__version__}. Two copies of the model from the same seed and batches, one stepped "
-        "grouped (batched products), one ungrouped (each matrix alone), retraction 'adaptive' in both; "
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; {torch.get_num_threads()} "
+        "thread(s); "
+        f"torch {torch.__version__}. Two copies of the model from the same seed and batches, one "
+        "stepped "
+        "grouped (batched products), one ungrouped (each matrix alone), retraction 'adaptive' in "
+        "both; "
         "the largest |ΔW| over all weights after each training step (dual: K 20, tol 1e-3).\n\n")
-    publish(header + "\n".join(lines) + "\n", args.out or Path(__file__).parent / "results" / "order.md")
+    out = args.out or Path(__file__).parent / "results" / "order.md"
+    publish(header + "\n".join(lines) + "\n", out)
     return 0
 
 
@@ -681,16 +711,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure msign per coefficient set and iteration count instead (accuracy "
                              "against the exact polar factor, and time per call)")
     parser.add_argument("--train", action="store_true",
-                        help="time the whole training step of --models per geometry against torch.optim.Muon "
-                             "and the ungrouped step instead")
+                        help="time the whole training step of --models per geometry against "
+                             "torch.optim.Muon and the ungrouped step instead")
     parser.add_argument("--retraction", action="store_true",
-                        help="the constraint error of the fixed and adaptive retractions over --steps steps")
+                        help="the constraint error of the fixed and adaptive retractions over "
+                             "--steps steps")
     parser.add_argument("--order", action="store_true",
-                        help="how far the weights of the first of --models move, grouped against ungrouped, "
-                             "over --steps training steps (the summation order alone)")
+                        help="how far the weights of the first of --models move, grouped against "
+                             "ungrouped, over --steps training steps (the summation order alone)")
     parser.add_argument("--steps", type=int, default=2000, help="--retraction, --order: steps")
-    parser.add_argument("--models", nargs="+", default=["mini", "small"], help="proxies for --train")
-    parser.add_argument("--rounds", type=int, default=6, help="--train: rounds of alternated blocks")
+    parser.add_argument("--models", nargs="+", default=["mini", "small"],
+                        help="proxies for --train")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="--train: rounds of alternated blocks")
     parser.add_argument("--block", type=int, default=5, help="--train: steps per variant and round")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"where to write (default {RESULTS.name}, or {ACCURACY_RESULTS.name} with --accuracy, "

@@ -23,8 +23,8 @@ def test_cpu_fallback_writes_every_section(tmp_path):
     # Rule: without CUDA the table says it is the CPU fallback, and has the seven parts.
     assert "CPU fallback" in text
     for section in ("## (a) Default search in bf16", "## (b) bf16 against fp32", "## (c) Optimizer step",
-                    "## (d) msign and retractions", "## (e) Runs side by side", "## (f) The default search",
-                    "## (g) Training step against Muon"):
+                    "## (d) msign and retractions", "## (e) Runs side by side",
+                    "## (f) The default search", "## (g) Training step against Muon"):
         assert section in text
     # (a) the bf16 search ran both points of the quick space to completion.
     assert "| 2 | completed 2 |" in text

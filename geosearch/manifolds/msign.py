@@ -44,7 +44,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "NS_COEFFICIENTS", "POLAR_EXPRESS_COEFFS", "QUINTIC_COEFFS", "msign", "polar", "polar_fixed", "gram_error",
+    "NS_COEFFICIENTS", "POLAR_EXPRESS_COEFFS", "QUINTIC_COEFFS", "msign", "polar", "polar_fixed",
+    "gram_error",
 ]
 
 # Polar Express degree-5 coefficients (a, b, c), one triple per iteration, as published

@@ -51,7 +51,8 @@ class Sphere(Manifold):
     def _retract_fixed(self, W: Tensor) -> Tensor:
         # no zero branch: a step of size η < 1 cannot take a point of norm √n to zero
         norm = torch.linalg.vector_norm(W, dim=(-2, -1), keepdim=True, dtype=torch.float64)
-        return (W * (math.sqrt(W.shape[-1]) / norm.clamp_min(torch.finfo(torch.float64).tiny))).to(W.dtype)
+        norm = norm.clamp_min(torch.finfo(torch.float64).tiny)
+        return (W * (math.sqrt(W.shape[-1]) / norm)).to(W.dtype)
 
     def _coefficient(self, W: Tensor, G: Tensor) -> Tensor:
         num = (W * G).sum(dim=(-2, -1), keepdim=True)

@@ -67,7 +67,8 @@ def batch_key(manifold: Manifold, member: Member, step: dict[str, Any], alone: A
     W = member.weight
     settings = tuple(sorted((k, v if isinstance(v, (str, int, float, bool)) else id(v))
                             for k, v in step.items()))
-    return (manifold.name, tuple(W.shape[-2:]), W.dtype, W.device, member.lam0 is None, settings, alone)
+    shape = tuple(W.shape[-2:])
+    return (manifold.name, shape, W.dtype, W.device, member.lam0 is None, settings, alone)
 
 
 def step_batch(manifold: Manifold, members: list[Member], step: dict[str, Any]) -> None:
@@ -95,7 +96,7 @@ def step_batch(manifold: Manifold, members: list[Member], step: dict[str, Any]) 
 
 def cost(members: list[Member]) -> float:
     """The arithmetic of a batch's step, roughly: matrices × rows × cols × the small dim."""
-    return float(sum(m.weight.shape[0] * m.weight.shape[-2] * m.weight.shape[-1] ** 2 for m in members))
+    return float(sum(n * rows * cols**2 for n, rows, cols in (m.weight.shape for m in members)))
 
 
 def share_batch(manifold: Manifold, members: list[Member], step: dict[str, Any],

@@ -112,7 +112,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         >>> opt.step()
     """
 
-    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], *, grouped: bool = True) -> None:
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], *,
+                 grouped: bool = True) -> None:
         # Defaults differ per kind of group, so groups are completed in add_param_group
         # and torch's single `defaults` dict stays empty.
         self.grouped = grouped
@@ -176,7 +177,8 @@ class ManifoldMuon(torch.optim.Optimizer):
                     member = grouped.Member.of(W, U, start)
                     step = dict(kwargs, lr=group["lr"], weight_decay=_decay(manifold, group),
                                 scale=_scale(manifold, W, group))
-                    key = grouped.batch_key(manifold, member, step, None if self.grouped else (id(p), i))
+                    alone = None if self.grouped else (id(p), i)
+                    key = grouped.batch_key(manifold, member, step, alone)
                     batch = batches.setdefault(key, (manifold, step, [], []))
                     batch[2].append(member)
                     batch[3].append(p)
@@ -341,9 +343,10 @@ def _check_grad(p: Tensor, group: dict[str, Any], index: int) -> None:
         raise RuntimeError("ManifoldMuon does not support sparse gradients")
     if p.ndim != 2:
         raise ConfigError(
-            f"{_where(group, index)}: a manifold-Muon weight became a tensor of shape {tuple(p.shape)} "
-            "after the optimizer was built; wrappers that flatten weights into shards (DeepSpeed ZeRO, "
-            "FSDP1) cannot train manifold geometries: shard with FSDP2's fully_shard",
+            f"{_where(group, index)}: a manifold-Muon weight became a tensor of shape "
+            f"{tuple(p.shape)} after the optimizer was built; wrappers that flatten weights into "
+            "shards (DeepSpeed ZeRO, FSDP1) cannot train manifold geometries: shard with FSDP2's "
+            "fully_shard",
             source=_SOURCE, key="params")
 
 

@@ -152,8 +152,9 @@ _TABLE = (
             "fixed quintic (torch.optim.Muon's)", (MUON,), choices=("polar_express", "quintic"),
             what="a coefficient set", solver_arg=True),
     Setting("retraction", "choice", "auto",
-            "retraction after a manifold step: auto (the fixed warm one where it was measured to hold "
-            "the constraint, else adaptive), adaptive (checked per matrix), fixed (fixed iterations)",
+            "retraction after a manifold step: auto (the fixed warm one where it was measured "
+            "to hold the constraint, else adaptive), adaptive (checked per matrix), fixed "
+            "(fixed iterations)",
             (MUON,), choices=("auto", "adaptive", "fixed"), what="a retraction", solver_arg=True),
     Setting("fixed_iterations", "bool", False,
             "no data-dependent control flow (for torch.compile): the dual loop runs all dual_steps "

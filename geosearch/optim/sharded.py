@@ -35,8 +35,8 @@ import sys
 import torch
 from torch import Tensor
 
-__all__ = ["is_sharded", "layout_problem", "whole", "write_back", "any_rank", "owners", "is_mine", "share",
-           "SUPPORTED"]
+__all__ = ["is_sharded", "layout_problem", "whole", "write_back", "any_rank", "owners", "is_mine",
+           "share", "SUPPORTED"]
 
 SUPPORTED = "a 1-D device mesh with a Shard or Replicate placement (FSDP2's fully_shard on one mesh dimension)"
 """The sharded layouts manifold Muon steps, in words (for messages)."""
@@ -106,7 +106,8 @@ def owners(batches: list[tuple[list[Tensor], float]]) -> list[tuple[int, object]
     load: dict[object, list[float]] = {}
     out: list[tuple[int, object] | None] = []
     for params, cost in batches:
-        groups = {p.device_mesh.get_group() for p in params} if all(map(is_sharded, params)) else set()
+        all_sharded = all(map(is_sharded, params))
+        groups = {p.device_mesh.get_group() for p in params} if all_sharded else set()
         group = groups.pop() if len(groups) == 1 else None
         size = dist.get_world_size(group) if group is not None else 1
         if size < 2:

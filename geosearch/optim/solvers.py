@@ -56,7 +56,8 @@ from geosearch.manifolds.base import Manifold, sym
 from geosearch.manifolds.msign import msign
 
 __all__ = [
-    "project_direction", "dual_ascent_direction", "dual_ascent", "manifold_muon_update", "batched_update",
+    "project_direction", "dual_ascent_direction", "dual_ascent", "manifold_muon_update",
+    "batched_update",
 ]
 
 
@@ -122,15 +123,16 @@ def dual_ascent_direction(
         variable that produced it (``None`` when there is no dual problem), and that
         residual ``‖P(WᵀA + AᵀW)‖_F/√numel`` (the largest over a batch), a float.
     """
-    A, lam, r = dual_ascent(manifold, W, G, steps, dual_lr, tol, lam0, ns_steps=ns_steps, exact=exact,
-                            ns_coefficients=ns_coefficients, fixed_iterations=fixed_iterations)
+    A, lam, r = dual_ascent(manifold, W, G, steps, dual_lr, tol, lam0, ns_steps=ns_steps,
+                            exact=exact, ns_coefficients=ns_coefficients,
+                            fixed_iterations=fixed_iterations)
     return A, lam, float(r.max()) if r.numel() else 0.0
 
 
 def dual_ascent(
     manifold: Manifold, W: Tensor, G: Tensor, steps: int, dual_lr: float, tol: float,
-    lam0: Tensor | None, *, ns_steps: int, exact: bool = False, ns_coefficients: str = "polar_express",
-    fixed_iterations: bool = False,
+    lam0: Tensor | None, *, ns_steps: int, exact: bool = False,
+    ns_coefficients: str = "polar_express", fixed_iterations: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
     """:func:`dual_ascent_direction` with the residual per matrix (a tensor of the batch
     shape, zeros when there is no dual problem) and no host synchronisation in
@@ -223,17 +225,19 @@ def manifold_muon_update(
     """
     new, lam, r = batched_update(
         manifold, W, G, lr, solver=solver, ns_steps=ns_steps, ns_coefficients=ns_coefficients,
-        dual_steps=dual_steps, dual_lr=dual_lr, dual_tol=dual_tol, lam0=lam0, weight_decay=weight_decay,
-        scale=scale, retraction=retraction, fixed_iterations=fixed_iterations)
+        dual_steps=dual_steps, dual_lr=dual_lr, dual_tol=dual_tol, lam0=lam0,
+        weight_decay=weight_decay, scale=scale, retraction=retraction,
+        fixed_iterations=fixed_iterations)
     residual = None if r is None else (float(r.max()) if r.numel() else 0.0)
     return new, lam, residual
 
 
 def batched_update(
-    manifold: Manifold, W: Tensor, G: Tensor, lr: float, *, solver: str = "project", ns_steps: int = 5,
-    ns_coefficients: str = "polar_express", dual_steps: int = 20, dual_lr: float = 0.1,
-    dual_tol: float = 1e-3, lam0: Tensor | None = None, weight_decay: float = 0.0, scale: float = 1.0,
-    retraction: str = "adaptive", fixed_iterations: bool = False,
+    manifold: Manifold, W: Tensor, G: Tensor, lr: float, *, solver: str = "project",
+    ns_steps: int = 5, ns_coefficients: str = "polar_express", dual_steps: int = 20,
+    dual_lr: float = 0.1, dual_tol: float = 1e-3, lam0: Tensor | None = None,
+    weight_decay: float = 0.0, scale: float = 1.0, retraction: str = "adaptive",
+    fixed_iterations: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """:func:`manifold_muon_update` with the dual residual per matrix (a tensor of ``W``'s
     batch shape; ``None`` for ``"project"``): the optimizer's grouped step calls it on a
@@ -244,8 +248,10 @@ def batched_update(
             manifold, W, G, dual_steps, dual_lr, dual_tol, lam0, ns_steps=ns_steps,
             ns_coefficients=ns_coefficients, fixed_iterations=fixed_iterations)
     else:
-        A, lam, r = project_direction(manifold, W, G, ns_steps, ns_coefficients=ns_coefficients), None, None
+        A = project_direction(manifold, W, G, ns_steps, ns_coefficients=ns_coefficients)
+        lam, r = None, None
     if weight_decay:
         W = W * (1 - lr * weight_decay)
-    fixed = fixed_iterations or retraction == "fixed" or (retraction == "auto" and manifold.warm_retraction)
+    fixed = (fixed_iterations or retraction == "fixed"
+             or (retraction == "auto" and manifold.warm_retraction))
     return manifold.retract(W - (lr * scale) * A, fixed=fixed), lam, r

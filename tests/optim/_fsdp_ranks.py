@@ -189,7 +189,8 @@ def main(out: str) -> None:
     dist.all_gather_object(rank_replicated, replicated)
     if rank == 0:
         torch.save({"placements": placements, "start": start, "final": final, "resumed": resumed,
-                    "duals": rank_duals, "replicated": rank_replicated, "mixed": mixed, "computed": rank_computed,
+                    "duals": rank_duals, "replicated": rank_replicated, "mixed": mixed,
+                    "computed": rank_computed,
                     "refused": refused}, out)
     dist.barrier()  # both ranks done before either tears gloo down
     dist.destroy_process_group()
