@@ -45,8 +45,14 @@ costs:
     search that runs out is stopped (Ctrl-C, then killed) and reported as timed out, with
     the steps it trained and the total its rate projects.
 
+(g) the whole training step of each geometry (all-Stiefel, attention Stiefel + MLP DGram,
+    all-DGram), the grouped step and the ungrouped one, against ``torch.optim.Muon`` and
+    Muon in fp32, with the optimizer's operation count and the constraint error: the rows
+    of ``benchmarks/optimizer_step.py --train`` (mini and small on a GPU, mini in the CPU
+    fallback, tiny with ``--quick``).
+
 Accelerate allows one precision per process, so (a)+(b, bf16) and (b, fp32) run in two
-child processes of this script; (c) and (d) run here; (e) and (f) in child processes.
+child processes of this script; (c), (d) and (g) run here; (e) and (f) in child processes.
 Without CUDA (or with ``--device cpu``) it runs a CPU fallback on smaller shapes, marked
 "CPU fallback" in the table. The table goes to ``benchmarks/results/gpu_check.md``; the
 exit code is 1 when a check fails (a timed-out or skipped part is reported, not failed).
@@ -97,7 +103,9 @@ import torch  # noqa: E402
 from _common import machine, publish  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 from geosearch.manifolds import get_manifold, msign  # noqa: E402
 from geosearch.optim.muon import ManifoldMuon  # noqa: E402
-from optimizer_step import LR, SHAPES, run_case  # noqa: E402
+from optimizer_step import (  # noqa: E402
+    LR, SHAPES, run_case, train_rows, train_table, train_verdicts,
+)
 
 RESULTS = Path(__file__).parent / "results" / "gpu_check.md"
 ASSIGNMENT = {"geometry.attn": "stiefel", "geometry.mlp": "dgram"}  # a point of the default space
@@ -122,7 +130,7 @@ STEP_MS = (20.0, 40.0)  # one training step of the small proxy, one process on t
 GPU_MS = 10.0  # the GPU's own time of such a step: the floor of k runs side by side
 START_S = 15.0  # a child process's start: imports, CUDA context, model, first steps
 RUN_SETUP_S = 2.0  # per proxy run of a search: build, place on the manifolds, evaluate
-PART_S = {"ab": 40.0, "c": 15.0, "d": 5.0}  # on a GPU
+PART_S = {"ab": 40.0, "c": 15.0, "d": 5.0, "g": 40.0}  # on a GPU
 
 # (f) with --quick: the default space at tiny sizes (a check of the code path, not the search)
 QUICK_NOTE = " (quick: the default space at tiny sizes, a check of the code path)"
@@ -882,6 +890,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def training_step_rows(args: argparse.Namespace, device: torch.device) -> dict:
+    """(g): ``optimizer_step.py --train``'s rows: mini and small on a GPU, mini in the CPU
+    fallback, tiny (one step per variant) with ``--quick``."""
+    if args.quick:
+        models, sized = ["tiny"], argparse.Namespace(warmup=1, rounds=1, block=1)
+    elif device.type == "cuda":
+        models, sized = ["mini", "small"], argparse.Namespace(warmup=3, rounds=6, block=5)
+    else:
+        models, sized = ["mini"], argparse.Namespace(warmup=2, rounds=3, block=3)
+    rows = [r for m in models for r in train_rows(m, sized, device)]
+    what = f"{sized.rounds} rounds of {sized.block} steps per variant after {sized.warmup} warm-up"
+    return {"models": models, "rows": rows, "what": what}
+
+
 def estimates(args: argparse.Namespace, size: Sizes, plan: dict | None) -> tuple[str, tuple[float, float] | None]:
     """The time each part should take on a GPU, in words, and (f)'s estimate in seconds."""
     search = search_estimate(plan, STEP_MS) if plan else None
@@ -892,6 +914,7 @@ def estimates(args: argparse.Namespace, size: Sizes, plan: dict | None) -> tuple
     fixed = sum(PART_S.values()) + e
     lo, hi = (fixed + search[0], fixed + search[1]) if search else (fixed, fixed)
     text = (f"(a, b) ~{PART_S['ab']:.0f} s, (c) ~{PART_S['c']:.0f} s, (d) ~{PART_S['d']:.0f} s, "
+            f"(g) ~{PART_S['g']:.0f} s, "
             f"(e) ~{e:.0f} s for k = {', '.join(map(str, args.concurrency)) or 'none'}, (f) "
             + (f"{search[0]:.0f}–{search[1]:.0f} s" if search else "off")
             + f": {lo:.0f}–{hi:.0f} s in all, against a budget of {args.budget:.0f} s (the larger k of (e) "
@@ -929,6 +952,8 @@ def main(argv: list[str] | None = None) -> int:
     timings = step_times(size, device)
     print("(d) bf16 numerics ...", flush=True)
     numerics = bf16_numerics(size, device)
+    print("(g) training step against Muon ...", flush=True)
+    train = training_step_rows(args, device)
     if not fallback:
         torch.cuda.empty_cache()  # this process's cache, before (e) and (f) take the GPU
 
@@ -1002,7 +1027,15 @@ def main(argv: list[str] | None = None) -> int:
         f"(`torch.cuda.mem_get_info`) at the end of a window: every process's, CUDA contexts included.\n\n"
         f"{conc_text}\n"
         f"## (f) The default search{QUICK_NOTE if args.quick else ''}\n\n"
-        f"{default_text}"
+        f"{default_text}\n"
+        f"## (g) Training step against Muon ({', '.join(train['models'])}; {train['what']})\n\n"
+        "The rows of `benchmarks/optimizer_step.py --train`: the whole training step (fp32) of "
+        "each geometry, "
+        "grouped and ungrouped, against torch.optim.Muon and Muon in fp32, alternated in one "
+        "process; "
+        "optimizer ops = ATen operations of one optimizer step (each at least one kernel launch "
+        "on a GPU)."
+        f"\n\n{train_table(train['rows'])}\n{train_verdicts(train['rows'])}"
     )
     publish(text, args.out)
     return 1 if "FAIL" in checks.values() else 0

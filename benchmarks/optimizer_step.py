@@ -348,6 +348,351 @@ def accuracy_main(args, device) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------
+# --train: the whole training step of a proxy, per geometry, against torch.optim.Muon and
+# against the ungrouped step (every matrix stepped alone, the adaptive retraction), the
+# variants alternated in blocks in one process.
+# ------------------------------------------------------------------------------------
+# Muon in float32 as the search's baseline runs it: ManifoldMuon's euclidean geometry with
+# torch.optim.Muon's coefficients (torch's own iterates in bfloat16, slow on most CPUs).
+MUON_FP32 = "Muon fp32 (euclidean, quintic)"
+TRAIN_ASSIGNMENTS = {
+    MUON_FP32: "attn=euclidean,mlp=euclidean",
+    "all-Stiefel": "attn=stiefel,mlp=stiefel",
+    "attn Stiefel + MLP DGram": "attn=stiefel,mlp=dgram",
+    "all-DGram": "attn=dgram,mlp=dgram",
+}
+TRAIN_RESULTS = Path(__file__).parent / "results" / "train_step.md"
+MUON = "torch.optim.Muon"
+VARIANTS = {  # label -> ManifoldMuon keywords and settings
+    "grouped": ({}, {}),
+    "ungrouped (previous)": ({"grouped": False}, {"retraction": "adaptive"}),
+}
+
+
+class OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ATen operations dispatched while active (views and in-place ops included;
+    a foreach call is one operation): on a GPU each is at least one kernel launch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class TrainCase:
+    """One variant's model, optimizer(s) and batches, stepped a block at a time."""
+
+    def __init__(self, model_name: str, label: str, assignment: str | None, corpus, device,
+                 seed: int = 0,
+                 batch_size: int = 16, optimizer_kwargs: dict | None = None):
+        from geosearch.assignment import Assignment
+        from geosearch.build import build_optimizer
+        from geosearch.models.model import GPT, make_config
+
+        torch.manual_seed(seed)
+        self.label, self.device, self.batch_size = label, device, batch_size
+        self.config = make_config(model_name, vocab_size=corpus.vocab_size)
+        self.model = GPT(self.config).to(device)
+        self.corpus = corpus
+        self.gen = torch.Generator().manual_seed(seed)
+        opt_kwargs, settings = optimizer_kwargs or ({}, {})
+        if assignment is None:  # torch Muon on the hidden matrices, our AdamW on the rest
+            muon = Assignment.parse("attn=euclidean,mlp=euclidean")
+            plan = build_optimizer(self.model, muon, verbose=False)
+            hidden = [p for g in plan.param_groups if g["geometry"] != "adamw" for p in g["params"]]
+            rest = [g for g in plan.param_groups if g["geometry"] == "adamw"]
+            self.opts = [torch.optim.Muon(hidden, lr=LR, weight_decay=0.0, adjust_lr_fn="original"),
+                         ManifoldMuon(rest)]
+        else:
+            opt = build_optimizer(self.model, Assignment.parse(assignment), verbose=False,
+                                  **settings)
+            self.opts = [ManifoldMuon(opt.param_groups, **opt_kwargs) if opt_kwargs else opt]
+        self.ms: list[float] = []
+
+    def batch(self):
+        from geosearch.proxy.data import get_batch
+
+        x, y = get_batch(self.corpus.train, self.batch_size, self.config.block_size, self.gen)
+        return x.to(self.device), y.to(self.device)
+
+    def step(self) -> None:
+        x, y = self.batch()
+        _, loss = self.model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        for opt in self.opts:
+            opt.step()
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+
+    def run(self, steps: int, record: bool) -> None:
+        for _ in range(steps):
+            _sync(self.device)
+            t0 = time.perf_counter()
+            self.step()
+            _sync(self.device)
+            if record:
+                self.ms.append(1e3 * (time.perf_counter() - t0))
+
+    def optimizer_ops(self) -> int:
+        """ATen operations of one optimizer step (on fresh gradients)."""
+        x, y = self.batch()
+        _, loss = self.model(x, y)
+        loss.backward()
+        with OpCounter() as counter:
+            for opt in self.opts:
+                opt.step()
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+        return counter.count
+
+    def error(self) -> float:
+        """Largest constraint error over the manifold matrices (nan for torch Muon)."""
+        from geosearch.optim.blocks import block_view
+
+        worst = math.nan
+        for opt in self.opts:
+            for g in opt.param_groups:
+                if not isinstance(opt, ManifoldMuon) or g["geometry"] in ("adamw", "euclidean"):
+                    continue
+                geo = g["geometry"]
+                names = geo if isinstance(geo, tuple) else (geo,) * g["split"]
+                for p in g["params"]:
+                    blocks = block_view(p.detach().double(), g["split"], g["split_dim"]).reshape(
+                        g["split"], *block_view(p, g["split"], g["split_dim"]).shape[-2:])
+                    for name, W in zip(names, blocks):
+                        e = float(get_manifold(name).constraint_error(W))
+                        worst = e if math.isnan(worst) else max(worst, e)
+        return worst
+
+
+def train_rows(model_name: str, args, device) -> list[dict]:
+    """Per variant: median ms of a whole training step, optimizer operations per step,
+    constraint error after the run; the variants alternate in blocks of ``args.block``."""
+    from geosearch.proxy.data import load_corpus
+
+    corpus = load_corpus(None)
+    cases = [TrainCase(model_name, MUON, None, corpus, device)]
+    for name, assignment in TRAIN_ASSIGNMENTS.items():
+        for label, (kw, settings) in VARIANTS.items():
+            if name == MUON_FP32:
+                settings = dict(settings, ns_coefficients="quintic")
+            cases.append(TrainCase(model_name, label, assignment, corpus, device,
+                                   optimizer_kwargs=(kw, settings)))
+            cases[-1].geometry = name
+    cases[0].geometry = "euclidean (Muon)"
+    for case in cases:  # warm-up
+        case.run(args.warmup, record=False)
+    for _ in range(args.rounds):
+        for case in cases:
+            case.run(args.block, record=True)
+    rows = []
+    for case in cases:
+        rows.append({"model": model_name, "geometry": case.geometry, "variant": case.label,
+                     "ms": statistics.median(case.ms), "ops": case.optimizer_ops(),
+                     "error": case.error()})
+        print(f"  {model_name} {case.geometry:26s} {case.label:22s} {rows[-1]['ms']:7.1f} ms "
+              f"{rows[-1]['ops']:6d} ops  error {rows[-1]['error']:.1e}", flush=True)
+    return rows
+
+
+def train_table(rows: list[dict]) -> str:
+    """Ratios against torch Muon and against the ungrouped step of the same run."""
+    lines = ["| model | geometry | variant | step ms | × torch Muon | × Muon fp32 grouped | "
+             "ungrouped ÷ this, ms | optimizer ops | ungrouped ÷ this, ops | constraint error |",
+             "|---" * 10 + "|"]
+    for r in rows:
+        muon = next(x for x in rows if x["model"] == r["model"] and x["variant"] == MUON)
+        fp32 = next(x for x in rows if x["model"] == r["model"] and x["geometry"] == MUON_FP32
+                    and x["variant"] == "grouped")
+        old = next((x for x in rows if x["model"] == r["model"] and x["geometry"] == r["geometry"]
+                    and x["variant"].startswith("ungrouped")), None)
+        speed = f"{old['ms'] / r['ms']:.2f}" if old else "—"
+        fewer = f"{old['ops'] / r['ops']:.1f}" if old else "—"
+        err = "—" if math.isnan(r["error"]) else f"{r['error']:.1e}"
+        lines.append(f"| {r['model']} | {r['geometry']} | {r['variant']} | {r['ms']:.1f} | "
+                     f"{r['ms'] / muon['ms']:.2f} | {r['ms'] / fp32['ms']:.2f} | {speed} | "
+                     f"{r['ops']} | {fewer} | "
+                     f"{err} |")
+    return "\n".join(lines) + "\n"
+
+
+def train_verdicts(rows: list[dict]) -> str:
+    """Targets: grouped step ≤ 1.25× Muon on mini, ≤ 1.1× on small, at error ≤ 1e-5; optimizer
+    operations ÷ ≥ 4 on mini."""
+    limit = {"mini": 1.25, "small": 1.1}
+    out = []
+    for r in rows:
+        if r["variant"] != "grouped" or r["geometry"] == MUON_FP32:
+            continue
+        muon = next(x for x in rows if x["model"] == r["model"] and x["variant"] == MUON)
+        fp32 = next(x for x in rows if x["model"] == r["model"] and x["geometry"] == MUON_FP32
+                    and x["variant"] == "grouped")
+        old = next(x for x in rows if x["model"] == r["model"] and x["geometry"] == r["geometry"]
+                   and x["variant"].startswith("ungrouped"))
+        ratio, fewer = r["ms"] / muon["ms"], old["ops"] / r["ops"]
+        lim = limit.get(r["model"])
+        ok = lim is not None and ratio <= lim and r["error"] <= 1e-5
+        ok32 = lim is not None and r["ms"] / fp32["ms"] <= lim and r["error"] <= 1e-5
+        out.append(f"- {r['model']}, {r['geometry']}: {ratio:.2f}× torch.optim.Muon's step "
+                   f"(target ≤ {lim}), "
+                   f"error {r['error']:.1e}: {'met' if ok else 'NOT met'}; "
+                   f"{r['ms'] / fp32['ms']:.2f}× Muon fp32 "
+                   f"grouped: {'met' if ok32 else 'NOT met'}; optimizer ops ÷ {fewer:.1f}"
+                   + (f" (target ≥ 4: {'met' if fewer >= 4 else 'NOT met'})"
+                      if r["model"] == "mini" else ""))
+    return "\n".join(out) + "\n"
+
+
+def train_main(args, device) -> int:
+    rows = [r for m in args.models for r in train_rows(m, args, device)]
+    header = (
+        f"# Training step against torch.optim.Muon ({', '.join(args.models)})\n\n"
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; device {device} "
+        f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads); "
+        f"torch {torch.__version__}. One process, the variants alternated in blocks of "
+        f"{args.block} steps, "
+        f"{args.rounds} rounds after {args.warmup} warm-up steps each; step ms: median over the "
+        f"{args.block * args.rounds} timed steps (forward, backward, clip, optimizer step, "
+        "zero_grad; batch 16). "
+        f"{MUON}: Keller's quintic, 5 steps, adjust_lr_fn='original', lr {LR}, on the attention "
+        "and MLP "
+        "matrices (a fused c_attn as one matrix; its Newton–Schulz runs in bfloat16, slow on a CPU "
+        "without "
+        f"bf16 units), ManifoldMuon's AdamW on the rest, as in every variant. {MUON_FP32}: "
+        "ManifoldMuon's "
+        "euclidean geometry with the same coefficients in float32 (the search's Muon baseline). "
+        "grouped: this ManifoldMuon (matrices of one shape and geometry stepped as one batch, "
+        "retraction 'auto'); ungrouped (previous): every matrix stepped alone, retraction "
+        "'adaptive'. "
+        "Optimizer ops: ATen operations of one optimizer step (TorchDispatchMode); constraint "
+        "error: "
+        "the largest over the manifold matrices after the run.\n\n")
+    publish(header + train_table(rows) + "\n" + train_verdicts(rows), args.out or TRAIN_RESULTS)
+    return 0
+
+
+# ------------------------------------------------------------------------------------
+# --retraction: the constraint error the fixed (warm) retraction leaves over many steps,
+# against the adaptive one, on the mini proxy's matrix shapes with Gaussian gradients.
+# ------------------------------------------------------------------------------------
+RETRACTION_SHAPES = [(64, 64)] * 16 + [(256, 64)] * 4 + [(64, 256)] * 4  # mini's 4 layers
+RETRACTED = ("stiefel", "dgram", "oblique", "sphere", "spectral_ball")
+RETRACTION_RESULTS = Path(__file__).parent / "results" / "retraction_drift.md"
+
+
+def retraction_drift(geometry: str, retraction: str, steps: int, seed: int = 0) -> dict:
+    """Project-solver steps of lr 0.02 with Gaussian gradients (Nesterov momentum 0.95) on
+    :data:`RETRACTION_SHAPES`: the largest and final constraint error over the steps, and
+    the median ms of an optimizer step."""
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(*s, generator=gen) / math.sqrt(s[1]))
+              for s in RETRACTION_SHAPES]
+    opt = ManifoldMuon([{"params": params, "geometry": geometry, "lr": LR,
+                         "retraction": retraction}])
+    M = get_manifold(geometry)
+    worst, times, final = 0.0, [], 0.0
+    for i in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        if i % 10 == 9 or i == steps - 1:
+            final = max(float(M.constraint_error(p.detach().double())) for p in params)
+            worst = max(worst, final)
+    return {"geometry": geometry, "retraction": retraction, "worst": worst, "final": final,
+            "ms": 1e3 * statistics.median(times)}
+
+
+def retraction_main(args) -> int:
+    rows = []
+    for geometry in [g for g in RETRACTED if g in args.geometries]:
+        for retraction in ("adaptive", "fixed"):
+            rows.append(retraction_drift(geometry, retraction, args.steps))
+            r = rows[-1]
+            print(f"  {geometry:14s} {retraction:9s} worst {r['worst']:.2e} final {r['final']:.2e} "
+                  f"{r['ms']:.2f} ms", flush=True)
+    lines = ["| geometry | retraction | largest error | final error | optimizer ms "
+             "| fixed ≤ 1e-5 |",
+             "|---" * 6 + "|"]
+    for r in rows:
+        ok = "—" if r["retraction"] == "adaptive" else ("yes" if r["worst"] <= 1e-5 else "no")
+        lines.append(f"| {r['geometry']} | {r['retraction']} | {r['worst']:.1e} | "
+                     f"{r['final']:.1e} | {r['ms']:.2f} | {ok} |")
+    header = (
+        f"# Constraint error of the retractions over {args.steps} steps\n\n"
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; {torch.get_num_threads()} "
+        "thread(s); "
+        f"torch {torch.__version__}. ManifoldMuon, project solver, lr {LR}, Gaussian gradients, on "
+        "the mini "
+        f"proxy's 24 matrix shapes ({len(RETRACTION_SHAPES)} matrices, one group); error: the "
+        "largest "
+        "over the matrices, checked every 10 steps (largest over the run, and at the end); ms: "
+        "median "
+        "optimizer step. adaptive: the checked retraction (polar with per-matrix decisions and an "
+        "SVD "
+        "fallback); fixed: the geometry's fixed-iteration one (Stiefel: 2 cubic Newton–Schulz "
+        "iterations from the stepped point; DGram: 8 Polar Express + 2 cubic; Oblique, Sphere: the "
+        "same normalisation without the zero branch; spectral ball: the msign cap).\n\n")
+    publish(header + "\n".join(lines) + "\n", args.out or RETRACTION_RESULTS)
+    return 0
+
+
+# ------------------------------------------------------------------------------------
+# --order: how far the weights move when only the float summation order changes (the
+# grouped step against the ungrouped one: batched against single products), per solver.
+# ------------------------------------------------------------------------------------
+def order_rows(model_name: str, steps: int) -> list[dict]:
+    """Per assignment and solver: the largest |ΔW| between the grouped and the ungrouped
+    step after each of ``steps`` training steps from the same weights and batches."""
+    from geosearch.proxy.data import load_corpus
+
+    corpus, rows = load_corpus(None), []
+    for name, assignment in TRAIN_ASSIGNMENTS.items():
+        if name == MUON_FP32:
+            continue
+        for solver in ("project", "dual"):
+            settings = {"solver": solver, "retraction": "adaptive"}
+            a = TrainCase(model_name, "grouped", assignment, corpus, torch.device("cpu"),
+                          optimizer_kwargs=({}, settings))
+            b = TrainCase(model_name, "ungrouped", assignment, corpus, torch.device("cpu"),
+                          optimizer_kwargs=({"grouped": False}, settings))
+            diffs = []
+            for _ in range(steps):
+                a.step()
+                b.step()
+                diffs.append(max(float((p - q).abs().max()) for p, q in
+                                 zip(a.model.parameters(), b.model.parameters())))
+            rows.append({"assignment": name, "solver": solver, "diffs": diffs})
+            print(f"  {name:26s} {solver:8s} " + " ".join(f"{d:.1e}" for d in diffs), flush=True)
+    return rows
+
+
+def order_main(args) -> int:
+    rows = order_rows(args.models[0], args.steps)
+    steps = " | ".join(f"step {i + 1}" for i in range(args.steps))
+    lines = [f"| assignment | solver | {steps} |", "|---" * (2 + args.steps) + "|"]
+    lines += [f"| {r['assignment']} | {r['solver']} | "
+              + " | ".join(f"{d:.1e}" for d in r["diffs"]) + " |" for r in rows]
+    header = (
+        f"# Summation order: grouped against ungrouped step ({args.models[0]})\n\n"
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; {torch.get_num_threads()} "
+        "thread(s); "
+        f"torch {torch.__version__}. Two copies of the model from the same seed and batches, one "
+        "stepped "
+        "grouped (batched products), one ungrouped (each matrix alone), retraction 'adaptive' in "
+        "both; "
+        "the largest |ΔW| over all weights after each training step (dual: K 20, tol 1e-3).\n\n")
+    out = args.out or Path(__file__).parent / "results" / "order.md"
+    publish(header + "\n".join(lines) + "\n", out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="gpt2",
@@ -365,6 +710,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accuracy", action="store_true",
                         help="measure msign per coefficient set and iteration count instead (accuracy "
                              "against the exact polar factor, and time per call)")
+    parser.add_argument("--train", action="store_true",
+                        help="time the whole training step of --models per geometry against "
+                             "torch.optim.Muon and the ungrouped step instead")
+    parser.add_argument("--retraction", action="store_true",
+                        help="the constraint error of the fixed and adaptive retractions over "
+                             "--steps steps")
+    parser.add_argument("--order", action="store_true",
+                        help="how far the weights of the first of --models move, grouped against "
+                             "ungrouped, over --steps training steps (the summation order alone)")
+    parser.add_argument("--steps", type=int, default=2000, help="--retraction, --order: steps")
+    parser.add_argument("--models", nargs="+", default=["mini", "small"],
+                        help="proxies for --train")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="--train: rounds of alternated blocks")
+    parser.add_argument("--block", type=int, default=5, help="--train: steps per variant and round")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"where to write (default {RESULTS.name}, or {ACCURACY_RESULTS.name} with --accuracy, "
                              "in benchmarks/results/)")
@@ -374,6 +734,12 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if args.accuracy:
         return accuracy_main(args, device)
+    if args.train:
+        return train_main(args, device)
+    if args.retraction:
+        return retraction_main(args)
+    if args.order:
+        return order_main(args)
     shapes = SHAPES[args.shapes]
 
     rows = []

@@ -20,10 +20,11 @@ def test_cpu_fallback_writes_every_section(tmp_path):
     # --default-search: off by default with --quick, on here to run (f)'s code path (tiny sizes)
     code = gpu_check.main(["--quick", "--device", "cpu", "--default-search", "--out", str(out)])
     text = out.read_text()
-    # Rule: without CUDA the table says it is the CPU fallback, and has the six parts.
+    # Rule: without CUDA the table says it is the CPU fallback, and has the seven parts.
     assert "CPU fallback" in text
     for section in ("## (a) Default search in bf16", "## (b) bf16 against fp32", "## (c) Optimizer step",
-                    "## (d) msign and retractions", "## (e) Runs side by side", "## (f) The default search"):
+                    "## (d) msign and retractions", "## (e) Runs side by side",
+                    "## (f) The default search", "## (g) Training step against Muon"):
         assert section in text
     # (a) the bf16 search ran both points of the quick space to completion.
     assert "| 2 | completed 2 |" in text
@@ -50,6 +51,12 @@ def test_cpu_fallback_writes_every_section(tmp_path):
     # (f) the default space's search (at tiny sizes) ran to a verdict: 2 points x (stability + 2 seeds)
     assert "| steps trained | 24 of the 24 planned, in 6 proxy runs |" in text
     assert "| check | ok" in text.split("## (f)", 1)[1]
+    # (g) each geometry grouped and ungrouped beside both Muons, with the operation counts
+    train = text.split("## (g)", 1)[1]
+    for row in ("| tiny | euclidean (Muon) | torch.optim.Muon |", "| tiny | all-DGram | grouped |",
+                "| tiny | attn Stiefel + MLP DGram | ungrouped (previous) |"):
+        assert row in train
+    assert "optimizer ops ÷" in train
     # Rule: the exit code is 0 exactly when every check says ok.
     checks = text.split("Checks: ", 1)[1].split("\n", 1)[0]
     assert "runs side by side ok" in checks and "default search ok" in checks

@@ -46,6 +46,9 @@ class Manifold(ABC):
     name: str = ""
     equation: str = ""
     error_text: str = ""
+    # Whether the optimizer's retraction "auto" takes the fixed (warm) retraction: only where
+    # it was measured to keep the constraint error at the adaptive one's level (docs/design.md).
+    warm_retraction: bool = False
 
     # ------------------------------------------------------------------ public API
     def project(self, W: Tensor, exact: bool = False) -> Tensor:
@@ -57,8 +60,15 @@ class Manifold(ABC):
         """
         return self._oriented(lambda X: self._project(X, exact), W)
 
-    def retract(self, W: Tensor, exact: bool = False) -> Tensor:
-        """Retraction applied after an optimizer step ``W − ηA`` (default: project)."""
+    def retract(self, W: Tensor, exact: bool = False, fixed: bool = False) -> Tensor:
+        """Retraction applied after an optimizer step ``W − ηA`` (default: project).
+
+        ``fixed=True``: the geometry's fixed-iteration retraction, with no data-dependent
+        control flow (``torch.compile`` captures it whole), meant for a point a small step
+        away from the set; geometries whose projection is closed-form use it unchanged.
+        """
+        if fixed:
+            return self._oriented(self._retract_fixed, W)
         return self._oriented(lambda X: self._retract(X, exact), W)
 
     def to_tangent(self, W: Tensor, G: Tensor) -> Tensor:
@@ -147,6 +157,9 @@ class Manifold(ABC):
 
     def _retract(self, W: Tensor, exact: bool) -> Tensor:
         return self._project(W, exact)
+
+    def _retract_fixed(self, W: Tensor) -> Tensor:
+        return self._project(W, False)
 
     def _to_tangent(self, W: Tensor, G: Tensor) -> Tensor:
         S = self._normal_coefficients(W, G)

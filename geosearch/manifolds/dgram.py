@@ -8,9 +8,13 @@ import torch
 from torch import Tensor
 
 from geosearch.manifolds.base import Manifold
-from geosearch.manifolds.msign import polar
+from geosearch.manifolds.msign import polar, polar_fixed
 
 __all__ = ["DGram", "off_diagonal"]
+
+# The fixed retraction's Polar Express and cubic iterations: column norms may be spread,
+# so it cannot start warm from the stepped point (the adaptive path takes Polar Express too).
+FIXED_FAR, FIXED_POLISH = 8, 2
 
 
 def off_diagonal(S: Tensor) -> Tensor:
@@ -49,6 +53,8 @@ class DGram(Manifold):
       its Polar Express path. When Newton–Schulz stalls (rank-deficient ``W``, a zero
       column, or norms spread over more than about 3e4) ``polar`` falls back to a float64
       SVD, and ``exact=True`` always uses it.
+    * fixed retraction (``retract(fixed=True)``): the same map by ``FIXED_FAR`` Polar
+      Express and ``FIXED_POLISH`` cubic iterations, nothing checked (compilable).
     * tangent space ``{A : Off(WᵀA + AᵀW) = 0}``; projection ``G − W·S`` with
       ``S_ij = (WᵀG + GᵀW)_ij / (d_i² + d_j²)`` off the diagonal and ``S_ii = 0``.
     * constraint error ``max|Off(WᵀW)|``.
@@ -68,6 +74,11 @@ class DGram(Manifold):
         rms = torch.linalg.vector_norm(W, dim=(-2, -1), keepdim=True) / math.sqrt(W.shape[-1])
         Q = polar(W / rms.clamp_min(torch.finfo(W.dtype).tiny), exact=exact)
         return Q * (Q * W).sum(dim=-2, keepdim=True)  # Q·diag(colsum(Q ∘ W))
+
+    def _retract_fixed(self, W: Tensor) -> Tensor:
+        rms = torch.linalg.vector_norm(W, dim=(-2, -1), keepdim=True) / math.sqrt(W.shape[-1])
+        Q = polar_fixed(W / rms.clamp_min(torch.finfo(W.dtype).tiny), FIXED_POLISH, far=FIXED_FAR)
+        return Q * (Q * W).sum(dim=-2, keepdim=True)
 
     def _normal_coefficients(self, W: Tensor, G: Tensor) -> Tensor:
         WG = W.mT @ G

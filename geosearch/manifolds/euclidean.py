@@ -20,6 +20,7 @@ class Euclidean(Manifold):
     name = "euclidean"
     equation = "no constraint"
     error_text = "error"
+    warm_retraction = True  # nothing to retract
 
     def _project(self, W: Tensor, exact: bool) -> Tensor:
         return W

@@ -25,7 +25,10 @@ largest (flat 768-square spectrum: 1e-3·‖G‖_F is 0.028·σ_max, and a singu
 ``polar`` is the accurate version used to put matrices *on* a manifold: it polishes with
 the classical cubic Newton–Schulz iteration, which converges quadratically when the
 input is already close to orthonormal (the usual case after a small optimizer step: one
-or two iterations) and runs Polar Express first otherwise.
+or two iterations) and runs Polar Express first otherwise. It decides per matrix (checks
+on the data), so it cannot be captured whole by ``torch.compile``; ``polar_fixed`` runs a
+fixed number of iterations with no data-dependent control flow (the warm retraction, and
+the fixed-iteration mode of the optimizer).
 
 Precision: the iteration runs in float32 on CPU (and on CUDA unless ``bf16=True``);
 ``polar`` runs in the input's precision when that is float64. ``exact=True`` uses an SVD
@@ -40,7 +43,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["NS_COEFFICIENTS", "POLAR_EXPRESS_COEFFS", "QUINTIC_COEFFS", "msign", "polar", "gram_error"]
+__all__ = [
+    "NS_COEFFICIENTS", "POLAR_EXPRESS_COEFFS", "QUINTIC_COEFFS", "msign", "polar", "polar_fixed",
+    "gram_error",
+]
 
 # Polar Express degree-5 coefficients (a, b, c), one triple per iteration, as published
 # in arXiv 2505.16932 (Algorithm 1); iterations past the list reuse the last triple
@@ -226,4 +232,34 @@ def polar(X: Tensor, exact: bool = False) -> Tensor:
     if bool(failed.any()):  # not converged (rank-deficient or very ill-conditioned): SVD
         Y = torch.where(failed[:, None, None], _svd_polar(Xt.reshape(Y.shape).to(work)), Y)
     Y = Y.reshape(Xt.shape)
+    return (Y.mT if wide else Y).to(X.dtype)
+
+
+def polar_fixed(X: Tensor, polish: int, far: int = 0) -> Tensor:
+    """Polar factor by a fixed number of iterations: no data-dependent control flow.
+
+    ``far`` Polar Express iterations (for inputs far from orthonormal; 0 for a warm start),
+    then ``polish`` cubic Newton–Schulz iterations ``Y ← Y − ½·Y(YᵀY − I)``. From a point
+    with singular values ``1 ± ε`` one iteration leaves about ``1.5ε²``: after a step of
+    spectral size 0.02 from an orthonormal matrix, two reach float32 rounding. Nothing
+    is checked (no SVD fallback), so ``torch.compile`` captures it whole; the caller
+    chooses it where the input is known to be near (a retraction after a small step).
+
+    Args:
+        X: ``(m, n)`` or ``(..., m, n)``.
+        polish: cubic iterations.
+        far: Polar Express iterations first.
+
+    Returns:
+        The approximate ``U Vᵀ``, ``X``'s shape and dtype (computed in at least float32).
+    """
+    work = torch.promote_types(X.dtype, torch.float32)
+    wide = X.shape[-2] < X.shape[-1]
+    Y = (X.mT if wide else X).to(work)
+    if far:
+        Y = msign(Y, steps=far).to(work)
+    eye = torch.eye(Y.shape[-1], dtype=work, device=Y.device).expand(*Y.shape[:-2], -1, -1)
+    for _ in range(polish):
+        E = _fma(eye, Y.mT, Y, beta=-1.0)  # YᵀY − I
+        Y = _fma(Y, Y, E, beta=1.0, alpha=-0.5)  # Y (3I − YᵀY) / 2
     return (Y.mT if wide else Y).to(X.dtype)

@@ -25,6 +25,7 @@ class Oblique(Manifold):
     name = "oblique"
     equation = "diag(WᵀW) = 1"
     error_text = "max|‖w_j‖² − 1|"
+    warm_retraction = True  # the same map as project but for zero columns
 
     def gram_projector(self, S: Tensor) -> Tensor:
         return torch.diag_embed(torch.diagonal(S, dim1=-2, dim2=-1))
@@ -39,6 +40,11 @@ class Oblique(Manifold):
             W = torch.where(zero, basis, W)
             norms = torch.where(zero, torch.ones_like(norms), norms)
         return (W / norms).to(W.dtype)
+
+    def _retract_fixed(self, W: Tensor) -> Tensor:
+        # no zero-column branch: a step of size η < 1 cannot take a unit column to zero
+        norms = torch.linalg.vector_norm(W, dim=-2, keepdim=True, dtype=torch.float64)
+        return (W / norms.clamp_min(torch.finfo(torch.float64).tiny)).to(W.dtype)
 
     def _coefficients(self, W: Tensor, G: Tensor) -> Tensor:
         return (W * G).sum(dim=-2) / (W * W).sum(dim=-2).clamp_min(torch.finfo(W.dtype).tiny)

@@ -56,6 +56,9 @@ class SpectralBall(Manifold):
             return _msign_cap(W)
         return _gram_clip(W)
 
+    def _retract_fixed(self, W: Tensor) -> Tensor:
+        return _msign_cap(W)  # fixed iterations on every device
+
     def _to_tangent(self, W: Tensor, G: Tensor) -> Tensor:
         return G
 

@@ -31,6 +31,7 @@ class Sphere(Manifold):
     name = "sphere"
     equation = "‖W‖_F² = n"
     error_text = "|‖W‖_F²/n − 1|"
+    warm_retraction = True  # the same map as project but for the zero matrix
 
     def gram_projector(self, S: Tensor) -> Tensor:
         n = S.shape[-1]
@@ -46,6 +47,12 @@ class Sphere(Manifold):
             W = torch.where(zero, torch.eye(*W.shape[-2:], dtype=W.dtype, device=W.device), W)
             norm = torch.where(zero, torch.full_like(norm, math.sqrt(n)), norm)
         return (W * (math.sqrt(n) / norm)).to(W.dtype)
+
+    def _retract_fixed(self, W: Tensor) -> Tensor:
+        # no zero branch: a step of size η < 1 cannot take a point of norm √n to zero
+        norm = torch.linalg.vector_norm(W, dim=(-2, -1), keepdim=True, dtype=torch.float64)
+        norm = norm.clamp_min(torch.finfo(torch.float64).tiny)
+        return (W * (math.sqrt(W.shape[-1]) / norm)).to(W.dtype)
 
     def _coefficient(self, W: Tensor, G: Tensor) -> Tensor:
         num = (W * G).sum(dim=(-2, -1), keepdim=True)

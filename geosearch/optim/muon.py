@@ -14,6 +14,10 @@ Jordan's ``MuonWithAuxAdam``: every group says what it is with a ``geometry`` ke
   Constrained geometries take ``s = 1`` (the spectral step size of the reference study)
   and no weight decay.
 
+Every matrix of every manifold group is stepped in a batch with the other matrices of its
+shape, geometry and settings (:mod:`geosearch.optim.grouped`; ``grouped=False`` steps each
+alone, the same maths in more operations).
+
 Parameters of manifold groups are **projected onto their manifold when the group is
 added** (at construction), as the reference study places weights on their manifold at
 initialisation; the optimizer then keeps them there. Parameters already on it (constraint
@@ -21,8 +25,9 @@ error at most 1e-4 of the scale of ``WᵀW``, e.g. weights resumed from a checkp
 left bit-for-bit untouched.
 
 Sharded weights (FSDP2's ``fully_shard``: DTensor parameters on a 1-D device mesh) work:
-momentum and AdamW run on each rank's slice, while each manifold matrix is gathered, placed,
-stepped and retracted whole on every rank, and every rank keeps its slice
+momentum and AdamW run on each rank's slice, while each manifold matrix is gathered and
+placed whole on every rank, stepped and retracted whole by one owner rank per batch, which
+sends the result to the others, and every rank keeps its slice
 (:mod:`geosearch.optim.sharded`; docs/design.md, "Sharded training").
 
 Group keys, their defaults and their checks come from :mod:`geosearch.optim.settings`.
@@ -39,9 +44,8 @@ from torch import Tensor
 
 from geosearch.util.errors import ConfigError
 from geosearch.manifolds import ADAMW, Manifold, get_manifold, manifold_names
-from geosearch.optim import settings, sharded
+from geosearch.optim import grouped, settings, sharded
 from geosearch.optim.blocks import block_view
-from geosearch.optim.solvers import manifold_muon_update
 
 __all__ = ["ManifoldMuon", "MUON_DEFAULTS", "MUON_SCALES", "ADAMW_DEFAULTS", "SOLVERS"]
 
@@ -81,6 +85,8 @@ class ManifoldMuon(torch.optim.Optimizer):
             a tuple with one manifold name per block. Missing keys take
             :data:`MUON_DEFAULTS` / :data:`ADAMW_DEFAULTS`; an optional ``name`` is free
             text. Manifold groups take 2-D tensors of either orientation.
+        grouped: step matrices of one shape, geometry and setting as one batch (the
+            default); ``False`` steps each matrix alone (for comparisons).
 
     Raises:
         ConfigError (a ``ValueError``): a missing or unknown geometry, an unknown key
@@ -106,9 +112,11 @@ class ManifoldMuon(torch.optim.Optimizer):
         >>> opt.step()
     """
 
-    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]]) -> None:
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], *,
+                 grouped: bool = True) -> None:
         # Defaults differ per kind of group, so groups are completed in add_param_group
         # and torch's single `defaults` dict stays empty.
+        self.grouped = grouped
         super().__init__(params, {})
 
     # ------------------------------------------------------------------ groups
@@ -135,57 +143,85 @@ class ManifoldMuon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        muon = []
         for index, group in enumerate(self.param_groups):
             if group["geometry"] == ADAMW:
                 self._adamw_step(group)
             else:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        self._muon_step(p, group, index)
+                muon.append((index, group))
+        if muon:
+            self._muon_steps(muon)
         return loss
 
-    def _muon_step(self, p: Tensor, group: dict[str, Any], index: int) -> None:
-        grad = p.grad
-        if grad.is_sparse:
-            raise RuntimeError("ManifoldMuon does not support sparse gradients")
-        if p.ndim != 2:
-            raise ConfigError(
-                f"{_where(group, index)}: a manifold-Muon weight became a tensor of shape {tuple(p.shape)} "
-                "after the optimizer was built; wrappers that flatten weights into shards (DeepSpeed ZeRO, "
-                "FSDP1) cannot train manifold geometries: shard with FSDP2's fully_shard",
-                source=_SOURCE, key="params")
-        state = self.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(p)
-        buf = state["momentum_buffer"]
-        beta = group["momentum"]
-        buf.lerp_(grad, 1 - beta)
-        update = torch.lerp(grad, buf, beta) if group["nesterov"] else buf
+    def _muon_steps(self, groups: list[tuple[int, dict[str, Any]]]) -> None:
+        """Momentum per group (foreach), then every matrix in batches of one shape, geometry
+        and setting (:mod:`geosearch.optim.grouped`), then each parameter's state."""
+        batches: dict[tuple, tuple[Manifold, dict[str, Any], list[grouped.Member]]] = {}
+        stepped = []  # (p, group, whole weight, its members)
+        for index, group in groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
+                _check_grad(p, group, index)
+            warm = group["solver"] == "dual" and group["warm_start"]
+            kwargs = {k: group[k] for k in settings.solver_keys()}
+            for p, update in zip(params, self._momentum(params, group)):
+                lam0 = self.state[p].get("dual") if warm else None
+                # A sharded (FSDP2) weight is stepped whole, by one owner rank: gathered here,
+                # written back into this rank's slice below (geosearch.optim.sharded).
+                weight, update = sharded.whole(p), sharded.whole(update)
+                members = []
+                pieces = zip(_pieces(weight, group), _pieces(update, group))
+                for i, ((manifold, W), (_, U)) in enumerate(pieces):
+                    # lam0 is (k, k) for one piece, (split, k, k) for blocks stepped one by one
+                    start = lam0 if lam0 is None or _uniform(group) else lam0[i]
+                    member = grouped.Member.of(W, U, start)
+                    step = dict(kwargs, lr=group["lr"], weight_decay=_decay(manifold, group),
+                                scale=_scale(manifold, W, group))
+                    alone = None if self.grouped else (id(p), i)
+                    key = grouped.batch_key(manifold, member, step, alone)
+                    batch = batches.setdefault(key, (manifold, step, [], []))
+                    batch[2].append(member)
+                    batch[3].append(p)
+                    members.append(member)
+                stepped.append((p, group, weight, members))
+        # Sharded weights: each batch stepped once, by its owner rank, and shared (sharded.py)
+        plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches.values()])
+        for (manifold, step, members, _), owner in zip(batches.values(), plan):
+            if sharded.is_mine(owner):
+                grouped.step_batch(manifold, members, step)
+            if owner is not None:
+                grouped.share_batch(manifold, members, step, lambda t, o=owner: sharded.share(t, o))
+        for p, group, weight, members in stepped:
+            sharded.write_back(p, weight)
+            if group["solver"] != "dual":
+                continue
+            state = self.state[p]
+            state["residual"] = max(float(m.residual.max()) for m in members)
+            if group["warm_start"] and any(m.is_gram for m in _geometries(group)):
+                # (k, k) for a whole matrix, (split, k, k) for blocks, as lam0 was read
+                lams = [m.lam if m.lam is not None else _zeros_dual(m.weight) for m in members]
+                if len(lams) > 1:
+                    state["dual"] = torch.stack([lam.squeeze(0) for lam in lams])
+                else:
+                    state["dual"] = (lams[0] if group["split"] > 1 else lams[0].squeeze(0)).clone()
 
-        warm = group["solver"] == "dual" and group["warm_start"]
-        lam0 = state.get("dual") if warm else None
-        kwargs = {k: group[k] for k in settings.solver_keys()}
-        lams: list[Tensor] = []
-        residuals: list[float] = []
-        # A sharded (FSDP2) weight is stepped whole, on every rank: gathered here, written
-        # back into this rank's slice below (geosearch.optim.sharded). Plain: `p` itself.
-        weight, update = sharded.whole(p), sharded.whole(update)
-        pieces = zip(_pieces(weight, group), _pieces(update, group))
-        for i, ((manifold, W), (_, U)) in enumerate(pieces):
-            # lam0 is (k, k) for one piece, (split, k, k) for blocks stepped one by one
-            start = lam0 if lam0 is None or _uniform(group) else lam0[i]
-            new, lam, res = manifold_muon_update(
-                manifold, W, U, group["lr"], lam0=start, weight_decay=_decay(manifold, group),
-                scale=_scale(manifold, W, group), **kwargs)
-            W.copy_(new)
-            lams.append(lam if lam is not None else _zeros_dual(W))
-            if res is not None:
-                residuals.append(res)
-        sharded.write_back(p, weight)
-        if group["solver"] == "dual":
-            state["residual"] = max(residuals, default=0.0)
-            if warm and any(m.is_gram for m in _geometries(group)):
-                state["dual"] = lams[0] if len(lams) == 1 else torch.stack(lams)
+    def _momentum(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
+        """Update each parameter's momentum buffer; return the Nesterov (or plain) momenta.
+        Elementwise, so one foreach call per kind of tensor (plain or sharded)."""
+        beta, out = group["momentum"], {}
+        kinds: dict[bool, list[Tensor]] = {}
+        for p in params:
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            kinds.setdefault(sharded.is_sharded(p), []).append(p)
+        for ps in kinds.values():
+            grads = [p.grad for p in ps]
+            bufs = [self.state[p]["momentum_buffer"] for p in ps]
+            torch._foreach_lerp_(bufs, grads, 1 - beta)
+            updates = torch._foreach_lerp(grads, bufs, beta) if group["nesterov"] else bufs
+            out.update(zip(map(id, ps), updates))
+        return [out[id(p)] for p in params]
 
     def _adamw_step(self, group: dict[str, Any]) -> None:
         params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
@@ -300,6 +336,18 @@ def _check_param(p: Tensor, group: dict[str, Any], index: int) -> None:
     if p.shape[dim] % split:
         raise ConfigError(f"param group {index}: dimension {dim} of a {tuple(p.shape)} weight does not split "
                           f"into {split} equal blocks", source=_SOURCE, key="split")
+
+
+def _check_grad(p: Tensor, group: dict[str, Any], index: int) -> None:
+    if p.grad.is_sparse:
+        raise RuntimeError("ManifoldMuon does not support sparse gradients")
+    if p.ndim != 2:
+        raise ConfigError(
+            f"{_where(group, index)}: a manifold-Muon weight became a tensor of shape "
+            f"{tuple(p.shape)} after the optimizer was built; wrappers that flatten weights into "
+            "shards (DeepSpeed ZeRO, FSDP1) cannot train manifold geometries: shard with FSDP2's "
+            "fully_shard",
+            source=_SOURCE, key="params")
 
 
 def _geometries(group: dict[str, Any]) -> list[Manifold]:

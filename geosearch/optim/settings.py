@@ -151,6 +151,14 @@ _TABLE = (
             "msign's Newton–Schulz coefficients: Polar Express's per iteration, or Keller Jordan's "
             "fixed quintic (torch.optim.Muon's)", (MUON,), choices=("polar_express", "quintic"),
             what="a coefficient set", solver_arg=True),
+    Setting("retraction", "choice", "auto",
+            "retraction after a manifold step: auto (the fixed warm one where it was measured "
+            "to hold the constraint, else adaptive), adaptive (checked per matrix), fixed "
+            "(fixed iterations)",
+            (MUON,), choices=("auto", "adaptive", "fixed"), what="a retraction", solver_arg=True),
+    Setting("fixed_iterations", "bool", False,
+            "no data-dependent control flow (for torch.compile): the dual loop runs all dual_steps "
+            "and the retraction is the fixed one", (MUON,), solver_arg=True),
     Setting("muon_scale", "choice", "keller",
             "shape scale of unconstrained Muon's (euclidean) step: sqrt(max(1, fan_out/fan_in)) "
             "(Keller Jordan's, torch.optim.Muon's 'original'), or none (a spectral step of lr)",

@@ -6,17 +6,17 @@ slices as they are, but a manifold-Muon step needs the whole matrix: ``msign`` a
 projection onto the tangent space see all of it, the retraction (a polar factor, column
 norms) too, and a fused weight is split into its blocks (Q, K, V) along the whole matrix,
 not along a rank's rows. So :class:`~geosearch.optim.ManifoldMuon` gathers the weight and
-its momentum (:func:`whole`), steps the whole matrix **on every rank**, and each rank
-keeps its own slice (:func:`write_back`), as Moonlight's distributed Muon does (gather,
-compute the full update, keep the local part). Per matrix and step that costs two
-all-gathers of the weight's size (the weight and its Nesterov momentum; FSDP2 itself
-gathers the weight once for the forward pass and, by default, once more for the
-backward), one whole-matrix step per rank (the compute of unsharded training, repeated on
-every rank rather than divided among them), and the whole matrices of one weight at a
-time in memory (what training it unsharded needs, transiently). Dividing the matrices
-among the ranks (round-robin owners that step and scatter, as other distributed Muon
-implementations do) would cut the compute by the number of ranks for more code; it is
-not done.
+its momentum (:func:`whole`), steps the whole matrix, and each rank keeps its own slice
+(:func:`write_back`), as Moonlight's distributed Muon does (gather, compute the full
+update, keep the local part). The step of each batch of matrices
+(:mod:`geosearch.optim.grouped`) is computed **once**, by one owner rank (:func:`owners`:
+each batch to the least loaded rank so far, in an order every rank shares), which sends
+the new matrices (and the dual variables and residuals) to the others (:func:`share`, a
+broadcast). A batch is stepped by its owner exactly as one process steps it, so sharded
+training gives one process's numbers. Per matrix and step that costs two all-gathers of
+the weight's size (the weight and its Nesterov momentum; FSDP2 itself gathers the weight
+once for the forward pass and, by default, once more for the backward) and one broadcast,
+and the whole matrices of one weight in memory (what training it unsharded needs).
 
 Supported layouts: a ``DTensor`` on a one-dimensional device mesh whose placement is
 ``Shard(d)`` (any dimension: FSDP2's default ``Shard(0)`` or a ``shard_placement_fn``'s
@@ -35,7 +35,8 @@ import sys
 import torch
 from torch import Tensor
 
-__all__ = ["is_sharded", "layout_problem", "whole", "write_back", "any_rank", "SUPPORTED"]
+__all__ = ["is_sharded", "layout_problem", "whole", "write_back", "any_rank", "owners", "is_mine",
+           "share", "SUPPORTED"]
 
 SUPPORTED = "a 1-D device mesh with a Shard or Replicate placement (FSDP2's fully_shard on one mesh dimension)"
 """The sharded layouts manifold Muon steps, in words (for messages)."""
@@ -93,3 +94,47 @@ def any_rank(p: Tensor, flags: list[bool]) -> list[bool]:
     t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=local.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=p.device_mesh.get_group())
     return [bool(v) for v in t.tolist()]
+
+
+def owners(batches: list[tuple[list[Tensor], float]]) -> list[tuple[int, object] | None]:
+    """For each batch (its members' parameters, its cost): ``(owner, process group)`` when
+    every parameter is a DTensor of one mesh of two or more ranks, else ``None`` (every rank
+    steps it). Each batch goes to the rank with the least cost so far (ties: the lowest), in
+    the order given, which is the same on every rank, so every rank draws the same plan."""
+    import torch.distributed as dist
+
+    load: dict[object, list[float]] = {}
+    out: list[tuple[int, object] | None] = []
+    for params, cost in batches:
+        all_sharded = all(map(is_sharded, params))
+        groups = {p.device_mesh.get_group() for p in params} if all_sharded else set()
+        group = groups.pop() if len(groups) == 1 else None
+        size = dist.get_world_size(group) if group is not None else 1
+        if size < 2:
+            out.append(None)
+            continue
+        loads = load.setdefault(group, [0.0] * size)
+        owner = min(range(size), key=loads.__getitem__)
+        loads[owner] += cost
+        out.append((owner, group))
+    return out
+
+
+def is_mine(owner: tuple[int, object] | None) -> bool:
+    """Whether this rank computes a batch of :func:`owners`' plan."""
+    if owner is None:
+        return True
+    import torch.distributed as dist
+
+    return dist.get_rank(owner[1]) == owner[0]
+
+
+def share(t: Tensor, owner: tuple[int, object]) -> None:
+    """Overwrite ``t`` on every rank of the group with the owner's ``t`` (a broadcast)."""
+    import torch.distributed as dist
+
+    rank, group = owner
+    buf = t if t.is_contiguous() else t.contiguous()
+    dist.broadcast(buf, src=dist.get_global_rank(group, rank), group=group)
+    if buf is not t:
+        t.copy_(buf)

@@ -55,7 +55,10 @@ from torch import Tensor
 from geosearch.manifolds.base import Manifold, sym
 from geosearch.manifolds.msign import msign
 
-__all__ = ["project_direction", "dual_ascent_direction", "manifold_muon_update"]
+__all__ = [
+    "project_direction", "dual_ascent_direction", "dual_ascent", "manifold_muon_update",
+    "batched_update",
+]
 
 
 def project_direction(
@@ -91,6 +94,7 @@ def dual_ascent_direction(
     ns_steps: int = 5,
     exact: bool = False,
     ns_coefficients: str = "polar_express",
+    fixed_iterations: bool = False,
 ) -> tuple[Tensor, Tensor | None, float]:
     """Tangent steepest-descent direction under the spectral norm, by dual ascent.
 
@@ -102,21 +106,40 @@ def dual_ascent_direction(
         steps: K, the most dual updates (the loop calls ``msign`` at most K+1 times).
         dual_lr: α, the dual step for ``G`` scaled to unit RMS singular value; the
             update at iteration k is ``Λ ← Λ − α(1 − k/K)·2L⁻¹(H)`` (module docstring).
-        tol: stop once every matrix has ``‖H‖_F/√numel(H) < tol``.
+        tol: a matrix stops once its ``‖H‖_F/√numel(H) < tol``; in a batch the others go on
+            and the stopped ones are frozen, so each gets what it would alone.
         lam0: warm start for ``Λ`` (``(..., n, n)``, n = small dim, ``G``'s units),
             e.g. the ``lam`` this function returned at the previous optimizer step.
         ns_steps: Newton–Schulz iterations per ``msign``.
         exact: SVD-based ``msign`` (float64 reference).
         ns_coefficients: the ``msign``'s Newton–Schulz coefficients (see
             :func:`project_direction`).
+        fixed_iterations: run all K updates (stopped matrices frozen, the same result)
+            instead of leaving the loop once every matrix is below ``tol``: no
+            data-dependent control flow, so ``torch.compile`` captures it whole.
 
     Returns:
         ``(A, lam, residual)``: the direction with the smallest residual seen, the dual
         variable that produced it (``None`` when there is no dual problem), and that
         residual ``‖P(WᵀA + AᵀW)‖_F/√numel`` (the largest over a batch), a float.
     """
+    A, lam, r = dual_ascent(manifold, W, G, steps, dual_lr, tol, lam0, ns_steps=ns_steps,
+                            exact=exact, ns_coefficients=ns_coefficients,
+                            fixed_iterations=fixed_iterations)
+    return A, lam, float(r.max()) if r.numel() else 0.0
+
+
+def dual_ascent(
+    manifold: Manifold, W: Tensor, G: Tensor, steps: int, dual_lr: float, tol: float,
+    lam0: Tensor | None, *, ns_steps: int, exact: bool = False,
+    ns_coefficients: str = "polar_express", fixed_iterations: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`dual_ascent_direction` with the residual per matrix (a tensor of the batch
+    shape, zeros when there is no dual problem) and no host synchronisation in
+    ``fixed_iterations`` mode."""
     if not manifold.is_gram:
-        return msign(G, steps=ns_steps, exact=exact, coefficients=ns_coefficients), None, 0.0
+        A = msign(G, steps=ns_steps, exact=exact, coefficients=ns_coefficients)
+        return A, None, G.new_zeros(G.shape[:-2])
     wide = W.shape[-2] < W.shape[-1]
     if wide:
         W, G = W.mT, G.mT
@@ -138,19 +161,23 @@ def dual_ascent_direction(
 
     A, H, r = evaluate(lam)
     best_A, best_lam, best_r = A, lam, r
+    active = r >= tol  # a matrix stops for good once below tol (NaN: stops)
     for k in range(steps):
-        if not bool((r >= tol).any()):
+        if not fixed_iterations and not bool(active.any()):
             break
         # preconditioned: the change of 2WΛ that would cancel H to first order if msign
         # were linear; for Stiefel this is the published Λ ← Λ − α(1 − k/K)·H
-        lam = lam - (2 * dual_lr * (1 - k / steps)) * manifold.solve_normal(W, H)
-        A, H, r = evaluate(lam)
-        better = r < best_r
+        step = lam - (2 * dual_lr * (1 - k / steps)) * manifold.solve_normal(W, H)
+        lam = torch.where(active[..., None, None], step, lam)
+        A, H, r_new = evaluate(lam)  # a frozen matrix's H is not used again
+        better = active & (r_new < best_r)
         best_A = torch.where(better[..., None, None], A, best_A)
         best_lam = torch.where(better[..., None, None], lam, best_lam)
-        best_r = torch.where(better, r, best_r)
+        best_r = torch.where(better, r_new, best_r)
+        r = torch.where(active, r_new, r)
+        active = active & (r >= tol)
     A = best_A.mT if wide else best_A
-    return A, best_lam * scale, float(best_r.max())
+    return A, best_lam * scale, best_r
 
 
 def manifold_muon_update(
@@ -168,8 +195,10 @@ def manifold_muon_update(
     lam0: Tensor | None = None,
     weight_decay: float = 0.0,
     scale: float = 1.0,
+    retraction: str = "adaptive",
+    fixed_iterations: bool = False,
 ) -> tuple[Tensor, Tensor | None, float | None]:
-    """One manifold-Muon step of one matrix (or a batch of equal-shape blocks).
+    """One manifold-Muon step of one matrix (or a batch of equal-shape matrices).
 
     ``W ← retract((1 − lr·weight_decay)·W − lr·scale·A)`` with ``A`` from ``solver``
     (``"project"``: :func:`project_direction`; ``"dual"``: :func:`dual_ascent_direction`).
@@ -185,16 +214,44 @@ def manifold_muon_update(
             solvers.
         weight_decay: decoupled weight decay (meant for the unconstrained geometry).
         scale: extra factor on the step (plain Muon's shape scale).
+        retraction: ``"adaptive"`` (the geometry's checked retraction), ``"fixed"`` (its
+            fixed-iteration one) or ``"auto"`` (fixed where the geometry's
+            ``warm_retraction`` says it holds the constraint, else adaptive).
+        fixed_iterations: no data-dependent control flow: the dual loop runs all its
+            iterations and the retraction is the fixed one (``torch.compile``).
 
     Returns:
         ``(W_new, lam, residual)``; ``lam``/``residual`` are ``None`` for ``"project"``.
     """
+    new, lam, r = batched_update(
+        manifold, W, G, lr, solver=solver, ns_steps=ns_steps, ns_coefficients=ns_coefficients,
+        dual_steps=dual_steps, dual_lr=dual_lr, dual_tol=dual_tol, lam0=lam0,
+        weight_decay=weight_decay, scale=scale, retraction=retraction,
+        fixed_iterations=fixed_iterations)
+    residual = None if r is None else (float(r.max()) if r.numel() else 0.0)
+    return new, lam, residual
+
+
+def batched_update(
+    manifold: Manifold, W: Tensor, G: Tensor, lr: float, *, solver: str = "project",
+    ns_steps: int = 5, ns_coefficients: str = "polar_express", dual_steps: int = 20,
+    dual_lr: float = 0.1, dual_tol: float = 1e-3, lam0: Tensor | None = None,
+    weight_decay: float = 0.0, scale: float = 1.0, retraction: str = "adaptive",
+    fixed_iterations: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """:func:`manifold_muon_update` with the dual residual per matrix (a tensor of ``W``'s
+    batch shape; ``None`` for ``"project"``): the optimizer's grouped step calls it on a
+    ``(n, rows, cols)`` stack of matrices of one shape and geometry, each stepped as if
+    alone (up to the summation order of batched products)."""
     if solver == "dual":
-        A, lam, residual = dual_ascent_direction(
+        A, lam, r = dual_ascent(
             manifold, W, G, dual_steps, dual_lr, dual_tol, lam0, ns_steps=ns_steps,
-            ns_coefficients=ns_coefficients)
+            ns_coefficients=ns_coefficients, fixed_iterations=fixed_iterations)
     else:
-        A, lam, residual = project_direction(manifold, W, G, ns_steps, ns_coefficients=ns_coefficients), None, None
+        A = project_direction(manifold, W, G, ns_steps, ns_coefficients=ns_coefficients)
+        lam, r = None, None
     if weight_decay:
         W = W * (1 - lr * weight_decay)
-    return manifold.retract(W - (lr * scale) * A), lam, residual
+    fixed = (fixed_iterations or retraction == "fixed"
+             or (retraction == "auto" and manifold.warm_retraction))
+    return manifold.retract(W - (lr * scale) * A, fixed=fixed), lam, r

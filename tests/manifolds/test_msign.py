@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geosearch.manifolds.msign import NS_COEFFICIENTS, POLAR_EXPRESS_COEFFS, QUINTIC_COEFFS, gram_error, msign, polar
+from geosearch.manifolds.msign import (
+    NS_COEFFICIENTS, POLAR_EXPRESS_COEFFS, QUINTIC_COEFFS, gram_error, msign, polar, polar_fixed,
+)
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -178,3 +180,19 @@ def test_five_steps_resolve_singular_values_relative_to_the_frobenius_norm():
     # Rule: the guarantee is not relative to σ_max: 2e-3·σ_max (= 2.5e-4·‖G‖_F here) is
     # far from 1 after five iterations.
     assert small_output(2e-3)[0] < 0.5
+
+
+def test_polar_fixed_polishes_a_stepped_point_to_rounding_in_two_iterations():
+    gen = torch.Generator().manual_seed(3)
+    Q = polar(torch.randn(4, 48, 16, generator=gen))
+    X = Q - 0.02 * msign(torch.randn(4, 48, 16, generator=gen))  # one optimizer step away
+    # Rule: from singular values 1 ± 0.03 two cubic iterations reach float32 rounding, and
+    # the result is the polar factor the checked `polar` computes.
+    assert float(gram_error(X).max()) > 1e-2
+    Y = polar_fixed(X, 2)
+    assert float(gram_error(Y).max()) < 2e-6
+    assert torch.allclose(Y, polar(X), atol=2e-6)
+    # wide inputs: orthonormal rows; far inputs need Polar Express first
+    assert float(gram_error(polar_fixed(X.mT, 2)).max()) < 2e-6
+    far = torch.randn(48, 16, generator=gen)
+    assert float(gram_error(polar_fixed(far, 2, far=8))) < 2e-6

@@ -61,6 +61,21 @@ def duals(model: nn.Module, opt: ManifoldMuon) -> dict[str, torch.Tensor]:
     return {DUAL.format(i): opt.state[params[DUAL.format(i)]]["dual"] for i in range(2)}
 
 
+def counting_steps() -> list[int]:
+    """Count the matrices each call of the grouped step computes (in this process, from now
+    on): a list holding the running total."""
+    import geosearch.optim.grouped as grouped
+
+    total, step_batch = [0], grouped.step_batch
+
+    def counted(manifold, members, step):
+        total[0] += sum(m.weight.shape[0] for m in members)
+        return step_batch(manifold, members, step)
+
+    grouped.step_batch = counted
+    return total
+
+
 def _shard(model: nn.Module, mesh) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
@@ -135,11 +150,14 @@ def main(out: str) -> None:
     opt = optimizer(model)
     placements = {n: str(p.placements) for n, p in model.named_parameters()}
     start = _whole(model)
+    computed = counting_steps()
     for t, x in enumerate(xs):
         if t == RESUME_AT:
             saved = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
         train_step(model, opt, x)
     final = _whole(model)
+    rank_computed = [None, None]
+    dist.all_gather_object(rank_computed, computed[0])
     rank_duals = [None, None]
     dist.all_gather_object(rank_duals, duals(model, opt))
 
@@ -172,6 +190,7 @@ def main(out: str) -> None:
     if rank == 0:
         torch.save({"placements": placements, "start": start, "final": final, "resumed": resumed,
                     "duals": rank_duals, "replicated": rank_replicated, "mixed": mixed,
+                    "computed": rank_computed,
                     "refused": refused}, out)
     dist.barrier()  # both ranks done before either tears gloo down
     dist.destroy_process_group()

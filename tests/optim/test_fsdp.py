@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _fsdp_ranks import RESUME_AT, batches, duals, make_model, optimizer, train_step
+from _fsdp_ranks import RESUME_AT, batches, counting_steps, duals, make_model, optimizer, train_step
 from _torchrun import run_two
 from torch import nn
 
@@ -37,13 +37,28 @@ def two_ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_process():
+    import geosearch.optim.grouped as grouped
+
     model = make_model()
     opt = optimizer(model)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    for x in batches():
-        train_step(model, opt, x)
+    step_batch = grouped.step_batch
+    try:
+        computed = counting_steps()
+        for x in batches():
+            train_step(model, opt, x)
+    finally:
+        grouped.step_batch = step_batch
     final = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return {"start": start, "final": final, "duals": duals(model, opt)}
+    return {"start": start, "final": final, "duals": duals(model, opt), "computed": computed[0]}
+
+
+def test_each_matrix_is_computed_once_across_the_ranks(two_ranks, one_process):
+    rank0, rank1 = two_ranks["computed"]
+    # Rule: the ranks divide the batches of matrices among them (each batch to one owner,
+    # which shares the result): together they compute what one process does, each a part.
+    assert rank0 + rank1 == one_process["computed"]
+    assert rank0 > 0 and rank1 > 0
 
 
 def test_the_run_shards_as_described(two_ranks):

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from geosearch.manifolds import get_manifold, manifold_names, msign
-from geosearch.optim.solvers import dual_ascent_direction, manifold_muon_update, project_direction
+from geosearch.optim.solvers import (
+    batched_update, dual_ascent_direction, manifold_muon_update, project_direction,
+)
 
 GRAM = [n for n in manifold_names() if get_manifold(n).is_gram]
 
@@ -163,3 +165,29 @@ def test_one_update_stays_on_the_manifold_and_descends(name, solver):
     assert M.constraint_error(new) < 1e-5
     assert float((G * (new - W)).sum()) < 0
     assert (residual is None) == (solver == "project")
+
+
+@pytest.mark.parametrize("solver", ["project", "dual"])
+@pytest.mark.parametrize("name", manifold_names())
+def test_fixed_iteration_step_compiles_in_one_graph(name, solver):
+    import torch._dynamo
+
+    M = get_manifold(name)
+    W = M.project(torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(0)))
+    G = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(1))
+
+    def step(W, G, fixed):
+        return batched_update(M, W, G, 0.02, solver=solver, dual_steps=3, fixed_iterations=fixed)
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda W, G: step(W, G, True))(W, G)
+    # Rule: no data-dependent control flow in the fixed-iteration mode: one graph, no break.
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    if solver == "dual" and M.is_gram:
+        # the tolerance-stopped loop asks the data whether to go on: that is a graph break
+        torch._dynamo.reset()
+        assert torch._dynamo.explain(lambda W, G: step(W, G, False))(W, G).graph_break_count > 0
+    # and the fixed mode steps as the default does (the same map to float rounding)
+    new, _, _ = step(W, G, True)
+    ref, _, _ = step(W, G, False)
+    assert torch.allclose(new, ref, atol=1e-5)
