@@ -26,9 +26,10 @@ from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
 from geosearch.search.study.baselines import BaselineTable
 from geosearch.search.horizon.forecast import short_logit
-from geosearch.search.stats.ranking import TRACK_RECORD, Ranking
+from geosearch.search.stats.ranking import Ranking
 from geosearch.search.stats.scores import MainEffect, Score
 from geosearch.search.stats.trials import format_params
+from geosearch.search.stats.verdict import track_text
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY, PRUNED, STEP_FACTOR
 from geosearch.search.runtime.artifacts import ARTIFACTS_DIR
 from geosearch.search.horizon.target import horizon_note, horizon_verdict
@@ -152,7 +153,7 @@ def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str
 
 def _md_result(ranking: Ranking, unstable: list[TrialRecord], run: RunData) -> list[str]:
     lines = ["## Result", "", f"**Verdict:** {horizon_verdict(ranking.verdict, run.reading)}.", "",
-             f"How far to trust it: {TRACK_RECORD} (docs/benchmarks.md)."]
+             f"How far to trust it: {track_text()} (docs/benchmarks.md)."]
     if ranking.effects:
         at = (" at each assignment's own best step (at the shared step: the verdict)"
               if ranking.steps is not None else "")
