@@ -282,10 +282,11 @@ def _baselines_line(v: Verdict) -> str | None:
         elif b.half_width is None:
             parts.append(f"{b.name} {b.delta:+.4f} (no spread)")
         else:
-            parts.append(f"{b.name} {b.delta:+.4f} ± {b.half_width:.4f}")
+            parts.append(f"{b.name} {b.delta:+.4f}±{b.half_width:.4f}")
     words = {b.word for b in v.baselines if b.delta is not None and b.half_width is not None}
     if len(words) == 1:
-        parts[-1] += f" (all {words.pop()})" if len(parts) > 1 else f" ({words.pop()})"
+        both = {1: "", 2: "both "}.get(len(parts), "all ")
+        parts[-1] += f" ({both}{words.pop()})"
     else:
         parts = [p + (f" ({b.word})" if b.half_width is not None else "") for p, b in zip(parts, v.baselines)]
     cost = f"; {v.step_ratio:.2f}x {v.ratio_to} ms/step" if v.step_ratio is not None else ""
