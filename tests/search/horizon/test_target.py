@@ -234,8 +234,8 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
     assert out.ranking.rows[0].label.startswith("attn=euclidean")
     text = buf.getvalue()
     assert "the lead changed between Σ η" in text and "your target is" in text
-    verdict = next(line for line in text.splitlines() if line.startswith("verdict:"))
-    assert "not yet stable: the lead changed between Σ η" in verdict
+    order = next(line for line in text.splitlines() if line.startswith("order at your target"))
+    assert "not yet stable: the lead changed between Σ η" in order
     # Rule: the export records the target and the reading.
     a = load_assignment(out.exported)
     assert a.provenance["target"]["steps"] == 40 and a.provenance["target"]["model"] == "tiny"

@@ -75,7 +75,7 @@ def test_baselines_are_trained_not_counted_not_exported_and_compared(monkeypatch
     assert worse.step_ratio == pytest.approx(4.0) and table.baselines["adamw"]["rung"] == 0
     # Rule: each baseline is described at the rung it is compared at (Muon: the top rung's step).
     assert table.baselines["muon"]["trained"].startswith(f"Muon: spectral step {rungs[-1].spectral_lr:g} ×")
-    text = format_ranking(study)
+    text = format_ranking(study, details=True)
     assert "baselines (reported, never exported" in text and "muon (trial" in text
     assert f"Δ {best.text()}  2.00x ms/step" in text
 
