@@ -290,7 +290,7 @@ def _baselines_line(v: Verdict) -> str | None:
     else:
         parts = [p + (f" ({b.word})" if b.half_width is not None else "") for p, b in zip(parts, v.baselines)]
     cost = f"; {v.step_ratio:.2f}x {v.ratio_to} ms/step" if v.step_ratio is not None else ""
-    return "winner - baseline: " + ", ".join(parts) + cost
+    return "vs baselines: " + ", ".join(parts) + cost
 
 
 def _order_line(v: Verdict) -> str | None:
@@ -301,7 +301,8 @@ def _order_line(v: Verdict) -> str | None:
         return f"{at}: measured, the leader held at every rung up to it"
     ranked = f"ranked at Σ η {v.ranked_sum_eta:.3g}; " if v.ranked_sum_eta else ""
     return f"{at}: not measured ({ranked}ladder.rungs >= 2 ranks closer)" \
-        if v.order_note is None or "not measured" in v.order_note else f"{at}: {v.order_note}"
+        if v.order_note is None or "not measured" in v.order_note \
+        else f"{at}: {v.order_note.split('; your target is')[0]}"
 
 
 # =========================================================================== record

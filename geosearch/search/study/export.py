@@ -137,7 +137,7 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None, *, detai
               if t.state in (TrialState.PRUNED, TrialState.FAIL) and trial_status(t) not in NOT_RUN]
     if others:
         lines.append("not ranked:")
-        lines += [clip("  " + trial_line(t, proxy)) for t in others]
+        lines += ["  " + trial_line(t, proxy) for t in others]
     lines += [clip(line) for line in optuna_best_note(study, ranking)]
     lines += verdict_lines(study_verdict(study, ranking))
     if not details:
