@@ -111,11 +111,17 @@ def _stability_at(row: Any, unstable: bool) -> StabilityAt:
     return StabilityAt(row.number, row.label, "none", None, row.max_logit, None, None, unstable)
 
 
-def where_line(exported: Path | None, report: Path | None = None) -> str:
-    """The last line a search prints: where the answer and its reasoning are."""
-    parts = ([f"best assignment: {exported}"] if exported is not None else []) + \
-        ([f"report: {report}"] if report is not None else [])
-    return "; ".join(parts)
+def where_line(exported: Path | None, report: Path | None = None, plots: bool = False) -> str:
+    """The last line a search prints: where the answer is, and its reasoning
+    (``"best assignment: runs/default/best_assignment.yaml (report.md, plots/ beside it)"``)."""
+    if report is None:
+        return f"best assignment: {exported}" if exported is not None else ""
+    files = "report.md, plots/" if plots else "report.md"
+    if exported is None:
+        return f"report: {report}" + (", plots/ beside it" if plots else "")
+    if Path(report).parent == Path(exported).parent:
+        return f"best assignment: {exported} ({files} beside it)"
+    return f"best assignment: {exported}; report: {report}"
 
 
 def format_ranking(study: optuna.Study, ranking: Ranking | None = None, *, details: bool = False) -> str:
