@@ -58,9 +58,9 @@ def verdict_sections(v: Verdict, *, at_own_step: bool = False) -> list[str]:
                           "not judged" if p.separated is None else "yes" if p.separated else "no",
                           p.record] for p in v.pairs]) + [""]
     if v.effects:
-        at = " (at each assignment's own best step)" if at_own_step else ""
-        lines += ["### Main effects", "", "Each factor's geometry, averaged over matched pairs that "
-                  f"differ only in it, within seeds{at}:", ""]
+        at = " at each assignment's own best step (at the shared step: the verdict)" if at_own_step else ""
+        lines += ["### Main effects", "", "Each factor's geometry (averaged over matched pairs that "
+                  f"differ only in it, within seeds){at}:", ""]
         lines += _table(["factor", "ahead", "behind", "by", "± 95%", "beyond noise"],
                         [[e.factor, e.better, e.worse, _fmt(e.effect), _fmt(e.half_width),
                           "yes" if e.decisive else "no"] for e in v.effects]) + [""]
