@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -144,7 +145,8 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None, *, detai
     if others:
         lines.append("not ranked:")
         lines += ["  " + trial_line(t, proxy) for t in others]
-    lines += [clip(line) for line in optuna_best_note(study, ranking)]
+    lines += [w for line in optuna_best_note(study, ranking)
+              for w in textwrap.wrap(line, WIDTH, subsequent_indent="  ")]
     lines += verdict_lines(study_verdict(study, ranking))
     if not details:
         return "\n".join(lines)

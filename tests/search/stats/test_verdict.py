@@ -73,3 +73,8 @@ def test_the_track_record_file_is_what_the_benchmark_scores_from_the_stored_data
     assert (ORDER_RECORD.at, list(ORDER_RECORD.far), list(ORDER_RECORD.near)) == (o["at"], o["far"], o["near"])
     w = track_record()["search"]["winner"]
     assert f"best at {w['hits']} of {w['of']} settings" in track_text()
+
+
+def test_the_track_record_ships_with_the_package():
+    text = (BENCHMARKS.parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"geosearch.search.stats" = ["track_record.json"]' in text
