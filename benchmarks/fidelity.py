@@ -489,9 +489,11 @@ def pairs(steps: int, short: int, out: Path | None) -> None:
 
     rows, tally = pair_tally(steps, short)
     far, near = tally[True], tally[False]
-    text = "\n".join([f"Pairs at {short} steps against {steps} steps (completed runs, mean of 2 seeds)", "", *rows, "",
+    head = f"Pairs at {short} steps against {steps} steps (completed runs, mean of 2 seeds)"
+    text = "\n".join([head, "", *rows, "",
                       f"gaps >= {ORDER_RECORD.at:g}: kept their order {far[0]} of {far[1]}; "
-                      f"closer: {near[0]} of {near[1]} (the verdict quotes {ORDER_RECORD.far} and {ORDER_RECORD.near})"])
+                      f"closer: {near[0]} of {near[1]} (the verdict quotes {ORDER_RECORD.far} "
+                      f"and {ORDER_RECORD.near})"])
     if out is not None:
         publish(text, out)
     else:
@@ -564,7 +566,8 @@ def track_record(steps: int = 2000, short: int = 400, searches: Path = SEARCHES)
     rho = sum(r["spearman"] >= 0.8 for r in rows)
     same, of = (sum(r["stability"][i] for r in rows) for i in (0, 1))
     return {
-        "written_by": f"python benchmarks/fidelity.py --track-record (--steps {steps}, short {short})",
+        "written_by": f"python benchmarks/fidelity.py --track-record "
+                      f"(--steps {steps}, short {short})",
         "order": {"at": ORDER_AT, "far": tally[True], "near": tally[False], "short_steps": short,
                   "long_steps": steps},
         "search": {"long_steps": steps, "settings": [r["setting"] for r in rows],
@@ -749,9 +752,10 @@ def main(argv: list[str] | None = None) -> int:
                    "tallied by size: the record the ranking's verdict quotes per pair")
     p.add_argument("--out", type=Path, help="with --compare, --lengths, --widths or --pairs: also write the table "
                    "to this file")
-    p.add_argument("--track-record", action="store_true", help="score the stored pairs (400 steps against "
-                   "--steps) and searches (data/searches.json) and write the record the verdict quotes "
-                   "(geosearch/search/stats/track_record.json)")
+    p.add_argument("--track-record", action="store_true",
+                   help="score the stored pairs (400 steps against --steps) and searches "
+                        "(data/searches.json) and write the record the verdict quotes "
+                        "(geosearch/search/stats/track_record.json)")
     args = p.parse_args(argv)
     DATA = args.data_dir
     model_args = {}

@@ -286,7 +286,8 @@ def step_cost(entries: Iterable[tuple[int, str | None, str, float | None]]) -> S
     """The ms/step ratio of each ``(trial number, its one geometry or None, label, ms/step)``
     to the cost baseline (:data:`COST_BASELINES`; without either, the fastest trial, and
     ``baseline`` says so). The one place the search's ms/step ratios are computed."""
-    timed = [(n, g, label, ms) for n, g, label, ms in entries if ms is not None and math.isfinite(ms) and ms > 0]
+    timed = [(n, g, label, ms) for n, g, label, ms in entries
+             if ms is not None and math.isfinite(ms) and ms > 0]
     if not timed:
         return StepCost("no trial recorded its step time", "none", (), None, {})
     for geometry, words in COST_BASELINES:
@@ -297,8 +298,8 @@ def step_cost(entries: Iterable[tuple[int, str | None, str, float | None]]) -> S
     else:
         fastest = min(timed, key=lambda e: (e[3], e[0]))
         base, name = [fastest], f"trial {fastest[0]}"
-        words = (f"the fastest trial ({fastest[2]}, trial {fastest[0]}): the study has no all-adamw "
-                 "or all-euclidean baseline")
+        words = (f"the fastest trial ({fastest[2]}, trial {fastest[0]}): the study has no "
+                 "all-adamw or all-euclidean baseline")
     ms = sum(e[3] for e in base) / len(base)
     return StepCost(words, name, tuple(e[0] for e in base), ms, {n: t / ms for n, _, _, t in timed})
 
@@ -312,8 +313,10 @@ def trial_geometry(trial: FrozenTrial) -> str | None:
 def study_step_cost(trials: Iterable[FrozenTrial]) -> StepCost:
     """:func:`step_cost` of a study's completed and unstable trials (not adaptive-seed trials),
     as the report's cost table reads them."""
-    return step_cost((t.number, trial_geometry(t), trial_label(t), _finite(t.user_attrs.get(MEAN_STEP_MS)))
-                     for t in trials if trial_status(t) in (COMPLETED, UNSTABLE) and SEED_OF not in t.user_attrs)
+    return step_cost((t.number, trial_geometry(t), trial_label(t),
+                      _finite(t.user_attrs.get(MEAN_STEP_MS)))
+                     for t in trials
+                     if trial_status(t) in (COMPLETED, UNSTABLE) and SEED_OF not in t.user_attrs)
 
 
 def _finite(x: Any) -> float | None:

@@ -24,8 +24,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - ranking reads the track record from here
     from geosearch.search.stats.ranking import Ranking
 
-__all__ = ["BaselineGap", "Effect", "PairStep", "StabilityAt", "Verdict", "WIDTH", "clip",
-           "track_record", "verdict_lines", "verdict_of", "verdict_record"]
+__all__ = [
+    "BaselineGap",
+    "Effect",
+    "PairStep",
+    "StabilityAt",
+    "Verdict",
+    "WIDTH",
+    "clip",
+    "track_record",
+    "verdict_lines",
+    "verdict_of",
+    "verdict_record",
+]
 
 WIDTH = 100
 """The widest line the search prints after its per-trial lines."""
@@ -39,7 +50,9 @@ def track_record() -> dict[str, Any]:
     with the package): ``order`` (pairs kept their order from the ranked rung to the long
     runs, by gap size) and ``search`` (the default search against the long runs, per
     setting, with the tallies)."""
-    text = resources.files("geosearch.search.stats").joinpath(TRACK_FILE).read_text(encoding="utf-8")
+    text = (
+        resources.files("geosearch.search.stats").joinpath(TRACK_FILE).read_text(encoding="utf-8")
+    )
     return json.loads(text)
 
 
@@ -47,17 +60,19 @@ def track_text(record: dict[str, Any] | None = None) -> str:
     """The search's record in one sentence, from :func:`track_record`."""
     s = (record or track_record())["search"]
     w, r, st = s["winner"], s["spearman"], s["stability"]
-    return (f"in the benchmark the default search named the {s['long_steps']:,}-step runs' best at "
-            f"{w['hits']} of {w['of']} settings (95% interval {w['low']:.2f}-{w['high']:.2f}; chance "
-            f"1 in 4 each, p = {w['p']:.2g} for {w['hits']} or more), ordered the four with Spearman "
-            f">= {r['at']:g} at {r['hits']} of {r['of']} ({r['low']:.2f}-{r['high']:.2f}; chance 1 in 6, "
-            f"p = {r['p']:.2g}) and made {st['hits']} of {st['of']} stability decisions as the long "
-            f"runs did")
+    return (
+        f"in the benchmark the default search named the {s['long_steps']:,}-step runs' best at "
+        f"{w['hits']} of {w['of']} settings (95% interval {w['low']:.2f}-{w['high']:.2f}; chance "
+        f"1 in 4 each, p = {w['p']:.2g} for {w['hits']} or more), ordered the four with Spearman "
+        f">= {r['at']:g} at {r['hits']} of {r['of']} ({r['low']:.2f}-{r['high']:.2f}; "
+        f"chance 1 in 6, p = {r['p']:.2g}) and made {st['hits']} of {st['of']} stability "
+        "decisions as the long runs did"
+    )
 
 
 def clip(line: str, width: int = WIDTH) -> str:
     """``line`` cut to ``width`` columns, ending in ``…`` when cut."""
-    return line if len(line) <= width else line[:width - 1] + "…"
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -170,11 +185,19 @@ class Verdict:
     track: dict[str, Any]
 
 
-def verdict_of(ranking: Ranking, *, sentence: str, stability: tuple[StabilityAt, ...] = (),
-               baselines: tuple[BaselineGap, ...] = (), step_ratio: float | None = None,
-               ratio_to: str | None = None, ranked_sum_eta: float | None = None,
-               target_sum_eta: float | None = None, order_measured: bool | None = None,
-               order_note: str | None = None) -> Verdict:
+def verdict_of(
+    ranking: Ranking,
+    *,
+    sentence: str,
+    stability: tuple[StabilityAt, ...] = (),
+    baselines: tuple[BaselineGap, ...] = (),
+    step_ratio: float | None = None,
+    ratio_to: str | None = None,
+    ranked_sum_eta: float | None = None,
+    target_sum_eta: float | None = None,
+    order_measured: bool | None = None,
+    order_note: str | None = None,
+) -> Verdict:
     """The :class:`Verdict` of ``ranking`` (its rows, pairs, effects and sensitivity as
     they are) with what the study layer read beside it."""
     rows = ranking.rows
@@ -192,30 +215,55 @@ def verdict_of(ranking: Ranking, *, sentence: str, stability: tuple[StabilityAt,
         kind = "winner"
     close = tuple(r.number for r in rows[1:] if r.versus_best in ("tie", "unknown"))
     c = second.comparison if second is not None else None
-    pairs = tuple(PairStep(p.rank, p.upper, p.lower, p.comparison.diff,
-                           *(p.comparison.interval or (None, None)),
-                           None if p.comparison.interval is None else p.comparison.verdict == "separated",
-                           _order_record(p.comparison.diff)) for p in ranking.pairs)
-    effects = tuple(Effect(e.factor, e.better, e.worse, e.effect, e.half_width, e.decisive, e.text())
-                    for e in ranking.effects)
+    pairs = tuple(
+        PairStep(
+            p.rank,
+            p.upper,
+            p.lower,
+            p.comparison.diff,
+            *(p.comparison.interval or (None, None)),
+            None if p.comparison.interval is None else p.comparison.verdict == "separated",
+            _order_record(p.comparison.diff),
+        )
+        for p in ranking.pairs
+    )
+    effects = tuple(
+        Effect(e.factor, e.better, e.worse, e.effect, e.half_width, e.decisive, e.text())
+        for e in ranking.effects
+    )
     seeding = ranking.verdict.partition("; adaptive seeds ")[2] or None
     return Verdict(
-        kind=kind, winner=top.label if top else None, trial=top.number if top else None,
-        mean=top.score.mean if top else None, std=top.score.std if top else None,
-        seeds=top.score.n if top else 0, within_noise=close,
-        margin=second.gap if second else None, threshold=second.threshold if second else None,
-        test=_test_words(c) if c is not None else None, pairs=pairs, effects=effects,
+        kind=kind,
+        winner=top.label if top else None,
+        trial=top.number if top else None,
+        mean=top.score.mean if top else None,
+        std=top.score.std if top else None,
+        seeds=top.score.n if top else 0,
+        within_noise=close,
+        margin=second.gap if second else None,
+        threshold=second.threshold if second else None,
+        test=_test_words(c) if c is not None else None,
+        pairs=pairs,
+        effects=effects,
         detectable=ranking.sensitivity.gap if ranking.sensitivity is not None else None,
-        seeding=f"adaptive seeds {seeding}" if seeding else None, stability=stability,
-        baselines=baselines, step_ratio=step_ratio, ratio_to=ratio_to, ranked_sum_eta=ranked_sum_eta,
-        target_sum_eta=target_sum_eta, order_measured=order_measured, order_note=order_note,
-        sentence=sentence, track=track_record())
+        seeding=f"adaptive seeds {seeding}" if seeding else None,
+        stability=stability,
+        baselines=baselines,
+        step_ratio=step_ratio,
+        ratio_to=ratio_to,
+        ranked_sum_eta=ranked_sum_eta,
+        target_sum_eta=target_sum_eta,
+        order_measured=order_measured,
+        order_note=order_note,
+        sentence=sentence,
+        track=track_record(),
+    )
 
 
 def _order_record(gap: float) -> str:
     from geosearch.search.stats.ranking import ORDER_RECORD
 
-    return ORDER_RECORD.text(gap)  # noqa: F821
+    return ORDER_RECORD.text(gap)
 
 
 def _test_words(c: Any) -> str:
@@ -242,8 +290,10 @@ def _sure_line(v: Verdict) -> str:
         return f"verdict: only {who} completed; nothing to compare it with"
     others = ", ".join(map(str, v.within_noise))
     if v.kind == "tie":
-        return (f"verdict: no single winner: {who} is lowest, trial{'s' * (len(v.within_noise) > 1)} "
-                f"{others} within noise ({seeds}; rerun them with more --repeats)")
+        return (
+            f"verdict: no single winner: {who} is lowest, trial{'s' * (len(v.within_noise) > 1)} "
+            f"{others} within noise ({seeds}; rerun them with more --repeats)"
+        )
     if v.kind == "unknown":
         return f"verdict: {who} is lowest; its gap to trial {others} cannot be judged (one seed)"
     how = f"> noise {v.threshold:.4f}" if v.threshold else "in every seed"
@@ -288,7 +338,10 @@ def _baselines_line(v: Verdict) -> str | None:
         both = {1: "", 2: "both "}.get(len(parts), "all ")
         parts[-1] += f" ({both}{words.pop()})"
     else:
-        parts = [p + (f" ({b.word})" if b.half_width is not None else "") for p, b in zip(parts, v.baselines)]
+        parts = [
+            p + (f" ({b.word})" if b.half_width is not None else "")
+            for p, b in zip(parts, v.baselines)
+        ]
     cost = f"; {v.step_ratio:.2f}x {v.ratio_to} ms/step" if v.step_ratio is not None else ""
     return "vs baselines: " + ", ".join(parts) + cost
 
@@ -296,13 +349,19 @@ def _baselines_line(v: Verdict) -> str | None:
 def _order_line(v: Verdict) -> str | None:
     if v.order_measured is None or v.kind == "none":
         return None
-    at = f"order at your target (Σ η {v.target_sum_eta:.3g})" if v.target_sum_eta else "order at your target"
+    at = (
+        f"order at your target (Σ η {v.target_sum_eta:.3g})"
+        if v.target_sum_eta
+        else "order at your target"
+    )
     if v.order_measured:
         return f"{at}: measured, the leader held at every rung up to it"
     ranked = f"ranked at Σ η {v.ranked_sum_eta:.3g}; " if v.ranked_sum_eta else ""
-    return f"{at}: not measured ({ranked}ladder.rungs >= 2 ranks closer)" \
-        if v.order_note is None or "not measured" in v.order_note \
+    return (
+        f"{at}: not measured ({ranked}ladder.rungs >= 2 ranks closer)"
+        if v.order_note is None or "not measured" in v.order_note
         else f"{at}: {v.order_note.split('; your target is')[0]}"
+    )
 
 
 # =========================================================================== record
@@ -312,8 +371,12 @@ def verdict_record(v: Verdict) -> dict[str, Any]:
     record = asdict(v)
     record.pop("sentence")
     record["within_noise"] = list(v.within_noise)
-    record["track"] = {"order": v.track.get("order"), "search": {
-        k: v.track["search"][k] for k in ("settings", "winner", "spearman", "stability")}}
+    record["track"] = {
+        "order": v.track.get("order"),
+        "search": {
+            k: v.track["search"][k] for k in ("settings", "winner", "spearman", "stability")
+        },
+    }
     return _plain(record)
 
 

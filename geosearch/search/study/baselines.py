@@ -262,7 +262,8 @@ def baselines_lines(table: BaselineTable) -> list[str]:
     return ["baselines (reported, never exported), tuned over the step grid as the assignments are; "
             "Δ = each assignment at its own best step - each baseline at its own best step (its "
             "lowest mean val loss over the grid), at the baseline's rung, negative = the "
-            f"assignment is better; 95% interval; ms/step ratio to {table.cost_to}:", *_block_lines(table, grid=True),
+            f"assignment is better; 95% interval; ms/step ratio to {table.cost_to}:",
+            *_block_lines(table, grid=True),
             "  at the shared step: each point at factor 1 against each baseline at factor 1:",
             *_block_lines(table.shared, grid=True)]
 

@@ -76,7 +76,8 @@ def study_verdict(study: optuna.Study, ranking: Ranking | None = None) -> Verdic
     ranking = ranking or rank_study(study)
     reading = study_reading(study)
     trials = study.get_trials(deepcopy=False)
-    unstable = [t.number for t in trials if trial_status(t) == UNSTABLE and t.state == TrialState.PRUNED]
+    unstable = [t.number for t in trials
+                if trial_status(t) == UNSTABLE and t.state == TrialState.PRUNED]
     rows = stability_rows(study, outlook_numbers(study, ranking) + unstable, study_pruner(study))
     stability = tuple(_stability_at(r, r.number in unstable) for r in rows)
     top = ranking.rows[0].number if ranking.rows else None
@@ -87,7 +88,8 @@ def study_verdict(study: optuna.Study, ranking: Ranking | None = None) -> Verdic
         word = ("no spread" if row is None or row.interval is None else
                 "better" if row.delta < -row.interval else "worse" if row.delta > row.interval else
                 "within noise")
-        baselines.append(BaselineGap(name, b["trial"], b["status"], b["score"].mean if b["score"] else None,
+        mean = b["score"].mean if b["score"] else None
+        baselines.append(BaselineGap(name, b["trial"], b["status"], mean,
                                      row.delta if row else None, row.interval if row else None,
                                      row.test if row else None, word))
     cost = study_step_cost(trials)
@@ -96,7 +98,8 @@ def study_verdict(study: optuna.Study, ranking: Ranking | None = None) -> Verdic
     return verdict_of(
         ranking, sentence=horizon_verdict(ranking.verdict, reading), stability=stability,
         baselines=tuple(baselines), step_ratio=cost.ratios.get(top) if top is not None else None,
-        ratio_to=cost.name, ranked_sum_eta=reading.rungs[-1].sum_eta if reading and reading.rungs else None,
+        ratio_to=cost.name,
+        ranked_sum_eta=reading.rungs[-1].sum_eta if reading and reading.rungs else None,
         target_sum_eta=target.get("sum_eta") if isinstance(target, dict) else None,
         order_measured=None if reading is None else note is None, order_note=note)
 
@@ -107,8 +110,8 @@ def _stability_at(row: Any, unstable: bool) -> StabilityAt:
         return StabilityAt(row.number, row.label, "measured", m.verdict, m.final, m.threshold,
                            m.crossed_at, unstable)
     if o is not None:
-        return StabilityAt(row.number, row.label, "forecast", o.verdict, o.forecast.value, o.threshold,
-                           None, unstable)
+        return StabilityAt(row.number, row.label, "forecast", o.verdict, o.forecast.value,
+                           o.threshold, None, unstable)
     return StabilityAt(row.number, row.label, "none", None, row.max_logit, None, None, unstable)
 
 
@@ -125,7 +128,8 @@ def where_line(exported: Path | None, report: Path | None = None, plots: bool = 
     return f"best assignment: {exported}; report: {report}"
 
 
-def format_ranking(study: optuna.Study, ranking: Ranking | None = None, *, details: bool = False) -> str:
+def format_ranking(study: optuna.Study, ranking: Ranking | None = None, *,
+                   details: bool = False) -> str:
     """What the search prints at its end: the ranked table of completed trials (with a step
     grid: each assignment at its own best step, then the points at the shared step), the
     pruned/failed ones, then the verdict in four lines of at most 100 columns
@@ -152,19 +156,22 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None, *, detai
         return "\n".join(lines)
     reading = study_reading(study)
     outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking), study_pruner(study)))
-    return "\n".join(lines + [f"verdict: {horizon_verdict(ranking.verdict, reading)}"] + horizon_lines(reading)
-                     + outlook + baselines_lines(baseline_table(study, ranking)))
+    lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
+    return "\n".join(lines + horizon_lines(reading) + outlook
+                     + baselines_lines(baseline_table(study, ranking)))
 
 
 def _record_words(record: Any) -> str:
-    """A stored verdict's kind and winner in words (``"winner: attn=dgram, mlp=dgram (trial 3)"``)."""
+    """A stored verdict's kind and winner in words (``"winner: attn=dgram, mlp=dgram
+    (trial 3)"``)."""
     if not isinstance(record, dict):
         return str(record)
-    head = {"winner": "winner", "tie": "no single winner, lowest", "unknown": "lowest (gap not judged)",
+    head = {"winner": "winner", "tie": "no single winner, lowest",
+            "unknown": "lowest (gap not judged)",
             "single": "the only completed"}.get(record.get("kind"), str(record.get("kind")))
-    close = record.get("within_noise") or []
+    close = ", ".join(map(str, record.get("within_noise") or []))
     return (f"{head}: {record.get('winner')} (trial {record.get('trial')})"
-            + (f"; within noise or not judged: trials {', '.join(map(str, close))}" if close else ""))
+            + (f"; within noise or not judged: trials {close}" if close else ""))
 
 
 def _ranking_table(rows: list[RankedTrial]) -> list[str]:
@@ -179,7 +186,8 @@ def _ranking_table(rows: list[RankedTrial]) -> list[str]:
     lines = [f"{'rank':>4}  {'trial':>5}  {'assignment':<{width}}  {'val loss':<{loss}}  vs best"]
     for r, v in zip(rows, vs):
         label = clip(r.label, width)
-        lines.append(clip(f"{r.rank:>4}  {r.number:>5}  {label:<{width}}  {r.score.text():<{loss}}  {v}"))
+        score = r.score.text()
+        lines.append(clip(f"{r.rank:>4}  {r.number:>5}  {label:<{width}}  {score:<{loss}}  {v}"))
     return lines
 
 

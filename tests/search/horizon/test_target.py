@@ -334,7 +334,8 @@ def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tm
     assert "stability at your target: all 2 measured below max logit" in out
     details = format_ranking(open_run_study(tmp_path / "runs" / "t"), details=True)
     assert "measured by the stability rung" in details
-    assert "attn=euclidean, mlp=adamw (trial" in details and "measured at your target's Σ η²: max logit 10" in details
+    assert "attn=euclidean, mlp=adamw (trial" in details
+    assert "measured at your target's Σ η²: max logit 10" in details
     # Rule: the header counts its steps (one seed of stability_steps per point and muon).
     assert "the stability rung (10 steps, 1 seed) (30 steps each)" in out
 
@@ -377,7 +378,8 @@ def test_one_rung_short_of_the_target_says_the_target_is_not_measured(fake, tmp_
     # Rule: a single rung ranks at the proxy's Σ η only, and the verdict says so.
     assert note.startswith("ranked at Σ η") and "the order there is not measured" in note
     order = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("order at your target"))
-    assert "not measured (ranked at Σ η 0.128" in order and note in format_ranking(study, details=True)
+    assert "not measured (ranked at Σ η 0.128" in order
+    assert note in format_ranking(study, details=True)
 
 
 def test_a_study_without_target_prints_no_reading(fake, tmp_path):

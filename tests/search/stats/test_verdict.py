@@ -24,12 +24,18 @@ BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 def _ranking():
-    entries = [(0, "attn=stiefel, mlp=stiefel", Score((3.00, 3.02), (0, 1))),
-               (1, "attn=stiefel, mlp=dgram", Score((3.30, 3.31), (0, 1))),
-               (2, "attn=dgram, mlp=stiefel", Score((3.20, 3.23), (0, 1))),
-               (3, "attn=dgram, mlp=dgram", Score((3.50, 3.50), (0, 1)))]
-    points = {0: Point({"attn": "stiefel", "mlp": "stiefel"}), 1: Point({"attn": "stiefel", "mlp": "dgram"}),
-              2: Point({"attn": "dgram", "mlp": "stiefel"}), 3: Point({"attn": "dgram", "mlp": "dgram"})}
+    entries = [
+        (0, "attn=stiefel, mlp=stiefel", Score((3.00, 3.02), (0, 1))),
+        (1, "attn=stiefel, mlp=dgram", Score((3.30, 3.31), (0, 1))),
+        (2, "attn=dgram, mlp=stiefel", Score((3.20, 3.23), (0, 1))),
+        (3, "attn=dgram, mlp=dgram", Score((3.50, 3.50), (0, 1))),
+    ]
+    points = {
+        0: Point({"attn": "stiefel", "mlp": "stiefel"}),
+        1: Point({"attn": "stiefel", "mlp": "dgram"}),
+        2: Point({"attn": "dgram", "mlp": "stiefel"}),
+        3: Point({"attn": "dgram", "mlp": "dgram"}),
+    }
     return rank_scores(entries, points)
 
 
@@ -38,19 +44,37 @@ def test_the_verdict_holds_the_rankings_numbers_not_new_ones():
     v = verdict_of(r, sentence=r.verdict)
     assert (v.kind, v.winner, v.trial, v.seeds) == ("winner", r.rows[0].label, 0, 2)
     assert v.margin == r.rows[1].gap and v.threshold == r.rows[1].threshold
-    assert [(p.upper, p.lower, p.gap) for p in v.pairs] == [(p.upper, p.lower, p.comparison.diff) for p in r.pairs]
-    assert [(e.factor, e.effect, e.decisive) for e in v.effects] == [(e.factor, e.effect, e.decisive) for e in r.effects]
+    assert [(p.upper, p.lower, p.gap) for p in v.pairs] == [
+        (p.upper, p.lower, p.comparison.diff) for p in r.pairs
+    ]
+    assert [(e.factor, e.effect, e.decisive) for e in v.effects] == [
+        (e.factor, e.effect, e.decisive) for e in r.effects
+    ]
     assert v.detectable == r.sensitivity.gap and v.sentence == r.verdict
 
 
 def test_four_lines_each_within_100_columns_and_the_record_is_fields():
     r = _ranking()
-    unstable = StabilityAt(9, "attn=dgram, mlp=dgram " * 4, "measured", "above", 300.0, 80.0, 1340, True)
-    base = (BaselineGap("adamw", 4, "completed", 3.1, -0.1, 0.02, "paired", "better"),
-            BaselineGap("muon", 5, "completed", 3.05, -0.05, 0.06, "paired", "within noise"))
-    v = verdict_of(r, sentence=r.verdict, stability=(unstable,), baselines=base, step_ratio=2.5,
-                   ratio_to="AdamW", ranked_sum_eta=4.4, target_sum_eta=21.8, order_measured=False,
-                   order_note="ranked at Σ η 4.4 only; your target is Σ η 21.8: the order there is not measured")
+    unstable = StabilityAt(
+        9, "attn=dgram, mlp=dgram " * 4, "measured", "above", 300.0, 80.0, 1340, True
+    )
+    base = (
+        BaselineGap("adamw", 4, "completed", 3.1, -0.1, 0.02, "paired", "better"),
+        BaselineGap("muon", 5, "completed", 3.05, -0.05, 0.06, "paired", "within noise"),
+    )
+    v = verdict_of(
+        r,
+        sentence=r.verdict,
+        stability=(unstable,),
+        baselines=base,
+        step_ratio=2.5,
+        ratio_to="AdamW",
+        ranked_sum_eta=4.4,
+        target_sum_eta=21.8,
+        order_measured=False,
+        order_note="ranked at Σ η 4.4 only; your target is Σ η 21.8: the order there is not "
+        "measured",
+    )
     lines = verdict_lines(v)
     assert len(lines) == 4 and max(map(len, lines)) <= WIDTH
     assert lines[0].startswith("verdict: winner attn=stiefel, mlp=stiefel (trial 0)")
@@ -70,7 +94,11 @@ def test_the_track_record_file_is_what_the_benchmark_scores_from_the_stored_data
 
     assert fidelity.track_record() == track_record()
     o = track_record()["order"]
-    assert (ORDER_RECORD.at, list(ORDER_RECORD.far), list(ORDER_RECORD.near)) == (o["at"], o["far"], o["near"])
+    assert (ORDER_RECORD.at, list(ORDER_RECORD.far), list(ORDER_RECORD.near)) == (
+        o["at"],
+        o["far"],
+        o["near"],
+    )
     w = track_record()["search"]["winner"]
     assert f"best at {w['hits']} of {w['of']} settings" in track_text()
 

@@ -111,4 +111,5 @@ def test_each_baseline_says_the_step_and_muon_convention_it_trained_with(monkeyp
         "Muon: spectral step 0.03 with no shape scale (muon_scale none), msign 10 × polar_express, "
         "no weight decay")
     assert table.baselines["adamw"]["trained"].startswith(f"AdamW: lr {proxy['lr']:g}")
-    assert "    trained as Muon: spectral step 0.03 with no shape scale" in format_ranking(study, details=True)
+    details = format_ranking(study, details=True)
+    assert "    trained as Muon: spectral step 0.03 with no shape scale" in details

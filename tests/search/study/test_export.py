@@ -139,4 +139,5 @@ def test_the_search_ends_with_its_table_four_lines_and_where_within_100_columns(
     # the stored verdict is the fields, and loading the file still works
     a = load_assignment(out.exported)
     v = a.provenance["verdict"]
-    assert v["trial"] == out.ranking.rows[0].number and {b["name"] for b in v["baselines"]} == {"adamw", "muon"}
+    assert v["trial"] == out.ranking.rows[0].number
+    assert {b["name"] for b in v["baselines"]} == {"adamw", "muon"}
