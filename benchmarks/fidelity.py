@@ -490,11 +490,30 @@ def pairs(steps: int, short: int, out: Path | None) -> None:
     ``short`` steps (the ranked rung's length; completed runs, 2 seeds, 16 batches) keep its
     sign at ``steps``? Tallied by the gap's size, the record the ranking's verdict quotes
     beside each pair (``geosearch.search.stats.ranking.ORDER_RECORD``)."""
-    from itertools import combinations
-
     from geosearch.search.stats.ranking import ORDER_RECORD
 
-    tally = {True: [0, 0], False: [0, 0]}  # far (>= ORDER_RECORD.at) -> [kept, pairs]
+    rows, tally = pair_tally(steps, short)
+    far, near = tally[True], tally[False]
+    head = f"Pairs at {short} steps against {steps} steps (completed runs, mean of 2 seeds)"
+    text = "\n".join([head, "", *rows, "",
+                      f"gaps >= {ORDER_RECORD.at:g}: kept their order {far[0]} of {far[1]}; "
+                      f"closer: {near[0]} of {near[1]} (the verdict quotes {ORDER_RECORD.far} "
+                      f"and {ORDER_RECORD.near})"])
+    if out is not None:
+        publish(text, out)
+    else:
+        print(text)
+
+
+ORDER_AT = 0.02
+"""The gap, in nats, that splits far pairs from close ones in the order record."""
+
+
+def pair_tally(steps: int, short: int) -> tuple[list[str], dict[bool, list[int]]]:
+    """The table of :func:`pairs` and its tally: far (gap >= :data:`ORDER_AT`) -> [kept, pairs]."""
+    from itertools import combinations
+
+    tally = {True: [0, 0], False: [0, 0]}
     rows = ["| setting | pair | gap at short | gap at target | kept |", "|---|---|---:|---:|---|"]
     for model, eta in PAIR_SETTINGS:
         a, b = truth_scores(load_truth(model, short, eta)), truth_scores(load_truth(model, steps, eta))
@@ -504,18 +523,70 @@ def pairs(steps: int, short: int, out: Path | None) -> None:
         for x, y in combinations(PAPER, 2):
             g, big = a[x].mean - a[y].mean, b[x].mean - b[y].mean
             kept = (g > 0) == (big > 0)
-            t = tally[abs(g) >= ORDER_RECORD.at]
+            t = tally[abs(g) >= ORDER_AT]
             t[0] += kept
             t[1] += 1
             rows.append(f"| {model} {eta} | {PAPER[x]} − {PAPER[y]} | {g:+.4f} | {big:+.4f} | {kept} |")
-    far, near = tally[True], tally[False]
-    text = "\n".join([f"Pairs at {short} steps against {steps} steps (completed runs, mean of 2 seeds)", "", *rows, "",
-                      f"gaps >= {ORDER_RECORD.at:g}: kept their order {far[0]} of {far[1]}; "
-                      f"closer: {near[0]} of {near[1]} (the verdict quotes {ORDER_RECORD.far} and {ORDER_RECORD.near})"])
-    if out is not None:
-        publish(text, out)
-    else:
-        print(text)
+    return rows, tally
+
+
+SEARCHES = Path(__file__).parent / "data" / "searches.json"
+"""The default search against the long runs, one row per setting (``--compare RUN --record``
+writes its setting's row)."""
+TRACK = Path(__file__).parent.parent / "geosearch" / "search" / "stats" / "track_record.json"
+"""The record the verdict quotes, shipped with the package (``--track-record`` writes it)."""
+
+
+def _binom_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def _exact_interval(k: int, n: int) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) 95% interval of k successes in n, by bisection."""
+    def solve(f, want: float) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) < want else (lo, mid)
+        return (lo + hi) / 2
+    low = 0.0 if k == 0 else solve(lambda p: _binom_tail(k, n, p), 0.025)
+    high = 1.0 if k == n else 1 - solve(lambda q: _binom_tail(n - k, n, q), 0.025)
+    return low, high
+
+
+def _tally(hits: int, of: int, chance: float) -> dict:
+    low, high = _exact_interval(hits, of)
+    return {"hits": hits, "of": of, "low": round(low, 4), "high": round(high, 4),
+            "chance": round(chance, 6), "p": float(f"{_binom_tail(hits, of, chance):.3g}")}
+
+
+def track_record(steps: int = 2000, short: int = 400, searches: Path = SEARCHES) -> dict:
+    """The record the verdict quotes, scored from the stored data: the pairs' order from
+    ``short`` to ``steps`` (:func:`pair_tally`) and the stored searches against the long
+    runs (``searches``): the best named, Spearman >= 0.8, the stability decisions."""
+    _, tally = pair_tally(steps, short)
+    rows = json.loads(searches.read_text(encoding="utf-8"))["settings"]
+    winner = sum(r["truth_best"] == r["search_best"] for r in rows)
+    rho = sum(r["spearman"] >= 0.8 for r in rows)
+    same, of = (sum(r["stability"][i] for r in rows) for i in (0, 1))
+    return {
+        "written_by": f"python benchmarks/fidelity.py --track-record "
+                      f"(--steps {steps}, short {short})",
+        "order": {"at": ORDER_AT, "far": tally[True], "near": tally[False], "short_steps": short,
+                  "long_steps": steps},
+        "search": {"long_steps": steps, "settings": [r["setting"] for r in rows],
+                   "winner": _tally(winner, len(rows), 1 / 4),
+                   "spearman": {"at": 0.8, **_tally(rho, len(rows), 1 / 6)},
+                   "stability": {"hits": same, "of": of}},
+    }
+
+
+def write_track_record(steps: int, short: int) -> None:
+    """Write :data:`TRACK` from :func:`track_record` and print it."""
+    text = json.dumps(track_record(steps, short), indent=1) + "\n"
+    TRACK.write_text(text, encoding="utf-8")
+    print(f"{TRACK}:\n{text}")
 
 
 def lengths(model: str, steps: int, eta: float, out: Path | None) -> None:
@@ -686,6 +757,10 @@ def main(argv: list[str] | None = None) -> int:
                    "tallied by size: the record the ranking's verdict quotes per pair")
     p.add_argument("--out", type=Path, help="with --compare, --lengths, --widths or --pairs: also write the table "
                    "to this file")
+    p.add_argument("--track-record", action="store_true",
+                   help="score the stored pairs (400 steps against --steps) and searches "
+                        "(data/searches.json) and write the record the verdict quotes "
+                        "(geosearch/search/stats/track_record.json)")
     args = p.parse_args(argv)
     DATA = args.data_dir
     model_args = {}
@@ -705,6 +780,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.pairs:
         pairs(args.steps, args.pairs, args.out)
+        return 0
+    if args.track_record:
+        write_track_record(args.steps, 400)
         return 0
     if args.lengths:
         lengths(args.model, args.steps, args.eta, args.out)

@@ -17,7 +17,6 @@ from geosearch.cli._args import (
     add_knobs,
     key_values,
 )
-from geosearch.cli.report import print_report_files
 from geosearch.util.errors import GeosearchError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -135,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
         with sigterm_as_ctrl_c():
             outcome = run_search(space, SearchOptions(
-                runs_dir=args.runs_dir, storage=args.storage, workers=args.workers,
+                runs_dir=args.runs_dir, storage=args.storage, export=False, workers=args.workers,
                 worker_index=args.worker_index, max_retries=args.max_retries,
                 retry_failed=args.retry_failed,
                 **({} if args.stale_after is None else {"stale_after": args.stale_after})))
@@ -147,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         if outcome.rank:  # a data-parallel rank other than 0: rank 0 reports
             return 0
         if args.worker_index is None:
-            _report_after_search(outcome.run_dir, outcome.study_name, args.storage)
+            _export_and_report(outcome, args.storage)
     finally:
         leave_together()  # data-parallel ranks wait for rank 0's report, then exit together
     if args.worker_index is not None or outcome.ranking.rows:
@@ -168,8 +167,25 @@ def _space(args: argparse.Namespace) -> SearchSpace:
     return apply_overrides(load_space(args.space), [*args.set, *model_args], **flags)
 
 
-def _report_after_search(run_dir: Path, study_name: str, storage: str | None) -> None:
-    """Write report.md (and plots, when matplotlib is installed) for the finished search.
+def _export_and_report(outcome, storage: str | None) -> None:
+    """Export the best assignment, write the report, then say where both are in one line
+    (:func:`~geosearch.search.study.export.where_line`)."""
+    from geosearch.search.study.export import export_best, where_line
+
+    exported = (export_best(outcome.run_dir, study_name=outcome.study_name, storage=storage)[0]
+                if outcome.ranking.rows else None)
+    outcome.exported = exported
+    files = _report_after_search(outcome.run_dir, outcome.study_name, storage)
+    line = where_line(exported, files.report if files else None, bool(files and files.plots))
+    if line:
+        print(line)
+    if files is not None and files.plots_note:
+        print(files.plots_note)
+
+
+def _report_after_search(run_dir: Path, study_name: str, storage: str | None):
+    """Write report.md (and plots, when matplotlib is installed) for the finished search;
+    its files, ``None`` when it failed.
 
     The study is already saved: a report that fails costs one warning line, not the search.
     """
@@ -182,5 +198,5 @@ def _report_after_search(run_dir: Path, study_name: str, storage: str | None) ->
         first = redact((str(e).strip().splitlines() or [""])[0], storage)
         print(f"warning: the search is saved, but its report failed ({type(e).__name__}: {first}); "
               f"retry with: geosearch report {run_dir}", file=sys.stderr)
-        return
-    print_report_files(files)
+        return None
+    return files

@@ -46,6 +46,7 @@ from geosearch.report.load import RunData, TrialRecord, load_run, read_metrics
 from geosearch.report.markdown import dashboard_paragraph, render_markdown
 from geosearch.report.plots import PLOT_NAMES, PLOTS_HINT, make_plots
 from geosearch.search.study.baselines import baseline_table
+from geosearch.search.study.export import study_verdict
 from geosearch.search.stats.ranking import rank_study
 
 __all__ = [
@@ -137,7 +138,8 @@ def write_report(
         note = "Plots were not requested (--no-plots)."
     rel = {name: path.relative_to(run.run_dir).as_posix() for name, path in written.items()}
     text = render_markdown(run, ranking, importance, cost, rel, note,
-                           baselines=baseline_table(run.study, ranking))
+                           baselines=baseline_table(run.study, ranking),
+                           verdict=study_verdict(run.study, ranking))
     report = run.run_dir / "report.md"
     report.write_text(text, encoding="utf-8")
     return ReportFiles(report, written, note)

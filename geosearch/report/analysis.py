@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial
 from geosearch.report.load import TrialRecord, as_finite, mean_finite
 from geosearch.search.records import FINISHED
 from geosearch.search.stats.scores import MainEffect, Score, main_effects
-from geosearch.search.stats.trials import point_scores, trial_factors
+from geosearch.search.stats.trials import point_scores, step_cost, trial_factors
 
 __all__ = [
     "CostRow",
@@ -44,8 +44,6 @@ __all__ = [
     "peak_layers",
     "stability_table",
 ]
-
-_BASELINES = (("adamw", "AdamW (all-adamw)"), ("euclidean", "Muon (all-euclidean)"))
 
 
 @dataclass
@@ -261,40 +259,27 @@ class CostTable:
 def cost_table(trials: Sequence[TrialRecord]) -> CostTable:
     """ms/step and tokens/s of completed and unstable trials, as ratios to the AdamW or Muon baseline.
 
-    The baseline is the mean over trials whose assignment is all-``adamw`` (else
-    all-``euclidean``); without either, the fastest trial, and the text says so.
+    The baseline and the ms/step ratios are :func:`geosearch.search.stats.trials.step_cost`'s
+    (the mean over trials whose assignment is all-``adamw``, else all-``euclidean``; without
+    either, the fastest trial, and the text says so); tokens/s over the same trials.
     """
     timed = [t for t in trials if t.state in ("completed", "unstable") and t.mean_step_ms is not None]
-    if not timed:
+    cost = step_cost((t.number, _uniform(t), t.label, t.mean_step_ms) for t in timed)
+    if not timed or cost.ms is None:
         return CostTable("no trial recorded its step time", [], [])
-    base_trials: list[TrialRecord] = []
-    baseline = ""
-    for geometry, name in _BASELINES:
-        base_trials = [t for t in timed if _uniform(t) == geometry]
-        if base_trials:
-            baseline = name
-            break
-    if not base_trials:
-        fastest = min(timed, key=lambda t: t.mean_step_ms)  # type: ignore[arg-type, return-value]
-        base_trials = [fastest]
-        baseline = (
-            f"the fastest trial ({fastest.label}, trial {fastest.number}): "
-            "the study has no all-adamw or all-euclidean baseline"
-        )
-    base_ms = mean_finite(t.mean_step_ms for t in base_trials)
-    base_tps = mean_finite(t.tokens_per_s for t in base_trials)
+    base_tps = mean_finite(t.tokens_per_s for t in timed if t.number in cost.trials)
     rows = [
         CostRow(
             trial=t,
             step_ms=t.mean_step_ms,
-            step_ratio=t.mean_step_ms / base_ms if base_ms else None,  # type: ignore[operator]
+            step_ratio=cost.ratios.get(t.number),
             tokens_per_s=t.tokens_per_s,
             tokens_ratio=t.tokens_per_s / base_tps if (base_tps and t.tokens_per_s is not None) else None,
             time_s=t.time_s(),
         )
         for t in sorted(timed, key=lambda t: (t.mean_step_ms, t.number))
     ]
-    return CostTable(baseline, [t.number for t in base_trials], rows)
+    return CostTable(cost.baseline, list(cost.trials), rows)
 
 
 def _uniform(t: TrialRecord) -> str | None:

@@ -26,12 +26,15 @@ from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
 from geosearch.search.study.baselines import BaselineTable
 from geosearch.search.horizon.forecast import short_logit
-from geosearch.search.stats.ranking import TRACK_RECORD, Ranking
+from geosearch.search.stats.ranking import Ranking
 from geosearch.search.stats.scores import MainEffect, Score
 from geosearch.search.stats.trials import format_params
+from geosearch.report.verdict import verdict_sections
+from geosearch.search.stats.verdict import Verdict
+from geosearch.search.study.export import study_verdict
 from geosearch.search.records import FINISHED, GEOSEARCH_VERSION, PROXY, PRUNED, STEP_FACTOR
 from geosearch.search.runtime.backup import ARTIFACTS_DIR
-from geosearch.search.horizon.reading import horizon_note, horizon_verdict
+from geosearch.search.horizon.reading import horizon_note
 
 __all__ = ["dashboard_paragraph", "render_markdown"]
 
@@ -91,6 +94,7 @@ def render_markdown(
     plots_note: str | None = None,
     *,
     baselines: BaselineTable | None = None,
+    verdict: Verdict | None = None,
 ) -> str:
     """The report as markdown.
 
@@ -104,13 +108,15 @@ def render_markdown(
             :data:`~geosearch.report.plots.PLOTS_HINT`).
         baselines: from :func:`geosearch.search.study.baselines.baseline_table` (no section
             without it).
+        verdict: from :func:`geosearch.search.study.export.study_verdict`: the Result section
+            as sections and tables (default: built from ``run.study``).
     """
     by_state: dict[str, list[TrialRecord]] = {}
     for t in run.trials:
         by_state.setdefault(t.state, []).append(t)
     sections = [
         _md_header(run, by_state),
-        _md_result(ranking, by_state.get("unstable", []), run),
+        _md_result(ranking, by_state.get("unstable", []), run, verdict),
         _md_horizon(run, plots),
         _md_stability(run),
         _md_ranking(ranking, {t.number: t for t in run.trials}),
@@ -150,21 +156,17 @@ def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str
     return lines
 
 
-def _md_result(ranking: Ranking, unstable: list[TrialRecord], run: RunData) -> list[str]:
-    lines = ["## Result", "", f"**Verdict:** {horizon_verdict(ranking.verdict, run.reading)}.", "",
-             f"How far to trust it: {TRACK_RECORD} (docs/benchmarks.md)."]
-    if ranking.effects:
-        at = (" at each assignment's own best step (at the shared step: the verdict)"
-              if ranking.steps is not None else "")
-        lines += ["", "Main effects (each factor's geometry, averaged over matched pairs that differ "
-                      f"only in it, within seeds){at}:", ""]
-        lines += [f"- {e.text()}" for e in ranking.effects]
-    if ranking.sensitivity is not None:
-        lines += ["", f"Sensitivity: {ranking.sensitivity.text()}."]
-    if unstable:
-        names = "; ".join(f"{t.label} (trial {t.number}, step {_step(t)})" for t in unstable)
-        lines += ["", f"Unstable (pruned): {names}."]
-    return lines
+def _md_result(ranking: Ranking, unstable: list[TrialRecord], run: RunData,
+               verdict: Verdict | None = None) -> list[str]:
+    v = verdict if verdict is not None else study_verdict(run.study, ranking)
+    return verdict_sections(v, at_own_step=ranking.steps is not None) + _unstable_line(unstable)
+
+
+def _unstable_line(unstable: list[TrialRecord]) -> list[str]:
+    if not unstable:
+        return []
+    names = "; ".join(f"{t.label} (trial {t.number}, step {_step(t)})" for t in unstable)
+    return ["", f"Unstable (pruned): {names}."]
 
 
 def _md_horizon(run: RunData, plots: dict[str, str]) -> list[str]:
@@ -298,7 +300,8 @@ def _md_baselines(table: BaselineTable) -> list[str]:
     lines += [f"The optimizers people use today, {how} at the baseline's rung (AdamW: rung 0, it takes no "
               "spectral step; Muon: the top rung), negative = the assignment is better, with the "
               "95% interval of the paired test on shared seeds; × ms/step = the assignment's step "
-              "time over the baseline's. Each baseline says the step it trained at and, for Muon, "
+              f"time over {table.cost_to}'s, the one cost baseline of every ratio here (see Cost). "
+              "Each baseline says the step it trained at and, for Muon, "
               "its shape scale (`muon_scale`: keller = × √max(1, fan_out/fan_in), the torch.optim.Muon "
               "convention; none = the assignments' spectral step) and its msign.", ""]
     lines += _md_baseline_blocks(table, grid)

@@ -280,7 +280,9 @@ def test_two_workers_finish_the_exhaustive_space_without_duplicates(tmp_path, ca
     for i in (0, 1):
         assert (run / "workers" / f"worker{i}.log").is_file()
     # the search ends with the report, written once by the parent from the journal storage
-    assert f"report: {Path('runs') / 'w' / 'report.md'}" in r.stdout.splitlines()
+    where = r.stdout.splitlines()[-1]
+    best = Path("runs") / "w" / "best_assignment.yaml"
+    assert where.startswith(f"best assignment: {best} (report.md")
     assert "## Browse this study in optuna-dashboard" in (run / "report.md").read_text()
     assert not any("report:" in (run / "workers" / f"worker{i}.log").read_text() for i in (0, 1))
 
@@ -306,7 +308,8 @@ def test_a_failing_report_costs_one_warning_line_not_the_search(monkeypatch, tmp
     # one line that says the search is kept, why the report failed and how to retry it
     assert warnings == [f"warning: the search is saved, but its report failed (RuntimeError: disk "
                         f"full); retry with: geosearch report {run}"]
-    assert "best assignment:" in captured.out and "report:" not in captured.out
+    assert "best assignment:" in captured.out
+    assert "report:" not in captured.out and "report.md" not in captured.out
     assert load_assignment(run / "best_assignment.yaml").provenance["study"] == "r"
     assert not (run / "report.md").exists()
 

@@ -59,7 +59,6 @@ if TYPE_CHECKING:  # pragma: no cover - steps builds on this module
 
 __all__ = [
     "ORDER_RECORD",
-    "TRACK_RECORD",
     "OrderRecord",
     "PairGap",
     "RankedTrial",
@@ -106,21 +105,19 @@ class OrderRecord:
                 f"{kept} of {of} times")
 
 
-# The benchmark's record (docs/benchmarks.md, "fidelity.py"; `python benchmarks/fidelity.py
-# --pairs 400` prints it): completed 400-step runs (the ranked rung's length) against the
-# 2,000-step runs, 2 seeds each, of the four paper assignments at the four settings stored at
-# both lengths, every pair: pairs ≥ 0.02 nats apart at 400 steps kept their order at 2,000
-# steps 13 of 15 times; closer pairs 4 of 9.
-ORDER_RECORD = OrderRecord(at=0.02, far=(13, 15), near=(4, 9))
+def _order_record() -> OrderRecord:
+    """The benchmark's record (docs/benchmarks.md, "fidelity.py"), as ``python
+    benchmarks/fidelity.py --track-record`` scored it from the stored runs into
+    ``track_record.json``: completed 400-step runs (the ranked rung's length) against the
+    2,000-step runs, 2 seeds each, of the four paper assignments at the settings stored at
+    both lengths, every pair, by the gap at 400 steps."""
+    from geosearch.search.stats.verdict import track_record  # it builds on this module
 
-# The default search's own record (docs/benchmarks.md, "The final defaults at the seven
-# settings": one search each against 2 seeds x 2,000 steps of the four assignments; exact
-# 95% intervals; chance: a random winner of four, a random order of four).
-TRACK_RECORD = ("in the benchmark the default search named the 2,000-step runs' best at 6 of 7 "
-                "settings (95% interval 0.42-1.00; chance 1 in 4 each, p = 0.001 for 6 or more), "
-                "ordered the four with Spearman >= 0.8 at 5 of 7 (0.29-0.96; chance 1 in 6, p = 0.002) "
-                "and made 28 of 28 stability decisions as the long runs did; its one wrong winner "
-                "(a deeper model) lay within its noise of the right one")
+    o = track_record()["order"]
+    return OrderRecord(at=o["at"], far=tuple(o["far"]), near=tuple(o["near"]))
+
+
+ORDER_RECORD = _order_record()
 
 
 def compare_scores(best: Score, other: Score, *, blocked: BlockedFit | None = None) -> tuple[str, float | None]:

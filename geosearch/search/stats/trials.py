@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -49,10 +50,13 @@ from geosearch.search.records import (
 from geosearch.search.stats.scores import Point, Score
 
 __all__ = [
+    "StepCost",
     "family_geometry",
     "format_params",
     "proxy_settings",
     "point_scores",
+    "step_cost",
+    "study_step_cost",
     "step_text",
     "step_words",
     "trial_factors",
@@ -251,3 +255,69 @@ def trial_line(trial: FrozenTrial, proxy: Mapping[str, Any] | None = None) -> st
     if isinstance(ua.get(MEAN_STEP_MS), (int, float)) and math.isfinite(ua[MEAN_STEP_MS]):
         extra.append(f"{ua[MEAN_STEP_MS]:.1f} ms/step")
     return "  ".join([head, what, *extra])
+
+
+# --------------------------------------------------------------------------- cost
+COST_BASELINES = (("adamw", "AdamW (all-adamw)"), ("euclidean", "Muon (all-euclidean)"))
+"""The cost baseline, first found first: the mean ms/step of the all-``adamw`` runs, else of
+the all-``euclidean`` (Muon) ones."""
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Every ms/step ratio the search states, against one baseline.
+
+    Attributes:
+        baseline: what the ratios are to, in words (``"AdamW (all-adamw)"``).
+        name: its short name (``"AdamW"``, ``"Muon"``, or ``"trial N"`` for the fastest).
+        trials: the trials averaged into it.
+        ms: its mean ms/step (``None``: no trial recorded a step time).
+        ratios: trial number -> its ms/step over ``ms``.
+    """
+
+    baseline: str
+    name: str
+    trials: tuple[int, ...]
+    ms: float | None
+    ratios: dict[int, float]
+
+
+def step_cost(entries: Iterable[tuple[int, str | None, str, float | None]]) -> StepCost:
+    """The ms/step ratio of each ``(trial number, its one geometry or None, label, ms/step)``
+    to the cost baseline (:data:`COST_BASELINES`; without either, the fastest trial, and
+    ``baseline`` says so). The one place the search's ms/step ratios are computed."""
+    timed = [(n, g, label, ms) for n, g, label, ms in entries
+             if ms is not None and math.isfinite(ms) and ms > 0]
+    if not timed:
+        return StepCost("no trial recorded its step time", "none", (), None, {})
+    for geometry, words in COST_BASELINES:
+        base = [e for e in timed if e[1] == geometry]
+        if base:
+            name = words.split(" ")[0]
+            break
+    else:
+        fastest = min(timed, key=lambda e: (e[3], e[0]))
+        base, name = [fastest], f"trial {fastest[0]}"
+        words = (f"the fastest trial ({fastest[2]}, trial {fastest[0]}): the study has no "
+                 "all-adamw or all-euclidean baseline")
+    ms = sum(e[3] for e in base) / len(base)
+    return StepCost(words, name, tuple(e[0] for e in base), ms, {n: t / ms for n, _, _, t in timed})
+
+
+def trial_geometry(trial: FrozenTrial) -> str | None:
+    """The one geometry of every module type of ``trial`` (``None``: several)."""
+    geos = set((trial.user_attrs.get(ASSIGNMENT) or {}).values())
+    return next(iter(geos)) if len(geos) == 1 else None
+
+
+def study_step_cost(trials: Iterable[FrozenTrial]) -> StepCost:
+    """:func:`step_cost` of a study's completed and unstable trials (not adaptive-seed trials),
+    as the report's cost table reads them."""
+    return step_cost((t.number, trial_geometry(t), trial_label(t),
+                      _finite(t.user_attrs.get(MEAN_STEP_MS)))
+                     for t in trials
+                     if trial_status(t) in (COMPLETED, UNSTABLE) and SEED_OF not in t.user_attrs)
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None

@@ -30,7 +30,7 @@ from geosearch.util.checks import finite_or_none
 from geosearch.search.study.queue import enqueue
 from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study
 from geosearch.search.stats.scores import Score, best_on_shared_seeds
-from geosearch.search.stats.trials import point_scores, trial_score
+from geosearch.search.stats.trials import point_scores, study_step_cost, trial_score
 from geosearch.search.records import (
     BASELINE,
     COMPLETED,
@@ -123,7 +123,8 @@ class BaselineRow:
             negative = the assignment is better.
         interval: half-width of the 95% interval of ``delta`` (``None``: no spread).
         test: ``"paired"``, ``"welch"`` or ``"none"``.
-        step_ratio: its ms/step over the baseline's (``None``: not recorded).
+        step_ratio: its ms/step over the cost baseline's, the one all ratios are to
+            (:func:`geosearch.search.stats.trials.step_cost`; ``None``: not recorded).
     """
 
     number: int
@@ -160,11 +161,13 @@ class BaselineTable:
         shared: with a step grid, the points at the shared step against each baseline at
             factor 1 (this table: each assignment at its own best step against each
             baseline at its own); ``None`` without one.
+        cost_to: the cost baseline the ``step_ratio`` of every row is to (``"AdamW"``).
     """
 
     baselines: dict[str, dict[str, Any]]
     rows: dict[str, list[BaselineRow]]
     shared: BaselineTable | None = None
+    cost_to: str | None = None
 
 
 def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> BaselineTable:
@@ -195,7 +198,7 @@ def baseline_table(study: optuna.Study, ranking: Ranking | None = None) -> Basel
     shared_rows = ranking.steps.shared.rows if ranking.steps is not None else []
     shared = _against(study, trials, {n: runs[1.0] for n, runs in latest.items() if 1.0 in runs}, shared_rows,
                       scores)
-    return BaselineTable(table.baselines, table.rows, shared)
+    return BaselineTable(table.baselines, table.rows, shared, table.cost_to)
 
 
 def _step_words(study: optuna.Study, name: str, trial: FrozenTrial, spectral_lr: float | None = None) -> str | None:
@@ -215,6 +218,7 @@ def _against(study: optuna.Study, trials: dict[int, FrozenTrial], chosen: dict[s
     proxy = study.user_attrs.get(PROXY)
     info: dict[str, dict[str, Any]] = {}
     rows: dict[str, list[BaselineRow]] = {}
+    cost = study_step_cost(trials.values())  # every ratio against the one cost baseline
     for name, b in chosen.items():
         indices = b.user_attrs.get(RUNG_INDICES) or list(range(len(b.user_attrs.get(RUNG_LOSSES) or [1])))
         rung = indices[-1]
@@ -239,10 +243,9 @@ def _against(study: optuna.Study, trials: dict[int, FrozenTrial], chosen: dict[s
             if mine is None or not mine.n:
                 continue
             c = compare(score, mine)
-            ms = finite_or_none(trials[r.number].user_attrs.get(MEAN_STEP_MS))
             rows[name].append(BaselineRow(r.number, r.label, c.diff, c.threshold, c.test,
-                                          ms / step_ms if ms is not None and step_ms else None))
-    return BaselineTable(info, rows)
+                                          cost.ratios.get(r.number)))
+    return BaselineTable(info, rows, cost_to=cost.name)
 
 
 def baselines_lines(table: BaselineTable) -> list[str]:
@@ -253,12 +256,14 @@ def baselines_lines(table: BaselineTable) -> list[str]:
         return []
     if table.shared is None:
         return ["baselines (reported, never exported; Δ = assignment - baseline at the baseline's "
-                "rung, negative = the assignment is better; 95% interval; ms/step ratio):",
+                "rung, negative = the assignment is better; 95% interval; ms/step ratio to "
+                f"{table.cost_to}):",
                 *_block_lines(table, grid=False)]
     return ["baselines (reported, never exported), tuned over the step grid as the assignments are; "
             "Δ = each assignment at its own best step - each baseline at its own best step (its "
             "lowest mean val loss over the grid), at the baseline's rung, negative = the "
-            "assignment is better; 95% interval; ms/step ratio:", *_block_lines(table, grid=True),
+            f"assignment is better; 95% interval; ms/step ratio to {table.cost_to}:",
+            *_block_lines(table, grid=True),
             "  at the shared step: each point at factor 1 against each baseline at factor 1:",
             *_block_lines(table.shared, grid=True)]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,17 @@ from geosearch.search.study.baselines import baseline_table, baselines_lines
 from geosearch.search.horizon.outlook import stability_lines, stability_record, stability_rows
 from geosearch.search.study.queue import done_count
 from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study
-from geosearch.search.stats.trials import trial_line
+from geosearch.search.stats.trials import study_step_cost, trial_line
+from geosearch.search.stats.verdict import (
+    WIDTH,
+    BaselineGap,
+    StabilityAt,
+    Verdict,
+    clip,
+    verdict_lines,
+    verdict_of,
+    verdict_record,
+)
 from geosearch.search.records import (
     ASSIGNMENT,
     BASELINE,
@@ -38,25 +49,94 @@ from geosearch.search.records import (
     SPACE,
     STEP_FACTOR,
     TARGET,
+    UNSTABLE,
     trial_status,
 )
 from geosearch.search.space.spec import SearchSpace, Suggestion, study_pruner
 from geosearch.search.runtime.storage import BEST_FILE, TOP_DIR, open_run_study
-from geosearch.search.horizon.reading import horizon_lines, horizon_verdict, reading_record, study_reading
+from geosearch.search.horizon.reading import (
+    horizon_lines,
+    horizon_note,
+    horizon_verdict,
+    reading_record,
+    study_reading,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment
 
-__all__ = ["export_best", "export_summary", "format_ranking"]
+__all__ = ["export_best", "export_summary", "format_ranking", "study_verdict", "where_line"]
 
 
-def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
-    """The ranked table of completed trials (with a step grid: each assignment at its own
-    best step, then the points at the shared step), the pruned/failed ones, the verdict
-    (marked when the ladder says it may not hold at the target), the ladder's reading and
-    the baselines (each assignment's Δ loss and ms/step ratio against each)."""
+def study_verdict(study: optuna.Study, ranking: Ranking | None = None) -> Verdict:
+    """The :class:`~geosearch.search.stats.verdict.Verdict` of ``study``: its ranking (as
+    :func:`~geosearch.search.stats.ranking.rank_study` judges it), with the stability at the
+    target of the ranked, baseline and unstable trials, the winner against each baseline,
+    its ms/step ratio to the cost baseline and the ladder's reading towards the target."""
     ranking = ranking or rank_study(study)
     reading = study_reading(study)
+    trials = study.get_trials(deepcopy=False)
+    unstable = [t.number for t in trials
+                if trial_status(t) == UNSTABLE and t.state == TrialState.PRUNED]
+    rows = stability_rows(study, outlook_numbers(study, ranking) + unstable, study_pruner(study))
+    stability = tuple(_stability_at(r, r.number in unstable) for r in rows)
+    top = ranking.rows[0].number if ranking.rows else None
+    table = baseline_table(study, ranking)
+    baselines = []
+    for name, b in table.baselines.items():
+        row = next((r for r in table.rows.get(name, []) if r.number == top), None)
+        word = ("no spread" if row is None or row.interval is None else
+                "better" if row.delta < -row.interval else "worse" if row.delta > row.interval else
+                "within noise")
+        mean = b["score"].mean if b["score"] else None
+        baselines.append(BaselineGap(name, b["trial"], b["status"], mean,
+                                     row.delta if row else None, row.interval if row else None,
+                                     row.test if row else None, word))
+    cost = study_step_cost(trials)
+    target = study.user_attrs.get(TARGET) or {}
+    note = horizon_note(reading)
+    return verdict_of(
+        ranking, sentence=horizon_verdict(ranking.verdict, reading), stability=stability,
+        baselines=tuple(baselines), step_ratio=cost.ratios.get(top) if top is not None else None,
+        ratio_to=cost.name,
+        ranked_sum_eta=reading.rungs[-1].sum_eta if reading and reading.rungs else None,
+        target_sum_eta=target.get("sum_eta") if isinstance(target, dict) else None,
+        order_measured=None if reading is None else note is None, order_note=note)
+
+
+def _stability_at(row: Any, unstable: bool) -> StabilityAt:
+    m, o = row.measured, row.outlook
+    if m is not None:
+        return StabilityAt(row.number, row.label, "measured", m.verdict, m.final, m.threshold,
+                           m.crossed_at, unstable)
+    if o is not None:
+        return StabilityAt(row.number, row.label, "forecast", o.verdict, o.forecast.value,
+                           o.threshold, None, unstable)
+    return StabilityAt(row.number, row.label, "none", None, row.max_logit, None, None, unstable)
+
+
+def where_line(exported: Path | None, report: Path | None = None, plots: bool = False) -> str:
+    """The last line a search prints: where the answer is, and its reasoning
+    (``"best assignment: runs/default/best_assignment.yaml (report.md, plots/ beside it)"``)."""
+    if report is None:
+        return f"best assignment: {exported}" if exported is not None else ""
+    files = "report.md, plots/" if plots else "report.md"
+    if exported is None:
+        return f"report: {report}" + (", plots/ beside it" if plots else "")
+    if Path(report).parent == Path(exported).parent:
+        return f"best assignment: {exported} ({files} beside it)"
+    return f"best assignment: {exported}; report: {report}"
+
+
+def format_ranking(study: optuna.Study, ranking: Ranking | None = None, *,
+                   details: bool = False) -> str:
+    """What the search prints at its end: the ranked table of completed trials (with a step
+    grid: each assignment at its own best step, then the points at the shared step), the
+    pruned/failed ones, then the verdict in four lines of at most 100 columns
+    (:func:`~geosearch.search.stats.verdict.verdict_lines`). ``details``: then the one-line
+    verdict, the ladder's reading, the stability of every trial and the baselines' table
+    (each assignment's Δ loss and ms/step ratio), as ``report.md`` gives them in tables."""
+    ranking = ranking or rank_study(study)
     proxy = study.user_attrs.get(PROXY)
     lines = _ranking_table(ranking.rows)
     if ranking.steps is not None and ranking.rows:
@@ -69,30 +149,58 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
     if others:
         lines.append("not ranked:")
         lines += ["  " + trial_line(t, proxy) for t in others]
-    lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
-    lines += optuna_best_note(study, ranking)
+    lines += [w for line in optuna_best_note(study, ranking)
+              for w in textwrap.wrap(line, WIDTH, subsequent_indent="  ")]
+    lines += verdict_lines(study_verdict(study, ranking))
+    if not details:
+        return "\n".join(lines)
+    reading = study_reading(study)
     outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking), study_pruner(study)))
-    return "\n".join(lines + horizon_lines(reading) + outlook + baselines_lines(baseline_table(study, ranking)))
+    lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
+    return "\n".join(lines + horizon_lines(reading) + outlook
+                     + baselines_lines(baseline_table(study, ranking)))
+
+
+def _record_words(record: Any) -> str:
+    """A stored verdict's kind and winner in words (``"winner: attn=dgram, mlp=dgram
+    (trial 3)"``)."""
+    if not isinstance(record, dict):
+        return str(record)
+    head = {"winner": "winner", "tie": "no single winner, lowest",
+            "unknown": "lowest (gap not judged)",
+            "single": "the only completed"}.get(record.get("kind"), str(record.get("kind")))
+    close = ", ".join(map(str, record.get("within_noise") or []))
+    return (f"{head}: {record.get('winner')} (trial {record.get('trial')})"
+            + (f"; within noise or not judged: trials {close}" if close else ""))
 
 
 def _ranking_table(rows: list[RankedTrial]) -> list[str]:
-    """The ranked rows as a text table (nothing without rows)."""
+    """The ranked rows as a text table of at most 100 columns (labels cut to fit; nothing
+    without rows)."""
     if not rows:
         return []
-    width = max(len(r.label) for r in rows)
-    lines = [f"{'rank':>4}  {'trial':>5}  {'assignment':<{width}}  {'val loss':<26}  vs best"]
-    for r in rows:
-        if r.versus_best == "best":
-            vs = "best"
-        elif r.versus_best == "unknown":
-            vs = f"{r.gap:+.4f} (no spread: can't judge)"
-        elif r.threshold is None:  # identical losses: a tie without a noise estimate
-            vs = f"{r.gap:+.4f}: tie"
-        else:
-            vs = (f"{r.gap:+.4f} {'<' if r.versus_best == 'tie' else '>'} noise "
-                  f"{r.threshold:.4f}: {'tie' if r.versus_best == 'tie' else 'worse'}")
-        lines.append(f"{r.rank:>4}  {r.number:>5}  {r.label:<{width}}  {r.score.text():<26}  {vs}")
+    vs = [_versus(r) for r in rows]
+    loss = max(26, *(len(r.score.text()) for r in rows))  # today's column
+    room = WIDTH - (4 + 2 + 5 + 2 + 2 + loss + 2 + max(7, *map(len, vs)))
+    width = max(10, min(room, max(len(r.label) for r in rows)))
+    lines = [f"{'rank':>4}  {'trial':>5}  {'assignment':<{width}}  {'val loss':<{loss}}  vs best"]
+    for r, v in zip(rows, vs):
+        label = clip(r.label, width)
+        score = r.score.text()
+        lines.append(clip(f"{r.rank:>4}  {r.number:>5}  {label:<{width}}  {score:<{loss}}  {v}"))
     return lines
+
+
+def _versus(r: RankedTrial) -> str:
+    """The table's last column for one row."""
+    if r.versus_best == "best":
+        return "best"
+    if r.versus_best == "unknown":
+        return f"{r.gap:+.4f} (no spread: can't judge)"
+    if r.threshold is None:  # identical losses: a tie without a noise estimate
+        return f"{r.gap:+.4f}: tie"
+    return (f"{r.gap:+.4f} {'<' if r.versus_best == 'tie' else '>'} noise "
+            f"{r.threshold:.4f}: {'tie' if r.versus_best == 'tie' else 'worse'}")
 
 
 def optuna_best_note(study: optuna.Study, ranking: Ranking) -> list[str]:
@@ -124,7 +232,7 @@ def outlook_numbers(study: optuna.Study, ranking: Ranking) -> list[int]:
 
 
 def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
-                       run_dir: Path) -> Assignment:
+                       run_dir: Path, verdict: dict[str, Any]) -> Assignment:
     """The Assignment of one ranked trial, with provenance."""
     from geosearch.assignment import Assignment
 
@@ -152,7 +260,7 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
                   "std": score.std, "n_seeds": score.n, "values": list(score.values),
                   "seeds": list(score.seeds) if score.seeds is not None else trial.user_attrs.get(SEEDS)},
         "tied_with": [n for n in ranking.tied if n != row.number] if row.number in ranking.tied else [],
-        "verdict": horizon_verdict(ranking.verdict, reading),
+        "verdict": verdict,
         "proxy": attrs.get(PROXY),
         "target": attrs.get(TARGET),
         "horizon": reading_record(reading) if reading is not None else None,
@@ -223,7 +331,8 @@ def export_best(
         raise GeosearchError(f"{run_dir}: no trial of study {study.study_name!r} completed, so "
                              "there is nothing to export")
     rows = ranking.rows[:top]
-    answers = [_export_assignment(study, r, ranking, run_dir) for r in rows]
+    verdict = verdict_record(study_verdict(study, ranking))
+    answers = [_export_assignment(study, r, ranking, run_dir, verdict) for r in rows]
     if rules is not None:
         try:
             answers = [a.with_rules(rules) for a in answers]
@@ -248,7 +357,7 @@ def export_summary(paths: list[Path]) -> str:
         lines.append(f"{path}: trial {a.provenance.get('trial')}, val loss {score.get('mean'):.4f}{spread}, "
                      + ", ".join(f"{t}={g}" for t, g in a.geometry.items()) + moved)
     first = load_assignment(paths[0])
-    lines.append(f"verdict: {first.provenance.get('verdict')}")
+    lines.append(f"verdict: {_record_words(first.provenance.get('verdict'))}")
     if first.settings:
         lines.append("the file holds the trial's optimizer settings too: build_optimizer(model, "
                      "load_assignment(file)) builds the optimizer the trial trained with")

@@ -38,7 +38,7 @@ from geosearch.proxy.config import check_batch_split
 from geosearch.proxy.train import train
 from geosearch.search.runtime.backup import TrialFiles, default_store
 from geosearch.search.runtime.distributed import RankGroup, follow, launch_world
-from geosearch.search.study.export import export_best, format_ranking
+from geosearch.search.study.export import export_best, format_ranking, where_line
 from geosearch.search.study.failures import requeue_failed
 from geosearch.search.study.options import SearchOptions
 from geosearch.search.study.failures import recover_stale, recovered_line
@@ -456,7 +456,7 @@ def _conclude(study: optuna.Study, options: SearchOptions, outcome: SearchOutcom
         echo(format_ranking(study, outcome.ranking))
         if options.export and outcome.ranking.rows:
             outcome.exported = export_best(outcome.run_dir, study=study)[0]
-            echo(f"best assignment: {outcome.exported}")
+            echo(where_line(outcome.exported))
     return outcome
 
 

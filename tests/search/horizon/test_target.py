@@ -22,6 +22,7 @@ from geosearch.search.space.reader import SearchSpaceError
 from geosearch.search.space.spec import apply_overrides, load_space
 from geosearch.search.runtime.backup import read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
+from geosearch.search.study.export import format_ranking
 from geosearch.search.study.run import run_search
 from geosearch.search.horizon.reading import horizon_note, study_reading
 from geosearch.search.horizon.scale import model_logit_scale
@@ -234,9 +235,9 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
     # the verdict as not yet stable.
     assert out.ranking.rows[0].label.startswith("attn=euclidean")
     text = buf.getvalue()
-    assert "the lead changed between Σ η" in text and "your target is" in text
-    verdict = next(line for line in text.splitlines() if line.startswith("verdict:"))
-    assert "not yet stable: the lead changed between Σ η" in verdict
+    assert "the lead changed between Σ η" in text and "order at your target (Σ η" in text
+    order = next(line for line in text.splitlines() if line.startswith("order at your target"))
+    assert "not yet stable: the lead changed between Σ η" in order
     # Rule: the export records the target and the reading.
     a = load_assignment(out.exported)
     assert a.provenance["target"]["steps"] == 40 and a.provenance["target"]["model"] == "tiny"
@@ -334,8 +335,11 @@ def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tm
     assert "stability_probes" in by_point["muon"].user_attrs
     # Rule: the summary shows what was measured, in the target's logits, against its threshold.
     out = buf.getvalue()
-    assert "measured by the stability rung" in out
-    assert "attn=euclidean, mlp=adamw (trial" in out and "measured at your target's Σ η²: max logit 10" in out
+    assert "stability at your target: all 2 measured below max logit" in out
+    details = format_ranking(open_run_study(tmp_path / "runs" / "t"), details=True)
+    assert "measured by the stability rung" in details
+    assert "attn=euclidean, mlp=adamw (trial" in details
+    assert "measured at your target's Σ η²: max logit 10" in details
     # Rule: the header counts its steps (one seed of stability_steps per point and muon).
     assert "the stability rung (10 steps, 1 seed) (30 steps each)" in out
 
@@ -377,7 +381,9 @@ def test_one_rung_short_of_the_target_says_the_target_is_not_measured(fake, tmp_
     note = horizon_note(study_reading(study))
     # Rule: a single rung ranks at the proxy's Σ η only, and the verdict says so.
     assert note.startswith("ranked at Σ η") and "the order there is not measured" in note
-    assert note in buf.getvalue()
+    order = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("order at your target"))
+    assert "not measured (ranked at Σ η 0.128" in order
+    assert note in format_ranking(study, details=True)
 
 
 def test_a_study_without_target_prints_no_reading(fake, tmp_path):

@@ -69,15 +69,16 @@ def test_baselines_are_trained_not_counted_not_exported_and_compared(monkeypatch
     table = baseline_table(study)
     best = next(r for r in table.rows["muon"] if r.label.startswith("attn=euclidean"))
     assert best.delta == pytest.approx(3.0 - 3.05 + 0.0015) and best.test == "paired"
-    assert best.step_ratio == pytest.approx(2.0)
+    # every ms/step ratio is to the one cost baseline (AdamW), in each baseline's rows alike
+    assert best.step_ratio == pytest.approx(4.0) and table.cost_to == "AdamW"
     worse = next(r for r in table.rows["adamw"] if r.label.startswith("attn=oblique"))
     assert worse.delta == pytest.approx(3.2 - 3.1 + 0.0015) and worse.interval is not None
     assert worse.step_ratio == pytest.approx(4.0) and table.baselines["adamw"]["rung"] == 0
     # Rule: each baseline is described at the rung it is compared at (Muon: the top rung's step).
     assert table.baselines["muon"]["trained"].startswith(f"Muon: spectral step {rungs[-1].spectral_lr:g} ×")
-    text = format_ranking(study)
+    text = format_ranking(study, details=True)
     assert "baselines (reported, never exported" in text and "muon (trial" in text
-    assert f"Δ {best.text()}  2.00x ms/step" in text
+    assert f"Δ {best.text()}  4.00x ms/step" in text and "ms/step ratio to AdamW" in text
 
 
 def test_bogus_baseline_is_one_line_naming_the_key_and_the_allowed_values():
@@ -110,4 +111,5 @@ def test_each_baseline_says_the_step_and_muon_convention_it_trained_with(monkeyp
         "Muon: spectral step 0.03 with no shape scale (muon_scale none), msign 10 × polar_express, "
         "no weight decay")
     assert table.baselines["adamw"]["trained"].startswith(f"AdamW: lr {proxy['lr']:g}")
-    assert "    trained as Muon: spectral step 0.03 with no shape scale" in format_ranking(study)
+    details = format_ranking(study, details=True)
+    assert "    trained as Muon: spectral step 0.03 with no shape scale" in details

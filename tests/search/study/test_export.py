@@ -114,3 +114,30 @@ def test_export_moves_the_answer_to_another_rule_set_and_the_model_builds_it(fak
     # the command line: one line naming --rules for an unknown rule set, nothing written
     assert main(["export", str(run_dir), "--rules", "nosuch", "-o", str(tmp_path / "x.yaml")]) == 2
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_the_search_ends_with_its_table_four_lines_and_where_within_100_columns(fake, tmp_path):
+    from geosearch.search.study.export import where_line
+
+    space = make_space({"attn": ["adamw", "euclidean", "oblique"], "mlp": ["adamw", "oblique"]},
+                       repeats=2, baselines=["adamw", "muon"], target={"steps": 40})
+    out = search(space, tmp_path)
+    from geosearch.search.runtime.storage import open_run_study
+    from geosearch.search.study.export import format_ranking
+
+    lines = format_ranking(open_run_study(tmp_path / "runs" / "t")).splitlines()
+    # Rule: the ranked table (a header and a row per ranked point), then at most four lines
+    assert lines[0].startswith("rank  trial") and len(lines) <= 1 + len(out.ranking.rows) + 4
+    assert max(map(len, lines)) <= 100
+    assert lines[1 + len(out.ranking.rows)].startswith("verdict: ")
+    assert any(ln.startswith("vs baselines: adamw ") and "muon " in ln for ln in lines)
+    assert any(ln.startswith("order at your target (Σ η ") for ln in lines)
+    # the fifth line: where the answer and the report are, one line
+    assert where_line(Path("runs/t/best_assignment.yaml"), Path("runs/t/report.md"), True) == \
+        "best assignment: runs/t/best_assignment.yaml (report.md, plots/ beside it)"
+    assert where_line(Path("a.yaml")) == "best assignment: a.yaml"
+    # the stored verdict is the fields, and loading the file still works
+    a = load_assignment(out.exported)
+    v = a.provenance["verdict"]
+    assert v["trial"] == out.ranking.rows[0].number
+    assert {b["name"] for b in v["baselines"]} == {"adamw", "muon"}

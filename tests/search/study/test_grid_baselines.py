@@ -77,7 +77,7 @@ def test_baselines_are_tuned_over_the_grid_and_compared_at_their_own_best_step(m
     assert dgram.label == "attn=dgram, mlp=stiefel" and dgram.delta == pytest.approx(3.1 - 3.08, abs=2e-3)
 
     # Rule: the printed table names each baseline's step on every line, both comparisons.
-    text = format_ranking(study, ranking)
+    text = format_ranking(study, ranking, details=True)
     assert "  muon at spectral step 0.01 (trial" in text and "  muon at spectral step 0.02 (trial" in text
     assert f"  adamw at lr {lr * 2:.3g} (trial" in text
     assert "over the grid spectral step 0.01: " in text

@@ -1,0 +1,108 @@
+"""The verdict as data: its fields, its four terminal lines, the track record's one source."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from geosearch.search.stats.ranking import ORDER_RECORD, rank_scores
+from geosearch.search.stats.scores import Point, Score
+from geosearch.search.stats.verdict import (
+    WIDTH,
+    BaselineGap,
+    StabilityAt,
+    track_record,
+    track_text,
+    verdict_lines,
+    verdict_of,
+    verdict_record,
+)
+
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+def _ranking():
+    entries = [
+        (0, "attn=stiefel, mlp=stiefel", Score((3.00, 3.02), (0, 1))),
+        (1, "attn=stiefel, mlp=dgram", Score((3.30, 3.31), (0, 1))),
+        (2, "attn=dgram, mlp=stiefel", Score((3.20, 3.23), (0, 1))),
+        (3, "attn=dgram, mlp=dgram", Score((3.50, 3.50), (0, 1))),
+    ]
+    points = {
+        0: Point({"attn": "stiefel", "mlp": "stiefel"}),
+        1: Point({"attn": "stiefel", "mlp": "dgram"}),
+        2: Point({"attn": "dgram", "mlp": "stiefel"}),
+        3: Point({"attn": "dgram", "mlp": "dgram"}),
+    }
+    return rank_scores(entries, points)
+
+
+def test_the_verdict_holds_the_rankings_numbers_not_new_ones():
+    r = _ranking()
+    v = verdict_of(r, sentence=r.verdict)
+    assert (v.kind, v.winner, v.trial, v.seeds) == ("winner", r.rows[0].label, 0, 2)
+    assert v.margin == r.rows[1].gap and v.threshold == r.rows[1].threshold
+    assert [(p.upper, p.lower, p.gap) for p in v.pairs] == [
+        (p.upper, p.lower, p.comparison.diff) for p in r.pairs
+    ]
+    assert [(e.factor, e.effect, e.decisive) for e in v.effects] == [
+        (e.factor, e.effect, e.decisive) for e in r.effects
+    ]
+    assert v.detectable == r.sensitivity.gap and v.sentence == r.verdict
+
+
+def test_four_lines_each_within_100_columns_and_the_record_is_fields():
+    r = _ranking()
+    unstable = StabilityAt(
+        9, "attn=dgram, mlp=dgram " * 4, "measured", "above", 300.0, 80.0, 1340, True
+    )
+    base = (
+        BaselineGap("adamw", 4, "completed", 3.1, -0.1, 0.02, "paired", "better"),
+        BaselineGap("muon", 5, "completed", 3.05, -0.05, 0.06, "paired", "within noise"),
+    )
+    v = verdict_of(
+        r,
+        sentence=r.verdict,
+        stability=(unstable,),
+        baselines=base,
+        step_ratio=2.5,
+        ratio_to="AdamW",
+        ranked_sum_eta=4.4,
+        target_sum_eta=21.8,
+        order_measured=False,
+        order_note="ranked at Σ η 4.4 only; your target is Σ η 21.8: the order there is not "
+        "measured",
+    )
+    lines = verdict_lines(v)
+    assert len(lines) == 4 and max(map(len, lines)) <= WIDTH
+    assert lines[0].startswith("verdict: winner attn=stiefel, mlp=stiefel (trial 0)")
+    assert "crosses at step 1,340 (pruned)" in lines[1] or lines[1].endswith("…")
+    assert "adamw -0.1000±0.0200 (better)" in lines[2] and "2.50x AdamW ms/step" in lines[2]
+    assert lines[3].startswith("order at your target (Σ η 21.8): not measured")
+    record = verdict_record(v)
+    assert yaml.safe_load(yaml.safe_dump(record)) == record and "sentence" not in record
+    assert record["baselines"][0]["delta"] == -0.1 and record["stability"][0]["crossed_at"] == 1340
+    assert record["track"]["search"]["winner"] == track_record()["search"]["winner"]
+
+
+def test_the_track_record_file_is_what_the_benchmark_scores_from_the_stored_data(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("fidelity", None)
+    import fidelity
+
+    assert fidelity.track_record() == track_record()
+    o = track_record()["order"]
+    assert (ORDER_RECORD.at, list(ORDER_RECORD.far), list(ORDER_RECORD.near)) == (
+        o["at"],
+        o["far"],
+        o["near"],
+    )
+    w = track_record()["search"]["winner"]
+    assert f"best at {w['hits']} of {w['of']} settings" in track_text()
+
+
+def test_the_track_record_ships_with_the_package():
+    text = (BENCHMARKS.parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"geosearch.search.stats" = ["track_record.json"]' in text
