@@ -7,8 +7,10 @@ type's weights, and free-form provenance (the study, proxy and score it came fro
 what a search exports and what :func:`geosearch.build_optimizer` reads: the file alone
 rebuilds the optimizer.
 
-Two shorthands, ``attn`` and ``mlp``, stand for every module type of that family; a
-per-type entry wins over its family's shorthand (for options: key by key).
+The shorthands ``attn``, ``mlp`` and ``routing`` stand for every module type of that
+family; a per-type entry wins over its family's shorthand (for options: key by key). A type
+whose rule has a ``default`` (a mixture-of-experts ``router``: ``adamw``) takes it when
+the assignment names neither the type nor its family.
 
 The YAML form (schema version 1), written by :meth:`Assignment.save`::
 
@@ -52,6 +54,7 @@ from geosearch.rules.modules import (
     module_types,
     rule_from_mapping,
     rule_set_names,
+    rule_to_mapping,
 )
 from geosearch.optim import settings as catalog
 from geosearch.optim.settings import option_keys
@@ -193,7 +196,11 @@ class Assignment:
             if geo not in known:
                 raise ConfigError(f"unknown geometry {geo!r}", key=f"geometry.{t}", allowed=known)
         family = self._families()
-        resolved = {t: self.geometry.get(t, self.geometry.get(family[t])) for t in module_types(rules)}
+        defaults = {t: rule.default for rule in rules for t in rule.types}
+        for t, geo in defaults.items():
+            if geo is not None and geo not in known:
+                raise ConfigError(f"rule {t!r}: unknown default geometry {geo!r}", key="rules", allowed=known)
+        resolved = {t: self.geometry.get(t, self.geometry.get(family[t], defaults[t])) for t in module_types(rules)}
         missing = [t for t, geo in resolved.items() if geo is None]
         if missing:
             raise ConfigError(f"no geometry for module type(s) {', '.join(missing)} of {self.rules_label}; "
@@ -300,8 +307,7 @@ class Assignment:
         settings and provenance left out."""
         rules: Any = self.rules
         if not isinstance(rules, str):
-            rules = [{"type": r.type, "pattern": r.pattern, "family": r.family, "split": list(r.split),
-                      "layout": r.layout} for r in rules]
+            rules = [rule_to_mapping(r) for r in rules]
         out: dict[str, Any] = {"version": SCHEMA_VERSION, "rules": rules, "geometry": dict(self.geometry)}
         for name in ("options", "settings", "provenance"):
             if getattr(self, name):

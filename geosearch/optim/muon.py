@@ -148,7 +148,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         grad = p.grad
         if grad.is_sparse:
             raise RuntimeError("ManifoldMuon does not support sparse gradients")
-        if p.ndim != 2:
+        if p.ndim not in (2, 3):
             raise ConfigError(
                 f"{_where(group, index)}: a manifold-Muon weight became a tensor of shape {tuple(p.shape)} "
                 "after the optimizer was built; wrappers that flatten weights into shards (DeepSpeed ZeRO, "
@@ -293,11 +293,12 @@ def _check_param(p: Tensor, group: dict[str, Any], index: int) -> None:
     if problem is not None:
         raise ConfigError(f"{_where(group, index)}: a weight is {problem}, which manifold Muon cannot step: it "
                           f"steps sharded weights on {sharded.SUPPORTED}", source=_SOURCE, key="params")
-    if p.ndim != 2:
-        raise ConfigError(f"param group {index}: manifold geometries take 2-D weights, got a tensor of "
-                          f"shape {tuple(p.shape)}; train it with 'adamw'", source=_SOURCE, key="params")
+    if p.ndim not in (2, 3):  # 3-D: a stack of expert matrices, each on its manifold
+        raise ConfigError(f"param group {index}: manifold geometries take 2-D weights (or 3-D stacks of "
+                          f"expert matrices), got a tensor of shape {tuple(p.shape)}; train it with 'adamw'",
+                          source=_SOURCE, key="params")
     split, dim = group["split"], group["split_dim"]
-    if p.shape[dim] % split:
+    if p.shape[p.ndim - 2 + dim] % split:
         raise ConfigError(f"param group {index}: dimension {dim} of a {tuple(p.shape)} weight does not split "
                           f"into {split} equal blocks", source=_SOURCE, key="split")
 
