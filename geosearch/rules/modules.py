@@ -349,6 +349,8 @@ def match_parameters(model: nn.Module, rules: Sequence[ModuleRule] | str) -> Mat
             result.rest.append((name, param))
             if id(param) in head_ids:
                 result.embeddings.append(name)
+            elif name.endswith("bias"):  # per-expert biases, (experts, out)
+                pass
             elif param.dim() == 2 or (param.dim() == 3 and "expert" in name):  # a stack of experts
                 result.unmatched_hidden.append(name)
             continue
