@@ -44,9 +44,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch import nn
 
 from geosearch.util.checks import is_int
-from geosearch.util.errors import ConfigError, SettingsError
+from geosearch.util.errors import ConfigError, GeosearchError, SettingsError
 from geosearch.models.hf_configs import (
     SIZE_FIELDS,
     HFSource,
@@ -386,18 +387,51 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
 
     def build() -> BuiltModel:
         model_class = family.model_class if family else source.model_class
+        kind = name if family is not None else source.model_type
         try:
             model = getattr(transformers, model_class)(config)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"model {spec!r}: {model_class} rejected its config: {e}",
                               source=_SOURCE, key="model_args") from None
-        if family is not None:
-            rules, kind = family.rules, name
-        else:
-            rules, kind = model_rules(model), source.model_type
+        except GeosearchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the family's own code: any error, as one line
+            if torch.empty(0).is_meta:  # build_meta_model builds it again on the CPU
+                raise
+            raise ConfigError(f"model {spec!r} (family {kind}) cannot be built: {one_line(e)}",
+                              source=_SOURCE, key="model") from e
+        _check_forward(spec, kind, model, int(config.vocab_size))
+        rules = family.rules if family is not None else model_rules(model)
         return BuiltModel(model, spec, kind, rules, int(context), int(config.vocab_size), detect_qk_source(model),
                           plain(config.to_diff_dict()), warnings=[far] if far else [])
     return build
+
+
+FORWARD_CHECK_TOKENS = 8
+"""Tokens per sequence of the forward pass every Hugging Face model is checked by when built."""
+
+
+def _check_forward(spec: str, kind: str, model: nn.Module, vocab: int) -> None:
+    """One forward pass of a freshly built Hugging Face model (2 sequences of
+    :data:`FORWARD_CHECK_TOKENS` tokens, no gradients, the random state kept), so that a
+    family its shrunk config does not suit fails here, in one line naming the family and the
+    reason, not at a run's first step. Nothing is checked on the meta device."""
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    if first is None or first.device.type == "meta":
+        return
+    x = torch.arange(2 * FORWARD_CHECK_TOKENS, device=first.device).reshape(2, -1) % vocab  # (2, T)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            output_logits(model(x), model, x)
+    except (MemoryError, torch.OutOfMemoryError):
+        return
+    except Exception as e:  # noqa: BLE001 - the family's own code: any error, as one line
+        raise ConfigError(f"model {spec!r} (family {kind}) does not run at this size: its forward pass "
+                          f"raised {one_line(e)}", source=_SOURCE, key="model_args") from e
+    finally:
+        model.train(training)
 
 
 def _hf_kwargs(family: HFFamily | None, source: HFSource | None, args: dict[str, Any], vocab_size: int,

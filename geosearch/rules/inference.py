@@ -56,13 +56,14 @@ _LEAF_TYPES: dict[str, str] = {
     **dict.fromkeys(("gate_proj", "w1"), "mlp_gate"),  # w1, w3, w2: LLaMA's reference code
     **dict.fromkeys(("up_proj", "c_fc", "fc1", "fc_in", "dense_h_to_4h", "w3"), "mlp_in"),
     **dict.fromkeys(("down_proj", "fc2", "fc_out", "dense_4h_to_h", "w2"), "mlp_out"),
-    "gate_up_proj": "mlp_gate_up",
+    **dict.fromkeys(("gate_up_proj", "input_linear"), "mlp_gate_up"),  # [gate | up] (Granite's input_linear)
+    "output_linear": "mlp_out",
 }
 # Names whose type depends on the block they sit in: (inside attention, inside the MLP).
 _CONTEXT_TYPES: dict[str, tuple[str | None, str | None]] = {
     "c_proj": ("attn_out", "mlp_out"), "dense": ("attn_out", None), "wo": ("attn_out", "mlp_out"),
     "proj": ("attn_out", None), "out_proj": ("attn_out", None), "q": ("attn_q", None), "k": ("attn_k", None), "v": ("attn_v", None),
-    "o": ("attn_out", None),
+    "o": ("attn_out", None), "g_proj": ("attn_gate", None), "output_gate": ("attn_gate", None),
 }
 _ATTN_WORDS, _MLP_WORDS = ("attn", "attention"), ("mlp", "ffn", "feed_forward", "feedforward", "moe", "expert")
 # Fused weights whose blocks are stacked whole along the output dimension, and the blocks.
@@ -70,8 +71,9 @@ _CONTIGUOUS_SPLITS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("c_attn", "qkv_proj", "Wqkv", "W_pack"), ("attn_q", "attn_k", "attn_v")),
     "gate_up_proj": ("mlp_gate", "mlp_in"),
 }
-_ORDER = ("attn_qkv", "attn_q_a", "attn_q", "attn_kv_a", "attn_kv", "attn_k", "attn_v", "attn_out", "mlp_gate_up", "mlp_gate", "mlp_in", "mlp_out",
-          "moe_gate_up", "moe_gate", "moe_in", "moe_out", "router")
+_ORDER = ("attn_qkv", "attn_q_a", "attn_q", "attn_kv_a", "attn_kv", "attn_k", "attn_v", "attn_gate",
+          "attn_out", "mlp_gate_up", "mlp_gate", "mlp_in", "mlp_out", "moe_gate_up", "moe_gate", "moe_in",
+          "moe_out", "router")
 """Rule order of an inferred set: the registered sets' order (``llama``, ``mixtral``)."""
 # Mixture of experts: a 3-D stack's (or a per-expert module's) name -> its module type.
 _EXPERT_TYPES: dict[str, str] = {
@@ -166,7 +168,8 @@ def _type_of(module_name: str, module: nn.Module | None = None, moe: bool = Fals
             return _EXPERT_TYPES[leaf]
         cls = type(module).__name__.lower() if module is not None else ""
         named = leaf in _LEAF_TYPES or leaf in _CONTEXT_TYPES
-        if leaf in _ROUTER_LEAVES or (not named and ("router" in cls or "gate" in cls)):
+        inside_router = len(parts) > 1 and parts[-2] in _ROUTER_LEAVES  # gate.wg, router.classifier
+        if leaf in _ROUTER_LEAVES or inside_router or (not named and ("router" in cls or "gate" in cls)):
             return "router"
     if leaf in _LEAF_TYPES:
         return _LEAF_TYPES[leaf]
