@@ -47,7 +47,10 @@ import yaml
 from geosearch.util.errors import ConfigError
 from geosearch.util.frozen import FrozenMap, freeze, thaw
 from geosearch.rules.modules import (
+    PER_MATRIX,
+    STACKED,
     ModuleRule,
+    attention_layout,
     check_rules,
     family_types,
     get_rule_set,
@@ -355,6 +358,9 @@ class Assignment:
             f"# Geometries: {', '.join(geometry_names())} ('adamw' = plain AdamW, no manifold).\n"
             "# Shorthands 'attn' and 'mlp' cover every type of that family; per-type entries win.\n"
         )
+        layout = attention_layout(self.rule_set())
+        if layout is not None:
+            header += f"# Attention: {layout} ({_LAYOUT_NOTES[layout]}).\n"
         return header + yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
                                   allow_unicode=True, width=100)
 
@@ -364,6 +370,13 @@ class Assignment:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.to_yaml(path), encoding="utf-8")
         return path
+
+
+_LAYOUT_NOTES = {
+    STACKED: "the attention geometry holds for the fused [Q; K; V] matrix as one: under stiefel "
+             "QᵀQ + KᵀK + VᵀV = I, each block's singular values about 1/√3",
+    PER_MATRIX: "the attention geometry holds for Q, K and V each: under stiefel QᵀQ = KᵀK = VᵀV = I",
+}
 
 
 def load_assignment(path: str | os.PathLike) -> Assignment:

@@ -151,6 +151,46 @@ RULE_SETS: dict[str, tuple[ModuleRule, ...]] = {
 }
 
 
+STACKED, PER_MATRIX = "stacked", "per-matrix"
+"""How the attention geometry applies: to the fused ``[Q; K; V]`` matrix as one (the
+reference study's "Stiefel attention": QᵀQ + KᵀK + VᵀV = I, each block's singular values
+about 1/√3) or to each projection on its own (QᵀQ = KᵀK = VᵀV = I)."""
+
+ATTENTION_SIBLINGS = {"nanogpt": "nanogpt_split", "nanogpt_split": "nanogpt", "gpt2": "gpt2_split",
+                      "gpt2_split": "gpt2"}
+"""Rule sets that differ only in the attention layout: the stacked one and its per-matrix twin."""
+
+
+def attention_layout(rules: str | Sequence[ModuleRule]) -> str | None:
+    """:data:`STACKED` when an attention rule constrains a fused Q/K/V weight as one matrix
+    (a fused ``attn_qkv`` without ``split``), :data:`PER_MATRIX` when Q, K and V are
+    separate module types (separate weights, or blocks of a split one); None without them."""
+    rules = get_rule_set(rules) if isinstance(rules, str) else rules
+    attn = [r for r in rules if r.family == "attn"]
+    if any(r.type == "attn_qkv" and not r.split for r in attn):
+        return STACKED
+    types = {t for r in attn for t in r.types}
+    return PER_MATRIX if {"attn_q", "attn_k"} <= types else None
+
+
+def attention_variant(name: str, layout: str) -> str:
+    """The registered rule set for the same model as ``name`` with attention ``layout``.
+
+    Raises:
+        ConfigError: an unknown layout, or a model whose weights offer only one layout (a
+            model with separate Q, K and V tensors cannot constrain them as one stack).
+    """
+    if layout not in (STACKED, PER_MATRIX):
+        raise ConfigError(f"unknown attention layout {layout!r}", key="attention", allowed=(STACKED, PER_MATRIX))
+    if attention_layout(name) == layout:
+        return name
+    if name in ATTENTION_SIBLINGS:
+        return ATTENTION_SIBLINGS[name]
+    raise ConfigError(f"rule set {name!r} has {attention_layout(name) or 'no'} attention and no {layout} twin: "
+                      "a stack is one tensor (a fused q/k/v weight), so only fused weights offer both",
+                      key="attention", allowed=sorted(ATTENTION_SIBLINGS))
+
+
 def rule_set_names() -> list[str]:
     """Names of the registered rule sets, sorted."""
     return sorted(RULE_SETS)
