@@ -17,7 +17,14 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "WIDTH_MULTIPLE", "family_fields", "fit_layers", "round_width"]
+__all__ = [
+    "MAX_EXPERTS",
+    "MAX_TOP_K",
+    "WIDTH_MULTIPLE",
+    "family_fields",
+    "fit_layers",
+    "round_width",
+]
 
 MAX_EXPERTS = 4
 """Experts per mixture-of-experts layer at the shrunk size (the family's own count when smaller)."""
@@ -49,7 +56,7 @@ def fit_layers(values: list[Any], depth: int) -> list[Any]:
     out = list(values[:depth])
     missing = [v for v in dict.fromkeys(map(_key, values)) if v not in set(map(_key, out))]
     kinds = {_key(v): v for v in values}
-    for i, key in enumerate(missing[:depth - 1] if depth > 1 else []):
+    for i, key in enumerate(missing[: depth - 1] if depth > 1 else []):
         out[depth - 1 - i] = kinds[key]
     return out
 
@@ -58,8 +65,12 @@ def _key(value: Any) -> str:
     return repr(value)
 
 
-def family_fields(defaults: Mapping[str, Any], name_of: Callable[[str], str | None], set_: Mapping[str, Any],
-                  args: Mapping[str, Any]) -> dict[str, Any]:
+def family_fields(
+    defaults: Mapping[str, Any],
+    name_of: Callable[[str], str | None],
+    set_: Mapping[str, Any],
+    args: Mapping[str, Any],
+) -> dict[str, Any]:
     """The config fields that keep a family's constraints at the shrunk size.
 
     Args:
@@ -82,8 +93,12 @@ def family_fields(defaults: Mapping[str, Any], name_of: Callable[[str], str | No
         return defaults.get(name_of(std) or "")
 
     _layer_lists(defaults, now("num_hidden_layers"), default("num_hidden_layers"), put)
-    width, heads, width0, heads0 = now("hidden_size"), now("num_attention_heads"), default("hidden_size"), \
-        default("num_attention_heads")
+    width, heads, width0, heads0 = (
+        now("hidden_size"),
+        now("num_attention_heads"),
+        default("hidden_size"),
+        default("num_attention_heads"),
+    )
     if all(isinstance(v, int) and v > 0 for v in (width, heads, width0, heads0)):
         _head_fields(defaults, width // heads, width0 // heads0, name_of("head_dim"), put)
         for name, value in defaults.items():
@@ -93,7 +108,9 @@ def family_fields(defaults: Mapping[str, Any], name_of: Callable[[str], str | No
     return out
 
 
-def _layer_lists(defaults: Mapping[str, Any], depth: Any, depth0: Any, put: Callable[[str, Any], None]) -> None:
+def _layer_lists(
+    defaults: Mapping[str, Any], depth: Any, depth0: Any, put: Callable[[str, Any], None]
+) -> None:
     """Per-layer lists cut to the new depth; GPT-Neo's ``attention_types`` said for it."""
     if not isinstance(depth, int):
         return
@@ -102,13 +119,20 @@ def _layer_lists(defaults: Mapping[str, Any], depth: Any, depth0: Any, put: Call
             if isinstance(value, list) and len(value) == depth0:
                 put(name, fit_layers(value, depth))
     types = defaults.get("attention_types")
-    if isinstance(types, list) and types and isinstance(types[0], list):  # [[["global", "local"], 12]]
+    if (
+        isinstance(types, list) and types and isinstance(types[0], list)
+    ):  # [[["global", "local"], 12]]
         pattern = types[0][0]
         put("attention_types", [[pattern, max(1, depth // len(pattern))]])
 
 
-def _head_fields(defaults: Mapping[str, Any], head: int, head0: int, head_name: str | None,
-                 put: Callable[[str | None, Any], None]) -> None:
+def _head_fields(
+    defaults: Mapping[str, Any],
+    head: int,
+    head0: int,
+    head_name: str | None,
+    put: Callable[[str | None, Any], None],
+) -> None:
     """Rotary and latent-attention sizes for the new head size ``head`` (``head0`` before)."""
     rotary = defaults.get("rotary_dim")
     if isinstance(rotary, int) and rotary > 0:  # GPT-J, CodeGen: rotary on part of each head
@@ -121,7 +145,9 @@ def _head_fields(defaults: Mapping[str, Any], head: int, head0: int, head_name: 
         put(head_name, head // 2)  # DeepSeek's head_dim is the rotary part
 
 
-def _expert_fields(defaults: Mapping[str, Any], args: Mapping[str, Any], put: Callable[[str, Any], None]) -> None:
+def _expert_fields(
+    defaults: Mapping[str, Any], args: Mapping[str, Any], put: Callable[[str, Any], None]
+) -> None:
     """At most :data:`MAX_EXPERTS` experts, top-k at most :data:`MAX_TOP_K`, one expert
     group, one dense layer before the first mixture of experts."""
     experts = None

@@ -23,8 +23,7 @@ __all__ = ["LEFT_OUT", "TESTED_WITH", "kind_problem", "left_out_types", "listed_
 TESTED_WITH = "5.24.0"
 """The ``transformers`` version :data:`LEFT_OUT` was measured with."""
 
-LEFT_OUT: dict[str, str] = {
-}
+LEFT_OUT: dict[str, str] = {}
 """Model type -> why it does not work end to end at its default size (from the sweep)."""
 
 

@@ -66,14 +66,17 @@ _CONTEXT_TYPES: dict[str, tuple[str | None, str | None]] = {
     "o": ("attn_out", None), "g_proj": ("attn_gate", None), "output_gate": ("attn_gate", None),
 }
 _ATTN_WORDS, _MLP_WORDS = ("attn", "attention"), ("mlp", "ffn", "feed_forward", "feedforward", "moe", "expert")
+_MIXER_WORDS = (*_ATTN_WORDS, "mamba", "mixer", "temporal_block", "linear_attn")
+"""Blocks that mix tokens (attention, linear attention, state-space layers): a weight inside
+one that no name says more about is ``attn_other`` (family ``attn``)."""
 # Fused weights whose blocks are stacked whole along the output dimension, and the blocks.
 _CONTIGUOUS_SPLITS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("c_attn", "qkv_proj", "Wqkv", "W_pack"), ("attn_q", "attn_k", "attn_v")),
     "gate_up_proj": ("mlp_gate", "mlp_in"),
 }
 _ORDER = ("attn_qkv", "attn_q_a", "attn_q", "attn_kv_a", "attn_kv", "attn_k", "attn_v", "attn_gate",
-          "attn_out", "mlp_gate_up", "mlp_gate", "mlp_in", "mlp_out", "moe_gate_up", "moe_gate", "moe_in",
-          "moe_out", "router")
+          "attn_out", "attn_other", "mlp_gate_up", "mlp_gate", "mlp_in", "mlp_out", "moe_gate_up",
+          "moe_gate", "moe_in", "moe_out", "router")
 """Rule order of an inferred set: the registered sets' order (``llama``, ``mixtral``)."""
 # Mixture of experts: a 3-D stack's (or a per-expert module's) name -> its module type.
 _EXPERT_TYPES: dict[str, str] = {
@@ -181,6 +184,12 @@ def _type_of(module_name: str, module: nn.Module | None = None, moe: bool = Fals
                 return in_attn
             if any(w in low for w in _MLP_WORDS):
                 return in_mlp
+    for part in reversed(parts[:-1]):  # any other weight of a token-mixing block
+        low = part.lower()
+        if any(w in low for w in _MLP_WORDS):
+            return None
+        if any(w in low for w in _MIXER_WORDS):
+            return "attn_other"
     return None
 
 

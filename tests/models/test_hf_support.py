@@ -46,8 +46,13 @@ def test_gptj_and_gpt_neo_work_at_their_default_size(hf, model_type, probed):
     assert math.isfinite(lm_loss(built.model, x[:, :-1], x[:, 1:]).item())
     assert (built.qk_source is not None) == probed
     if probed:
-        assert len(attention_stats(built.model, x[:, :-1], built.qk_source)["max_logit_per_layer"]) == 4
-    opt = build_optimizer(built.model, Assignment.parse("attn=stiefel,mlp=dgram", rules=built.rules), verbose=False)
+        assert (
+            len(attention_stats(built.model, x[:, :-1], built.qk_source)["max_logit_per_layer"])
+            == 4
+        )
+    opt = build_optimizer(
+        built.model, Assignment.parse("attn=stiefel,mlp=dgram", rules=built.rules), verbose=False
+    )
     lm_loss(built.model, x[:, :-1], x[:, 1:]).backward()
     opt.step()
     assert math.isfinite(lm_loss(built.model, x[:, :-1], x[:, 1:]).item())
@@ -60,19 +65,40 @@ def test_a_family_whose_forward_fails_is_refused_in_one_line_naming_it(hf):
     assert "(family gptj) does not run at this size" in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("spec, rules", [("hf:mixtral", "mixtral"), ("hf:qwen2_moe", "qwen2_moe"),
-                                         ("hf:olmoe", "mixtral"), ("hf:deepseek_v3", "deepseek"),
-                                         ("hf:gpt_oss", "gpt_oss")])
+@pytest.mark.parametrize(
+    "spec, rules",
+    [
+        ("hf:mixtral", "mixtral"),
+        ("hf:qwen2_moe", "qwen2_moe"),
+        ("hf:olmoe", "mixtral"),
+        ("hf:deepseek_v3", "deepseek"),
+        ("hf:gpt_oss", "gpt_oss"),
+    ],
+)
 def test_moe_families_get_rule_sets_with_experts_and_routers(hf, spec, rules):
     torch.manual_seed(0)
     built = build_model(spec, vocab_size=256, for_data=False, model_args={"num_hidden_layers": 2})
     assert built.rules == rules and built.qk_source is not None
-    opt = build_optimizer(built.model, Assignment.parse("attn=stiefel,mlp=dgram", rules=rules), verbose=False)
+    opt = build_optimizer(
+        built.model, Assignment.parse("attn=stiefel,mlp=dgram", rules=rules), verbose=False
+    )
     names = {g["name"]: g for g in opt.param_groups}
     assert names["router"]["geometry"] == "adamw"  # routers keep AdamW unless named
-    stacks = {n: p for n, p in built.model.named_parameters() if n.endswith(("experts.down_proj", "gate_up_proj"))}
-    stepped = {id(p) for g in opt.param_groups if g["geometry"] != "adamw" for p in g["params"] if p.dim() == 3}
-    assert stacks and stepped == {id(p) for p in stacks.values()}  # every stack [experts, ., .] on a manifold
+    stacks = {
+        n: p
+        for n, p in built.model.named_parameters()
+        if n.endswith(("experts.down_proj", "gate_up_proj"))
+    }
+    stepped = {
+        id(p)
+        for g in opt.param_groups
+        if g["geometry"] != "adamw"
+        for p in g["params"]
+        if p.dim() == 3
+    }
+    assert stacks and stepped == {
+        id(p) for p in stacks.values()
+    }  # every stack [experts, ., .] on a manifold
     x = torch.randint(0, 256, (2, 9))
     for _ in range(2):
         opt.zero_grad()
@@ -81,7 +107,11 @@ def test_moe_families_get_rule_sets_with_experts_and_routers(hf, spec, rules):
     dgram = get_manifold("dgram")
     for name, W in stacks.items():  # every expert's matrix (each block) on its manifold, (out, in)
         view = W.detach().mT if rules == "gpt_oss" else W.detach()
-        blocks = view.chunk(2, dim=-2) if name.endswith("gate_up_proj") and rules != "gpt_oss" else (view,)
+        blocks = (
+            view.chunk(2, dim=-2)
+            if name.endswith("gate_up_proj") and rules != "gpt_oss"
+            else (view,)
+        )
         assert max(dgram.constraint_error(B).max().item() for B in blocks) < 1e-5, name
 
 
@@ -89,9 +119,30 @@ def test_train_mixtral_from_the_command_line(hf, tmp_path, capsys):
     from geosearch.cli import main
 
     out = tmp_path / "run"
-    rc = main(["train", "--model", "hf:mixtral", "--model-arg", "num_hidden_layers=2", "--assign",
-               "attn=stiefel,mlp=dgram", "--steps", "3", "--batch-size", "2", "--eval-every", "3",
-               "--probe-every", "3", "--device", "cpu", "--out", str(out), "--quiet"])
+    rc = main(
+        [
+            "train",
+            "--model",
+            "hf:mixtral",
+            "--model-arg",
+            "num_hidden_layers=2",
+            "--assign",
+            "attn=stiefel,mlp=dgram",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--eval-every",
+            "3",
+            "--probe-every",
+            "3",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.out + captured.err
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
