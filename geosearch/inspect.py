@@ -154,9 +154,9 @@ def model_lines(width: int = 100) -> list[str]:
 
         types, left = listed_types(), left_out_types()
         unchecked = [t for t in types if t not in LEFT_OUT] if transformers.__version__ != TESTED_WITH else []
-        lines.append(f"hf:MODEL_TYPE, the {len(types)} decoder-only causal LM types of transformers "
-                     f"{transformers.__version__} that build, run and step at their default size "
-                     "(random weights, no download):")
+        lines += [f"hf:MODEL_TYPE, the {len(types)} decoder-only causal LM types of transformers "
+                  f"{transformers.__version__} that work at their", "default size (build, forward, "
+                  "probes, a step; random weights, no download):"]
         lines += textwrap.wrap(", ".join(types), width=width, initial_indent="  ", subsequent_indent="  ",
                                break_on_hyphens=False)
         if unchecked:

@@ -165,17 +165,14 @@ def _type_of(module_name: str, module: nn.Module | None = None, moe: bool = Fals
     name or class (``gate``, ``router``, ``...Router``) makes it a ``router``."""
     parts = module_name.split(".")
     leaf = parts[-1]
-    if moe:
-        inside = [i for i, p in enumerate(parts[:-1]) if "expert" in p.lower() and parts[i + 1].isdigit()]
-        if inside and leaf in _EXPERT_TYPES and "shared" not in parts[inside[-1]].lower():
-            return _EXPERT_TYPES[leaf]
-        cls = type(module).__name__.lower() if module is not None else ""
-        named = leaf in _LEAF_TYPES or leaf in _CONTEXT_TYPES
-        inside_router = len(parts) > 1 and parts[-2] in _ROUTER_LEAVES  # gate.wg, router.classifier
-        if leaf in _ROUTER_LEAVES or inside_router or (not named and ("router" in cls or "gate" in cls)):
-            return "router"
+    expert = _expert_type(parts, module) if moe else None
+    if expert is not None:
+        return expert
     if leaf in _LEAF_TYPES:
         return _LEAF_TYPES[leaf]
+    positional = _positional_type(parts) if len(parts) > 1 else None
+    if positional is not None:
+        return positional
     if leaf in _CONTEXT_TYPES:
         in_attn, in_mlp = _CONTEXT_TYPES[leaf]
         for part in reversed(parts[:-1]):  # the innermost block that says what it is
@@ -188,8 +185,33 @@ def _type_of(module_name: str, module: nn.Module | None = None, moe: bool = Fals
         low = part.lower()
         if any(w in low for w in _MLP_WORDS):
             return None
-        if any(w in low for w in _MIXER_WORDS):
+        if any(w in low for w in _MIXER_WORDS) or low == "conv":  # LFM's short convolution block
             return "attn_other"
+    return None
+
+
+def _positional_type(parts: list[str]) -> str | None:
+    """BERT's ``intermediate.dense`` / ``output.dense`` outside attention, and an MLP written as
+    ``nn.Sequential`` (CTRL's ``ffn.0``, ``ffn.2``: the first layer in, any later one out)."""
+    leaf, parent = parts[-1], parts[-2].lower()
+    if leaf == "dense" and not any(w in p.lower() for p in parts for w in _ATTN_WORDS):
+        return {"intermediate": "mlp_in", "output": "mlp_out"}.get(parent)
+    if leaf.isdigit() and parent in _MLP_WORDS:
+        return "mlp_in" if leaf == "0" else "mlp_out"
+    return None
+
+
+def _expert_type(parts: list[str], module: nn.Module | None) -> str | None:
+    """In a mixture of experts: the type of a per-expert module's weight, ``router``, or None."""
+    leaf = parts[-1]
+    inside = [i for i, p in enumerate(parts[:-1]) if "expert" in p.lower() and parts[i + 1].isdigit()]
+    if inside and leaf in _EXPERT_TYPES and "shared" not in parts[inside[-1]].lower():
+        return _EXPERT_TYPES[leaf]
+    cls = type(module).__name__.lower() if module is not None else ""
+    named = leaf in _LEAF_TYPES or leaf in _CONTEXT_TYPES
+    inside_router = len(parts) > 1 and parts[-2] in _ROUTER_LEAVES  # gate.wg, router.classifier
+    if leaf in _ROUTER_LEAVES or inside_router or (not named and ("router" in cls or "gate" in cls)):
+        return "router"
     return None
 
 
@@ -278,5 +300,8 @@ def _tail(name: str) -> str:
 
 
 def _generalise(name: str) -> str:
-    """``name`` as a regular expression with ``\\d+`` for each numeric component."""
-    return r"\.".join(r"\d+" if p.isdigit() else re.escape(p) for p in name.split("."))
+    """``name`` as a regular expression with ``\\d+`` for each numeric component but the
+    module's own name (``ffn.0`` of an ``nn.Sequential`` stays ``0``)."""
+    parts = name.split(".")
+    keep = len(parts) - 2 if parts[-1] in ("weight", "bias") else len(parts) - 1
+    return r"\.".join(r"\d+" if p.isdigit() and i != keep else re.escape(p) for i, p in enumerate(parts))
