@@ -224,8 +224,9 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
         raise empty
     if assign is not None:
         print()
-        named = rules or (searched.rules if searched is not None and isinstance(searched.rules, str)
-                          else None if searched is not None else built.rules)
+        from_space = searched is not None and not (searched.rules_from_model and model is not None)
+        named = rules or (searched.rules if from_space and isinstance(searched.rules, str)
+                          else None if from_space else built.rules)
         print(_plan_of(built.model, assign, named or tuple(rule_seq)).describe())
 
 
