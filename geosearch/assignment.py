@@ -7,8 +7,10 @@ type's weights, and free-form provenance (the study, proxy and score it came fro
 what a search exports and what :func:`geosearch.build_optimizer` reads: the file alone
 rebuilds the optimizer.
 
-Two shorthands, ``attn`` and ``mlp``, stand for every module type of that family; a
-per-type entry wins over its family's shorthand (for options: key by key).
+The shorthands ``attn``, ``mlp`` and ``routing`` stand for every module type of that
+family; a per-type entry wins over its family's shorthand (for options: key by key). A type
+whose rule has a ``default`` (a mixture-of-experts ``router``: ``adamw``) takes it when
+the assignment names neither the type nor its family.
 
 The YAML form (schema version 1), written by :meth:`Assignment.save`::
 
@@ -45,13 +47,17 @@ import yaml
 from geosearch.util.errors import ConfigError
 from geosearch.util.frozen import FrozenMap, freeze, thaw
 from geosearch.rules.modules import (
+    PER_MATRIX,
+    STACKED,
     ModuleRule,
+    attention_layout,
     check_rules,
     family_types,
     get_rule_set,
     module_types,
     rule_from_mapping,
     rule_set_names,
+    rule_to_mapping,
 )
 from geosearch.optim import settings as catalog
 from geosearch.optim.settings import option_keys
@@ -193,7 +199,11 @@ class Assignment:
             if geo not in known:
                 raise ConfigError(f"unknown geometry {geo!r}", key=f"geometry.{t}", allowed=known)
         family = self._families()
-        resolved = {t: self.geometry.get(t, self.geometry.get(family[t])) for t in module_types(rules)}
+        defaults = {t: rule.default for rule in rules for t in rule.types}
+        for t, geo in defaults.items():
+            if geo is not None and geo not in known:
+                raise ConfigError(f"rule {t!r}: unknown default geometry {geo!r}", key="rules", allowed=known)
+        resolved = {t: self.geometry.get(t, self.geometry.get(family[t], defaults[t])) for t in module_types(rules)}
         missing = [t for t, geo in resolved.items() if geo is None]
         if missing:
             raise ConfigError(f"no geometry for module type(s) {', '.join(missing)} of {self.rules_label}; "
@@ -300,8 +310,7 @@ class Assignment:
         settings and provenance left out."""
         rules: Any = self.rules
         if not isinstance(rules, str):
-            rules = [{"type": r.type, "pattern": r.pattern, "family": r.family, "split": list(r.split),
-                      "layout": r.layout} for r in rules]
+            rules = [rule_to_mapping(r) for r in rules]
         out: dict[str, Any] = {"version": SCHEMA_VERSION, "rules": rules, "geometry": dict(self.geometry)}
         for name in ("options", "settings", "provenance"):
             if getattr(self, name):
@@ -349,6 +358,9 @@ class Assignment:
             f"# Geometries: {', '.join(geometry_names())} ('adamw' = plain AdamW, no manifold).\n"
             "# Shorthands 'attn' and 'mlp' cover every type of that family; per-type entries win.\n"
         )
+        layout = attention_layout(self.rule_set())
+        if layout is not None:
+            header += f"# Attention: {layout} ({_LAYOUT_NOTES[layout]}).\n"
         return header + yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
                                   allow_unicode=True, width=100)
 
@@ -358,6 +370,13 @@ class Assignment:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.to_yaml(path), encoding="utf-8")
         return path
+
+
+_LAYOUT_NOTES = {
+    STACKED: "the attention geometry holds for the fused [Q; K; V] matrix as one: under stiefel "
+             "QᵀQ + KᵀK + VᵀV = I, each block's singular values about 1/√3",
+    PER_MATRIX: "the attention geometry holds for Q, K and V each: under stiefel QᵀQ = KᵀK = VᵀV = I",
+}
 
 
 def load_assignment(path: str | os.PathLike) -> Assignment:

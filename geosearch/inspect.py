@@ -146,17 +146,25 @@ def model_lines(width: int = 100) -> list[str]:
              f"Hugging Face families with their rule sets: {', '.join('hf:' + n for n in HF_MODELS)}"]
     try:
         import transformers
-
-        from geosearch.models.hf_configs import causal_lm_types
     except ImportError:
         lines.append("hf:MODEL_TYPE: needs Hugging Face transformers, which is not installed "
                      "(pip install 'geosearch[hf]')")
     else:
-        types = causal_lm_types()
-        lines.append(f"hf:MODEL_TYPE, the {len(types)} decoder-only causal LM types of transformers "
-                     f"{transformers.__version__} (random weights, no download):")
+        from geosearch.models.hf_support import TESTED_WITH, LEFT_OUT, left_out_types, listed_types
+
+        types, left = listed_types(), left_out_types()
+        unchecked = [t for t in types if t not in LEFT_OUT] if transformers.__version__ != TESTED_WITH else []
+        lines += [f"hf:MODEL_TYPE, the {len(types)} decoder-only causal LM types of transformers "
+                  f"{transformers.__version__} that work at their", "default size (build, forward, "
+                  "probes, a step; random weights, no download):"]
         lines += textwrap.wrap(", ".join(types), width=width, initial_indent="  ", subsequent_indent="  ",
                                break_on_hyphens=False)
+        if unchecked:
+            lines.append(f"  (checked with transformers {TESTED_WITH}; run benchmarks/hf_families.py to check "
+                         "this version)")
+        lines.append(f"left out, {len(left)} causal LM types of transformers {transformers.__version__}:")
+        for t, why in sorted(left.items()):
+            lines += textwrap.wrap(f"{t}: {why}", width=width, initial_indent="  ", subsequent_indent="      ")
     lines += ["hf:PATH: a directory holding a Hugging Face config.json (hf:./DIR for one here)",
               f"{PY_SPEC_HELP}: your own nn.Module, made by FACTORY(vocab_size, block_size, **model_args)"]
     return lines
@@ -216,8 +224,9 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
         raise empty
     if assign is not None:
         print()
-        named = rules or (searched.rules if searched is not None and isinstance(searched.rules, str)
-                          else None if searched is not None else built.rules)
+        from_space = searched is not None and not (searched.rules_from_model and model is not None)
+        named = rules or (searched.rules if from_space and isinstance(searched.rules, str)
+                          else None if from_space else built.rules)
         print(_plan_of(built.model, assign, named or tuple(rule_seq)).describe())
 
 

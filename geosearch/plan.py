@@ -31,7 +31,15 @@ from geosearch.assignment import Assignment, load_assignment
 from geosearch.util.errors import ConfigError
 from geosearch.util.frozen import FrozenMap, thaw
 from geosearch.manifolds import ADAMW
-from geosearch.rules.modules import ParamMatch, match_parameters, module_types, rule_set_names
+from geosearch.rules.modules import (
+    PER_MATRIX,
+    STACKED,
+    ParamMatch,
+    attention_layout,
+    match_parameters,
+    module_types,
+    rule_set_names,
+)
 from geosearch.optim import settings as catalog
 from geosearch.optim.blocks import block_view
 from geosearch.util.text import text_table
@@ -214,6 +222,9 @@ class Plan:
         head = f"plan for {self.model} [{self.rules_label}]: {len(self.params)} tensors, {n:,} parameters"
         if self.frozen:
             head += f" ({self.frozen} frozen)"
+        layout = attention_layout(self.assignment.rule_set())
+        if layout is not None:
+            head += f"; attention {layout}: {_LAYOUT_WORDS[layout]}"
         cells = [("type", "geometry", "layout", "block", "tensors", "params", "lr", "wd", "options")]
         for e in self.types():
             opts = e["options"]
@@ -222,6 +233,10 @@ class Plan:
                           " ".join(f"{k}={_show(v)}" for k, v in e["per_type"].items())))
         shown = " ".join(f"{k}={_show(v)}" for k, v in self.settings.items())
         return "\n".join([head, f"settings: {shown}", *text_table(cells, numbers=range(4, 8))])
+
+
+_LAYOUT_WORDS = {STACKED: "its geometry holds for the fused [Q; K; V] matrix as one",
+                 PER_MATRIX: "its geometry holds for Q, K and V each"}
 
 
 def _show(value: Any) -> str:

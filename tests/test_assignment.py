@@ -273,3 +273,18 @@ def test_good_yaml_written_by_hand(tmp_path):
     assert a.resolve()["attn_k"] == "dgram" and a.resolve()["attn_q"] == "stiefel"
     assert a.resolve_options()["attn_v"] == {"lr": 6e-3}
     assert yaml.safe_load(a.to_yaml())["options"] == {"attn": {"lr": 6e-3}}
+
+
+def test_a_rule_default_fills_a_type_the_assignment_does_not_name(tmp_path):
+    # Rule: routers (family routing, default adamw) keep AdamW under attn=/mlp=, and can be named;
+    # the default survives a custom rule list's round trip through YAML.
+    a = Assignment.parse("attn=stiefel,mlp=dgram", rules="mixtral")
+    assert a.resolve()["router"] == "adamw" and a.resolve()["moe_gate"] == "dgram"
+    assert Assignment.parse("attn=stiefel,mlp=dgram,router=stiefel", rules="mixtral").resolve()["router"] == "stiefel"
+    assert Assignment.parse("attn=stiefel,mlp=dgram,routing=oblique", rules="mixtral").resolve()["router"] == "oblique"
+    rules = (ModuleRule("mlp_in", r"fc\.weight$", "mlp"), ModuleRule("router", r"gate\.weight$", "routing",
+                                                                       default="adamw"))
+    loaded = load_assignment(Assignment({"mlp": "dgram"}, rules=rules).save(tmp_path / "a.yaml"))
+    assert loaded.rules == rules and loaded.resolve() == {"mlp_in": "dgram", "router": "adamw"}
+    with pytest.raises(ConfigError, match="unknown default geometry 'sgd'"):
+        Assignment({"mlp": "dgram"}, rules=(rules[0], ModuleRule("router", r"g$", "routing", default="sgd")))

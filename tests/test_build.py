@@ -375,3 +375,95 @@ def test_the_group_table_is_printed_by_the_main_process_only(model, monkeypatch,
     monkeypatch.setenv("RANK", "0")
     build_optimizer(model, assignment)
     assert "ManifoldMuon:" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- mixture of experts
+E, I = 3, 8  # experts, expert MLP width
+
+
+class Experts(nn.Module):
+    """Mixtral's experts in transformers 5: [experts, out, in] stacks, gate and up stacked whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(E, 2 * I, D) * 0.2)
+        self.down_proj = nn.Parameter(torch.randn(E, D, I) * 0.2)
+
+    def forward(self, x, weights):  # x (N, D), weights (N, E): every expert, weighted
+        out = 0
+        for e in range(E):
+            gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+            out = out + weights[:, e:e + 1] * F.linear(F.silu(gate) * up, self.down_proj[e])
+        return out
+
+
+class MoE(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(V, D)
+        self.mlp = nn.Module()
+        self.mlp.gate = nn.Linear(D, E, bias=False)
+        self.mlp.experts = Experts()
+        self.head = nn.Linear(D, V, bias=False)
+
+    def forward(self, idx):
+        x = self.embed(idx).flatten(0, 1)  # (N, D)
+        x = x + self.mlp.experts(x, self.mlp.gate(x).softmax(-1))
+        return self.head(x).view(*idx.shape, V)
+
+
+MOE_RULES = (
+    ModuleRule("moe_gate_up", r"mlp\.experts\.gate_up_proj$", "mlp", split=("moe_gate", "moe_in")),
+    ModuleRule("moe_out", r"mlp\.experts\.down_proj$", "mlp"),
+    ModuleRule("router", r"mlp\.gate\.weight$", "routing", default="adamw"),
+)
+
+
+def _moe_loss(model: nn.Module, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, V, (2, T + 1), generator=g)
+    return F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+
+
+@pytest.mark.parametrize("geometry", ["dgram", "stiefel"])
+def test_each_expert_is_stepped_on_its_manifold_as_if_alone(geometry):
+    torch.manual_seed(0)
+    model = MoE()
+    opt = build_optimizer(model, Assignment({"mlp": geometry}, rules=MOE_RULES), verbose=False)
+    experts = model.mlp.experts
+    groups = {id(p): g for g in opt.param_groups for p in g["params"]}
+    # the same matrices, one tensor per expert, stepped by an optimizer of their own
+    alone = {name: [nn.Parameter(getattr(experts, name)[e].detach().clone()) for e in range(E)]
+             for name in ("gate_up_proj", "down_proj")}
+    solo = ManifoldMuon([{**{k: v for k, v in groups[id(getattr(experts, name))].items() if k != "params"},
+                          "params": alone[name]} for name in alone])
+    manifold = get_manifold(geometry)
+    for step in range(4):
+        opt.zero_grad()
+        _moe_loss(model, step).backward()
+        for name, params in alone.items():
+            for e, p in enumerate(params):
+                p.grad = getattr(experts, name).grad[e].clone()
+        opt.step()
+        solo.step()
+        for name, params in alone.items():
+            stack = getattr(experts, name).detach()
+            for e, p in enumerate(params):
+                err = (stack[e] - p.detach()).abs().max().item()
+                assert err < 1e-5, (step, name, e, err)  # float32 rounding of a batched product
+    for e in range(E):  # every expert's matrix (each block of gate_up) on the manifold
+        for W in (*experts.gate_up_proj.detach()[e].chunk(2, dim=0), experts.down_proj.detach()[e]):
+            assert manifold.constraint_error(W).item() < 1e-5
+
+
+def test_routers_default_to_adamw_and_can_be_assigned():
+    model = MoE()
+    opt = build_optimizer(model, Assignment({"mlp": "dgram"}, rules=MOE_RULES), verbose=False)
+    (router,) = [g for g in opt.param_groups if g["name"] == "router"]
+    assert router["geometry"] == "adamw" and router["params"][0] is model.mlp.gate.weight
+    opt = build_optimizer(model, Assignment({"mlp": "dgram", "router": "stiefel"}, rules=MOE_RULES), verbose=False)
+    (router,) = [g for g in opt.param_groups if g["name"] == "router"]
+    assert router["geometry"] == "stiefel"
+    assert get_manifold("stiefel").constraint_error(model.mlp.gate.weight.detach()).item() < 1e-5
+    opt = build_optimizer(model, Assignment({"mlp": "dgram", "routing": "oblique"}, rules=MOE_RULES), verbose=False)
+    assert [g["geometry"] for g in opt.param_groups if g["name"] == "router"] == ["oblique"]

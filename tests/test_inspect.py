@@ -52,23 +52,32 @@ def test_fitting_rule_sets_are_the_families_own():
 
 
 # --------------------------------------------------------------------------- --models
-def test_models_lists_every_spec_kind_and_every_hf_type_that_messages_point_to(capsys):
+def test_models_lists_the_hf_types_that_work_and_says_why_the_others_are_left_out(capsys):
     transformers = pytest.importorskip("transformers", reason=HF_REASON)
     from geosearch.cli import main
     from geosearch.models.hf_configs import LIST_HINT, causal_lm_types
+    from geosearch.models.hf_support import left_out_types, listed_types
 
     assert main(["inspect", "--models"]) == 0
     out = capsys.readouterr().out
-    listed = {name.strip() for line in out.splitlines() if line.startswith("  ") for name in line.split(",")
-              if name.strip()}
-    # Rule: every hf:MODEL_TYPE the zoo takes is listed, with the version it comes from, so that
-    # messages name this command (LIST_HINT) instead of a line of 200 names.
-    assert listed == set(causal_lm_types()) and "mistral" in listed
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("hf:MODEL_TYPE"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("left out"))
+    listed = {name.strip() for line in lines[start + 1:end] if line.startswith("  ") and not line.startswith("  (")
+              for name in line.split(",") if name.strip()}
+    left = {line.split(":")[0].strip() for line in lines[end + 1:] if line.startswith("  ") and
+            not line.startswith("      ")}
+    # Rule: the listed types are the ones that work; every other causal LM type is named with
+    # its reason, so that messages can name this command (LIST_HINT) instead of 200 names.
+    assert listed == set(listed_types()) and "mistral" in listed and "mixtral" in listed
+    assert left == set(left_out_types()) and listed | left == set(causal_lm_types()) and not listed & left
+    assert "whisper" in left and "musicgen" in left and "mamba" in left  # not decoder-only with attention
+    assert "gptj" in listed and "gpt_neo" in listed
     assert f"transformers {transformers.__version__}" in out and LIST_HINT.startswith("geosearch inspect --models")
     # Rule: the other kinds are there too: presets, the families with rule sets, paths, py:.
     for words in ("tiny (2 layers, width 32)", "hf:gpt2, hf:llama", "hf:PATH", "py:MODULE:FACTORY"):
         assert words in out
-    assert all(len(line) <= 100 for line in out.splitlines() if line.startswith("  "))
+    assert all(len(line) <= 100 for line in lines if line.startswith(("  ", "hf:", "left")))
 
 
 # --------------------------------------------------------------------------- inspect_model

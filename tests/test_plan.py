@@ -106,7 +106,8 @@ def test_describe_shows_each_type_before_training(model):
     text = plan.describe()
     lines = text.splitlines()
     n = sum(p.numel() for p in model.parameters())
-    assert lines[0] == f"plan for TinyGPT [rule set 'nanogpt_split']: {len(plan.params)} tensors, {n:,} parameters"
+    assert lines[0] == (f"plan for TinyGPT [rule set 'nanogpt_split']: {len(plan.params)} tensors, {n:,} parameters; "
+                        "attention per-matrix: its geometry holds for Q, K and V each")
     assert "spectral_lr=0.05" in lines[1] and "solver=project" in lines[1]
     rows = {line.split()[0]: line.split() for line in lines[3:]}
     # Rule: one row per module type, in rule order: geometry, layout, (out, in) block, tensors, params.
@@ -126,3 +127,40 @@ def test_bind_errors_name_their_source(model):
     with pytest.raises(ConfigError, match=r"^--assign: rules: 2 2-D hidden weight\(s\) match no rule"):
         bind(TinyGPT(extra=True), Assignment.parse("attn=stiefel,mlp=dgram"), source="--assign")
 
+
+
+# --------------------------------------------------------------------------- stacked or per-matrix
+def test_stacked_attention_constrains_the_stack_and_per_matrix_each_block(model, tmp_path):
+    # nanogpt: Stiefel on the fused [Q; K; V] (3D x D): QᵀQ + KᵀK + VᵀV = I, so the blocks'
+    # squared singular values average 1/3 (about 1/√3 each). nanogpt_split: QᵀQ = KᵀK = VᵀV = I.
+    eye = torch.eye(D)
+    for rules, layout in (("nanogpt", "stacked"), ("nanogpt_split", "per-matrix")):
+        torch.manual_seed(0)
+        m = TinyGPT()
+        assignment = Assignment.parse("attn=stiefel,mlp=dgram", rules=rules)
+        plan = bind(m, assignment)
+        assert f"attention {layout}:" in plan.describe().splitlines()[0]
+        assert f"# Attention: {layout} (" in assignment.to_yaml()
+        build_optimizer(m, assignment, verbose=False)
+        W = m.transformer.h[0].attn.c_attn.weight.detach()  # (3D, D): Q, K, V rows
+        blocks = W.split(D, dim=0)
+        sigma2 = torch.cat([torch.linalg.svdvals(B) for B in blocks]).square()
+        if layout == "stacked":
+            assert (W.T @ W - eye).abs().max() < 1e-5
+            assert sum(B.T @ B for B in blocks).sub(eye).abs().max() < 1e-5
+            assert abs(sigma2.mean().item() - 1 / 3) < 1e-5
+            assert any((B.T @ B - eye).abs().max() > 0.1 for B in blocks)  # no block is itself orthogonal
+        else:
+            assert all((B.T @ B - eye).abs().max() < 1e-5 for B in blocks)
+            assert (sigma2 - 1).abs().max() < 1e-4
+
+
+def test_attention_variant_names_the_twin_or_says_why_not():
+    from geosearch.rules.modules import attention_layout, attention_variant
+
+    assert attention_variant("nanogpt", "per-matrix") == "nanogpt_split"
+    assert attention_variant("gpt2_split", "stacked") == "gpt2"
+    assert attention_variant("gpt2", "stacked") == "gpt2"
+    assert attention_layout("llama") == "per-matrix" and attention_layout("nanogpt") == "stacked"
+    with pytest.raises(ConfigError, match="'llama' has per-matrix attention and no stacked twin"):
+        attention_variant("llama", "stacked")

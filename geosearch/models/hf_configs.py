@@ -27,6 +27,7 @@ from typing import Any
 from geosearch.util.checks import shown
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import read_user_text
+from geosearch.models.hf_shrink import family_fields
 from geosearch.models.specs import size_range
 
 SMALL_SIZE: dict[str, int] = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4}
@@ -172,7 +173,9 @@ def small_kwargs(source: HFSource, args: Mapping[str, Any]) -> dict[str, Any]:
     ratios for what follows from them: key-value heads (``num_key_value_heads`` ×
     heads / the default heads, rounded down to a divisor of the heads), every
     ``*intermediate_size`` (× width / the default width), ``head_dim`` = width / heads;
-    dropout off; no BOS/EOS/padding id (no tokenizer is assumed). No KV cache.
+    dropout off; no BOS/EOS/padding id (no tokenizer is assumed). No KV cache. Then the
+    family's own constraints (:func:`geosearch.models.hf_shrink.family_fields`: per-layer
+    lists, rotary and latent-attention sizes, experts, 16-byte MLP widths).
     """
     default = default_config(source.config_class)
     defaults = default.to_dict()
@@ -197,6 +200,7 @@ def small_kwargs(source: HFSource, args: Mapping[str, Any]) -> dict[str, Any]:
         if width % heads == 0:
             put("head_dim", width // heads)
         out.update(_intermediate_sizes(defaults, args, width, width0))
+    out.update(family_fields(defaults, source.real_name, out, args))
     out.update(_quiet_kwargs(defaults, args))
     if "use_cache" in defaults:
         out["use_cache"] = False

@@ -38,14 +38,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import inspect
 import itertools
 import logging
-import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,7 +48,6 @@ from torch import nn
 
 from geosearch.util.checks import is_int
 from geosearch.util.errors import ConfigError, GeosearchError, SettingsError
-from geosearch.rules.modules import ModuleRule
 from geosearch.models.hf_configs import (
     SIZE_FIELDS,
     HFSource,
@@ -66,9 +60,11 @@ from geosearch.models.hf_configs import (
     make_hf_config,
     small_kwargs,
 )
+from geosearch.models.built import BuiltModel, check_vocab
 from geosearch.models.lm import output_logits
 from geosearch.models.model import GPT, make_config
 from geosearch.models.qk import detect_qk_source, why_no_qk_source
+from geosearch.models.user import one_line, plan_py
 from geosearch.rules.inference import model_rules
 from geosearch.models.specs import (  # the spec names live without torch
     DEFAULT_BLOCK_SIZE,
@@ -76,7 +72,6 @@ from geosearch.models.specs import (  # the spec names live without torch
     HF_PREFIX,
     PRESETS,
     PY_PREFIX,
-    PY_SPEC_HELP,
     HFFamily,
     model_spec_names,
     preset_rules,
@@ -93,61 +88,6 @@ _SOURCE = "--model"
 _HF_INTERNAL = frozenset({"_name_or_path", "transformers_version", "architectures", "model_type",
                           "id2label", "label2id", "return_dict", "output_hidden_states",
                           "output_attentions", "torchscript", "problem_type"})
-
-
-# --------------------------------------------------------------------------- result
-@dataclass
-class BuiltModel:
-    """A freshly initialised model and what geosearch needs to know about it.
-
-    Attributes:
-        model: the ``nn.Module`` (on the CPU).
-        spec: the spec it was built from.
-        family: ``"nanogpt"`` (presets), the Hugging Face model type (``"gpt2"``,
-            ``"llama"``, ``"phi3"``, ...) or ``"py"``.
-        rules: its default rules: a registered rule set's name, or rules read off its module
-            names (``hf:`` models no registered set fits); ``None`` for ``py:`` models (the
-            search space or assignment names them).
-        block_size: context length T it was built for.
-        vocab_size: its vocabulary size (``None`` when unknown, for ``py:`` models).
-        qk_source: how the attention probes capture its queries and keys (a
-            :data:`geosearch.models.qk.QK_SOURCES` name), ``None`` when they cannot.
-        config: the resolved architecture, YAML-safe (a preset's ``GPTConfig``, a Hugging
-            Face config's non-default fields, or a factory and its arguments).
-        warnings: what a user should know about this model (no attention probes), one line
-            each; logged when the model is built.
-    """
-
-    model: nn.Module
-    spec: str
-    family: str
-    rules: str | tuple[ModuleRule, ...] | None
-    block_size: int
-    vocab_size: int | None
-    qk_source: str | None
-    config: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-    def num_params(self) -> int:
-        """Parameters, shared (tied) tensors counted once."""
-        return sum(p.numel() for p in self.model.parameters())
-
-    def describe(self) -> dict[str, Any]:
-        """YAML-safe summary for ``config.yaml`` and ``geosearch inspect``."""
-        rules = self.rules if not isinstance(self.rules, tuple) else plain(
-            [dataclasses.asdict(r) for r in self.rules])
-        return {"spec": self.spec, "family": self.family, "class": type(self.model).__name__,
-                "rules": rules, "qk_source": self.qk_source, "block_size": self.block_size,
-                "vocab_size": self.vocab_size, "parameters": self.num_params(), "config": self.config,
-                "warnings": list(self.warnings)}
-
-    def summary(self) -> str:
-        """One line for people: spec, class, size, default rules."""
-        rules = (f"rule set {self.rules!r}" if isinstance(self.rules, str)
-                 else "rules read off its module names" if self.rules else "no default rule set")
-        probes = f"attention probes via {self.qk_source}" if self.qk_source else "no attention probes"
-        return (f"{self.spec}: {type(self.model).__name__}, {self.num_params():,} parameters, "
-                f"T={self.block_size}; {rules}; {probes}")
 
 
 # --------------------------------------------------------------------------- build
@@ -279,7 +219,7 @@ def check_logits(built: BuiltModel, data_vocab: int, *, source: str | None = _SO
         if device.type == "meta":
             return False
         raise SettingsError(f"model {spec!r}: its forward(idx) on a batch of shape {tuple(x.shape)} raised "
-                            f"{_one_line(e)}", source=source, key=key) from e
+                            f"{one_line(e)}", source=source, key=key) from e
     finally:
         model.train(training)
     try:
@@ -338,14 +278,8 @@ def _plan_kind(spec: Any, vocab_size: int, block_size: int | None, model_args: d
     if spec.startswith(HF_PREFIX):
         return _plan_hf(spec, vocab_size, block_size, model_args, for_data)
     if spec.startswith(PY_PREFIX):
-        return _plan_py(spec, vocab_size, block_size, model_args)
+        return plan_py(spec, vocab_size, block_size, model_args)
     raise ConfigError(f"unknown model {spec!r}", source=_SOURCE, key="model", allowed=model_spec_names())
-
-
-def _check_vocab(spec: str, data_vocab: int, model_vocab: Any) -> None:
-    if is_int(model_vocab) and model_vocab < data_vocab:
-        raise ConfigError(f"model {spec!r}: vocab_size {model_vocab} is smaller than the data's {data_vocab}",
-                          source=_SOURCE, key="model_args.vocab_size")
 
 
 FAR_VOCAB_FACTOR = 4
@@ -385,7 +319,7 @@ def _plan_preset(spec: str, vocab_size: int, block_size: int | None, model_args:
     except ConfigError as e:
         raise ConfigError(f"model {spec!r}: {e.problem}", source=_SOURCE, key=f"model_args.{e.key}",
                           allowed=e.allowed) from None
-    _check_vocab(spec, vocab_size, config.vocab_size)
+    check_vocab(spec, vocab_size, config.vocab_size)
 
     def build() -> BuiltModel:
         return BuiltModel(GPT(config), spec, "nanogpt", "nanogpt", config.block_size, config.vocab_size,
@@ -440,7 +374,7 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
     kwargs, size_fields = _hf_kwargs(family, source, args, vocab_size, block_size, block_field)
     check_sizes(spec, kwargs, size_fields)
     config = make_hf_config(spec, label, config_class, kwargs)
-    _check_vocab(spec, vocab_size, getattr(config, "vocab_size", None))
+    check_vocab(spec, vocab_size, getattr(config, "vocab_size", None))
     # a directory's config.json keeps its checkpoint's vocabulary unless model_args set one
     far = _far_vocab_warning(spec, vocab_size, config) if for_data and source is not None \
         and source.directory and "vocab_size" not in args else None
@@ -453,18 +387,51 @@ def _plan_hf(spec: str, vocab_size: int, block_size: int | None, model_args: dic
 
     def build() -> BuiltModel:
         model_class = family.model_class if family else source.model_class
+        kind = name if family is not None else source.model_type
         try:
             model = getattr(transformers, model_class)(config)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"model {spec!r}: {model_class} rejected its config: {e}",
                               source=_SOURCE, key="model_args") from None
-        if family is not None:
-            rules, kind = family.rules, name
-        else:
-            rules, kind = model_rules(model), source.model_type
+        except GeosearchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the family's own code: any error, as one line
+            if torch.empty(0).is_meta:  # build_meta_model builds it again on the CPU
+                raise
+            raise ConfigError(f"model {spec!r} (family {kind}) cannot be built: {one_line(e)}",
+                              source=_SOURCE, key="model") from e
+        _check_forward(spec, kind, model, int(config.vocab_size))
+        rules = family.rules if family is not None else model_rules(model)
         return BuiltModel(model, spec, kind, rules, int(context), int(config.vocab_size), detect_qk_source(model),
                           plain(config.to_diff_dict()), warnings=[far] if far else [])
     return build
+
+
+FORWARD_CHECK_TOKENS = 8
+"""Tokens per sequence of the forward pass every Hugging Face model is checked by when built."""
+
+
+def _check_forward(spec: str, kind: str, model: nn.Module, vocab: int) -> None:
+    """One forward pass of a freshly built Hugging Face model (2 sequences of
+    :data:`FORWARD_CHECK_TOKENS` tokens, no gradients, the random state kept), so that a
+    family its shrunk config does not suit fails here, in one line naming the family and the
+    reason, not at a run's first step. Nothing is checked on the meta device."""
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    if first is None or first.device.type == "meta":
+        return
+    x = torch.arange(2 * FORWARD_CHECK_TOKENS, device=first.device).reshape(2, -1) % vocab  # (2, T)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            output_logits(model(x), model, x)
+    except (MemoryError, torch.OutOfMemoryError):
+        return
+    except Exception as e:  # noqa: BLE001 - the family's own code: any error, as one line
+        raise ConfigError(f"model {spec!r} (family {kind}) does not run at this size: its forward pass "
+                          f"raised {one_line(e)}", source=_SOURCE, key="model_args") from e
+    finally:
+        model.train(training)
 
 
 def _hf_kwargs(family: HFFamily | None, source: HFSource | None, args: dict[str, Any], vocab_size: int,
@@ -481,89 +448,3 @@ def _hf_kwargs(family: HFFamily | None, source: HFSource | None, args: dict[str,
     else:
         kwargs = {**small_kwargs(source, args), "vocab_size": vocab_size, **own, **args}
     return kwargs, [f for f in (*map(source.real_name, SIZE_FIELDS), block_field) if f in kwargs]
-
-
-# your own --------------------------------------------------------------------------
-def _plan_py(spec: str, vocab_size: int, block_size: int | None, model_args: dict[str, Any]) -> _Build:
-    target, colon, name = spec[len(PY_PREFIX):].rpartition(":")
-    if not colon or not target or not name.isidentifier():
-        raise ConfigError(f"model {spec!r}: expected {PY_SPEC_HELP}, e.g. py:mypackage.models:make_model",
-                          source=_SOURCE, key="model", allowed=model_spec_names())
-    module = _import(spec, target)
-    factory = getattr(module, name, None)
-    if not callable(factory):
-        found = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v)
-                       and getattr(v, "__module__", None) == module.__name__)
-        raise ConfigError(f"model {spec!r}: module {target!r} has no factory {name!r}", source=_SOURCE,
-                          key="model", allowed=found or None)
-    kwargs = {"vocab_size": vocab_size, "block_size": block_size or DEFAULT_BLOCK_SIZE, **model_args}
-    _check_vocab(spec, vocab_size, kwargs["vocab_size"])
-    try:
-        signature = inspect.signature(factory)
-    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(**kwargs)
-        except TypeError as e:
-            raise ConfigError(f"model {spec!r}: {name}() does not take the arguments "
-                              f"{', '.join(kwargs)} ({e})", source=_SOURCE, key="model_args",
-                              allowed=list(signature.parameters)) from None
-
-    def build() -> BuiltModel:
-        try:
-            model = factory(**kwargs)
-        except GeosearchError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the user's code: any error, as one line
-            if torch.empty(0).is_meta:  # build_meta_model builds it again on the CPU
-                raise
-            raise ConfigError(f"model {spec!r}: {name}() raised {_one_line(e)}", source=_SOURCE,
-                              key="model") from e
-        if not isinstance(model, nn.Module):
-            raise ConfigError(f"model {spec!r}: {name}() returned a {type(model).__name__}, not a "
-                              "torch.nn.Module", source=_SOURCE, key="model")
-        vocab = kwargs["vocab_size"]
-        return BuiltModel(model, spec, "py", None, int(kwargs["block_size"]), vocab, detect_qk_source(model),
-                          {"factory": f"{target}:{name}", "kwargs": plain(kwargs)})
-    return build
-
-
-def _import(spec: str, target: str) -> Any:
-    """The module ``target``: a dotted module name, or a ``.py`` file path.
-
-    Raises:
-        ConfigError: no such file or module, or its code fails on import (a syntax error,
-            an exception): one line with the error's type and message.
-    """
-    if target.endswith(".py") or os.sep in target or "/" in target:
-        if not os.path.isfile(target):
-            raise ConfigError(f"model {spec!r}: no file {target!r}", source=_SOURCE, key="model")
-        mod_name = "_geosearch_user_model_" + os.path.splitext(os.path.basename(target))[0]
-        try:
-            file_spec = importlib.util.spec_from_file_location(mod_name, target)
-            module = importlib.util.module_from_spec(file_spec)
-            file_spec.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001 - the user's code: any error, as one line
-            raise ConfigError(f"model {spec!r}: cannot import {target!r} ({_one_line(e)})",
-                              source=_SOURCE, key="model") from None
-        return module
-    try:
-        return importlib.import_module(target)
-    except ImportError as e:
-        raise ConfigError(f"model {spec!r}: cannot import module {target!r} ({type(e).__name__}: {e}); "
-                          "is it installed or on PYTHONPATH?", source=_SOURCE, key="model") from None
-    except Exception as e:  # noqa: BLE001 - the module's own code failed on import
-        raise ConfigError(f"model {spec!r}: cannot import module {target!r} ({_one_line(e)})",
-                          source=_SOURCE, key="model") from None
-
-
-def _one_line(e: BaseException, limit: int = 200) -> str:
-    """``Type: message`` on one line, at most ``limit`` characters of message; a syntax
-    error says where."""
-    text = " ".join(str(e).split())
-    if isinstance(e, SyntaxError) and e.lineno is not None:
-        text = f"{' '.join(str(e.msg).split())} at line {e.lineno}"
-    if len(text) > limit:
-        text = text[:limit] + "..."
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__

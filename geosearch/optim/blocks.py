@@ -24,7 +24,9 @@ def block_view(t: Tensor, split: int = 1, split_dim: int = 0) -> Tensor:
     columns are input directions for both). Writing into the view writes into ``t``.
 
     Args:
-        t: a 2-D weight (or its gradient, or its momentum).
+        t: a 2-D weight (or its gradient, or its momentum), or a 3-D stack of expert
+            matrices ``(experts, ·, ·)``: every expert's matrix is seen the same way, the
+            experts along the batch dimension after the blocks.
         split: the number of equal blocks along ``split_dim``.
         split_dim: the dimension holding the outputs: 0 for ``(out, in)``, 1 for ``(in, out)``.
 
@@ -34,6 +36,7 @@ def block_view(t: Tensor, split: int = 1, split_dim: int = 0) -> Tensor:
         >>> block_view(W, 3, 1).shape, torch.equal(block_view(W, 3, 1)[1], W[:, 2:4].mT)
         (torch.Size([3, 2, 4]), True)
     """
-    if split > 1:
-        t = t.unflatten(split_dim, (split, -1)).movedim(split_dim, 0)  # (split, rows, cols)
+    if split > 1:  # (split, rows, cols), or (split, experts, rows, cols) for a stack of experts
+        dim = t.dim() - 2 + split_dim
+        t = t.unflatten(dim, (split, -1)).movedim(dim, 0)
     return t.mT if split_dim == 1 else t

@@ -170,10 +170,10 @@ class ManifoldMuon(torch.optim.Optimizer):
                 # written back into this rank's slice below (geosearch.optim.sharded).
                 weight, update = sharded.whole(p), sharded.whole(update)
                 members = []
-                pieces = zip(_pieces(weight, group), _pieces(update, group))
+                pieces = list(zip(_pieces(weight, group), _pieces(update, group)))
                 for i, ((manifold, W), (_, U)) in enumerate(pieces):
-                    # lam0 is (k, k) for one piece, (split, k, k) for blocks stepped one by one
-                    start = lam0 if lam0 is None or _uniform(group) else lam0[i]
+                    # lam0 is (k, k) for one piece, (split, ..., k, k) for blocks stepped apart
+                    start = lam0 if lam0 is None or len(pieces) == 1 else lam0[i]
                     member = grouped.Member.of(W, U, start)
                     step = dict(kwargs, lr=group["lr"], weight_decay=_decay(manifold, group),
                                 scale=_scale(manifold, W, group))
@@ -329,11 +329,12 @@ def _check_param(p: Tensor, group: dict[str, Any], index: int) -> None:
     if problem is not None:
         raise ConfigError(f"{_where(group, index)}: a weight is {problem}, which manifold Muon cannot step: it "
                           f"steps sharded weights on {sharded.SUPPORTED}", source=_SOURCE, key="params")
-    if p.ndim != 2:
-        raise ConfigError(f"param group {index}: manifold geometries take 2-D weights, got a tensor of "
-                          f"shape {tuple(p.shape)}; train it with 'adamw'", source=_SOURCE, key="params")
+    if p.ndim not in (2, 3):  # 3-D: a stack of expert matrices, each on its manifold
+        raise ConfigError(f"param group {index}: manifold geometries take 2-D weights (or 3-D stacks of "
+                          f"expert matrices), got a tensor of shape {tuple(p.shape)}; train it with 'adamw'",
+                          source=_SOURCE, key="params")
     split, dim = group["split"], group["split_dim"]
-    if p.shape[dim] % split:
+    if p.shape[p.ndim - 2 + dim] % split:
         raise ConfigError(f"param group {index}: dimension {dim} of a {tuple(p.shape)} weight does not split "
                           f"into {split} equal blocks", source=_SOURCE, key="split")
 
@@ -341,7 +342,7 @@ def _check_param(p: Tensor, group: dict[str, Any], index: int) -> None:
 def _check_grad(p: Tensor, group: dict[str, Any], index: int) -> None:
     if p.grad.is_sparse:
         raise RuntimeError("ManifoldMuon does not support sparse gradients")
-    if p.ndim != 2:
+    if p.ndim not in (2, 3):  # 3-D: a stack of expert matrices
         raise ConfigError(
             f"{_where(group, index)}: a manifold-Muon weight became a tensor of shape "
             f"{tuple(p.shape)} after the optimizer was built; wrappers that flatten weights into "
@@ -366,7 +367,7 @@ def _pieces(t: Tensor, group: dict[str, Any]) -> list[tuple[Manifold, Tensor]]:
     same geometry, else one view per block. Writing into a view writes into ``t``."""
     views = block_view(t, group["split"], group["split_dim"])
     geos = _geometries(group)
-    if _uniform(group):
+    if _uniform(group) and views.dim() <= 3:  # one stack: (rows, cols) or (count, rows, cols)
         return [(geos[0], views)]
     return list(zip(geos, views.unbind(0)))
 

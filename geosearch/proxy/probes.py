@@ -201,7 +201,7 @@ class ProbedWeight:
 
     Attributes:
         name: parameter name, for messages.
-        param: the 2-D weight.
+        param: the 2-D weight, or a 3-D stack of experts' matrices (each watched as a layer's).
         types: module type of each block (one entry unless the weight is fused, e.g.
             ``("attn_q", "attn_k", "attn_v")`` for a split ``c_attn``).
         geometries: geometry of each block, as ``types``.
@@ -258,8 +258,9 @@ class WeightProbe:
         self.blocks: dict[str, list[tuple[torch.Tensor, int, int, int]]] = {}
         self.geometry: dict[str, str] = {}
         for w in weights:
-            if w.param.dim() != 2 or len(w.types) != len(w.geometries):
-                raise ValueError(f"{w.name}: need a 2-D weight and one geometry per block type")
+            if w.param.dim() not in (2, 3) or len(w.types) != len(w.geometries):
+                raise ValueError(f"{w.name}: need a 2-D weight (or a 3-D stack of experts' matrices) and one "
+                                 "geometry per block type")
             for block, (t, geo) in enumerate(zip(w.types, w.geometries)):
                 if geo not in known:
                     raise ConfigError(f"unknown geometry {geo!r} for {w.name}", source="WeightProbe",
@@ -292,8 +293,9 @@ class WeightProbe:
             W = block_view(param.detach(), n_blocks, split_dim)  # (out, in), or (n_blocks, out/n, in)
             if n_blocks > 1:
                 W = W[block]
-            mats.append(W.mT if W.size(0) < W.size(1) else W)
-        W = torch.stack(mats)  # (L, m, n)
+            W = W if W.dim() == 3 else W.unsqueeze(0)  # a stack of experts: one matrix each
+            mats.append(W.mT if W.size(-2) < W.size(-1) else W)
+        W = torch.cat(mats)  # (L, m, n): L layers (times experts)
         return W if W.dtype == torch.float64 else W.float()
 
     @torch.no_grad()

@@ -5,6 +5,10 @@ expression over full parameter names (``model.named_parameters()``). Rule sets l
 the :data:`RULE_SETS` registry; adding a model family is one entry there (or one
 :func:`register_rule_set` call).
 
+A rule may match a 3-D *expert stack* (``[experts, out, in]``: the experts of a
+mixture-of-experts layer in current ``transformers``, one matrix per expert): each expert's
+matrix is a weight of the rule's type, and ``layout`` and ``split`` speak of that matrix.
+
 A rule may describe a *fused* weight (nanoGPT's ``attn.c_attn`` stacks Q, K and V):
 ``split=("attn_q", "attn_k", "attn_v")`` cuts it into equal blocks along its output
 dimension, and each block is its own module type. ``layout`` says where that output
@@ -20,83 +24,41 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING
 
+from geosearch.rules.rule import (  # noqa: F401 - public here
+    FAMILIES,
+    LAYOUTS,
+    RULE_KEYS,
+    ModuleRule,
+    rule_from_mapping,
+    rule_to_mapping,
+)
+from geosearch.rules.fused import FusedQKV, fused_qkv_layout, qkv_split_problem  # noqa: F401 - public here
 from geosearch.util.errors import ConfigError, unknown_name
 
 if TYPE_CHECKING:  # pragma: no cover - torch is imported where a model is matched
     from torch import nn
-
-FAMILIES = ("attn", "mlp")
-"""Families of module types; each is also a shorthand key in assignments (``attn=stiefel``)."""
-
-LAYOUTS = {"out_in": 0, "in_out": 1}
-"""Weight layout -> the dimension that holds the outputs (where fused blocks are stacked)."""
 
 # Module names that usually hold an output (LM) head; one of the checks in
 # `_embedding_and_head_ids` that keep heads out of the "unassigned hidden weight" list.
 _HEAD_NAMES = frozenset({"lm_head", "embed_out", "output", "head"})
 
 
-@dataclass(frozen=True)
-class ModuleRule:
-    """How to find one module type's weights by parameter name.
-
-    Attributes:
-        type: module type name, e.g. ``"attn_qkv"``; for a split rule, the fused weight's name.
-        pattern: regular expression, ``re.search``-ed against the full parameter name.
-            Anchor it to the weight (``r"\\.attn\\.c_attn\\.weight$"``): rules match 2-D
-            weights only, biases go to AdamW.
-        family: ``"attn"`` or ``"mlp"``; the assignment shorthands ``attn=`` / ``mlp=`` reach
-            every type of that family.
-        split: when set, the weight is cut into ``len(split)`` equal blocks along its output
-            dimension, block ``i`` being module type ``split[i]``.
-        layout: ``"out_in"`` (``nn.Linear``) or ``"in_out"`` (Hugging Face ``Conv1D``).
-    """
-
-    type: str
-    pattern: str
-    family: str
-    split: tuple[str, ...] = ()
-    layout: str = "out_in"
-
-    def __post_init__(self) -> None:
-        # Tuples keep the rule hashable whatever sequence the caller passed.
-        object.__setattr__(self, "split", tuple(self.split))
-        if self.family not in FAMILIES:
-            raise ConfigError(
-                f"rule {self.type!r}: unknown family {self.family!r}", key="family", allowed=FAMILIES
-            )
-        if self.layout not in LAYOUTS:
-            raise ConfigError(
-                f"rule {self.type!r}: unknown layout {self.layout!r}", key="layout", allowed=LAYOUTS
-            )
-        if len(self.split) == 1:
-            raise ConfigError(f"rule {self.type!r}: split needs at least 2 block types, got 1", key="split")
-        try:
-            re.compile(self.pattern)
-        except re.error as e:
-            raise ConfigError(f"rule {self.type!r}: pattern {self.pattern!r} is not a regular expression ({e})",
-                              key="pattern") from None
-
-    @property
-    def types(self) -> tuple[str, ...]:
-        """The module types this rule assigns: the split block types, or ``(type,)``."""
-        return self.split or (self.type,)
-
-    @property
-    def split_dim(self) -> int:
-        """The weight dimension holding the outputs: 0 for ``out_in``, 1 for ``in_out``."""
-        return LAYOUTS[self.layout]
-
-
+# --------------------------------------------------------------------------- registry
 def _rule(type_: str, pattern: str, family: str, **kw) -> ModuleRule:
     return ModuleRule(type_, pattern, family, **kw)
 
 
-# --------------------------------------------------------------------------- registry
+_LLAMA_ATTENTION = (
+    _rule("attn_q", r"(^|\.)self_attn\.q_proj\.weight$", "attn"),
+    _rule("attn_k", r"(^|\.)self_attn\.k_proj\.weight$", "attn"),
+    _rule("attn_v", r"(^|\.)self_attn\.v_proj\.weight$", "attn"),
+    _rule("attn_out", r"(^|\.)self_attn\.o_proj\.weight$", "attn"),
+)
+
 RULE_SETS: dict[str, tuple[ModuleRule, ...]] = {
     # nanoGPT (Karpathy) / geosearch.models.model.GPT: nn.Linear everywhere. The fused QKV
     # weight is one module type, as in the reference study.
@@ -136,15 +98,97 @@ RULE_SETS: dict[str, tuple[ModuleRule, ...]] = {
     # linear path into the hidden width, as GPT-2's ``c_fc``); the gate is its own type,
     # ``mlp_gate``; ``mlp=`` reaches all three MLP weights.
     "llama": (
-        _rule("attn_q", r"(^|\.)self_attn\.q_proj\.weight$", "attn"),
-        _rule("attn_k", r"(^|\.)self_attn\.k_proj\.weight$", "attn"),
-        _rule("attn_v", r"(^|\.)self_attn\.v_proj\.weight$", "attn"),
-        _rule("attn_out", r"(^|\.)self_attn\.o_proj\.weight$", "attn"),
+        *_LLAMA_ATTENTION,
         _rule("mlp_gate", r"(^|\.)mlp\.gate_proj\.weight$", "mlp"),
         _rule("mlp_in", r"(^|\.)mlp\.up_proj\.weight$", "mlp"),
         _rule("mlp_out", r"(^|\.)mlp\.down_proj\.weight$", "mlp"),
     ),
+    # Mixture-of-experts families of transformers 5 (Mixtral, Qwen3-MoE, OLMoE: LLaMA's
+    # attention; Qwen2-MoE adds a shared expert; DeepSeek V2/V3 and GPT-OSS below). The
+    # experts of a layer are 3-D stacks [experts, out, in]; ``gate_up_proj`` holds each
+    # expert's gate and up matrices as whole blocks (``.chunk(2, dim=-1)``): ``moe_gate``
+    # and ``moe_in``; ``down_proj`` is ``moe_out``. The router ``mlp.gate`` is ``router``
+    # (family ``routing``: AdamW unless an assignment names it).
+    "mixtral": (
+        *_LLAMA_ATTENTION,
+        _rule("moe_gate_up", r"(^|\.)mlp\.experts\.gate_up_proj$", "mlp", split=("moe_gate", "moe_in")),
+        _rule("moe_out", r"(^|\.)mlp\.experts\.down_proj$", "mlp"),
+        _rule("router", r"(^|\.)mlp\.gate\.weight$", "routing", default="adamw"),
+    ),
+    "qwen2_moe": (
+        *_LLAMA_ATTENTION,
+        _rule("mlp_gate", r"(^|\.)mlp\.shared_expert\.gate_proj\.weight$", "mlp"),
+        _rule("mlp_in", r"(^|\.)mlp\.shared_expert\.up_proj\.weight$", "mlp"),
+        _rule("mlp_out", r"(^|\.)mlp\.shared_expert\.down_proj\.weight$", "mlp"),
+        _rule("moe_gate_up", r"(^|\.)mlp\.experts\.gate_up_proj$", "mlp", split=("moe_gate", "moe_in")),
+        _rule("moe_out", r"(^|\.)mlp\.experts\.down_proj$", "mlp"),
+        _rule("router", r"(^|\.)mlp\.(gate|shared_expert_gate)\.weight$", "routing", default="adamw"),
+    ),
+    # DeepSeek V2/V3: multi-head latent attention (queries through a low-rank q_a -> q_b,
+    # keys and values through kv_a (with the shared rotary key) -> kv_b), dense MLPs in the
+    # first layers, then routed experts and shared experts.
+    "deepseek": (
+        _rule("attn_q_a", r"(^|\.)self_attn\.q_a_proj\.weight$", "attn"),
+        _rule("attn_q", r"(^|\.)self_attn\.q_b_proj\.weight$", "attn"),
+        _rule("attn_kv_a", r"(^|\.)self_attn\.kv_a_proj_with_mqa\.weight$", "attn"),
+        _rule("attn_kv", r"(^|\.)self_attn\.kv_b_proj\.weight$", "attn"),
+        _rule("attn_out", r"(^|\.)self_attn\.o_proj\.weight$", "attn"),
+        _rule("mlp_gate", r"(^|\.)mlp\.(shared_experts\.)?gate_proj\.weight$", "mlp"),
+        _rule("mlp_in", r"(^|\.)mlp\.(shared_experts\.)?up_proj\.weight$", "mlp"),
+        _rule("mlp_out", r"(^|\.)mlp\.(shared_experts\.)?down_proj\.weight$", "mlp"),
+        _rule("moe_gate_up", r"(^|\.)mlp\.experts\.gate_up_proj$", "mlp", split=("moe_gate", "moe_in")),
+        _rule("moe_out", r"(^|\.)mlp\.experts\.down_proj$", "mlp"),
+        _rule("router", r"(^|\.)mlp\.gate\.weight$", "routing", default="adamw"),
+    ),
+    # GPT-OSS: experts stored [experts, in, out] (``x @ W``), gate and up interleaved
+    # column by column (``[..., ::2]``, ``[..., 1::2]``): one type, not cut into blocks.
+    "gpt_oss": (
+        *_LLAMA_ATTENTION,
+        _rule("moe_gate_up", r"(^|\.)mlp\.experts\.gate_up_proj$", "mlp", layout="in_out"),
+        _rule("moe_out", r"(^|\.)mlp\.experts\.down_proj$", "mlp", layout="in_out"),
+        _rule("router", r"(^|\.)mlp\.router\.weight$", "routing", default="adamw"),
+    ),
 }
+
+
+STACKED, PER_MATRIX = "stacked", "per-matrix"
+"""How the attention geometry applies: to the fused ``[Q; K; V]`` matrix as one (the
+reference study's "Stiefel attention": QᵀQ + KᵀK + VᵀV = I, each block's singular values
+about 1/√3) or to each projection on its own (QᵀQ = KᵀK = VᵀV = I)."""
+
+ATTENTION_SIBLINGS = {"nanogpt": "nanogpt_split", "nanogpt_split": "nanogpt", "gpt2": "gpt2_split",
+                      "gpt2_split": "gpt2"}
+"""Rule sets that differ only in the attention layout: the stacked one and its per-matrix twin."""
+
+
+def attention_layout(rules: str | Sequence[ModuleRule]) -> str | None:
+    """:data:`STACKED` when an attention rule constrains a fused Q/K/V weight as one matrix
+    (a fused ``attn_qkv`` without ``split``), :data:`PER_MATRIX` when Q, K and V are
+    separate module types (separate weights, or blocks of a split one); None without them."""
+    rules = get_rule_set(rules) if isinstance(rules, str) else rules
+    attn = [r for r in rules if r.family == "attn"]
+    if any(r.type == "attn_qkv" and not r.split for r in attn):
+        return STACKED
+    types = {t for r in attn for t in r.types}
+    return PER_MATRIX if {"attn_q", "attn_k"} <= types else None
+
+
+def attention_variant(name: str, layout: str) -> str:
+    """The registered rule set for the same model as ``name`` with attention ``layout``.
+
+    Raises:
+        ConfigError: an unknown layout, or a model whose weights offer only one layout (a
+            model with separate Q, K and V tensors cannot constrain them as one stack).
+    """
+    if layout not in (STACKED, PER_MATRIX):
+        raise ConfigError(f"unknown attention layout {layout!r}", key="attention", allowed=(STACKED, PER_MATRIX))
+    if attention_layout(name) == layout:
+        return name
+    if name in ATTENTION_SIBLINGS:
+        return ATTENTION_SIBLINGS[name]
+    raise ConfigError(f"rule set {name!r} has {attention_layout(name) or 'no'} attention and no {layout} twin: "
+                      "a stack is one tensor (a fused q/k/v weight), so only fused weights offer both",
+                      key="attention", allowed=sorted(ATTENTION_SIBLINGS))
 
 
 def rule_set_names() -> list[str]:
@@ -175,42 +219,6 @@ def register_rule_set(name: str, rules: Iterable[ModuleRule]) -> tuple[ModuleRul
     check_rules(rules)
     RULE_SETS[name] = rules
     return rules
-
-
-RULE_KEYS = ("type", "pattern", "family", "split", "layout")
-"""The keys of a rule written as a mapping (YAML): the fields of :class:`ModuleRule`."""
-
-
-def rule_from_mapping(r: Any, *, source: str | None = None, key: str = "rules[0]") -> ModuleRule:
-    """One rule from its mapping form (or a :class:`ModuleRule`, returned as is): the one
-    parser of rules that assignments and search spaces share.
-
-    Raises:
-        ConfigError: not a mapping, an unknown key, a missing or non-string
-            type/pattern/family, a bad split, family, layout or pattern; ``key`` is the
-            rule's key path (``rules[1]``) and the message names the field.
-    """
-    if isinstance(r, ModuleRule):
-        return r
-    if not isinstance(r, Mapping):
-        raise ConfigError(f"expected a mapping with keys {', '.join(RULE_KEYS)}", source=source, key=key)
-    for k in r:
-        if k not in RULE_KEYS:
-            raise ConfigError(f"unknown key {k!r}", source=source, key=f"{key}.{k}", allowed=RULE_KEYS)
-    for k in ("type", "pattern", "family"):
-        if not isinstance(r.get(k), str) or not r[k]:
-            raise ConfigError("missing, or not a string", source=source, key=f"{key}.{k}")
-    if r["family"] not in FAMILIES:
-        raise ConfigError(f"unknown family {r['family']!r}", source=source, key=f"{key}.family", allowed=FAMILIES)
-    if r.get("layout", "out_in") not in LAYOUTS:
-        raise ConfigError(f"unknown layout {r['layout']!r}", source=source, key=f"{key}.layout", allowed=LAYOUTS)
-    split = r.get("split") or ()
-    if isinstance(split, str) or not isinstance(split, Sequence) or not all(isinstance(x, str) for x in split):
-        raise ConfigError("expected a list of module type names", source=source, key=f"{key}.split")
-    try:
-        return ModuleRule(r["type"], r["pattern"], r["family"], tuple(split), r.get("layout", "out_in"))
-    except ConfigError as e:  # unknown family or layout, a bad regex, a one-block split
-        raise ConfigError(e.problem, source=source, key=f"{key}.{e.key}", allowed=e.allowed) from None
 
 
 def empty_rule_error(match: MatchResult, model: str, *, source: str | None) -> ConfigError | None:
@@ -281,8 +289,8 @@ class MatchResult:
 
     Attributes:
         matched: parameters that a rule matched, in ``named_parameters()`` order.
-        unmatched_hidden: names of 2-D parameters no rule matched that are neither
-            embeddings nor an output head: hidden weights the rule set missed.
+        unmatched_hidden: names of 2-D parameters (and 3-D expert stacks) no rule matched
+            that are neither embeddings nor an output head: hidden weights the rule set missed.
         empty_rules: rules that matched no parameter.
         rest: every parameter no rule matched, ``(name, param)``: embeddings, head, norms,
             biases (and the ``unmatched_hidden`` ones).
@@ -381,7 +389,9 @@ def match_parameters(model: nn.Module, rules: Sequence[ModuleRule] | str) -> Mat
             result.rest.append((name, param))
             if id(param) in head_ids:
                 result.embeddings.append(name)
-            elif param.dim() == 2:
+            elif name.endswith("bias"):  # per-expert biases, (experts, out)
+                pass
+            elif param.dim() == 2 or (param.dim() == 3 and "expert" in name):  # a stack of experts
                 result.unmatched_hidden.append(name)
             continue
         rule = found[0]
@@ -395,17 +405,17 @@ def match_parameters(model: nn.Module, rules: Sequence[ModuleRule] | str) -> Mat
 
 def _check_match(name: str, param: nn.Parameter, rule: ModuleRule, owner: nn.Module | None,
                  attention: nn.Module | None) -> None:
-    if param.dim() != 2:
+    if param.dim() not in (2, 3):
         raise ConfigError(f"rule {rule.type!r} (pattern {rule.pattern!r}) matches {name!r} of shape "
-                          f"{tuple(param.shape)}; rules must match 2-D weights only (anchor the "
-                          r"pattern with '\.weight$')", key="rules")
-    kind = _module_kind(owner)
+                          f"{tuple(param.shape)}; rules must match 2-D weights only, or 3-D stacks of "
+                          r"expert matrices (anchor the pattern with '\.weight$')", key="rules")
+    kind = _module_kind(owner) if param.dim() == 2 else None
     if kind is not None and kind != rule.layout:
         raise ConfigError(f"rule {rule.type!r} says layout {rule.layout!r} but {name!r} belongs to a "
                           f"{type(owner).__name__}, whose weight is {kind!r}; use a rule set for this "
                           "model family", key="rules", allowed=rule_set_names())
     if rule.split:
-        out = param.shape[rule.split_dim]
+        out = param.shape[param.dim() - 2 + rule.split_dim]  # of each expert's matrix, for a stack
         if out % len(rule.split):
             raise ConfigError(f"{name!r} has {out} outputs (dim {rule.split_dim}), which do not split "
                               f"into {len(rule.split)} equal blocks {', '.join(rule.split)}", key="rules")
@@ -415,88 +425,3 @@ def _check_match(name: str, param: nn.Parameter, rule: ModuleRule, owner: nn.Mod
             raise ConfigError(f"rule {rule.type!r} cuts {name!r} ({out} outputs) into 3 equal blocks of "
                               f"{out // 3}, but {problem}: keep it one module type (a rule without split)",
                               key="rules")
-
-
-# --------------------------------------------------------------------------- fused Q, K, V
-class FusedQKV(NamedTuple):
-    """How an attention module lays out a fused query/key/value projection, by its head counts.
-
-    Attributes:
-        heads: query heads.
-        kv_heads: key/value heads (fewer under grouped-query attention, 1 under multi-query).
-        head_dim: outputs per head.
-        per_head: the outputs are ``[q | k | v]`` head by head (GPT-NeoX's, Falcon's and
-            BLOOM's ``query_key_value``, GPT-BigCode's ``c_attn`` without multi-query), not
-            the blocks ``[Q | K | V]``.
-    """
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    per_head: bool = False
-
-    @property
-    def q_rows(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_rows(self) -> int:
-        return self.kv_heads * self.head_dim
-
-
-_HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads")
-_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "kv_heads", "n_kv_heads", "n_kv_head")
-_HEAD_DIM = ("head_dim", "head_size")
-_WIDTH = ("embed_dim", "hidden_size", "n_embd")
-_PER_HEAD_FUSED = frozenset({"query_key_value"})
-"""Fused projections stored head by head wherever they appear (see :class:`FusedQKV`)."""
-
-
-def fused_qkv_layout(attention: nn.Module | None, leaf: str) -> FusedQKV | None:
-    """The Q/K/V layout of the fused projection ``attention.<leaf>``, read off the attention
-    module's head counts (its attributes, else its ``config``'s: ``num_attention_heads``,
-    ``num_key_value_heads`` or ``multi_query``, ``head_dim`` or width / heads); None when
-    they cannot be found (a module of one's own without them)."""
-    sources = (attention, getattr(attention, "config", None))
-    heads = _first_size(sources, _HEADS)
-    if attention is None or heads is None:
-        return None
-    head_dim = _first_size(sources, _HEAD_DIM)
-    if head_dim is None:
-        width = _first_size(sources, _WIDTH)
-        if width is None or width % heads:
-            return None
-        head_dim = width // heads
-    flags = [getattr(s, "multi_query", None) for s in sources]
-    multi_query = next((f for f in flags if isinstance(f, bool)), None)
-    kv_heads = _first_size(sources, _KV_HEADS) or (1 if multi_query else heads)
-    per_head = leaf in _PER_HEAD_FUSED or (multi_query is False and hasattr(attention, "multi_query"))
-    return FusedQKV(heads, kv_heads, head_dim, per_head)
-
-
-def _first_size(sources: tuple[Any, ...], names: tuple[str, ...]) -> int | None:
-    for source in sources:
-        for name in names:
-            value = getattr(source, name, None) if source is not None else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
-def qkv_split_problem(attention: nn.Module | None, leaf: str, out: int) -> str | None:
-    """Why cutting the fused projection ``attention.<leaf>`` (``out`` outputs) into equal Q, K
-    and V blocks would be wrong, or None when it is right or the layout is unknown."""
-    layout = fused_qkv_layout(attention, leaf)
-    if layout is None:
-        return None
-    heads = f"{layout.heads} heads × {layout.head_dim}"
-    if layout.per_head:
-        return f"it holds q, k and v interleaved head by head ({heads}), not as [Q | K | V] blocks"
-    total = layout.q_rows + 2 * layout.kv_rows
-    kv = f"{layout.kv_heads} key/value head{'s' if layout.kv_heads != 1 else ''}"
-    if total != out:
-        return f"its attention's head counts ({heads}, {kv}) give Q + K + V = {total} rows, not {out}"
-    if layout.q_rows != layout.kv_rows:
-        return (f"it holds Q in {layout.q_rows} rows ({heads}) and K, V in {layout.kv_rows} each ({kv}), "
-                "so an equal cut would give part of Q the geometry of K")
-    return None

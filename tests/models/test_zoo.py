@@ -202,9 +202,10 @@ def test_hf_model_type_defaults_are_small_with_the_familys_ratios(hf):
         assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.max_position_embeddings,
                 c.vocab_size) == (128, 4, 4, 128, 256)
     # Rule: key-value heads and MLP width keep the family's ratios: Mistral 8 of 32 heads and
-    # 14336 / 4096; Phi-3 all heads and 8192 / 3072; Gemma's head_dim follows the width.
+    # 14336 / 4096; Phi-3 all heads and 8192 / 3072 (341, rounded up to a multiple of 16: 352);
+    # Gemma's head_dim follows the width.
     assert (mistral.num_key_value_heads, mistral.intermediate_size) == (1, 448)
-    assert (phi3.num_key_value_heads, phi3.intermediate_size) == (4, 341)
+    assert (phi3.num_key_value_heads, phi3.intermediate_size) == (4, 352)
     assert gemma.head_dim == 32 and gemma.intermediate_size == 1024
     # Rule: dropout off (OPT's default is 0.1), no token ids, no KV cache.
     assert opt.dropout == 0.0 and mistral.bos_token_id is None and mistral.eos_token_id is None

@@ -115,3 +115,20 @@ def test_nothing_known_gives_no_rules_and_model_rules_prefers_registered_sets():
     # Rule: otherwise the inferred rules, which are ModuleRules a search space can carry.
     rules = model_rules(meta("hf:phi3", **SMALL))
     assert isinstance(rules, tuple) and all(isinstance(r, ModuleRule) for r in rules)
+
+
+def test_experts_routers_and_their_layouts_are_read_off_a_mixture_of_experts():
+    from test_build import MoE
+
+    from geosearch.rules.modules import match_parameters as match
+
+    rules = {r.type: r for r in infer_rules(MoE())}
+    # Rule: a 3-D expert stack cut by .chunk(2, dim=-1) is [gate | up] per expert; the router
+    # is its own type of family routing, AdamW unless named.
+    assert rules["moe_gate_up"].split == ("moe_gate", "moe_in") and rules["moe_gate_up"].family == "mlp"
+    assert rules["moe_out"].layout == "out_in" and rules["moe_out"].split == ()
+    assert (rules["router"].family, rules["router"].default) == ("routing", "adamw")
+    result = match(MoE(), tuple(rules.values()))
+    assert not result.unmatched_hidden and not result.empty_rules
+    assert {m.name for m in result.matched} == {"mlp.gate.weight", "mlp.experts.gate_up_proj",
+                                               "mlp.experts.down_proj"}

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 # ---------------------------------------------------------------------- shipped spaces
 def test_shipped_spaces_load_by_name():
     # Rule: every shipped space loads by name and the names are listed.
-    assert space_names() == ["default", "full", "llama", "paper"]
+    assert space_names() == ["default", "full", "llama", "moe", "paper"]
     default, paper, full = load_space("default"), load_space("paper"), load_space("full")
     # Rule: default and paper are attention x MLP over {stiefel, dgram}, searched exhaustively;
     # paper also at each assignment's own step (a grid around the study's shared one, halved).
@@ -71,12 +71,21 @@ def test_llama_space():
     assert llama.proxy.model_args["hidden_size"] == 128 and llama.proxy.steps <= default.proxy.steps
 
 
+def test_moe_space():
+    pytest.importorskip("transformers", reason="moe.yaml's proxy is hf:mixtral (Hugging Face transformers)")
+    moe, default = load_space("moe"), load_space("default")
+    # Rule: moe.yaml searches attention x experts like default, and the routers (AdamW or not).
+    assert moe.categorical_choices() == default.categorical_choices() | {"geometry.router": ["adamw", "stiefel"]}
+    assert (moe.proxy.model, moe.rules, moe.grid_size(), moe.sampler_type()) == ("hf:mixtral", "mixtral", 8, "grid")
+    assert moe.proxy.model_args["num_local_experts"] == 4
+
+
 def needs_models(name: str) -> None:
-    if name == "llama":
+    if name in ("llama", "moe"):
         pytest.importorskip("transformers", reason="llama.yaml's proxy is hf:llama (Hugging Face transformers)")
 
 
-@pytest.mark.parametrize("name", ["default", "paper", "full", "llama"])
+@pytest.mark.parametrize("name", ["default", "paper", "full", "llama", "moe"])
 def test_repo_search_spaces_are_the_shipped_files(name):
     needs_models(name)
     repo_file = REPO / "search_spaces" / f"{name}.yaml"
@@ -89,7 +98,7 @@ def test_repo_search_spaces_are_the_shipped_files(name):
     assert load_space(repo_file).to_dict() == load_space(name).to_dict()
 
 
-@pytest.mark.parametrize("name", ["default", "paper", "full", "llama"])
+@pytest.mark.parametrize("name", ["default", "paper", "full", "llama", "moe"])
 def test_to_dict_round_trips(name):
     needs_models(name)
     s = load_space(name)
@@ -100,7 +109,7 @@ def test_to_dict_round_trips(name):
 # ---------------------------------------------------------------------- files
 def test_file_errors(tmp_path):
     # Rule: a missing file says so and lists the shipped names.
-    with pytest.raises(ConfigError, match=r"nowhere\.yaml: no such file.*default, full, llama, paper"):
+    with pytest.raises(ConfigError, match=r"nowhere\.yaml: no such file.*default, full, llama, moe, paper"):
         load_space(tmp_path / "nowhere.yaml")
     # Rule: malformed YAML gives the line and column.
     bad = write(tmp_path, "version: 1\ngeometries: {attn: [stiefel\n")
