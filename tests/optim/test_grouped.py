@@ -160,3 +160,21 @@ def test_grouping_cuts_the_operations_per_step():
                          grouped=False)
     # Rule: eight matrices of one shape cost about one matrix's operations, not eight.
     assert _count_ops(alone, copies) >= 4 * _count_ops(grouped, params)
+
+
+@pytest.mark.parametrize("geometry", ["stiefel", "dgram"])
+def test_a_split_stack_of_experts_steps_every_block_of_every_expert_on_its_manifold(geometry):
+    # Rule: a (experts, 2·out, in) stack cut into two blocks of one geometry (gate and up of
+    # an MoE layer) is stepped block by block, and each expert's block stays on the manifold.
+    torch.manual_seed(0)
+    experts, out, inn = 3, 8, 6
+    p = torch.nn.Parameter(torch.randn(experts, 2 * out, inn))
+    opt = ManifoldMuon([dict(params=[p], geometry=geometry, split=2, split_dim=0, lr=0.02)])
+    for _ in range(3):
+        p.grad = torch.randn_like(p)
+        opt.step()
+    manifold = get_manifold(geometry)
+    for e in range(experts):
+        for b in range(2):
+            ok, why = manifold.check(p.data[e, b * out:(b + 1) * out], atol=1e-5)
+            assert ok, (e, b, why)
