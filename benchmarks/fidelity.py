@@ -72,7 +72,8 @@ from geosearch.search.horizon.forecast import forecast_max_logit
 from geosearch.search.horizon.ladder import spearman
 from geosearch.search.horizon.probes import QK_TYPES
 from geosearch.search.horizon.pruner import LogitGrowthPruner
-from geosearch.search.stats.ranking import rank_scores, rank_study
+from geosearch.search.stats.ranking import rank_scores
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.records import (
     ASSIGNMENT,
     BASELINE,
@@ -89,7 +90,8 @@ from geosearch.search.records import (
     STOP_STEP,
     TRIAL_DIR,
 )
-from geosearch.search.stats.scores import Point, Score, main_effects
+from geosearch.search.stats.pooled import main_effects
+from geosearch.search.stats.scores import Point, Score
 from geosearch.search.stats.trials import family_geometry, trial_label
 from geosearch.search.horizon.reading import study_reading
 from geosearch.search.horizon.target import probe_sum_eta
@@ -489,8 +491,8 @@ def pairs(steps: int, short: int, out: Path | None) -> None:
     """Every pair of the four at each setting with both lengths stored: did the gap at
     ``short`` steps (the ranked rung's length; completed runs, 2 seeds, 16 batches) keep its
     sign at ``steps``? Tallied by the gap's size, the record the ranking's verdict quotes
-    beside each pair (``geosearch.search.stats.ranking.ORDER_RECORD``)."""
-    from geosearch.search.stats.ranking import ORDER_RECORD
+    beside each pair (``geosearch.search.stats.track.ORDER_RECORD``)."""
+    from geosearch.search.stats.track import ORDER_RECORD
 
     rows, tally = pair_tally(steps, short)
     far, near = tally[True], tally[False]

@@ -47,7 +47,7 @@ from geosearch.report.markdown import dashboard_paragraph, render_markdown
 from geosearch.report.plots import PLOT_NAMES, PLOTS_HINT, make_plots
 from geosearch.search.study.baselines import baseline_table
 from geosearch.search.study.export import study_verdict
-from geosearch.search.stats.ranking import rank_study
+from geosearch.search.stats.study_ranking import rank_study
 
 __all__ = [
     "CostRow",

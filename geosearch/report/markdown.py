@@ -100,7 +100,7 @@ def render_markdown(
 
     Args:
         run: the loaded run.
-        ranking: from :func:`geosearch.search.stats.ranking.rank_study` on ``run.study``.
+        ranking: from :func:`geosearch.search.stats.study_ranking.rank_study` on ``run.study``.
         importance: from :func:`~geosearch.report.analysis.geometry_importances`.
         cost: from :func:`~geosearch.report.analysis.cost_table`.
         plots: plot name -> path relative to the run directory, for the plots written.

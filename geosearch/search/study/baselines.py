@@ -28,7 +28,8 @@ from optuna.trial import FrozenTrial
 
 from geosearch.util.checks import finite_or_none
 from geosearch.search.study.queue import enqueue
-from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study
+from geosearch.search.stats.ranking import RankedTrial, Ranking
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.stats.scores import Score, best_on_shared_seeds
 from geosearch.search.stats.trials import point_scores, study_step_cost, trial_score
 from geosearch.search.records import (

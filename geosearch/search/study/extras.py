@@ -29,7 +29,7 @@ from geosearch.search.space.baselines import baseline_rungs
 from geosearch.search.study.baselines import queue_baselines
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.study.queue import enqueue, param_key, trial_params
-from geosearch.search.stats.ranking import rank_study
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.stats.scores import best_on_shared_seeds
 from geosearch.search.stats.trials import trial_score
 from geosearch.search.records import (
