@@ -181,12 +181,12 @@ def test_no_import_cycles():
 
 def test_a_cycle_is_caught():
     edges = [("geosearch.search.space.spec", 3, "geosearch.search.space.schema"),
-             ("geosearch.search.space.schema", 5, "geosearch.search.space.baselines"),
-             ("geosearch.search.space.baselines", 7, "geosearch.search.space.spec"),
+             ("geosearch.search.space.schema", 5, "geosearch.search.space.baseline_specs"),
+             ("geosearch.search.space.baseline_specs", 7, "geosearch.search.space.spec"),
              ("geosearch.search.space.plan", 9, "geosearch.search.space.spec"),
              ("geosearch.util.files", 2, "geosearch.util.files")]
     assert cycles(edges) == [
-        ["geosearch.search.space.baselines", "geosearch.search.space.schema",
+        ["geosearch.search.space.baseline_specs", "geosearch.search.space.schema",
          "geosearch.search.space.spec"],
         ["geosearch.util.files"],
     ]

@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from geosearch.util.version import __version__
 from geosearch.util.errors import ConfigError, GeosearchError
 from geosearch.util.files import check_dir, check_out_file
-from geosearch.search.study.baselines import baseline_table, baselines_lines
+from geosearch.search.study.baseline_trials import baseline_table, baselines_lines
 from geosearch.search.horizon.outlook import stability_lines, stability_record, stability_rows
 from geosearch.search.study.queue import done_count
 from geosearch.search.stats.ranking import RankedTrial, Ranking
