@@ -51,7 +51,8 @@ def main_effects(cells: Iterable[tuple[Point, Score]], *, blocked: bool = True) 
     contrast). With ``blocked`` (the default) and a fit of all ``cells`` that has residual
     df (:func:`geosearch.search.stats.blocked.blocked_fit`), the effect is that contrast of
     the fit, Σ (α_b − α_a)/pairs, with its standard error and df: the noise is pooled over
-    every cell, not only over the pairs. Otherwise each pair's gap is its mean per-seed difference, the variance is pooled
+    every cell, not only over the pairs. Otherwise each pair's gap is its mean per-seed
+    difference, the variance is pooled
     from the spread of the differences within pairs (df = Σ(seeds − 1)), taking differences
     of different pairs as independent. Pairs are disjoint when each point has one trial; a
     point with several keeps the one with the most seeds (the first listed). Levels with no

@@ -212,7 +212,8 @@ class StepAnswers:
                 word = ("survives the tuning" if shared.better == own.better else
                         "reverses with the tuning")
             elif own.decisive and shared is not None and shared.half_width is None:
-                word = "is decisive at each assignment's own best step; at the shared step not judged (no spread)"
+                word = ("is decisive at each assignment's own best step; at the shared step "
+                        "not judged (no spread)")
             elif own.decisive:
                 word = "appears only with each assignment at its own best step"
             elif shared is not None and shared.decisive:

@@ -62,7 +62,8 @@ class OrderRecord:
     near: tuple[int, int]
 
     def text(self, gap: float) -> str:
-        """``"≥ 0.02: in the benchmark such gaps kept their order at 2,000 steps 13 of 15 times"``."""
+        """``"≥ 0.02: in the benchmark such gaps kept their order at 2,000 steps 13 of 15
+        times"``."""
         kept, of = self.far if abs(gap) >= self.at else self.near
         side = "≥" if abs(gap) >= self.at else "<"
         return (f"{side} {self.at:g}: in the benchmark such gaps kept their order at 2,000 steps "

@@ -52,7 +52,12 @@ from geosearch.search.records import (
     trial_status,
 )
 from geosearch.search.stats.scores import compare
-from geosearch.search.space.baseline_specs import BASELINES, baseline_factors, baseline_step, training_text
+from geosearch.search.space.baseline_specs import (
+    BASELINES,
+    baseline_factors,
+    baseline_step,
+    training_text,
+)
 from geosearch.search.space.spec import SearchSpace, Suggestion
 
 

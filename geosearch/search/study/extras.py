@@ -102,7 +102,8 @@ def queue_extras(study: optuna.Study, space: SearchSpace, echo: Callable[[str], 
 def extra_plan(trial: optuna.Trial, seeds: list[int], rungs: Sequence[Rung], *,
                halving: bool = False) -> tuple[list[int], list[Rung]]:
     """The seeds and rungs ``trial`` trains, given the study's: a seed trial its seeds at
-    its top rung, a baseline its rungs (:func:`~geosearch.search.study.baseline_trials.baseline_rungs`),
+    its top rung, a baseline its rungs
+    (:func:`~geosearch.search.space.baseline_specs.baseline_rungs`),
     a point of the space all of them; with ``halving`` (:func:`halving`) a point or a
     baseline away from the shared step (step factor 1) trains the first seed only
     (:func:`queue_halving` gives the best step the rest)."""

@@ -1,5 +1,6 @@
-"""Tests of geosearch.search.study.baseline_trials: baselines trained beside the points, never counted,
-never exported, compared with every assignment (Δ loss with its interval, ms/step ratio)."""
+"""Tests of geosearch.search.study.baseline_trials: baselines trained beside the points,
+never counted, never exported, compared with every assignment (Δ loss with its interval,
+ms/step ratio)."""
 
 from __future__ import annotations
 
