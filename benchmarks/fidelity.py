@@ -72,7 +72,8 @@ from geosearch.search.horizon.forecast import forecast_max_logit
 from geosearch.search.horizon.ladder import spearman
 from geosearch.search.horizon.probes import QK_TYPES
 from geosearch.search.horizon.pruner import LogitGrowthPruner
-from geosearch.search.stats.ranking import rank_scores, rank_study
+from geosearch.search.stats.ranking import rank_scores
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.records import (
     ASSIGNMENT,
     BASELINE,
@@ -89,7 +90,8 @@ from geosearch.search.records import (
     STOP_STEP,
     TRIAL_DIR,
 )
-from geosearch.search.stats.scores import Point, Score, main_effects
+from geosearch.search.stats.pooled import main_effects
+from geosearch.search.stats.scores import Point, Score
 from geosearch.search.stats.trials import family_geometry, trial_label
 from geosearch.search.horizon.reading import study_reading
 from geosearch.search.horizon.target import probe_sum_eta
@@ -428,19 +430,27 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
               f"- Forecast max logit over real, every forecast above: "
               f"{', '.join(f'{x:.2f}' for x in ratios)}; within ×2: "
               f"{sum(0.5 <= x <= 2 for x in ratios)} of {len(ratios)}."]
-    lines += _stability_lines(study, trials, truth, pruner)
+    stability_lines, decisions = _stability_lines(study, trials, truth, pruner)
+    lines += stability_lines
     lines += _law_lines(truth, truth_mean, model, steps, eta, target_sum_eta)
     text = "\n".join(lines)
     if out is None:
         print(text)
     else:
         publish(text, out)
+    row = {"setting": setting_name(model, eta, model_args), "truth_best": PAPER[truth_best],
+           "search_best": PAPER[search_best], "spearman": round(rho_all, 4),
+           "stability": list(decisions), "from": f"fidelity.py --compare {run_dir}"}
+    record_search(row)
+    print(f"{SEARCHES}: row {row['setting']!r} written (--track-record scores it)")
 
 
-def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: LogitGrowthPruner) -> list[str]:
+def _stability_lines(study, trials: dict, truth: dict[str, list[dict]],
+                     pruner: LogitGrowthPruner) -> tuple[list[str], tuple[int, int]]:
     """With a stability rung: each assignment's measured max logit at the target (first seed)
     against the long runs' final ones, and the threshold decision against theirs (any probe
-    of any seed above the threshold); nothing without one."""
+    of any seed above the threshold); nothing without one. Also (decisions equal to the long
+    runs', decisions), (0, 0) without a stability rung."""
     rows = []
     for t in trials.values():
         if (t.user_attrs.get(BASELINE) or SEED_OF in t.user_attrs or ASSIGNMENT not in t.user_attrs
@@ -454,7 +464,7 @@ def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: 
         long_above = any(p["max_logit"] is not None and p["max_logit"] > m.threshold for r in truth[a] for p in r["probes"])
         rows.append((a, m, real, long_above))
     if not rows:
-        return []
+        return [], (0, 0)
     out = ["", "Stability rung (measured at the target's Σ η², first seed) against the long runs:", "",
            "| assignment | measured final (peak) | long runs' final | ratio to their mean | search | long runs |",
            "|---|---|---|---|---|---|"]
@@ -464,7 +474,7 @@ def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: 
                    f"| {m.final / mean:.2f} | {m.verdict} | {'above' if long_above else 'below'} |")
     same = sum((m.verdict == "above") == long_above for _, m, _, long_above in rows)
     out.append(f"\nThreshold decisions equal to the long runs': {same} of {len(rows)}.")
-    return out
+    return out, (same, len(rows))
 
 
 def _order_cells(scores: dict[str, Score], t_mean: list[float]) -> str:
@@ -489,8 +499,8 @@ def pairs(steps: int, short: int, out: Path | None) -> None:
     """Every pair of the four at each setting with both lengths stored: did the gap at
     ``short`` steps (the ranked rung's length; completed runs, 2 seeds, 16 batches) keep its
     sign at ``steps``? Tallied by the gap's size, the record the ranking's verdict quotes
-    beside each pair (``geosearch.search.stats.ranking.ORDER_RECORD``)."""
-    from geosearch.search.stats.ranking import ORDER_RECORD
+    beside each pair (``geosearch.search.stats.track.ORDER_RECORD``)."""
+    from geosearch.search.stats.track import ORDER_RECORD
 
     rows, tally = pair_tally(steps, short)
     far, near = tally[True], tally[False]
@@ -531,8 +541,27 @@ def pair_tally(steps: int, short: int) -> tuple[list[str], dict[bool, list[int]]
 
 
 SEARCHES = Path(__file__).parent / "data" / "searches.json"
-"""The default search against the long runs, one row per setting (``--compare RUN --record``
-writes its setting's row)."""
+"""The default search against the long runs, one row per setting: ``--compare RUN`` writes
+its setting's row (:func:`record_search`); the rows whose ``from`` is ``docs/benchmarks.md``
+were copied by hand from that page, as their run directories are not stored."""
+
+
+def setting_name(model: str, eta: float, model_args: dict | None = None) -> str:
+    """A setting's row name: ``"tiny 0.05"``, ``"4-layer tiny 0.05"`` (``n_layer=4``), other
+    model fields after it (``"tiny 0.05 n_embd=32"``)."""
+    args = dict(model_args or {})
+    layers = args.pop("n_layer", None)
+    head = f"{layers}-layer " if layers is not None else ""
+    return head + " ".join([f"{model} {eta:g}", *(f"{k}={v}" for k, v in sorted(args.items()))])
+
+
+def record_search(row: dict, searches: Path = SEARCHES) -> None:
+    """Write ``row`` into ``searches``: in place of the row of the same setting, else last."""
+    data = json.loads(searches.read_text(encoding="utf-8"))
+    rows = data["settings"]
+    at = next((i for i, r in enumerate(rows) if r["setting"] == row["setting"]), len(rows))
+    rows[at:at + 1] = [row]
+    searches.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 TRACK = Path(__file__).parent.parent / "geosearch" / "search" / "stats" / "track_record.json"
 """The record the verdict quotes, shipped with the package (``--track-record`` writes it)."""
 

@@ -575,7 +575,7 @@ def search_args(args: argparse.Namespace) -> list[str]:
 
 def search_plan(quick: bool) -> dict:
     """The steps and proxy runs part (f)'s search trains: without, and with every adaptive seed."""
-    from geosearch.search.space.baselines import BASELINES
+    from geosearch.search.space.baseline_specs import BASELINES
     from geosearch.search.space.plan import plan_study
     from geosearch.search.space.spec import apply_overrides, load_space
 

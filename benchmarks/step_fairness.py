@@ -14,7 +14,7 @@ For each model it prints, per assignment and step: the mean final validation los
 seeds, the final max attention logit against the threshold (10 x d/sqrt(d_head), the
 pruner's default), and whether the run was harmed (over the threshold); then, for each
 shared step, the order of the four and the attention and MLP main effects (blocked model,
-95% intervals, ``geosearch.search.stats.scores.main_effects``); then each assignment at its
+95% intervals, ``geosearch.search.stats.pooled.main_effects``); then each assignment at its
 own best step (lowest mean loss among the steps where it was not harmed; harmed everywhere:
 its lowest loss, marked), the own-step order and main effects; and the compute the tuning
 costs (runs at every step of the grid, as a ratio of one step's).
@@ -74,7 +74,8 @@ from fidelity import DATA, PAPER, _final_logit, load_truth  # noqa: E402
 
 from geosearch.search.horizon.pruner import DEFAULT_MAX_LOGIT_FACTOR  # noqa: E402
 from geosearch.search.horizon.scale import model_logit_scale  # noqa: E402
-from geosearch.search.stats.scores import Point, Score, main_effects  # noqa: E402
+from geosearch.search.stats.pooled import main_effects  # noqa: E402
+from geosearch.search.stats.scores import Point, Score  # noqa: E402
 
 GRIDS = {"tiny": (0.01, 0.02, 0.05, 0.07, 0.1), "small": (0.02, 0.05)}
 STEPS = 2000

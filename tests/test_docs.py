@@ -328,3 +328,109 @@ def test_every_section_the_code_cites_exists():
                     if not (any(h.startswith(name) for h in heads) or f"**{name}" in page):
                         missing.append(f"{path.relative_to(REPO)} cites docs/{doc}, {name!r}")
     assert missing == [], "\n".join(missing)
+
+
+# ----------------------------------------------------------------------------------------
+# docs/reference/: each page's module table is the package's modules with the first sentence
+# of each docstring, written by `python tests/test_docs.py --write-reference`.
+REFERENCE = {"util.md": "util", "manifolds.md": "manifolds", "rules.md": "rules",
+             "models.md": "models", "optim.md": "optim", "geosearch.md": "", "proxy.md": "proxy",
+             "search.md": "search", "report.md": "report", "cli.md": "cli"}
+"""Reference page -> its package under ``geosearch/`` (``""``: the top-level modules)."""
+MODULE_TABLE = "| module | what it holds |"
+REGENERATE = "python tests/test_docs.py --write-reference"
+
+
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence as markdown: its first paragraph up to the first full
+    stop that ends a sentence, roles (``:func:`~a.b``) and double backticks as code."""
+    text = re.sub(r"\s+", " ", doc.strip().split("\n\n")[0]).strip()
+    text = re.sub(r":\w+:`(~?)([^`]+)`",
+                  lambda m: f"`{m.group(2).split('.')[-1] if m.group(1) else m.group(2)}`", text)
+    text = text.replace("``", "`")
+    end = re.search(r"(?<!e\.g)(?<!i\.e)(?<!etc)\.(?= [A-Z`(]|$)", text)
+    return text[: end.end()] if end else text
+
+
+def module_table(package: str) -> dict[str, str]:
+    """Every module of ``geosearch/<package>`` (its sub-packages' too; ``""``: the top-level
+    modules only), path -> the first sentence of its docstring. ``__init__`` and
+    ``__main__`` are the package, not a module of it."""
+    import ast
+
+    root = REPO / "geosearch" / package
+    paths = root.rglob("*.py") if package else root.glob("*.py")
+    table = {}
+    for path in sorted(paths):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        table[path.relative_to(root).as_posix()] = first_sentence(doc)
+    return table
+
+
+def _cells(package: str) -> dict[str, str]:
+    """:func:`module_table` as table cells (a ``|`` escaped)."""
+    return {m: s.replace("|", "\\|") for m, s in module_table(package).items()}
+
+
+def _table_span(lines: list[str]) -> tuple[int, int]:
+    """The rows of a page's module table: [start, stop) of ``lines``."""
+    start = lines.index(MODULE_TABLE) + 2
+    stop = start
+    while stop < len(lines) and lines[stop].startswith("| `"):
+        stop += 1
+    return start, stop
+
+
+def written_table(page: str) -> dict[str, str]:
+    """A reference page's module table as written: path -> summary."""
+    lines = (REPO / "docs" / "reference" / page).read_text(encoding="utf-8").splitlines()
+    start, stop = _table_span(lines)
+    rows = [re.match(r"\| `([^`]+)` \| (.*) \|$", line) for line in lines[start:stop]]
+    return {m.group(1): m.group(2) for m in rows if m}
+
+
+def write_reference() -> list[str]:
+    """Rewrite every reference page's module table from the package; the pages' other prose
+    is kept. Returns the pages changed."""
+    changed = []
+    for page, package in REFERENCE.items():
+        path = REPO / "docs" / "reference" / page
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        start, stop = _table_span(lines)
+        rows = [f"| `{m}` | {cell} |" for m, cell in _cells(package).items()]
+        new = "\n".join(lines[:start] + rows + lines[stop:]) + "\n"
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(page)
+    return changed
+
+
+@pytest.mark.parametrize("page", sorted(REFERENCE))
+def test_each_reference_page_lists_its_packages_modules_as_their_docstrings_say(page):
+    written = written_table(page)
+    code = _cells(REFERENCE[page])
+    wrong = [f"{m}: listed, but no such module" for m in written if m not in code]
+    wrong += [f"{m}: a module the page does not list" for m in code if m not in written]
+    wrong += [f"{m}: the page says {written[m]!r}, its docstring {code[m]!r}"
+              for m in code if m in written and written[m] != code[m]]
+    assert wrong == [], (f"docs/reference/{page} disagrees with geosearch/{REFERENCE[page]} "
+                         f"(regenerate with `{REGENERATE}`):\n" + "\n".join(wrong))
+
+
+def test_first_sentence_ends_at_the_first_full_stop_and_reads_as_markdown():
+    doc = ("The plan (:func:`~geosearch.search.space.plan.plan_study`), e.g. ``rungs``. More\n"
+           "text.\n\nA second paragraph.")
+    assert first_sentence(doc) == "The plan (`plan_study`), e.g. `rungs`."
+    assert first_sentence("User-facing errors.") == "User-facing errors."
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write-reference"]:
+        sys.exit(f"usage: {REGENERATE}")
+    for page in write_reference():
+        print(f"rewrote docs/reference/{page}")

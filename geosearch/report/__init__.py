@@ -45,9 +45,9 @@ from geosearch.report.analysis import (
 from geosearch.report.load import RunData, TrialRecord, load_run, read_metrics
 from geosearch.report.markdown import dashboard_paragraph, render_markdown
 from geosearch.report.plots import PLOT_NAMES, PLOTS_HINT, make_plots
-from geosearch.search.study.baselines import baseline_table
+from geosearch.search.study.baseline_trials import baseline_table
 from geosearch.search.study.export import study_verdict
-from geosearch.search.stats.ranking import rank_study
+from geosearch.search.stats.study_ranking import rank_study
 
 __all__ = [
     "CostRow",

@@ -11,7 +11,7 @@ geometry, how many trials ended unstable or failed; :func:`cost_table` gives ste
 throughput as ratios to an AdamW or Muon baseline; :func:`pareto_front` and
 :func:`pareto_trials` find the completed trials no other beats on both loss and time. The
 ranking and its verdict are not here: they are the search's own
-(:func:`geosearch.search.stats.ranking.rank_study`), so the report and the search agree.
+(:func:`geosearch.search.stats.study_ranking.rank_study`), so the report and the search agree.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from optuna.trial import FrozenTrial
 
 from geosearch.report.load import TrialRecord, as_finite, mean_finite
 from geosearch.search.records import FINISHED
-from geosearch.search.stats.scores import MainEffect, Score, main_effects
+from geosearch.search.stats.pooled import main_effects
+from geosearch.search.stats.scores import MainEffect, Score
 from geosearch.search.stats.trials import point_scores, step_cost, trial_factors
 
 __all__ = [

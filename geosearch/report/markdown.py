@@ -24,7 +24,7 @@ from typing import Any
 from geosearch.report.analysis import CostTable, Importance, pareto_trials, peak_layers, stability_table
 from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
-from geosearch.search.study.baselines import BaselineTable
+from geosearch.search.study.baseline_trials import BaselineTable
 from geosearch.search.horizon.forecast import short_logit
 from geosearch.search.stats.ranking import Ranking
 from geosearch.search.stats.scores import MainEffect, Score
@@ -100,13 +100,13 @@ def render_markdown(
 
     Args:
         run: the loaded run.
-        ranking: from :func:`geosearch.search.stats.ranking.rank_study` on ``run.study``.
+        ranking: from :func:`geosearch.search.stats.study_ranking.rank_study` on ``run.study``.
         importance: from :func:`~geosearch.report.analysis.geometry_importances`.
         cost: from :func:`~geosearch.report.analysis.cost_table`.
         plots: plot name -> path relative to the run directory, for the plots written.
         plots_note: why some or all plots are missing (e.g.
             :data:`~geosearch.report.plots.PLOTS_HINT`).
-        baselines: from :func:`geosearch.search.study.baselines.baseline_table` (no section
+        baselines: from :func:`geosearch.search.study.baseline_trials.baseline_table` (no section
             without it).
         verdict: from :func:`geosearch.search.study.export.study_verdict`: the Result section
             as sections and tables (default: built from ``run.study``).

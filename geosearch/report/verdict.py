@@ -8,7 +8,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from geosearch.search.stats.verdict import Verdict, track_text
+from geosearch.search.stats.track import track_text
+from geosearch.search.stats.verdict import Verdict
 
 __all__ = ["verdict_sections"]
 

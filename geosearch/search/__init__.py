@@ -42,7 +42,7 @@ _EXPORTS = {
     "load_space": "geosearch.search.space.spec",
     "objective": "geosearch.search.study.optimize",
     "open_run_study": "geosearch.search.runtime.storage",
-    "rank_study": "geosearch.search.stats.ranking",
+    "rank_study": "geosearch.search.stats.study_ranking",
     "run_search": "geosearch.search.study.run",
     "space_names": "geosearch.search.space.spec",
 }
@@ -58,7 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.sections import Budget, Hyperparams, LogRange, LossPrunerSpec, PrunerSpec, SamplerSpec
     from geosearch.search.space.reader import SearchSpaceError
     from geosearch.search.space.spec import SearchSpace, Suggestion, apply_overrides, load_space, space_names
-    from geosearch.search.stats.ranking import Ranking, rank_study
+    from geosearch.search.stats.ranking import Ranking
+    from geosearch.search.stats.study_ranking import rank_study
     from geosearch.search.stats.scores import Score
     from geosearch.search.study.export import export_best
     from geosearch.search.study.optimize import objective

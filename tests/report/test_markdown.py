@@ -13,7 +13,7 @@ from _report_study import add, new_study, row
 
 from geosearch import report as rp
 from geosearch.cli import main
-from geosearch.search.stats.ranking import rank_study
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.study.export import format_ranking
 
 

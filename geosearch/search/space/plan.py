@@ -30,7 +30,7 @@ from geosearch.search.horizon.target import (
     rung_seeds,
 )
 from geosearch.search.records import LADDER, STABILITY, TARGET
-from geosearch.search.space.baselines import BASELINES, baseline_factors, baseline_rungs
+from geosearch.search.space.baseline_specs import BASELINES, baseline_factors, baseline_rungs
 from geosearch.search.space.spec import SearchSpace
 
 __all__ = ["StudyPlan", "plan_study"]

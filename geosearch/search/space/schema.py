@@ -92,7 +92,7 @@ from geosearch.proxy.config import LIMITS as TRAIN_LIMITS
 from geosearch.proxy.config import OPTIMIZER_FIELDS, TrainConfig
 from geosearch.search.records import STEP_FACTOR
 from geosearch.models.specs import HF_PREFIX, PY_PREFIX, preset_rules
-from geosearch.search.space.baselines import REPEATS, parse_extras
+from geosearch.search.space.baseline_specs import REPEATS, parse_extras
 from geosearch.search.space.reader import (
     BUDGET_LIMITS,
     HYPERPARAMS,

@@ -144,7 +144,7 @@ class SearchSpace:
     ``None`` (or ``repeats``) = off."""
     baselines: tuple[str, ...] = ("adamw", "muon")
     """Baselines trained beside the assignments, reported and never exported
-    (:data:`geosearch.search.study.baselines.BASELINES`); ``()`` = none."""
+    (:data:`geosearch.search.study.baseline_trials.BASELINES`); ``()`` = none."""
     budget: Budget = field(default_factory=Budget)
     """Trials and timeout."""
     target: TargetSpec = field(default_factory=TargetSpec)

@@ -29,18 +29,14 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import optuna
 
-from geosearch.search.records import STEP_FACTOR
 
 from geosearch.search.stats.blocked import BlockedFit, blocked_fit
-from geosearch.search.stats.seeding import max_seeds, study_seed_plan
+from geosearch.search.stats.pooled import main_effects, seed_noise
 from geosearch.search.stats.scores import (
     Comparison,
     MainEffect,
@@ -49,24 +45,17 @@ from geosearch.search.stats.scores import (
     Score,
     compare,
     detectable_gap,
-    main_effects,
-    seed_noise,
 )
-from geosearch.search.stats.trials import point_scores, trial_factors, trial_label
-
-if TYPE_CHECKING:  # pragma: no cover - steps builds on this module
-    from geosearch.search.stats.steps import StepAnswers
+from geosearch.search.stats.track import ORDER_RECORD
 
 __all__ = [
-    "ORDER_RECORD",
-    "OrderRecord",
     "PairGap",
     "RankedTrial",
     "Ranking",
     "Sensitivity",
+    "StepAnswers",
     "compare_scores",
     "rank_scores",
-    "rank_study",
 ]
 
 _LISTED_PAIRS = 8  # adjacent pairs the one-line verdict spells out (Ranking.pairs has them all)
@@ -78,46 +67,6 @@ _TESTS = {"paired": "paired t-test on the seeds both ran, 5%", "welch": "Welch t
 def _test_text(test: str, df: float | None) -> str:
     """The test in words; the blocked one with its residual df."""
     return _TESTS[test].format(df=f"{df:g}" if df is not None else "?")
-
-
-@dataclass(frozen=True)
-class OrderRecord:
-    """How often pairs of assignments kept their order from the search's ranked rung to the
-    target's length in the project's benchmark, by their gap at the rung: a gap beyond noise
-    at the rung can still flip later in training. Quoted beside each gap as the benchmark's
-    record, not as a promise for another model or setting.
-
-    Attributes:
-        at: the gap, in nats, that splits far pairs from close ones.
-        far: (kept their order, pairs) for pairs at least ``at`` apart.
-        near: the same for closer pairs.
-    """
-
-    at: float
-    far: tuple[int, int]
-    near: tuple[int, int]
-
-    def text(self, gap: float) -> str:
-        """``"≥ 0.02: in the benchmark such gaps kept their order at 2,000 steps 13 of 15 times"``."""
-        kept, of = self.far if abs(gap) >= self.at else self.near
-        side = "≥" if abs(gap) >= self.at else "<"
-        return (f"{side} {self.at:g}: in the benchmark such gaps kept their order at 2,000 steps "
-                f"{kept} of {of} times")
-
-
-def _order_record() -> OrderRecord:
-    """The benchmark's record (docs/benchmarks.md, "fidelity.py"), as ``python
-    benchmarks/fidelity.py --track-record`` scored it from the stored runs into
-    ``track_record.json``: completed 400-step runs (the ranked rung's length) against the
-    2,000-step runs, 2 seeds each, of the four paper assignments at the settings stored at
-    both lengths, every pair, by the gap at 400 steps."""
-    from geosearch.search.stats.verdict import track_record  # it builds on this module
-
-    o = track_record()["order"]
-    return OrderRecord(at=o["at"], far=tuple(o["far"]), near=tuple(o["near"]))
-
-
-ORDER_RECORD = _order_record()
 
 
 def compare_scores(best: Score, other: Score, *, blocked: BlockedFit | None = None) -> tuple[str, float | None]:
@@ -218,6 +167,66 @@ class PairGap:
 
 
 @dataclass(frozen=True)
+class StepAnswers:
+    """The two answers of a space with a step grid (``hyperparams.step_grid``): the
+    :class:`Ranking` that holds this is each assignment at its own best step (the exported
+    answer); ``shared`` is the points at the shared step, ranked as a space without a grid
+    would be.
+
+    Attributes:
+        shared_step: ``proxy.spectral_lr`` (``None``: not recorded; the factors are shown).
+        shared: the ranking of the points at factor 1.
+        factors: trial number -> its factor, for every ranked trial of both rankings.
+        grid: the grid's factors seen among the points, ascending.
+        unstable_shared: ``(label, trial at the shared step, own step's trial)`` for each
+            assignment pruned as unstable at the shared step and completed at another (one
+            a loss pruner stopped there is ``pruned``, not unstable, and is not here).
+        effects: ``(factor, at the shared step or None, at own best steps)`` per main effect
+            of the own-step ranking.
+    """
+
+    shared_step: float | None
+    shared: Ranking
+    factors: Mapping[int, float]
+    grid: tuple[float, ...]
+    unstable_shared: tuple[tuple[str, int, int], ...] = ()
+    effects: tuple[tuple[str, MainEffect | None, MainEffect], ...] = ()
+
+    def step(self, number: int) -> str:
+        """Trial ``number``'s spectral step in words: ``"0.04"`` (``"x2"`` without the shared
+        step)."""
+        f = self.factors[number]
+        return f"{self.shared_step * f:.3g}" if self.shared_step else f"x{f:g}"
+
+    def at_the_end(self, number: int) -> bool:
+        """Whether trial ``number``'s factor is the grid's smallest or largest but not 1: as
+        an assignment's best step it is not bracketed (a step past it may be better)."""
+        f = self.factors[number]
+        return f != 1 and f in (self.grid[0], self.grid[-1])
+
+    def effect_lines(self) -> list[str]:
+        """Per main effect: whether it survives the tuning, with both intervals."""
+        out = []
+        for _, shared, own in self.effects:
+            if own.decisive and shared is not None and shared.decisive:
+                word = ("survives the tuning" if shared.better == own.better else
+                        "reverses with the tuning")
+            elif own.decisive and shared is not None and shared.half_width is None:
+                word = ("is decisive at each assignment's own best step; at the shared step "
+                        "not judged (no spread)")
+            elif own.decisive:
+                word = "appears only with each assignment at its own best step"
+            elif shared is not None and shared.decisive:
+                word = "does not survive the tuning"
+            else:
+                word = "within noise at both"
+            at_shared = shared.body() if shared is not None else "not measured (no matched pairs)"
+            out.append(f"{own.name} {word}: at the shared step, {at_shared}; at each one's own "
+                       f"best step, {own.body()}")
+        return out
+
+
+@dataclass(frozen=True)
 class Ranking:
     """Completed trials, best first, and the verdict in words.
 
@@ -226,7 +235,7 @@ class Ranking:
         tied: trial numbers within noise of the best (the best included).
         verdict: one line: a winner, a tie, or why no winner can be named; then the main
             effects beyond noise and the smallest detectable gap.
-        effects: every factor's main effect (:func:`geosearch.search.stats.scores.main_effects`),
+        effects: every factor's main effect (:func:`geosearch.search.stats.pooled.main_effects`),
             within noise or not; each has ``text()``.
         sensitivity: the smallest detectable gap (``None``: no spread to state it from).
         pairs: each adjacent pair from the top down to the last contender (tie or unknown
@@ -280,31 +289,6 @@ def rank_scores(entries: Iterable[tuple[int, str, Score]],
     pairs = _pairs(rows, fit)
     verdict = _verdict(rows, effects if state_effects else (), sensitivity, pairs)
     return Ranking(rows, tied, verdict, effects, sensitivity, pairs, fit)
-
-
-def rank_study(study: optuna.Study) -> Ranking:
-    """Rank the completed points of ``study`` by mean final val loss, each with its adaptive
-    seeds merged in (see the module docstring); with adaptive seeds on, the verdict ends
-    with how many seeds each contender got and why seeding stopped (or what is pending)."""
-    trials = study.get_trials(deepcopy=False)
-    scores = point_scores(trials)
-    done = [t for t in trials if t.number in scores]
-    if any(STEP_FACTOR in t.params for t in done):
-        from geosearch.search.stats.steps import step_ranking  # it builds on this module
-
-        ranking = step_ranking(study, trials, done, scores)
-    else:
-        ranking = rank_scores([(t.number, trial_label(t), scores[t.number]) for t in done],
-                              {t.number: trial_factors(t) for t in done})
-    plan = study_seed_plan(study, ranking)
-    if plan is None or not ranking.rows:
-        return ranking
-    contenders = [r for r in ranking.rows if r.versus_best in ("best", "tie", "unknown")]
-    seeds = ", ".join(f"trial {r.number}: {r.score.n}" for r in contenders)
-    state = "stopped" if plan.stop else "not finished"
-    note = (f"adaptive seeds (up to {max_seeds(study)} per assignment) {state}: {plan.reason}; "
-            f"seeds per contender: {seeds}")
-    return dataclasses.replace(ranking, verdict=f"{ranking.verdict}; {note}")
 
 
 def _pairs(rows: list[RankedTrial], fit: BlockedFit | None) -> tuple[PairGap, ...]:

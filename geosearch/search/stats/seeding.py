@@ -4,7 +4,7 @@ Once every point has trained its ``repeats`` seeds, the best assignment and ever
 still within noise of it get one more seed per round (:func:`seed_plan`, pure), up to the
 space's ``max_repeats``, less the (point, seed) pairs a seed trial already tried
 (:func:`study_seed_plan`). :mod:`geosearch.search.study.extras` queues the seed trials;
-:func:`geosearch.search.stats.ranking.rank_study` says in its verdict how seeding stands.
+:func:`geosearch.search.stats.study_ranking.rank_study` says in its verdict how seeding stands.
 Torch-free. The rules are in ``docs/design.md`` ("Adaptive seeds").
 """
 
@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import optuna
 
 from geosearch.search.records import FINISHED, SEED_OF, SEEDS, SPACE, trial_status
 
-if TYPE_CHECKING:  # pragma: no cover - ranking imports this module
-    from geosearch.search.stats.ranking import Ranking
-
 __all__ = ["SeedPlan", "max_seeds", "seed_plan", "study_seed_plan"]
+
+
+class Ranked(Protocol):
+    """What a plan reads of a ranking (:class:`geosearch.search.stats.ranking.Ranking`, which
+    :mod:`~geosearch.search.stats.study_ranking` passes): its rows, best first, each with
+    ``number``, ``score`` and ``versus_best``."""
+
+    rows: list[Any]
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class SeedPlan:
     reason: str
 
 
-def seed_plan(ranking: Ranking, max_seeds: int) -> SeedPlan:
+def seed_plan(ranking: Ranked, max_seeds: int) -> SeedPlan:
     """Decide the next round of adaptive seeds from a ranking (pure: runs nothing).
 
     Once every point of the space has trained its ``repeats`` seeds, the trial loop
@@ -58,7 +63,7 @@ def seed_plan(ranking: Ranking, max_seeds: int) -> SeedPlan:
     best and those within noise of it.
 
     Args:
-        ranking: the current ranking (:func:`~geosearch.search.stats.ranking.rank_study`).
+        ranking: the current ranking (:func:`~geosearch.search.stats.study_ranking.rank_study`).
         max_seeds: the most seeds any assignment may run (the budget).
 
     Returns:
@@ -96,9 +101,9 @@ def max_seeds(study: optuna.Study) -> int | None:
     return most if isinstance(most, int) else None
 
 
-def study_seed_plan(study: optuna.Study, ranking: Ranking) -> SeedPlan | None:
+def study_seed_plan(study: optuna.Study, ranking: Ranked) -> SeedPlan | None:
     """The next round of adaptive seeds of ``study``, whose ranking is ``ranking``
-    (:func:`~geosearch.search.stats.ranking.rank_study`): :func:`seed_plan` at the space's
+    (:func:`~geosearch.search.stats.study_ranking.rank_study`): :func:`seed_plan` at the space's
     ``max_repeats``, less the (point, seed) pairs a seed trial already tried (one that ended
     unstable or failed is not run again); ``None`` when the space asks for no more seeds
     than its ``repeats``."""

@@ -1,7 +1,7 @@
 """The two answers of a space with a step grid: at the shared step, and each assignment at
 its own best step.
 
-:func:`step_ranking` is how :func:`geosearch.search.stats.ranking.rank_study` ranks a study
+:func:`step_ranking` is how :func:`geosearch.search.stats.study_ranking.rank_study` ranks a study
 whose points carry a ``step_factor`` (``hyperparams.step_grid``): the points at the shared
 step ranked as without a grid, and each assignment at the step of its lowest mean final
 val loss on the seeds all its steps ran, both by
@@ -14,77 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
 
 from geosearch.search.records import PROXY, STEP_FACTOR, UNSTABLE, is_extra, trial_status
-from geosearch.search.stats.ranking import Ranking, rank_scores
-from geosearch.search.stats.scores import MainEffect, Point, Score, best_on_shared_seeds
+from geosearch.search.stats.ranking import Ranking, StepAnswers, rank_scores
+from geosearch.search.stats.scores import Point, Score, best_on_shared_seeds
 from geosearch.search.stats.trials import trial_factors, trial_label
 
-__all__ = ["StepAnswers", "step_ranking"]
-
-
-@dataclass(frozen=True)
-class StepAnswers:
-    """The two answers of a space with a step grid (``hyperparams.step_grid``): the
-    :class:`Ranking` that holds this is each assignment at its own best step (the exported
-    answer); ``shared`` is the points at the shared step, ranked as a space without a grid
-    would be.
-
-    Attributes:
-        shared_step: ``proxy.spectral_lr`` (``None``: not recorded; the factors are shown).
-        shared: the ranking of the points at factor 1.
-        factors: trial number -> its factor, for every ranked trial of both rankings.
-        grid: the grid's factors seen among the points, ascending.
-        unstable_shared: ``(label, trial at the shared step, own step's trial)`` for each
-            assignment pruned as unstable at the shared step and completed at another (one
-            a loss pruner stopped there is ``pruned``, not unstable, and is not here).
-        effects: ``(factor, at the shared step or None, at own best steps)`` per main effect
-            of the own-step ranking.
-    """
-
-    shared_step: float | None
-    shared: Ranking
-    factors: Mapping[int, float]
-    grid: tuple[float, ...]
-    unstable_shared: tuple[tuple[str, int, int], ...] = ()
-    effects: tuple[tuple[str, MainEffect | None, MainEffect], ...] = ()
-
-    def step(self, number: int) -> str:
-        """Trial ``number``'s spectral step in words: ``"0.04"`` (``"x2"`` without the shared
-        step)."""
-        f = self.factors[number]
-        return f"{self.shared_step * f:.3g}" if self.shared_step else f"x{f:g}"
-
-    def at_the_end(self, number: int) -> bool:
-        """Whether trial ``number``'s factor is the grid's smallest or largest but not 1: as
-        an assignment's best step it is not bracketed (a step past it may be better)."""
-        f = self.factors[number]
-        return f != 1 and f in (self.grid[0], self.grid[-1])
-
-    def effect_lines(self) -> list[str]:
-        """Per main effect: whether it survives the tuning, with both intervals."""
-        out = []
-        for _, shared, own in self.effects:
-            if own.decisive and shared is not None and shared.decisive:
-                word = ("survives the tuning" if shared.better == own.better else
-                        "reverses with the tuning")
-            elif own.decisive and shared is not None and shared.half_width is None:
-                word = "is decisive at each assignment's own best step; at the shared step not judged (no spread)"
-            elif own.decisive:
-                word = "appears only with each assignment at its own best step"
-            elif shared is not None and shared.decisive:
-                word = "does not survive the tuning"
-            else:
-                word = "within noise at both"
-            at_shared = shared.body() if shared is not None else "not measured (no matched pairs)"
-            out.append(f"{own.name} {word}: at the shared step, {at_shared}; at each one's own "
-                       f"best step, {own.body()}")
-        return out
+__all__ = ["step_ranking"]
 
 
 def step_ranking(study: optuna.Study, trials: list[FrozenTrial], done: list[FrozenTrial],

@@ -15,14 +15,12 @@ tests or ranks again.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
-from functools import lru_cache
-from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover - ranking reads the track record from here
-    from geosearch.search.stats.ranking import Ranking
+from geosearch.search.stats.ranking import Ranking, _test_text
+from geosearch.search.stats.track import ORDER_RECORD
+from geosearch.search.stats.track import track_record
 
 __all__ = [
     "BaselineGap",
@@ -32,7 +30,6 @@ __all__ = [
     "Verdict",
     "WIDTH",
     "clip",
-    "track_record",
     "verdict_lines",
     "verdict_of",
     "verdict_record",
@@ -40,35 +37,6 @@ __all__ = [
 
 WIDTH = 100
 """The widest line the search prints after its per-trial lines."""
-
-TRACK_FILE = "track_record.json"
-
-
-@lru_cache(maxsize=1)
-def track_record() -> dict[str, Any]:
-    """The benchmark's record as ``benchmarks/fidelity.py --track-record`` wrote it (shipped
-    with the package): ``order`` (pairs kept their order from the ranked rung to the long
-    runs, by gap size) and ``search`` (the default search against the long runs, per
-    setting, with the tallies)."""
-    text = (
-        resources.files("geosearch.search.stats").joinpath(TRACK_FILE).read_text(encoding="utf-8")
-    )
-    return json.loads(text)
-
-
-def track_text(record: dict[str, Any] | None = None) -> str:
-    """The search's record in one sentence, from :func:`track_record`."""
-    s = (record or track_record())["search"]
-    w, r, st = s["winner"], s["spearman"], s["stability"]
-    return (
-        f"in the benchmark the default search named the {s['long_steps']:,}-step runs' best at "
-        f"{w['hits']} of {w['of']} settings (95% interval {w['low']:.2f}-{w['high']:.2f}; chance "
-        f"1 in 4 each, p = {w['p']:.2g} for {w['hits']} or more), ordered the four with Spearman "
-        f">= {r['at']:g} at {r['hits']} of {r['of']} ({r['low']:.2f}-{r['high']:.2f}; "
-        f"chance 1 in 6, p = {r['p']:.2g}) and made {st['hits']} of {st['of']} stability "
-        "decisions as the long runs did"
-    )
-
 
 def clip(line: str, width: int = WIDTH) -> str:
     """``line`` cut to ``width`` columns, ending in ``…`` when cut."""
@@ -261,13 +229,11 @@ def verdict_of(
 
 
 def _order_record(gap: float) -> str:
-    from geosearch.search.stats.ranking import ORDER_RECORD
 
     return ORDER_RECORD.text(gap)
 
 
 def _test_words(c: Any) -> str:
-    from geosearch.search.stats.ranking import _test_text
 
     return _test_text(c.test, c.df)
 

@@ -23,10 +23,11 @@ from optuna.trial import TrialState
 from geosearch.util.version import __version__
 from geosearch.util.errors import ConfigError, GeosearchError
 from geosearch.util.files import check_dir, check_out_file
-from geosearch.search.study.baselines import baseline_table, baselines_lines
+from geosearch.search.study.baseline_trials import baseline_table, baselines_lines
 from geosearch.search.horizon.outlook import stability_lines, stability_record, stability_rows
 from geosearch.search.study.queue import done_count
-from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study
+from geosearch.search.stats.ranking import RankedTrial, Ranking
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.stats.trials import study_step_cost, trial_line
 from geosearch.search.stats.verdict import (
     WIDTH,
@@ -70,7 +71,7 @@ __all__ = ["export_best", "export_summary", "format_ranking", "study_verdict", "
 
 def study_verdict(study: optuna.Study, ranking: Ranking | None = None) -> Verdict:
     """The :class:`~geosearch.search.stats.verdict.Verdict` of ``study``: its ranking (as
-    :func:`~geosearch.search.stats.ranking.rank_study` judges it), with the stability at the
+    :func:`~geosearch.search.stats.study_ranking.rank_study` judges it), with the stability at the
     target of the ranked, baseline and unstable trials, the winner against each baseline,
     its ms/step ratio to the cost baseline and the ladder's reading towards the target."""
     ranking = ranking or rank_study(study)

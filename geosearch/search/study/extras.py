@@ -2,7 +2,7 @@
 
 Once every point of the space has trained its ``repeats`` seeds (the queue holds no point,
 the budget is reached), the trial loop calls :func:`queue_extras`: it queues the space's
-baselines (:mod:`geosearch.search.study.baselines`) and, when no trial is queued or running,
+baselines (:mod:`geosearch.search.study.baseline_trials`) and, when no trial is queued or running,
 ranks the study and queues one round of adaptive seeds
 (:func:`geosearch.search.stats.seeding.study_seed_plan`): for each contender ``n`` the same point
 with the attrs ``seed_of = n``, ``seeds = [s]``. A seed trial trains that one seed at the
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import TrialState
 
-from geosearch.search.space.baselines import baseline_rungs
-from geosearch.search.study.baselines import queue_baselines
+from geosearch.search.space.baseline_specs import baseline_rungs
+from geosearch.search.study.baseline_trials import queue_baselines
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.study.queue import enqueue, param_key, trial_params
-from geosearch.search.stats.ranking import rank_study
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.stats.scores import best_on_shared_seeds
 from geosearch.search.stats.trials import trial_score
 from geosearch.search.records import (
@@ -102,7 +102,8 @@ def queue_extras(study: optuna.Study, space: SearchSpace, echo: Callable[[str], 
 def extra_plan(trial: optuna.Trial, seeds: list[int], rungs: Sequence[Rung], *,
                halving: bool = False) -> tuple[list[int], list[Rung]]:
     """The seeds and rungs ``trial`` trains, given the study's: a seed trial its seeds at
-    its top rung, a baseline its rungs (:func:`~geosearch.search.study.baselines.baseline_rungs`),
+    its top rung, a baseline its rungs
+    (:func:`~geosearch.search.space.baseline_specs.baseline_rungs`),
     a point of the space all of them; with ``halving`` (:func:`halving`) a point or a
     baseline away from the shared step (step factor 1) trains the first seed only
     (:func:`queue_halving` gives the best step the rest)."""

@@ -48,7 +48,8 @@ from geosearch.search.runtime.liveness import (
 )
 from geosearch.search.runtime.locks import CommandLock
 from geosearch.search.study.queue import done_count, done_reason, resolve_budget, top_up_queue
-from geosearch.search.stats.ranking import Ranking, rank_study
+from geosearch.search.stats.ranking import Ranking
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.stats.trials import trial_line
 from geosearch.search.records import (
     DATA_DIGEST,

@@ -29,8 +29,8 @@ from optuna.trial import FrozenTrial, TrialState
 from geosearch.util.errors import GeosearchError
 from geosearch.proxy.config import TrainResult
 from geosearch.proxy.train import train
-from geosearch.search.space.baselines import BASELINES
-from geosearch.search.study.baselines import baseline_suggestion
+from geosearch.search.space.baseline_specs import BASELINES
+from geosearch.search.study.baseline_trials import baseline_suggestion
 from geosearch.search.runtime.backup import TrialBackup, write_rung_probes
 from geosearch.search.runtime.distributed import RankGroup
 from geosearch.search.study.extras import extra_plan, mark_extra, queue_extras, seed_twin_of

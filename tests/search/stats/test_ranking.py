@@ -16,9 +16,12 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from geosearch.search.stats.blocked import blocked_fit
-from geosearch.search.stats.ranking import ORDER_RECORD, compare_scores, rank_scores, rank_study
+from geosearch.search.stats.ranking import compare_scores, rank_scores
+from geosearch.search.stats.study_ranking import rank_study
+from geosearch.search.stats.track import ORDER_RECORD
 from geosearch.search.stats.seeding import seed_plan
-from geosearch.search.stats.scores import Point, Score, detectable_gap, seed_noise, t_quantile
+from geosearch.search.stats.pooled import seed_noise
+from geosearch.search.stats.scores import Point, Score, detectable_gap, t_quantile
 from geosearch.search.stats.trials import trial_factors, trial_score
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -15,13 +15,12 @@ import re
 import numpy as np
 import pytest
 
+from geosearch.search.stats.pooled import main_effects, seed_noise
 from geosearch.search.stats.scores import (
     Point,
     Score,
     compare,
     detectable_gap,
-    main_effects,
-    seed_noise,
     t_quantile,
     welch_df,
 )

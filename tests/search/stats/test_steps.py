@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from geosearch.search.stats.ranking import Ranking
 from geosearch.search.stats.scores import MainEffect
-from geosearch.search.stats.steps import StepAnswers
+from geosearch.search.stats.ranking import StepAnswers
 
 
 def test_an_effect_without_spread_at_the_shared_step_is_not_called_absent_there():

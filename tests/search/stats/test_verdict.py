@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import yaml
 
-from geosearch.search.stats.ranking import ORDER_RECORD, rank_scores
+from geosearch.search.stats.ranking import rank_scores
+from geosearch.search.stats.track import track_record
 from geosearch.search.stats.scores import Point, Score
 from geosearch.search.stats.verdict import (
     WIDTH,
     BaselineGap,
     StabilityAt,
-    track_record,
-    track_text,
     verdict_lines,
     verdict_of,
     verdict_record,
@@ -85,24 +83,3 @@ def test_four_lines_each_within_100_columns_and_the_record_is_fields():
     assert yaml.safe_load(yaml.safe_dump(record)) == record and "sentence" not in record
     assert record["baselines"][0]["delta"] == -0.1 and record["stability"][0]["crossed_at"] == 1340
     assert record["track"]["search"]["winner"] == track_record()["search"]["winner"]
-
-
-def test_the_track_record_file_is_what_the_benchmark_scores_from_the_stored_data(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("fidelity", None)
-    import fidelity
-
-    assert fidelity.track_record() == track_record()
-    o = track_record()["order"]
-    assert (ORDER_RECORD.at, list(ORDER_RECORD.far), list(ORDER_RECORD.near)) == (
-        o["at"],
-        o["far"],
-        o["near"],
-    )
-    w = track_record()["search"]["winner"]
-    assert f"best at {w['hits']} of {w['of']} settings" in track_text()
-
-
-def test_the_track_record_ships_with_the_package():
-    text = (BENCHMARKS.parent / "pyproject.toml").read_text(encoding="utf-8")
-    assert '"geosearch.search.stats" = ["track_record.json"]' in text

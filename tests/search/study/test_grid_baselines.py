@@ -13,8 +13,8 @@ from _search_helpers import FakeTrain, TINY_PROXY, make_space, search, trials_of
 from geosearch.report import write_report
 from geosearch.search.records import BASELINE, STEP_FACTOR, trial_status
 from geosearch.search.runtime.storage import open_run_study
-from geosearch.search.stats.ranking import rank_study
-from geosearch.search.study.baselines import baseline_table
+from geosearch.search.stats.study_ranking import rank_study
+from geosearch.search.study.baseline_trials import baseline_table
 from geosearch.search.study.export import format_ranking
 
 SHARED = 0.02

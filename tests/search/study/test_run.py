@@ -17,7 +17,7 @@ from geosearch.assignment import load_assignment
 from geosearch.util.errors import ConfigError
 from geosearch.build import build_optimizer
 from geosearch.models.model import GPT, make_config
-from geosearch.search.stats.ranking import rank_study
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.study.run import run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -11,7 +11,7 @@ from _search_helpers import FakeTrain, TINY_PROXY, make_space, search, trials_of
 from geosearch.assignment import load_assignment
 from geosearch.search.records import STEP_FACTOR, TARGET_SUM_ETA
 from geosearch.search.runtime.storage import open_run_study
-from geosearch.search.stats.ranking import rank_study
+from geosearch.search.stats.study_ranking import rank_study
 
 SHARED = 0.02
 GRID = [0.5, 1, 2]

@@ -23,8 +23,8 @@ from geosearch.search.records import (
 from geosearch.search.horizon.outlook import stability_rows
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.space.spec import study_pruner
-from geosearch.search.stats.ranking import rank_study
-from geosearch.search.study.baselines import baseline_table
+from geosearch.search.stats.study_ranking import rank_study
+from geosearch.search.study.baseline_trials import baseline_table
 
 SHARED = 0.02
 GRID = [0.5, 1, 2]

@@ -1,5 +1,6 @@
-"""Tests of geosearch.search.study.baselines: baselines trained beside the points, never counted,
-never exported, compared with every assignment (Δ loss with its interval, ms/step ratio)."""
+"""Tests of geosearch.search.study.baseline_trials: baselines trained beside the points,
+never counted, never exported, compared with every assignment (Δ loss with its interval,
+ms/step ratio)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from _search_helpers import FakeTrain, make_space, search, trials_of, use_train
 from optuna.trial import TrialState
 
 from geosearch.util.errors import ConfigError
-from geosearch.search.study.baselines import baseline_table
+from geosearch.search.study.baseline_trials import baseline_table
 from geosearch.search.study.export import format_ranking
 from geosearch.search.study.queue import done_count
 from geosearch.search.records import BASELINE

@@ -1,4 +1,5 @@
-"""Baselines: the optimizers people use today, trained beside the assignments, never exported.
+"""The baselines' trials and their table: the optimizers people use today, trained beside
+the assignments, never exported.
 
 A space's ``baselines:`` names them (:data:`BASELINES`). ``adamw`` gives every module type the
 space assigns the geometry ``adamw`` (plain AdamW at the proxy's ``lr``), ``muon`` gives them
@@ -28,7 +29,8 @@ from optuna.trial import FrozenTrial
 
 from geosearch.util.checks import finite_or_none
 from geosearch.search.study.queue import enqueue
-from geosearch.search.stats.ranking import RankedTrial, Ranking, rank_study
+from geosearch.search.stats.ranking import RankedTrial, Ranking
+from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.stats.scores import Score, best_on_shared_seeds
 from geosearch.search.stats.trials import point_scores, study_step_cost, trial_score
 from geosearch.search.records import (
@@ -50,7 +52,12 @@ from geosearch.search.records import (
     trial_status,
 )
 from geosearch.search.stats.scores import compare
-from geosearch.search.space.baselines import BASELINES, baseline_factors, baseline_step, training_text
+from geosearch.search.space.baseline_specs import (
+    BASELINES,
+    baseline_factors,
+    baseline_step,
+    training_text,
+)
 from geosearch.search.space.spec import SearchSpace, Suggestion
 
 
@@ -151,7 +158,7 @@ class BaselineTable:
         baselines: name -> ``{"trial", "status", "rung", "sum_eta", "score", "step_ms",
             "reason", "trained", "factor", "step", "tried"}`` (the latest trial of that
             baseline; with a step grid, the one at its own best step; ``trained``: how it
-            trained, :func:`~geosearch.search.space.baselines.training_text`, and ``step``
+            trained, :func:`~geosearch.search.space.baseline_specs.training_text`, and ``step``
             its step in words, ``"spectral step 0.04"``, both ``None`` without the study's
             proxy record; ``factor``: its step grid's factor, ``None`` without a grid;
             ``tried``: with a grid, ``(factor, step in words, status, score or None)`` at

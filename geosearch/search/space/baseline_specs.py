@@ -10,7 +10,7 @@ assignments are: AdamW at ``lr`` × the factor, Muon at ``spectral_lr`` × the f
 (:func:`baseline_factors`, :func:`baseline_step`); without one, at the proxy's steps only.
 This module reads a space's ``baselines:`` and ``max_repeats:`` and says how each trained
 (:func:`training_text`); the study's plan counts their steps (:mod:`geosearch.search.space.plan`),
-the study queues and scores them (:mod:`geosearch.search.study.baselines`).
+the study queues and scores them (:mod:`geosearch.search.study.baseline_trials`).
 """
 
 from __future__ import annotations
