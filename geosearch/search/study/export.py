@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from geosearch.search.records import (
     trial_status,
 )
 from geosearch.search.space.spec import SearchSpace, Suggestion, study_pruner
+from geosearch.search.runtime.backup import read_probes_file
 from geosearch.search.runtime.storage import BEST_FILE, TOP_DIR, open_run_study
 from geosearch.search.horizon.reading import horizon_lines, horizon_verdict, reading_record, study_reading
 
@@ -50,11 +52,13 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["export_best", "export_summary", "format_ranking"]
 
 
-def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
+def format_ranking(study: optuna.Study, ranking: Ranking | None = None,
+                   run_dir: str | os.PathLike | None = None) -> str:
     """The ranked table of completed trials (with a step grid: each assignment at its own
     best step, then the points at the shared step), the pruned/failed ones, the verdict
     (marked when the ladder says it may not hold at the target), the ladder's reading and
-    the baselines (each assignment's Δ loss and ms/step ratio against each)."""
+    the baselines (each assignment's Δ loss and ms/step ratio against each). The outlook
+    reads the trials' probes in ``run_dir`` (``None``: their user attrs)."""
     ranking = ranking or rank_study(study)
     reading = study_reading(study)
     proxy = study.user_attrs.get(PROXY)
@@ -71,7 +75,9 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None) -> str:
         lines += ["  " + trial_line(t, proxy) for t in others]
     lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
     lines += optuna_best_note(study, ranking)
-    outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking), study_pruner(study)))
+    probes = partial(read_probes_file, Path(run_dir)) if run_dir is not None else None
+    outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking), study_pruner(study),
+                                             probes))
     return "\n".join(lines + horizon_lines(reading) + outlook + baselines_lines(baseline_table(study, ranking)))
 
 
@@ -156,7 +162,8 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
         "proxy": attrs.get(PROXY),
         "target": attrs.get(TARGET),
         "horizon": reading_record(reading) if reading is not None else None,
-        "stability": stability_record(stability_rows(study, [row.number], study_pruner(study))[0]),
+        "stability": stability_record(stability_rows(study, [row.number], study_pruner(study),
+                                                     partial(read_probes_file, run_dir))[0]),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "geosearch_version": __version__,
         "trials": {"completed": len(ranking.rows), "total": done_count(study)},
