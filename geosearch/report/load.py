@@ -379,5 +379,6 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
                    not_run=len(every) - len(ran), target=target if isinstance(target, dict) else None,
                    rungs=rungs, reading=study_reading(study), baselines=baselines,
                    seed_trials=sum(SEED_OF in t.user_attrs for t in ran),
-                   stability=stability_rows(study, completed, pruner, partial(read_probes_file, run_dir)))
+                   stability=stability_rows(study, completed, pruner,
+                                            partial(read_probes_file, run_dir)))
 

@@ -47,7 +47,8 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from geosearch.util.errors import ConfigError
 from geosearch.search.records import TRIAL_DIR, json_safe
 
-__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "PROBES_FILE", "RUNG_PROBES_FILE", "STUDY_FILE",
+__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "PROBES_FILE", "RUNG_PROBES_FILE",
+           "STUDY_FILE",
            "StudyRecord", "TRIAL_FILE", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
            "read_probes_file", "read_rung_probes", "read_study_record", "read_trial_records",
            "recorded_trial", "save_study_record", "trial_record", "upload_trial_files",

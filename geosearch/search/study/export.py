@@ -76,8 +76,8 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None,
     lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
     lines += optuna_best_note(study, ranking)
     probes = partial(read_probes_file, Path(run_dir)) if run_dir is not None else None
-    outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking), study_pruner(study),
-                                             probes))
+    outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking),
+                                             study_pruner(study), probes))
     return "\n".join(lines + horizon_lines(reading) + outlook + baselines_lines(baseline_table(study, ranking)))
 
 

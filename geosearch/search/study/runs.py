@@ -173,10 +173,11 @@ def run_callback(study: optuna.Study, trial: optuna.Trial, probes: TrialProbes,
 
     It reports (``report``: the first seed at the ranked, top rung only, as Optuna keeps one
     value per step and the trial's value is read there), records probes (appended to
-    ``probes.history``, with their Σ η, and with ``target_step`` the target's step at their Σ η²)
-    and asks the pruner, handing it ``probes`` (``judge``: the stability rung, and a rung whose spectral step is not
-    above the target's; a larger step stands in for Σ η in the loss, but its logits overshoot
-    the long run's at the same Σ η: ``docs/design.md``, "The ladder"). A prune calls
+    ``probes.history``, with their Σ η, and with ``target_step`` the target's step at their
+    Σ η²) and asks the pruner, handing it ``probes`` (``judge``: the stability rung, and a
+    rung whose spectral step is not above the target's; a larger step stands in for Σ η in
+    the loss, but its logits overshoot the long run's at the same Σ η: ``docs/design.md``,
+    "The ladder"). A prune calls
     ``on_prune(unstable)`` and returns the reason, which stops the run; the trainer stops a
     non-finite run at any rung.
     """
@@ -233,7 +234,8 @@ def stopped_attrs(result: TrainResult, rows: list[dict]) -> dict[str, Any]:
     """The attrs of a trial whose stability rung did not complete (its probe ``rows``): no
     rung of the ladder was trained."""
     last = rows[-1] if rows else {}
-    return {PROBE_HISTORY: rows, STABILITY_PROBES: rows, PRUNED_RUNG: "stability", STOP_STEP: result.stop_step,
+    return {PROBE_HISTORY: rows, STABILITY_PROBES: rows, PRUNED_RUNG: "stability",
+            STOP_STEP: result.stop_step,
             MEAN_STEP_MS: result.mean_step_ms if math.isfinite(result.mean_step_ms) else None,
             MAX_LOGIT: last.get("max_logit"), SIGMA_MAX: last.get("sigma_max"), RUNG_LOSSES: [], RUNG_PROBES: []}
 

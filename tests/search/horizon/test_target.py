@@ -333,7 +333,8 @@ def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tm
     assert by_point["euclidean"].user_attrs["stability_run"] is False
     assert [r["step"] for r in euclid] == [5, 10]
     assert euclid[-1]["target_step"] == 40 and 0 < euclid[0]["target_step"] < 40
-    assert by_point["euclidean"].user_attrs["stability_peak_logit"] == max(r["max_logit"] for r in euclid)
+    peak = max(r["max_logit"] for r in euclid)
+    assert by_point["euclidean"].user_attrs["stability_peak_logit"] == peak
     # Rule: AdamW query/key weights (the adamw point and baseline) take no spectral step: no
     # Σ η² clock, no stability rung; the muon baseline trains it.
     assert held["adamw"]["stability_probes"] == [] and held["muon"]["stability_probes"]

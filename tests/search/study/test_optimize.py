@@ -180,8 +180,8 @@ def test_trial_files_are_optuna_artifacts_of_their_trial(monkeypatch, tmp_path):
         # Rule: every file of the trial's folder is an artifact of that trial; a seed's
         # sub-folder is part of the name; the trial's own rung_probes.json and probes.json
         # (its probes, kept out of its user attrs) are too.
-        assert set(metas) == {f"seed{s}-{f}" for s in (0, 1) for f in ("config.yaml", "metrics.jsonl")
-                              } | {"rung_probes.json", "probes.json"}
+        files = {f"seed{s}-{f}" for s in (0, 1) for f in ("config.yaml", "metrics.jsonl")}
+        assert set(metas) == files | {"rung_probes.json", "probes.json"}
         copy = tmp_path / f"{t.number}.jsonl"
         download_artifact(artifact_store=store, file_path=str(copy),
                           artifact_id=metas["seed1-metrics.jsonl"].artifact_id)
