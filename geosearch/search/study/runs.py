@@ -42,6 +42,7 @@ from geosearch.search.records import (
     TOKENS_PER_S,
     json_safe,
 )
+from geosearch.search.runtime.backup import write_probes_file, write_rung_probes
 from geosearch.search.runtime.interrupts import CTRL_C
 from geosearch.search.runtime.liveness import Heartbeat, TrialLost
 from geosearch.search.space.plan import StudyPlan
@@ -240,14 +241,18 @@ def stopped_attrs(result: TrainResult, rows: list[dict]) -> dict[str, Any]:
             MAX_LOGIT: last.get("max_logit"), SIGMA_MAX: last.get("sigma_max"), RUNG_LOSSES: [], RUNG_PROBES: []}
 
 
-def probe_files(attrs: dict[str, Any]) -> dict[str, list[dict]]:
-    """Take the probe rows (``probe_history``, ``stability_probes``) out of a trial's final
-    ``attrs``, for its ``probes.json``, leaving their summaries: the peak max logit of each
-    (``peak_max_logit``, ``stability_peak_logit``; ``max_logit`` is the last)."""
+def store_probes(trial_dir: Path, attrs: dict[str, Any]) -> None:
+    """Move the probe rows out of a trial's final ``attrs`` into its folder: ``rung_probes``
+    to ``rung_probes.json``, ``probe_history`` and ``stability_probes`` to ``probes.json``,
+    leaving their summaries: the peak max logit of each (``peak_max_logit``,
+    ``stability_peak_logit``; ``max_logit`` is the last)."""
+    rung_probes = attrs.pop(RUNG_PROBES, None)
+    if rung_probes:
+        write_rung_probes(trial_dir, rung_probes)
     rows = {k: attrs.pop(k) for k in (PROBE_HISTORY, STABILITY_PROBES) if k in attrs}
+    write_probes_file(trial_dir, rows)
     for key, name in ((PEAK_MAX_LOGIT, PROBE_HISTORY), (STABILITY_PEAK_LOGIT, STABILITY_PROBES)):
         values = [finite_or_none(r.get("max_logit")) for r in rows.get(name) or []]
         values = [v for v in values if v is not None]
         if values or name == PROBE_HISTORY:
             attrs[key] = max(values, default=None)
-    return rows

@@ -31,7 +31,7 @@ from geosearch.proxy.config import TrainResult
 from geosearch.proxy.train import train
 from geosearch.search.space.baselines import BASELINES
 from geosearch.search.study.baselines import baseline_suggestion
-from geosearch.search.runtime.backup import TrialBackup, write_probes_file, write_rung_probes
+from geosearch.search.runtime.backup import TrialBackup
 from geosearch.search.runtime.distributed import RankGroup
 from geosearch.search.study.extras import extra_plan, mark_extra, queue_extras, seed_twin_of
 from geosearch.search.study.failures import (
@@ -75,7 +75,6 @@ from geosearch.search.records import (
     QUEUED,
     RETRIED,
     RUNG_INDICES,
-    RUNG_PROBES,
     RUNNING,
     SEED_OF,
     SEEDS,
@@ -96,7 +95,7 @@ from geosearch.search.records import (
     is_extra,
     json_safe,
 )
-from geosearch.search.study.runs import TrialRuns, probe_files, run_attrs, stopped_attrs
+from geosearch.search.study.runs import TrialRuns, run_attrs, store_probes, stopped_attrs
 from geosearch.search.space.plan import StudyPlan, plan_study
 from geosearch.search.space.spec import SearchSpace, Suggestion
 from geosearch.search.runtime.storage import TRACEBACK_FILE, TRIALS_DIR
@@ -463,11 +462,8 @@ class Searcher:
         if state != TrialState.FAIL:
             attrs.setdefault(FAIL_REASON, None)
         trial_dir = self.run_dir / TRIALS_DIR / str(trial.number)
-        rung_probes, rows = attrs.pop(RUNG_PROBES, None), probe_files(attrs)  # files, not attrs
         try:
-            if rung_probes:
-                write_rung_probes(trial_dir, rung_probes)
-            write_probes_file(trial_dir, rows)
+            store_probes(trial_dir, attrs)  # files, not attrs
             if self.store_files is not None:
                 self.store_files(trial, trial_dir)
             for key, v in attrs.items():
