@@ -95,7 +95,8 @@ from geosearch.search.stats.scores import Point, Score
 from geosearch.search.stats.trials import family_geometry, trial_label
 from geosearch.search.horizon.reading import study_reading
 from geosearch.search.horizon.target import probe_sum_eta
-from geosearch.search.runtime.backup import read_rung_probes
+from geosearch.search.horizon.probes import TrialProbes
+from geosearch.search.runtime.backup import read_probes_file, read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 
 DATA = Path(__file__).parent / "data" / "fidelity"
@@ -235,11 +236,12 @@ def _early_forecast(rec: dict, fraction: float, target_sum_eta: float) -> float 
     return None if f is None else f.value
 
 
-def _search_steps(trial, rungs: list[dict], stability: dict | None = None) -> int:
+def _search_steps(trial, rungs: list[dict], stability: dict | None = None,
+                  run_dir: str = "") -> int:
     """Optimizer steps a trial trained (a pruned run counts to its stop step), its stability
-    rung's included."""
+    rung's included (its rows in the trial's probes.json)."""
     stop = trial.user_attrs.get(STOP_STEP)
-    if stability and STABILITY_PROBES in trial.user_attrs:
+    if stability and read_probes_file(Path(run_dir), trial).get(STABILITY_PROBES):
         if trial.user_attrs.get(PRUNED_RUNG) == "stability":
             return stop if isinstance(stop, int) else stability["steps"]
         stab = stability["steps"]
@@ -303,7 +305,8 @@ def _forecast_row(a: str, runs: list[dict], score: Score, search: dict[str, dict
     cells, row_ratios = [], []
     t = search.get(a, {}).get("trial") or pruned.get(a)
     frozen_rung0 = _frozen_rung0(t, run_dir)
-    for f in ([pruner.forecast(study, t) if t is not None else None,
+    held = TrialProbes.of(read_probes_file(Path(run_dir), t)) if t is not None else None
+    for f in ([pruner.forecast(study, t, held) if t is not None else None,
                pruner.forecast(study, frozen_rung0) if frozen_rung0 is not None else None]):
         v = None if f is None else f.value
         cells.append("—" if v is None else f"{v:.1f} [{f.low:.1f}, {f.high:.1f}]")
@@ -387,8 +390,9 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
 
     baselines = [t for t in trials.values() if t.user_attrs.get(BASELINE)]
     stability = study.user_attrs.get(STABILITY)
-    search_steps = sum(_search_steps(t, rungs, stability) for t in trials.values() if not t.user_attrs.get(BASELINE))
-    baseline_steps = sum(_search_steps(t, rungs, stability) for t in baselines)
+    search_steps = sum(_search_steps(t, rungs, stability, run_dir) for t in trials.values()
+                       if not t.user_attrs.get(BASELINE))
+    baseline_steps = sum(_search_steps(t, rungs, stability, run_dir) for t in baselines)
     truth_steps = sum(r["config"]["steps"] for recs in truth.values() for r in recs)
 
     pruner = LogitGrowthPruner()
@@ -430,7 +434,7 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
               f"- Forecast max logit over real, every forecast above: "
               f"{', '.join(f'{x:.2f}' for x in ratios)}; within ×2: "
               f"{sum(0.5 <= x <= 2 for x in ratios)} of {len(ratios)}."]
-    stability_lines, decisions = _stability_lines(study, trials, truth, pruner)
+    stability_lines, decisions = _stability_lines(study, trials, truth, pruner, run_dir)
     lines += stability_lines
     lines += _law_lines(truth, truth_mean, model, steps, eta, target_sum_eta)
     text = "\n".join(lines)
@@ -445,8 +449,8 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
     print(f"{SEARCHES}: row {row['setting']!r} written (--track-record scores it)")
 
 
-def _stability_lines(study, trials: dict, truth: dict[str, list[dict]],
-                     pruner: LogitGrowthPruner) -> tuple[list[str], tuple[int, int]]:
+def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: LogitGrowthPruner,
+                     run_dir: str) -> tuple[list[str], tuple[int, int]]:
     """With a stability rung: each assignment's measured max logit at the target (first seed)
     against the long runs' final ones, and the threshold decision against theirs (any probe
     of any seed above the threshold); nothing without one. Also (decisions equal to the long
@@ -456,7 +460,7 @@ def _stability_lines(study, trials: dict, truth: dict[str, list[dict]],
         if (t.user_attrs.get(BASELINE) or SEED_OF in t.user_attrs or ASSIGNMENT not in t.user_attrs
                 or t.state.name not in ("COMPLETE", "PRUNED")):  # not an interrupted or failed run
             continue
-        m = pruner.measured(study, t)
+        m = pruner.measured(study, t, TrialProbes.of(read_probes_file(Path(run_dir), t)))
         a = _paper_key(t.user_attrs[ASSIGNMENT])
         if m is None or a not in PAPER:
             continue

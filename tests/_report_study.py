@@ -18,7 +18,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from geosearch.search.runtime.backup import write_rung_probes
+from geosearch.search.runtime.backup import write_probes_file, write_rung_probes
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -89,6 +89,9 @@ def add(
             [{"step": s_, "max_logit": 5.0 * (1 + k) * (1 + s_ / 10), "sum_eta": r["sum_eta"] * s_ / steps}
              for s_ in range(10, steps + 1, 10)] for k, r in enumerate(LADDER)])
     ua.update(attrs or {})
+    rows = {k: ua.pop(k) for k in ("probe_history", "stability_probes") if k in ua}
+    if rows:  # the trial's probes.json, as the search writes it (no user attrs)
+        write_probes_file(run_dir / f"trials/{number}", rows)
     p = {"geometry.attn": attn, "geometry.mlp": mlp, **(params or {})}
     d = {**DISTS, **{k: FloatDistribution(1e-3, 1e-1, log=True) for k in (params or {})}}
     value = sum(losses) / len(losses) if (losses and state == TrialState.COMPLETE) else None

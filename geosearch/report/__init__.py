@@ -139,7 +139,7 @@ def write_report(
     rel = {name: path.relative_to(run.run_dir).as_posix() for name, path in written.items()}
     text = render_markdown(run, ranking, importance, cost, rel, note,
                            baselines=baseline_table(run.study, ranking),
-                           verdict=study_verdict(run.study, ranking))
+                           verdict=study_verdict(run.study, ranking, run.run_dir))
     report = run.run_dir / "report.md"
     report.write_text(text, encoding="utf-8")
     return ReportFiles(report, written, note)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from functools import partial
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +54,7 @@ from geosearch.search.records import (
     SEED_OF,
     trial_status,
 )
-from geosearch.search.runtime.backup import read_rung_probes
+from geosearch.search.runtime.backup import read_probes_file, read_rung_probes
 from geosearch.search.runtime.storage import open_run_study, resolve_storage
 from geosearch.search.runtime.urls import mask_url
 from geosearch.search.horizon.reading import rung_means, study_reading
@@ -274,7 +275,7 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
         tokens_per_s = mean_finite(r.get("tokens_per_s") for r in first)
     duration = trial.duration.total_seconds() if trial.duration is not None else None
 
-    probe = ua.get(PROBE_HISTORY)
+    probe = read_probes_file(run_dir, trial).get(PROBE_HISTORY)
     rung_probes = read_rung_probes(trial_dir)
     indices = ua.get(RUNG_INDICES)  # the rungs planned, lowest first: those reached lead
     if isinstance(indices, list) and len(indices) >= len(reached) and all(isinstance(i, int) for i in indices):
@@ -378,5 +379,6 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
                    not_run=len(every) - len(ran), target=target if isinstance(target, dict) else None,
                    rungs=rungs, reading=study_reading(study), baselines=baselines,
                    seed_trials=sum(SEED_OF in t.user_attrs for t in ran),
-                   stability=stability_rows(study, completed, pruner))
+                   stability=stability_rows(study, completed, pruner,
+                                            partial(read_probes_file, run_dir)))
 

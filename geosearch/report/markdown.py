@@ -158,7 +158,7 @@ def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str
 
 def _md_result(ranking: Ranking, unstable: list[TrialRecord], run: RunData,
                verdict: Verdict | None = None) -> list[str]:
-    v = verdict if verdict is not None else study_verdict(run.study, ranking)
+    v = verdict if verdict is not None else study_verdict(run.study, ranking, run.run_dir)
     return verdict_sections(v, at_own_step=ranking.steps is not None) + _unstable_line(unstable)
 
 

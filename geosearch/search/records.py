@@ -24,7 +24,7 @@ __all__ = [
     "TARGET_STEPS", "TARGET_SUM_ETA", "TOKENS_PER_S", "TRIAL_DIR", "VAL_LOSSES",
     "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER", "SEED_OF", "BASELINE", "RUNG_INDICES",
     "STABILITY", "STABILITY_RUN", "STABILITY_PROBES", "STABILITY_PASSED_AT", "STABILITY_FROM",
-    "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
+    "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS", "PEAK_MAX_LOGIT", "STABILITY_PEAK_LOGIT",
     "COMPLETED", "UNSTABLE", "PRUNED", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING", "DUPLICATE",
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
     "is_extra", "json_safe", "trial_status",
@@ -54,7 +54,7 @@ ASSIGNMENT_KEY = "assignment_key"
 BUDGET_STEPS = "budget_steps"
 SEEDS = "seeds"
 TRIAL_DIR = "trial_dir"
-PROBE_HISTORY = "probe_history"
+PROBE_HISTORY = "probe_history"  # rows in the trial's probes.json, no attr
 NUM_PROCESSES = "num_processes"
 STATUS = "status"
 PRUNE_REASON = "prune_reason"
@@ -68,7 +68,8 @@ VAL_LOSS_MEAN = "val_loss_mean"
 VAL_LOSS_STD = "val_loss_std"
 MEAN_STEP_MS = "mean_step_ms"
 TOKENS_PER_S = "tokens_per_s"
-MAX_LOGIT = "max_logit"
+MAX_LOGIT = "max_logit"  # the last probed; the rows are in the trial's probes.json
+PEAK_MAX_LOGIT = "peak_max_logit"  # the largest of probe_history's rows
 SIGMA_MAX = "sigma_max"
 # the target and the ladder (docs/design.md, "Horizon")
 TARGET_SUM_ETA = "target_sum_eta"
@@ -79,7 +80,8 @@ RUNG_LOSSES = "rung_losses"
 RUNG_PROBES = "rung_probes"  # per rung, the first seed's rows: the trial's rung_probes.json, no attr
 PRUNED_RUNG = "pruned_rung"
 STABILITY_RUN = "stability_run"  # true while the stability rung trains: judged at the target
-STABILITY_PROBES = "stability_probes"  # the stability rung's probe_history rows
+STABILITY_PROBES = "stability_probes"  # the stability rung's rows (probes.json, no attr)
+STABILITY_PEAK_LOGIT = "stability_peak_logit"  # the largest of stability_probes' rows
 STABILITY_PASSED_AT = "stability_passed_at"  # the step factor whose stability rung this trial passed
 STABILITY_FROM = "stability_from"  # step halving: the trial at a larger step whose pass stands for this one
 # bookkeeping
@@ -100,7 +102,7 @@ TRIAL_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE
                RUNG_LOSSES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
                RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES, SEED_OF, BASELINE, RUNG_INDICES,
                STABILITY_RUN, STABILITY_PROBES, STABILITY_PASSED_AT, STABILITY_FROM,
-               STEP_FACTOR)
+               STEP_FACTOR, PEAK_MAX_LOGIT, STABILITY_PEAK_LOGIT)
 
 PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")
 """The keys of one ``probe_history`` row: metrics of the proxy run at a probe step, and Σ η

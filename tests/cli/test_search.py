@@ -21,7 +21,8 @@ from _secret_urls import ABSENT, FORMS
 from optuna.trial import TrialState
 
 from geosearch.assignment import load_assignment
-from geosearch.cli import main
+from geosearch.cli import build_parser, main
+from geosearch.search.space.spec import CLI_FLAGS
 
 REPO = Path(__file__).resolve().parents[2]
 PROXY = {"model": "tiny", "batch_size": 2, "eval_batches": 1, "probe_batch_size": 1, "device": "cpu"}
@@ -91,6 +92,14 @@ def test_bad_search_space_ends_with_one_line_naming_file_and_key(case, tmp_path,
     line = one_error_line(capsys, "search")
     assert rc == 2 and str(path) in line and expected in line
     assert not (tmp_path / "runs").exists()  # checked before any study or file is created
+
+
+def test_each_flag_that_sets_a_space_key_is_an_argument_of_search():
+    # CLI_FLAGS is the one list of them (flag -> key): each is an argument of the same name
+    # (--study sets the name), which geosearch search hands to apply_overrides
+    args = vars(build_parser().parse_args(["search"]))
+    assert {"study" if f == "name" else f for f in CLI_FLAGS} <= set(args)
+    assert all(args["study" if f == "name" else f] is None for f in CLI_FLAGS)  # None: not given
 
 
 def test_missing_space_file_lists_the_shipped_spaces(tmp_path, capsys):

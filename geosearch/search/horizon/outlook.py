@@ -22,20 +22,21 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from geosearch.util.checks import finite_or_none
 from geosearch.search.horizon.forecast import Measured, Outlook, short_logit
+from geosearch.search.horizon.probes import TrialProbes
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.stats.trials import trial_label
 from geosearch.search.records import (
     BASELINE,
     LOGIT_SCALE,
-    PROBE_HISTORY,
     PROXY,
     STABILITY_FROM,
     TARGET_LOGIT_SCALE,
@@ -96,33 +97,43 @@ class StabilityRow:
         return f"{self.label} (trial {self.number}): {now}; {later}"
 
 
-def stability_rows(study: optuna.Study, numbers: Iterable[int],
-                   pruner: LogitGrowthPruner) -> list[StabilityRow]:
-    """The outlook of each trial in ``numbers`` (in that order), from its stored probes.
+def stability_rows(study: optuna.Study, numbers: Iterable[int], pruner: LogitGrowthPruner,
+                   probes_of: Callable[[FrozenTrial], Mapping] | None = None,
+                   ) -> list[StabilityRow]:
+    """The outlook of each trial in ``numbers`` (in that order), from its probes.
 
     Args:
-        study: A study the search ran (its trials store probes, target Σ η and logit scales).
+        study: A study the search ran (its trials store target Σ η and logit scales).
         numbers: The trials to read, e.g. the ranked ones and the baselines.
         pruner: Judge with this pruner: the study's own is
             :func:`geosearch.search.space.spec.study_pruner`.
+        probes_of: Where a trial's probe rows are (a mapping with ``probe_history`` and
+            ``stability_probes``): the search keeps them in the trial's ``probes.json``
+            (``functools.partial(read_probes_file, run_dir)``,
+            :func:`geosearch.search.runtime.backup.read_probes_file`); ``None``: its user
+            attrs (a study built by hand).
     """
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     record = study.user_attrs.get(PROXY)  # a baseline of a step grid is labelled with its step
+    def read(t: FrozenTrial) -> TrialProbes:
+        return TrialProbes.of(probes_of(t) if probes_of is not None else t.user_attrs)
+
     rows = []
     for n in numbers:
         t = by_number[n]
-        probes = [p for p in t.user_attrs.get(PROBE_HISTORY) or []
+        held = read(t)
+        probes = [p for p in held.history
                   if isinstance(p, dict) and finite_or_none(p.get("max_logit")) is not None]
         last = probes[-1] if probes else {}
         base = t.user_attrs.get(BASELINE)
         proxy, target = (finite_or_none(t.user_attrs.get(k)) for k in (LOGIT_SCALE, TARGET_LOGIT_SCALE))
-        measured, by = pruner.measured(study, t), t.user_attrs.get(STABILITY_FROM)
+        measured, by = pruner.measured(study, t, held), t.user_attrs.get(STABILITY_FROM)
         if measured is None and isinstance(by, int) and by in by_number:  # step halving's
-            measured = pruner.measured(study, by_number[by])
+            measured = pruner.measured(study, by_number[by], read(by_number[by]))
         rows.append(StabilityRow(
             number=n, label=trial_label(t, proxy=record) if base else trial_label(t, hyperparams=False),
             max_logit=finite_or_none(last.get("max_logit")), sum_eta=finite_or_none(last.get("sum_eta")),
-            outlook=pruner.outlook(study, t),
+            outlook=pruner.outlook(study, t, held),
             scale_ratio=target / proxy if proxy and target else 1.0, measured=measured,
             measured_by=by if measured is not None and isinstance(by, int) else None))
     return rows

@@ -1,21 +1,33 @@
-"""A trial's stored probes, as the pruner and the outlook read them: the ``probe_history``
-rows the trial loop writes (:func:`probe_row`), read back by step (:func:`read_probes`), and
-the proxy's and target's d/√d_head it stores (:func:`stored_scales`). Torch-free.
+"""A trial's probes, as the pruner and the outlook read them: the ``probe_history`` rows
+the trial loop records (:func:`probe_row`), with the stability rung's (``stability_probes``)
+a :class:`TrialProbes`, read back by step (:func:`read_probes`), and the proxy's and
+target's d/√d_head the trial stores (:func:`stored_scales`). Torch-free.
+
+The search keeps the rows in the trial's ``probes.json`` (not in user attrs: they would
+fill ``optuna best-trial``): the trial loop hands them to the pruner while the trial runs,
+and the outlook reads them back from that file. A trial that stores them as user attrs of
+those names (a study built by hand) is read the same way (:meth:`TrialProbes.of`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from optuna.trial import FrozenTrial
 
 from geosearch.util.checks import finite_or_none, is_positive, is_whole
-from geosearch.search.records import LOGIT_SCALE, PROBE_FIELDS, PROBE_HISTORY, TARGET_LOGIT_SCALE
+from geosearch.search.records import (
+    LOGIT_SCALE,
+    PROBE_FIELDS,
+    PROBE_HISTORY,
+    STABILITY_PROBES,
+    TARGET_LOGIT_SCALE,
+)
 
-__all__ = ["PROBE_KEYS", "QK_TYPES", "Probe", "non_finite", "parse_probes", "probe_row", "read_probes",
-           "stored_scales"]
+__all__ = ["PROBE_KEYS", "QK_TYPES", "Probe", "TrialProbes", "non_finite", "parse_probes",
+           "probe_row", "read_probes", "stored_scales"]
 
 QK_TYPES = ("attn_qkv", "attn_q", "attn_k")
 PROBE_KEYS = tuple(k for k in PROBE_FIELDS if k != "sum_eta")  # a row's keys from the metrics
@@ -61,10 +73,27 @@ def non_finite(probes: list[Probe], values: Mapping[int, float]) -> str | None:
     return None
 
 
-def read_probes(trial: FrozenTrial) -> list[Probe]:
-    """The trial's ``probe_history`` rows as :class:`Probe` s, by step; ValueError on a
-    malformed row."""
-    return parse_probes(trial.user_attrs.get(PROBE_HISTORY, []), PROBE_HISTORY)
+@dataclass(frozen=True)
+class TrialProbes:
+    """A trial's probe rows: ``history`` (``probe_history``: its run's, the one the pruner
+    judges, or at the end the first seed's at the top rung it reached) and ``stability``
+    (``stability_probes``: its stability rung's; empty without one)."""
+
+    history: list = field(default_factory=list)
+    stability: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, record: Mapping) -> TrialProbes:
+        """The rows under ``probe_history`` and ``stability_probes`` in ``record``: the
+        trial's ``probes.json``, or the user attrs of a trial that stores them."""
+        return cls(record.get(PROBE_HISTORY) or [], record.get(STABILITY_PROBES) or [])
+
+
+def read_probes(trial: FrozenTrial, probes: TrialProbes | None = None) -> list[Probe]:
+    """The trial's ``probe_history`` rows (``probes``'s, or its user attrs' when ``None``)
+    as :class:`Probe` s, by step; ValueError on a malformed row."""
+    probes = probes if probes is not None else TrialProbes.of(trial.user_attrs)
+    return parse_probes(probes.history, PROBE_HISTORY)
 
 
 def parse_probes(history: object, attr: str) -> list[Probe]:

@@ -25,7 +25,6 @@ rows) the forecast rule is skipped.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from geosearch.util.checks import MAX_STEPS, Range, is_number, is_whole
 from geosearch.search.horizon.forecast import LogitForecast, Measured, Outlook, forecast_max_logit, short_logit
-from geosearch.search.horizon.probes import Probe, non_finite, parse_probes, read_probes, stored_scales
+from geosearch.search.horizon.probes import (
+    Probe,
+    TrialProbes,
+    non_finite,
+    parse_probes,
+    read_probes,
+    stored_scales,
+)
 from geosearch.search.records import (
     STABILITY_PROBES,
     STABILITY_RUN,
@@ -52,7 +58,6 @@ DEFAULT_MIN_ENTROPY = 0.01
 DEFAULT_WINDOW = 5
 DEFAULT_INTERVAL = 0.9
 DEFAULT_MAX_EXTRAPOLATION = 4.0
-DEFAULT_TREND_MIN_LOGIT = 100.0  # the step-wise trend rule's, kept for older spaces
 ARG_LIMITS: dict[str, Range] = {
     "max_logit": Range(0, open_low=True),
     "max_logit_factor": Range(0, open_low=True),
@@ -160,11 +165,6 @@ class LogitGrowthPruner(BasePruner):
             ``None`` turns the forecast rule off.
         max_extrapolation: Largest ratio of the target's Σ η to the last probe's at which
             the forecast rule may prune; at least 1; ``None``: any.
-        trend_min_logit: Deprecated, no effect: it belonged to the step-wise trend rule the
-            forecast replaced. Still checked (positive, below ``max_logit``) so that older
-            search spaces load; a value other than the old default warns.
-        horizon_steps: Deprecated, no effect: the target is read from the trial
-            (``target_sum_eta``). Still checked (at least 1); a value warns.
 
     Example:
         >>> import optuna
@@ -191,8 +191,6 @@ class LogitGrowthPruner(BasePruner):
         window: int = DEFAULT_WINDOW,
         interval: float | None = DEFAULT_INTERVAL,
         max_extrapolation: float | None = DEFAULT_MAX_EXTRAPOLATION,
-        trend_min_logit: float | None = None,
-        horizon_steps: int | None = None,
     ) -> None:
         if wrapped is not None and not isinstance(wrapped, BasePruner):
             raise TypeError(
@@ -206,7 +204,6 @@ class LogitGrowthPruner(BasePruner):
             arg[name], problem = allowed.check(given[name])
             if problem is not None:
                 raise ValueError(f"{name} must be {allowed.text} but got {given[name]}.")
-        _check_removed(arg["max_logit"], trend_min_logit, horizon_steps)
 
         self._wrapped = wrapped
         self._max_logit: float = arg["max_logit"]
@@ -254,15 +251,18 @@ class LogitGrowthPruner(BasePruner):
         return self.instability(study, trial) or self._wrapped_reason(study, trial)
 
     def instability(
-        self, study: optuna.study.Study, trial: FrozenTrial | optuna.trial.Trial
+        self, study: optuna.study.Study, trial: FrozenTrial | optuna.trial.Trial,
+        rows: TrialProbes | None = None,
     ) -> str | None:
         """Why ``trial`` is unstable by this pruner's own rules (non-finite values, the max
         logit over its threshold now or forecast at the target, collapsed attention), or
         ``None``; :meth:`reason` less the wrapped loss pruner, whose prunes are not
-        instabilities."""
+        instabilities. ``rows``: the trial's probes as handed by the trial loop (``None``:
+        its user attrs', :meth:`TrialProbes.of`), here and in the methods below."""
         if isinstance(trial, optuna.trial.Trial):
             trial = _frozen(study, trial)
-        probes = read_probes(trial)
+        rows = rows if rows is not None else TrialProbes.of(trial.user_attrs)
+        probes = read_probes(trial, rows)
         why = non_finite(probes, trial.intermediate_values)
         if why is not None:
             return why
@@ -270,12 +270,12 @@ class LogitGrowthPruner(BasePruner):
         judged = [p for p in probes if p.step >= self._n_warmup_steps]
         if trial.user_attrs.get(STABILITY_RUN):
             return self._too_large_at_target(judged, trial) or self._collapsed(judged)
-        measured = bool(trial.user_attrs.get(STABILITY_PROBES))
+        measured = bool(rows.stability)
         return (self._too_large(judged, trial) or (None if measured else self._forecast_rule(judged, trial))
                 or self._collapsed(judged))
 
-    def forecast(self, study: optuna.study.Study,
-                 trial: FrozenTrial | optuna.trial.Trial) -> LogitForecast | None:
+    def forecast(self, study: optuna.study.Study, trial: FrozenTrial | optuna.trial.Trial,
+                 rows: TrialProbes | None = None) -> LogitForecast | None:
         """The trial's max logit forecast at its target, in the target model's logits.
 
         ``None`` when the trial stores no target, or has fewer than ``window`` probe
@@ -284,29 +284,30 @@ class LogitGrowthPruner(BasePruner):
         """
         if isinstance(trial, optuna.trial.Trial):
             trial = _frozen(study, trial)
-        judged = [p for p in read_probes(trial) if p.step >= self._n_warmup_steps]
+        judged = [p for p in read_probes(trial, rows) if p.step >= self._n_warmup_steps]
         return self._forecast(judged, trial)
 
-    def outlook(self, study: optuna.study.Study,
-                trial: FrozenTrial | optuna.trial.Trial) -> Outlook | None:
+    def outlook(self, study: optuna.study.Study, trial: FrozenTrial | optuna.trial.Trial,
+                rows: TrialProbes | None = None) -> Outlook | None:
         """The trial's max logit at its target against the target's threshold: what the
         forecast rule decides on, also for the trials it did not prune (the report shows
         every assignment's). ``None`` when :meth:`forecast` is."""
         if isinstance(trial, optuna.trial.Trial):
             trial = _frozen(study, trial)
-        return self._outlook([p for p in read_probes(trial) if p.step >= self._n_warmup_steps], trial)
+        judged = [p for p in read_probes(trial, rows) if p.step >= self._n_warmup_steps]
+        return self._outlook(judged, trial)
 
-    def measured(self, study: optuna.study.Study,
-                 trial: FrozenTrial | optuna.trial.Trial) -> Measured | None:
+    def measured(self, study: optuna.study.Study, trial: FrozenTrial | optuna.trial.Trial,
+                 rows: TrialProbes | None = None) -> Measured | None:
         """The trial's max logit measured by its stability rung, against the target's
         threshold (what rule 1 judged the rung on); ``None`` without a stability rung's
         probes."""
         if isinstance(trial, optuna.trial.Trial):
             trial = _frozen(study, trial)
-        rows = trial.user_attrs.get(STABILITY_PROBES)
-        if not rows:
+        stability = (rows if rows is not None else TrialProbes.of(trial.user_attrs)).stability
+        if not stability:
             return None
-        probes = [p for p in parse_probes(rows, STABILITY_PROBES)
+        probes = [p for p in parse_probes(stability, STABILITY_PROBES)
                   if p.step >= self._n_warmup_steps and p.max_logit is not None]
         if not probes:
             return None
@@ -435,45 +436,26 @@ class LogitGrowthPruner(BasePruner):
 
 
 def prune_verdict(pruner: BasePruner, study: optuna.study.Study, trial: optuna.trial.Trial,
-                  step: int) -> tuple[str, bool]:
-    """Why ``pruner`` prunes ``trial`` at ``step``, and whether that is an instability: a
-    :class:`LogitGrowthPruner`'s own rule is; its wrapped loss pruner's prune, or any other
-    pruner's (a ``MedianPruner`` handed to ``study.optimize``, say), is not."""
+                  step: int, rows: TrialProbes) -> tuple[str, bool] | None:
+    """Whether ``pruner`` prunes ``trial`` at ``step`` (``None``: it does not), why, and
+    whether that is an instability: a :class:`LogitGrowthPruner`'s own rule is, judged on
+    ``rows`` (the probes the trial loop hands it); its wrapped loss pruner's prune, or any
+    other pruner's (a ``MedianPruner`` handed to ``study.optimize``, say), is not."""
     if isinstance(pruner, LogitGrowthPruner):  # its rules once, then its loss pruner's
         frozen = _frozen(study, trial)
-        why = pruner.instability(study, frozen)
+        why = pruner.instability(study, frozen, rows)
         if why is not None:
             return why, True
         why = pruner._wrapped_reason(study, frozen)
-    else:
-        reason = getattr(pruner, "reason", None)
-        why = reason(study, trial) if callable(reason) else None
+        return (why, False) if why is not None else None
+    if not trial.should_prune():
+        return None
+    reason = getattr(pruner, "reason", None)
+    why = reason(study, trial) if callable(reason) else None
     return why or f"pruned by {type(pruner).__name__} at step {step}", False
 
 
 # ---------------------------------------------------------------------- helpers
-def _check_removed(max_logit: float, trend_min_logit: float | None, horizon_steps: int | None) -> None:
-    """Check the two settings of the removed step-wise trend rule, and warn that a value
-    other than their old default has no effect."""
-    if trend_min_logit is not None and not (
-        is_number(trend_min_logit) and 0 < trend_min_logit < max_logit
-    ):
-        raise ValueError(
-            f"trend_min_logit must be between 0 and max_logit ({max_logit}) "
-            f"or None but got {trend_min_logit}."
-        )
-    if horizon_steps is not None and not (is_whole(horizon_steps) and horizon_steps >= 1):
-        raise ValueError(f"horizon_steps must be at least 1 or None but got {horizon_steps}.")
-    for name, value, old in (("trend_min_logit", trend_min_logit, DEFAULT_TREND_MIN_LOGIT),
-                             ("horizon_steps", horizon_steps, None)):
-        if value is not None and value != old:
-            warnings.warn(
-                f"LogitGrowthPruner's {name} has no effect any more: the step-wise trend "
-                "rule was replaced by a forecast in Σ η to the target the trial stores "
-                f"({TARGET_SUM_ETA}); remove {name} from the pruner settings.",
-                DeprecationWarning, stacklevel=3)
-
-
 def _frozen(study: optuna.study.Study, trial: optuna.trial.Trial) -> FrozenTrial:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.number == trial.number:

@@ -45,12 +45,14 @@ from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from geosearch.util.errors import ConfigError
-from geosearch.search.records import json_safe
+from geosearch.search.records import TRIAL_DIR, json_safe
 
-__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "RUNG_PROBES_FILE", "STUDY_FILE",
+__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "PROBES_FILE", "RUNG_PROBES_FILE",
+           "STUDY_FILE",
            "StudyRecord", "TRIAL_FILE", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
-           "read_rung_probes", "read_study_record", "read_trial_records", "recorded_trial",
-           "save_study_record", "trial_record", "upload_trial_files", "write_rung_probes"]
+           "read_probes_file", "read_rung_probes", "read_study_record", "read_trial_records",
+           "recorded_trial", "save_study_record", "trial_record", "upload_trial_files",
+           "write_probes_file", "write_rung_probes"]
 
 STUDY_FILE = "study.json"
 """``<run-dir>/study.json``: the study's name, directions, metric names, user attrs and uid."""
@@ -409,8 +411,29 @@ class TrialFiles:
 
 RUNG_PROBES_FILE = "rung_probes.json"
 """A trained trial's probe rows per rung reached (its first seed's), in its folder: the
-report's max logit against Σ η. Kept as a file, not a user attr: the last rung's rows are
-the trial's ``probe_history`` already."""
+report's max logit against Σ η. Kept as a file, not a user attr."""
+
+PROBES_FILE = "probes.json"
+"""A trained trial's ``probe_history`` and ``stability_probes`` rows, in its folder: what
+the pruner judged and the outlook reads. A file, not user attrs, so that a trial's attrs
+fit a screen (they keep the last and peak max logit)."""
+
+
+def write_probes_file(trial_dir: Path, rows: dict[str, list[dict]]) -> None:
+    """Write ``rows`` (name -> probe rows) to the trial's :data:`PROBES_FILE`."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / PROBES_FILE).write_text(json.dumps(json_safe(rows)), encoding="utf-8")
+
+
+def read_probes_file(run_dir: Path, trial: FrozenTrial) -> dict[str, Any]:
+    """The :data:`PROBES_FILE` of ``trial`` (in its ``trial_dir`` under ``run_dir``,
+    :func:`write_probes_file`); ``{}`` when the file is missing or does not read as a dict."""
+    trial_dir = Path(run_dir) / str(trial.user_attrs.get(TRIAL_DIR) or f"trials/{trial.number}")
+    try:
+        rows = json.loads((trial_dir / PROBES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return rows if isinstance(rows, dict) else {}
 
 
 def write_rung_probes(trial_dir: Path, rungs: list[list[dict]]) -> None:

@@ -28,7 +28,28 @@ from geosearch.search.space.sections import (
 )
 
 __all__ = ["BUDGET_LIMITS", "HYPERPARAMS", "MAX_STEP_GRID", "STEP_FACTOR_RANGE", "LOSS_PRUNER_ARGS", "LOSS_PRUNER_LIMITS", "REMOVED_PRUNER_KEYS",
-           "SAMPLER_LIMITS", "SchemaReader", "SearchSpaceError", "join_key"]
+           "READS", "SAMPLER_LIMITS", "SchemaReader", "SearchSpaceError", "join_key",
+           "sections_to_read"]
+
+READS = {"proxy": ("rules", "hyperparams", "target", "ladder"), "rules": ("geometries",),
+         "geometries": ("hyperparams",), "hyperparams": ("sampler",),
+         "repeats": ("max_repeats", "baselines"), "max_repeats": ("baselines",),
+         "baselines": ("max_repeats",), "target": ("ladder",), "ladder": ("target",)}
+"""Section -> the sections read with it or checked against it (``rules`` follows
+``proxy`` only when it is the model's)."""
+
+
+def sections_to_read(changed: set[str], rules_from_model: bool) -> set[str]:
+    """The top-level sections to read again when ``changed`` change: they, and every section
+    that :data:`READS` one of them."""
+    out, todo = set(changed), list(changed)
+    while todo:
+        for k in READS.get(todo.pop(), ()):
+            if k not in out and (k != "rules" or rules_from_model):
+                out.add(k)
+                todo.append(k)
+    return out
+
 
 REMOVED_PRUNER_KEYS = ("trend_min_logit", "horizon_steps")
 """Pruner keys of older spaces: an error says what replaced them."""

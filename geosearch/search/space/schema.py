@@ -71,7 +71,7 @@ refused (:mod:`geosearch.util.yaml_io`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from geosearch.assignment import geometry_names
@@ -102,6 +102,7 @@ from geosearch.search.space.reader import (
     SAMPLER_LIMITS,
     SchemaReader,
     SearchSpaceError,
+    sections_to_read,
 )
 from geosearch.search.horizon.pruner import ARG_LIMITS as PRUNER_LIMITS
 from geosearch.search.space.sections import Hyperparams, LogRange
@@ -139,24 +140,45 @@ def space_limits() -> dict[str, Range]:
     return out
 
 
-def parse_space(cls: type[Space], d: Any, source: str | None = None) -> Space:
+def parse_space(cls: type[Space], d: Any, source: str | None = None, keep: Any = None) -> Space:
     """Validate a mapping in the YAML schema (see the module docstring) into a ``cls``
     (:class:`~geosearch.search.space.spec.SearchSpace`, whose ``from_dict`` calls this).
+
+    With ``keep`` (a parsed space) ``d`` holds only the top-level sections that change: they
+    are read, with the sections whose checks read them
+    (:data:`~geosearch.search.space.reader.READS`, from :func:`dump_space`); the others are
+    ``keep``'s, as parsed. The same readers check
+    both ways, so a flag's error reads as the file's would.
 
     Raises:
         SearchSpaceError: every problem found, each naming ``source``, the key path and
             the allowed values.
     """
-    return _Parser(source, cls).space(d)
+    return _Parser(source, cls).space(d, keep)
 
 
-def dump_space(space: Any) -> dict[str, Any]:
+def dump_space(space: Any, keys: Iterable[str] = TOP_KEYS) -> dict[str, Any]:
     """Plain YAML-safe data in the schema, which :func:`parse_space` turns back into ``space``
-    (a :class:`~geosearch.search.space.spec.SearchSpace`)."""
-    rules: Any = space.rules
-    if not isinstance(rules, str):
-        rules = [{"type": r.type, "pattern": r.pattern, "family": r.family,
-                  "split": list(r.split), "layout": r.layout} for r in rules]
+    (a :class:`~geosearch.search.space.spec.SearchSpace`): its top-level sections ``keys``."""
+    dump = {"version": lambda: SCHEMA_VERSION, "name": lambda: space.name,
+            "rules": lambda: _dump_rules(space.rules),
+            "hyperparams": lambda: _dump_hyperparams(space),
+            "geometries": lambda: {k: list(v) for k, v in space.geometries.items()},
+            "proxy": lambda: space.proxy.to_dict(), "repeats": lambda: space.repeats,
+            "max_repeats": lambda: space.max_repeats, "baselines": lambda: list(space.baselines),
+            "pruner": lambda: {**{f.name: getattr(space.pruner, f.name) for f in dataclasses.fields(
+                space.pruner) if f.name != "loss"}, "loss": {"type": space.pruner.loss.type,
+                                                            **space.pruner.loss.args}}}
+    return {k: dump[k]() if k in dump else dataclasses.asdict(getattr(space, k)) for k in keys}
+
+
+def _dump_rules(rules: Any) -> Any:
+    return rules if isinstance(rules, str) else [
+        {"type": r.type, "pattern": r.pattern, "family": r.family, "split": list(r.split),
+         "layout": r.layout} for r in rules]
+
+
+def _dump_hyperparams(space: Any) -> dict[str, Any]:
     hp: dict[str, Any] = {}
     if isinstance(space.hyperparams.spectral_lr, LogRange):
         hp["spectral_lr"] = _range_list(space.hyperparams.spectral_lr)
@@ -167,25 +189,7 @@ def dump_space(space: Any) -> dict[str, Any]:
     if space.hyperparams.step_grid is not None:
         hp["step_grid"] = list(space.hyperparams.step_grid)
         hp["step_halving"] = space.hyperparams.step_halving
-    pruner = {f.name: getattr(space.pruner, f.name)
-              for f in dataclasses.fields(space.pruner) if f.name != "loss"}
-    pruner["loss"] = {"type": space.pruner.loss.type, **space.pruner.loss.args}
-    return {
-        "version": SCHEMA_VERSION,
-        "name": space.name,
-        "rules": rules,
-        "geometries": {k: list(v) for k, v in space.geometries.items()},
-        "hyperparams": hp,
-        "proxy": space.proxy.to_dict(),
-        "repeats": space.repeats,
-        "max_repeats": space.max_repeats,
-        "baselines": list(space.baselines),
-        "target": dataclasses.asdict(space.target),
-        "ladder": dataclasses.asdict(space.ladder),
-        "budget": dataclasses.asdict(space.budget),
-        "pruner": pruner,
-        "sampler": dataclasses.asdict(space.sampler),
-    }
+    return hp
 
 
 def _range_list(r: LogRange) -> list[float]:
@@ -202,39 +206,49 @@ class _Parser(SchemaReader, Generic[Space]):
         self.make = make
 
     # ------------------------------------------------------------------ the whole file
-    def space(self, d: Any) -> Space:
+    def space(self, d: Any, keep: Any = None) -> Space:
         if d is None:
             d = {}
         top = self.mapping(d, "", TOP_KEYS)
-        if isinstance(d, Mapping) or d is None:
-            if "version" not in top:
-                self.error("version", "missing schema version (add 'version: 1')", [SCHEMA_VERSION])
-            elif top["version"] != SCHEMA_VERSION or isinstance(top["version"], bool):
-                self.error("version", f"unsupported schema version {top['version']!r}",
-                           [SCHEMA_VERSION])
-        name = top.get("name", "search")
-        if study_name_problem(name):  # it names the run directory
-            self.error("name", study_name_problem(name))
+        if keep is None or "version" in top:
+            self.version(d, top)
+        if keep is None:
+            redo = set(TOP_KEYS)
+        else:  # the sections read with a changed one: from the parsed space
+            redo = sections_to_read(set(top), keep.rules_from_model)
+            top = {**dump_space(keep, redo - set(top) - {"rules"}), **top}
+
+        def read(key: str, reader: Any, *args: Any) -> Any:
+            return reader(*args) if key in redo else getattr(keep, key)
+
+        name = read("name", self.name, top.get("name", "search"))
         n_before = len(self.problems)
-        proxy = self.proxy(top.get("proxy"))  # first: the rules may come from its model
+        # first: the rules may come from its model
+        proxy = read("proxy", self.proxy, top.get("proxy"))
         model_wrong = any(p.key is not None and p.key.split(".")[:2] in (["proxy", "model"], ["proxy", "model_args"])
                           for p in self.problems[n_before:])
         rules_from_model = "rules" not in top
-        if rules_from_model:  # a wrong model has no rules: its own problem says why, not "rules: missing"
+        if "rules" not in redo:
+            rules, rules_from_model = keep.rules, keep.rules_from_model
+        elif rules_from_model:  # a wrong model has no rules: its problem says why, not "missing"
             rules = None if model_wrong else self.model_rules(top.get("proxy"))
         else:
             rules = self.rules(top["rules"])
-        geometries = self.geometries(top.get("geometries"), rules)
-        hyperparams = self.hyperparams(top.get("hyperparams"), geometries, proxy)
-        repeats, problem = REPEATS.check(top.get("repeats", 1))
+        geometries = read("geometries", self.geometries, top.get("geometries"), rules)
+        hyperparams = read("hyperparams", self.hyperparams, top.get("hyperparams"), geometries,
+                           proxy)
+        repeats, problem = (REPEATS.check(top.get("repeats", 1)) if "repeats" in redo
+                            else (keep.repeats, None))
         if problem is not None:
             self.error("repeats", problem)
-        max_repeats, baselines = parse_extras(self, top.get("max_repeats"), repeats,
-                                              top.get("baselines", list(self.make.baselines)))
-        target, ladder = parse_horizon(self, top.get("target"), top.get("ladder"), proxy)
-        budget = self.budget(top.get("budget"))
-        pruner = self.pruner(top.get("pruner"))
-        sampler = self.sampler(top.get("sampler"), hyperparams)
+        max_repeats, baselines = (parse_extras(self, top.get("max_repeats"), repeats,
+                                               top.get("baselines", list(self.make.baselines)))
+                                  if "baselines" in redo else (keep.max_repeats, keep.baselines))
+        target, ladder = (parse_horizon(self, top.get("target"), top.get("ladder"), proxy)
+                          if "target" in redo else (keep.target, keep.ladder))
+        budget = read("budget", self.budget, top.get("budget"))
+        pruner = read("pruner", self.pruner, top.get("pruner"))
+        sampler = read("sampler", self.sampler, top.get("sampler"), hyperparams)
 
         if self.problems:
             raise SearchSpaceError(self.problems, self.source)
@@ -251,6 +265,20 @@ class _Parser(SchemaReader, Generic[Space]):
         return space
 
     # ------------------------------------------------------------------ sections
+    def version(self, d: Any, top: Mapping) -> None:
+        if not isinstance(d, Mapping):
+            return
+        if "version" not in top:
+            self.error("version", "missing schema version (add 'version: 1')", [SCHEMA_VERSION])
+        elif top["version"] != SCHEMA_VERSION or isinstance(top["version"], bool):
+            self.error("version", f"unsupported schema version {top['version']!r}",
+                       [SCHEMA_VERSION])
+
+    def name(self, name: Any) -> Any:
+        if study_name_problem(name):  # it names the run directory
+            self.error("name", study_name_problem(name))
+        return name
+
     def model_rules(self, proxy: Any) -> str | tuple[ModuleRule, ...] | None:
         """The default rule set of ``proxy.model``, for a space that sets no rules; None when
         it has none (a problem for ``py:`` models; an unknown model is ``proxy``'s problem)."""

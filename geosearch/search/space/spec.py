@@ -44,7 +44,7 @@ from geosearch.search.space.sections import (
     SamplerType,
 )
 from geosearch.search.space.horizon import LadderSpec, TargetSpec
-from geosearch.search.space.schema import dump_space, parse_space
+from geosearch.search.space.schema import TOP_KEYS, dump_space, parse_space
 from geosearch.util.yaml_io import parse_value, parse_yaml
 
 __all__ = ["SearchSpace", "Suggestion", "apply_overrides", "load_space", "space_names", "study_pruner"]
@@ -372,7 +372,9 @@ def apply_overrides(
     /,
     **flags: Any,
 ) -> SearchSpace:
-    """A copy of ``space`` with some keys replaced, validated again.
+    """A copy of ``space`` with some keys replaced, validated again: the sections the keys
+    name, and those checked against them, are read by the schema's own readers (the same
+    errors as in a file); the others are kept as parsed (no dump and re-read of the space).
 
     Args:
         space: the space to start from.
@@ -408,9 +410,11 @@ def apply_overrides(
     if not pairs:
         return space
 
-    d = space.to_dict()
-    if space.rules_from_model and not any(k == "rules" or k.startswith("rules.") for k, _ in pairs):
-        del d["rules"]  # derived from the model: derive them again from the (new) model
+    # only the sections the keys name are dumped and read again, with those whose checks
+    # read them (a model's rules follow its model); the others stay as parsed
+    top = {k.split(".")[0] for k, _ in pairs}
+    d: dict[str, Any] = {**dump_space(space, top & set(TOP_KEYS)),
+                         **{k: None for k in top - set(TOP_KEYS)}}
     for key, value in pairs:
         node = d
         *parents, last = key.split(".")
@@ -423,7 +427,7 @@ def apply_overrides(
                                   "mapping", source=source, key=key)
             node = child
         node[last] = value
-    return SearchSpace.from_dict(d, source=source)
+    return parse_space(SearchSpace, d, source, keep=space)
 
 
 def _range_text(r: LogRange) -> str:

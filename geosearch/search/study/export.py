@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import textwrap
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,7 @@ from geosearch.search.records import (
     trial_status,
 )
 from geosearch.search.space.spec import SearchSpace, Suggestion, study_pruner
+from geosearch.search.runtime.backup import read_probes_file
 from geosearch.search.runtime.storage import BEST_FILE, TOP_DIR, open_run_study
 from geosearch.search.horizon.reading import (
     horizon_lines,
@@ -69,17 +71,20 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["export_best", "export_summary", "format_ranking", "study_verdict", "where_line"]
 
 
-def study_verdict(study: optuna.Study, ranking: Ranking | None = None) -> Verdict:
+def study_verdict(study: optuna.Study, ranking: Ranking | None = None,
+                  run_dir: str | os.PathLike | None = None) -> Verdict:
     """The :class:`~geosearch.search.stats.verdict.Verdict` of ``study``: its ranking (as
     :func:`~geosearch.search.stats.study_ranking.rank_study` judges it), with the stability at the
     target of the ranked, baseline and unstable trials, the winner against each baseline,
-    its ms/step ratio to the cost baseline and the ladder's reading towards the target."""
+    its ms/step ratio to the cost baseline and the ladder's reading towards the target. The
+    stability reads the trials' probes in ``run_dir`` (``None``: their user attrs)."""
     ranking = ranking or rank_study(study)
     reading = study_reading(study)
     trials = study.get_trials(deepcopy=False)
     unstable = [t.number for t in trials
                 if trial_status(t) == UNSTABLE and t.state == TrialState.PRUNED]
-    rows = stability_rows(study, outlook_numbers(study, ranking) + unstable, study_pruner(study))
+    rows = stability_rows(study, outlook_numbers(study, ranking) + unstable, study_pruner(study),
+                          _probes(run_dir))
     stability = tuple(_stability_at(r, r.number in unstable) for r in rows)
     top = ranking.rows[0].number if ranking.rows else None
     table = baseline_table(study, ranking)
@@ -116,6 +121,11 @@ def _stability_at(row: Any, unstable: bool) -> StabilityAt:
     return StabilityAt(row.number, row.label, "none", None, row.max_logit, None, None, unstable)
 
 
+def _probes(run_dir: str | os.PathLike | None):
+    """The reader of the trials' probe files in ``run_dir``; ``None``: their user attrs."""
+    return partial(read_probes_file, Path(run_dir)) if run_dir is not None else None
+
+
 def where_line(exported: Path | None, report: Path | None = None, plots: bool = False) -> str:
     """The last line a search prints: where the answer is, and its reasoning
     (``"best assignment: runs/default/best_assignment.yaml (report.md, plots/ beside it)"``)."""
@@ -129,14 +139,15 @@ def where_line(exported: Path | None, report: Path | None = None, plots: bool = 
     return f"best assignment: {exported}; report: {report}"
 
 
-def format_ranking(study: optuna.Study, ranking: Ranking | None = None, *,
-                   details: bool = False) -> str:
+def format_ranking(study: optuna.Study, ranking: Ranking | None = None,
+                   run_dir: str | os.PathLike | None = None, *, details: bool = False) -> str:
     """What the search prints at its end: the ranked table of completed trials (with a step
     grid: each assignment at its own best step, then the points at the shared step), the
     pruned/failed ones, then the verdict in four lines of at most 100 columns
     (:func:`~geosearch.search.stats.verdict.verdict_lines`). ``details``: then the one-line
     verdict, the ladder's reading, the stability of every trial and the baselines' table
-    (each assignment's Δ loss and ms/step ratio), as ``report.md`` gives them in tables."""
+    (each assignment's Δ loss and ms/step ratio), as ``report.md`` gives them in tables.
+    The stability reads the trials' probes in ``run_dir`` (``None``: their user attrs)."""
     ranking = ranking or rank_study(study)
     proxy = study.user_attrs.get(PROXY)
     lines = _ranking_table(ranking.rows)
@@ -152,11 +163,12 @@ def format_ranking(study: optuna.Study, ranking: Ranking | None = None, *,
         lines += ["  " + trial_line(t, proxy) for t in others]
     lines += [w for line in optuna_best_note(study, ranking)
               for w in textwrap.wrap(line, WIDTH, subsequent_indent="  ")]
-    lines += verdict_lines(study_verdict(study, ranking))
+    lines += verdict_lines(study_verdict(study, ranking, run_dir))
     if not details:
         return "\n".join(lines)
     reading = study_reading(study)
-    outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking), study_pruner(study)))
+    outlook = stability_lines(stability_rows(study, outlook_numbers(study, ranking),
+                                             study_pruner(study), _probes(run_dir)))
     lines.append(f"verdict: {horizon_verdict(ranking.verdict, reading)}")
     return "\n".join(lines + horizon_lines(reading) + outlook
                      + baselines_lines(baseline_table(study, ranking)))
@@ -265,7 +277,8 @@ def _export_assignment(study: optuna.Study, row: RankedTrial, ranking: Ranking,
         "proxy": attrs.get(PROXY),
         "target": attrs.get(TARGET),
         "horizon": reading_record(reading) if reading is not None else None,
-        "stability": stability_record(stability_rows(study, [row.number], study_pruner(study))[0]),
+        "stability": stability_record(stability_rows(study, [row.number], study_pruner(study),
+                                                     partial(read_probes_file, run_dir))[0]),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "geosearch_version": __version__,
         "trials": {"completed": len(ranking.rows), "total": done_count(study)},
@@ -332,7 +345,7 @@ def export_best(
         raise GeosearchError(f"{run_dir}: no trial of study {study.study_name!r} completed, so "
                              "there is nothing to export")
     rows = ranking.rows[:top]
-    verdict = verdict_record(study_verdict(study, ranking))
+    verdict = verdict_record(study_verdict(study, ranking, run_dir))
     answers = [_export_assignment(study, r, ranking, run_dir, verdict) for r in rows]
     if rules is not None:
         try:

@@ -454,7 +454,7 @@ def _conclude(study: optuna.Study, options: SearchOptions, outcome: SearchOutcom
     """A command's end: print why it stopped and the ranking, export the best assignment."""
     if options.worker_index is None:
         echo(f"stopped: {outcome.stopped}")
-        echo(format_ranking(study, outcome.ranking))
+        echo(format_ranking(study, outcome.ranking, outcome.run_dir))
         if options.export and outcome.ranking.rows:
             outcome.exported = export_best(outcome.run_dir, study=study)[0]
             echo(where_line(outcome.exported))

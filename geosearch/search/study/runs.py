@@ -16,13 +16,16 @@ from typing import Any
 import optuna
 
 from geosearch.assignment import Assignment
+from geosearch.util.checks import finite_or_none
 from geosearch.proxy.config import TrainConfig, TrainResult
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.horizon.stability import STABILITY_RUNG, stability_clock, stability_skip
 from geosearch.search.horizon.target import probe_sum_eta, takes_spectral_qk, warmup_share
-from geosearch.search.horizon.probes import probe_row
+from geosearch.search.horizon.probes import TrialProbes, probe_row
 from geosearch.search.horizon.pruner import prune_verdict
 from geosearch.search.records import (
+    PEAK_MAX_LOGIT,
+    STABILITY_PEAK_LOGIT,
     MAX_LOGIT,
     MEAN_STEP_MS,
     PROBE_HISTORY,
@@ -39,6 +42,7 @@ from geosearch.search.records import (
     TOKENS_PER_S,
     json_safe,
 )
+from geosearch.search.runtime.backup import write_probes_file, write_rung_probes
 from geosearch.search.runtime.interrupts import CTRL_C
 from geosearch.search.runtime.liveness import Heartbeat, TrialLost
 from geosearch.search.space.plan import StudyPlan
@@ -64,10 +68,11 @@ class TrialRuns:
         self.train, self.on_prune = train, on_prune
 
     def stability(self, trial: optuna.Trial, suggestion: Suggestion, seeds: list[int],
-                  rungs: list[Rung], trial_dir: Path, heartbeat: Heartbeat) -> TrainResult | None:
+                  rungs: list[Rung], trial_dir: Path, heartbeat: Heartbeat,
+                  rows: list[dict]) -> TrainResult | None:
         """Train the stability rung with the trial's first seed, before the ladder
         (:mod:`geosearch.search.horizon.stability`: its step, which trials skip it, how it is
-        judged); its probes are kept as ``stability_probes``, a pass as
+        judged); its probes are appended to ``rows`` (``stability_probes``), a pass as
         ``stability_passed_at`` (the trial's step factor), a skip for a larger step's pass as
         ``stability_from``. ``None`` when the space has none or the trial skips it."""
         stab = self.plan.stability
@@ -83,26 +88,26 @@ class TrialRuns:
             if above is not None:
                 trial.set_user_attr(STABILITY_FROM, above)
             return None
-        rows: list[dict] = []
         trial.set_user_attr(STABILITY_RUN, True)
         clock = stability_clock(self.space.proxy, self.plan.target, stab.rung)
-        callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment),
+        callback = run_callback(self.study, trial, TrialProbes(rows),
+                                probe_sum_eta(config, assignment),
                                 heartbeat, report=False, judge=True, target_step=clock,
                                 on_prune=self.on_prune)
         out_dir = rung_dir(trial_dir, stab.rung.index, len(rungs), seeds[0], len(seeds))
         result = self.train(config, assignment, callback=callback, out_dir=out_dir,
                             project=self.study.study_name, store_dir=self.run_dir,
                             run_name=f"trial {trial.number} stability seed {seeds[0]}")
-        trial.set_user_attr(STABILITY_PROBES, list(rows))
         trial.set_user_attr(STABILITY_RUN, False)
         if result.status == "completed":
             trial.set_user_attr(STABILITY_PASSED_AT, suggestion.step_factor)
         return result
 
     def ladder(self, trial: optuna.Trial, suggestion: Suggestion, seeds: list[int],
-               rungs: list[Rung], trial_dir: Path,
-               heartbeat: Heartbeat) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
-        """Train each seed at each rung, lowest first, until a run does not complete.
+               rungs: list[Rung], trial_dir: Path, heartbeat: Heartbeat,
+               stability: list[dict]) -> tuple[list[list[TrainResult]], list[list[list[dict]]]]:
+        """Train each seed at each rung, lowest first, until a run does not complete; the
+        pruner is handed each run's probes and the ``stability`` rung's.
 
         Returns:
             Per rung reached, per seed run: its result, and the probe rows it recorded.
@@ -116,8 +121,9 @@ class TrialRuns:
                 r = seed - self.space.proxy.seed  # the repeat: a seed trial's may be past repeats
                 config, assignment = rung_run(self.space, suggestion, r, rung)
                 rows: list[dict] = []
+                live = TrialProbes(rows, stability)
                 judge = rung.spectral_lr <= self.plan.target.spectral_lr * (1 + 1e-9)
-                callback = run_callback(self.study, trial, rows, probe_sum_eta(config, assignment),
+                callback = run_callback(self.study, trial, live, probe_sum_eta(config, assignment),
                                         heartbeat, report=rung.index == rungs[-1].index and r == 0,
                                         judge=judge, on_prune=self.on_prune)
                 out_dir = rung_dir(trial_dir, rung.index, len(rungs), seed, len(seeds))
@@ -160,7 +166,7 @@ def rung_dir(trial_dir: Path, rung: int, rungs: int, seed: int, seeds: int) -> P
     return out if seeds == 1 else out / f"seed{seed}"
 
 
-def run_callback(study: optuna.Study, trial: optuna.Trial, history: list[dict],
+def run_callback(study: optuna.Study, trial: optuna.Trial, probes: TrialProbes,
                  sum_eta: Callable[[int], float | None], heartbeat: Heartbeat, *, report: bool, judge: bool,
                  on_prune: Callable[[bool], None],
                  target_step: Callable[[int], int] | None = None) -> Callable[[int, dict], str | None]:
@@ -168,10 +174,11 @@ def run_callback(study: optuna.Study, trial: optuna.Trial, history: list[dict],
 
     It reports (``report``: the first seed at the ranked, top rung only, as Optuna keeps one
     value per step and the trial's value is read there), records probes (appended to
-    ``history``, with their Σ η, and with ``target_step`` the target's step at their Σ η²)
-    and asks the pruner (``judge``: the stability rung, and a rung whose spectral step is not
-    above the target's; a larger step stands in for Σ η in the loss, but its logits overshoot
-    the long run's at the same Σ η: ``docs/design.md``, "The ladder"). A prune calls
+    ``probes.history``, with their Σ η, and with ``target_step`` the target's step at their
+    Σ η²) and asks the pruner, handing it ``probes`` (``judge``: the stability rung, and a
+    rung whose spectral step is not above the target's; a larger step stands in for Σ η in
+    the loss, but its logits overshoot the long run's at the same Σ η: ``docs/design.md``,
+    "The ladder"). A prune calls
     ``on_prune(unstable)`` and returns the reason, which stops the run; the trainer stops a
     non-finite run at any rung.
     """
@@ -189,22 +196,24 @@ def run_callback(study: optuna.Study, trial: optuna.Trial, history: list[dict],
                 row = probe_row(metrics, sum_eta=sum_eta(step))
                 if target_step is not None:
                     row["target_step"] = target_step(step)
-                history.append(json_safe(row))
-                trial.set_user_attr(PROBE_HISTORY, list(history))
+                probes.history.append(json_safe(row))
+            verdict = prune_verdict(pruner, study, trial, step, probes) if judge else None
         except optuna.exceptions.UpdateFinishedTrialError:
             raise TrialLost from None
-        if not judge or not trial.should_prune():
+        if verdict is None:
             return None
-        why, unstable = prune_verdict(pruner, study, trial, step)
+        why, unstable = verdict
         on_prune(unstable)
         return why
 
     return callback
 
 
-def run_attrs(results: list[list[TrainResult]], probes: list[list[list[dict]]]) -> dict[str, Any]:
+def run_attrs(results: list[list[TrainResult]], probes: list[list[list[dict]]],
+              stability: list[dict]) -> dict[str, Any]:
     """The attrs of a trained trial whatever its outcome: the first seed's probes at the
-    last rung it reached (and at every rung), speed, last max logit, losses per rung."""
+    last rung it reached (and at every rung), its ``stability`` rung's, speed, last max
+    logit, losses per rung."""
     first = results[-1][0]
     probed = [m for m in first.history if m.get("max_logit") is not None]
     runs = [r for rung in results for r in rung]
@@ -212,6 +221,7 @@ def run_attrs(results: list[list[TrainResult]], probes: list[list[list[dict]]]) 
     tokens = [r.tokens_per_s for r in runs if math.isfinite(r.tokens_per_s)]
     return {
         PROBE_HISTORY: probes[-1][0],
+        STABILITY_PROBES: stability,
         MEAN_STEP_MS: sum(speeds) / len(speeds) if speeds else None,
         TOKENS_PER_S: sum(tokens) / len(tokens) if tokens else None,
         MAX_LOGIT: probed[-1]["max_logit"] if probed else None,
@@ -225,6 +235,24 @@ def stopped_attrs(result: TrainResult, rows: list[dict]) -> dict[str, Any]:
     """The attrs of a trial whose stability rung did not complete (its probe ``rows``): no
     rung of the ladder was trained."""
     last = rows[-1] if rows else {}
-    return {PROBE_HISTORY: rows, PRUNED_RUNG: "stability", STOP_STEP: result.stop_step,
+    return {PROBE_HISTORY: rows, STABILITY_PROBES: rows, PRUNED_RUNG: "stability",
+            STOP_STEP: result.stop_step,
             MEAN_STEP_MS: result.mean_step_ms if math.isfinite(result.mean_step_ms) else None,
             MAX_LOGIT: last.get("max_logit"), SIGMA_MAX: last.get("sigma_max"), RUNG_LOSSES: [], RUNG_PROBES: []}
+
+
+def store_probes(trial_dir: Path, attrs: dict[str, Any]) -> None:
+    """Move the probe rows out of a trial's final ``attrs`` into its folder: ``rung_probes``
+    to ``rung_probes.json``, ``probe_history`` and ``stability_probes`` to ``probes.json``,
+    leaving their summaries: the peak max logit of each (``peak_max_logit``,
+    ``stability_peak_logit``; ``max_logit`` is the last)."""
+    rung_probes = attrs.pop(RUNG_PROBES, None)
+    if rung_probes:
+        write_rung_probes(trial_dir, rung_probes)
+    rows = {k: attrs.pop(k) for k in (PROBE_HISTORY, STABILITY_PROBES) if k in attrs}
+    write_probes_file(trial_dir, rows)
+    for key, name in ((PEAK_MAX_LOGIT, PROBE_HISTORY), (STABILITY_PEAK_LOGIT, STABILITY_PROBES)):
+        values = [finite_or_none(r.get("max_logit")) for r in rows.get(name) or []]
+        values = [v for v in values if v is not None]
+        if values or name == PROBE_HISTORY:
+            attrs[key] = max(values, default=None)

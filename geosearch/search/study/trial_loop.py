@@ -31,7 +31,7 @@ from geosearch.proxy.config import TrainResult
 from geosearch.proxy.train import train
 from geosearch.search.space.baseline_specs import BASELINES
 from geosearch.search.study.baseline_trials import baseline_suggestion
-from geosearch.search.runtime.backup import TrialBackup, write_rung_probes
+from geosearch.search.runtime.backup import TrialBackup
 from geosearch.search.runtime.distributed import RankGroup
 from geosearch.search.study.extras import extra_plan, mark_extra, queue_extras, seed_twin_of
 from geosearch.search.study.failures import (
@@ -75,13 +75,11 @@ from geosearch.search.records import (
     QUEUED,
     RETRIED,
     RUNG_INDICES,
-    RUNG_PROBES,
     RUNNING,
     SEED_OF,
     SEEDS,
     STEP_FACTOR,
     SKIPPED,
-    STABILITY_PROBES,
     STATUS,
     STOP_STEP,
     TARGET_LOGIT_SCALE,
@@ -97,7 +95,7 @@ from geosearch.search.records import (
     is_extra,
     json_safe,
 )
-from geosearch.search.study.runs import TrialRuns, run_attrs, stopped_attrs
+from geosearch.search.study.runs import TrialRuns, run_attrs, store_probes, stopped_attrs
 from geosearch.search.space.plan import StudyPlan, plan_study
 from geosearch.search.space.spec import SearchSpace, Suggestion
 from geosearch.search.runtime.storage import TRACEBACK_FILE, TRIALS_DIR
@@ -362,10 +360,8 @@ class Searcher:
             ASSIGNMENT: resolved,
             ASSIGNMENT_KEY: ",".join(f"{t}={g}" for t, g in sorted(resolved.items())),
             BUDGET_STEPS: self.space.proxy.steps,
-            SEEDS: seeds,
-            RUNG_INDICES: [r.index for r in rungs],
+            SEEDS: seeds, RUNG_INDICES: [r.index for r in rungs],
             TRIAL_DIR: f"{TRIALS_DIR}/{n}",
-            PROBE_HISTORY: [],
             NUM_PROCESSES: self.group.world if self.group else 1,
             **self.target_attrs,
             # a step grid's point trains for the user's run at its own step: Σ η scales with it
@@ -376,9 +372,10 @@ class Searcher:
             trial.set_user_attr(key, value)
 
         heartbeat = Heartbeat(trial, min(HEARTBEAT_EVERY, self.stale_after / 4))
+        stability_rows: list[dict] = []  # the stability rung's probes, if it trains
         try:
             with heartbeat:
-                args = (trial, suggestion, seeds, rungs, trial_dir, heartbeat)
+                args = (trial, suggestion, seeds, rungs, trial_dir, heartbeat, stability_rows)
                 stability = self.runs.stability(*args)
                 if stability is None or stability.status == "completed":
                     results, probes = self.runs.ladder(*args)
@@ -389,13 +386,13 @@ class Searcher:
         except Exception as e:  # noqa: BLE001 - a trial's error must not end the search
             return self._raised(trial, e, trial_dir)
         if stability is not None and stability.status != "completed":
-            return self._stability_stopped(trial, stability)
+            return self._stability_stopped(trial, stability, stability_rows)
 
         last, rung, seed = results[-1][-1], rungs[len(results) - 1], seeds[len(results[-1]) - 1]
         where = ([f"rung {rung.index} (Σ η {rung.sum_eta:.3g})"] if len(rungs) > 1 else []) + (
             [f"seed {seed}"] if len(seeds) > 1 else [])
         prefix = ", ".join(where) + ": " if where else ""
-        common = run_attrs(results, probes)
+        common = run_attrs(results, probes, stability_rows)
         if last.status == "unstable":
             if len(seeds) > 1:
                 common[PRUNED_SEED] = seed
@@ -422,11 +419,11 @@ class Searcher:
         self.failures_in_a_row = 0
         return n
 
-    def _stability_stopped(self, trial: optuna.Trial, result: TrainResult) -> int:
+    def _stability_stopped(self, trial: optuna.Trial, result: TrainResult, rows: list[dict]) -> int:
         """Tell a trial whose stability rung did not complete: unstable at the target (the
         pruner's reason, or a non-finite run), or failed."""
         prefix = stability_prefix(self.plan.stability)
-        attrs = stopped_attrs(result, trial.user_attrs.get(STABILITY_PROBES) or [])
+        attrs = stopped_attrs(result, rows)
         if result.status == "failed":
             return self._fail(trial, prefix + (result.reason or "failed"), failure_kind(result.reason or ""), attrs)
         self._finish(trial, TrialState.PRUNED, {
@@ -465,10 +462,8 @@ class Searcher:
         if state != TrialState.FAIL:
             attrs.setdefault(FAIL_REASON, None)
         trial_dir = self.run_dir / TRIALS_DIR / str(trial.number)
-        rung_probes = attrs.pop(RUNG_PROBES, None)  # a file: the last rung's is probe_history
         try:
-            if rung_probes:
-                write_rung_probes(trial_dir, rung_probes)
+            store_probes(trial_dir, attrs)  # files, not attrs
             if self.store_files is not None:
                 self.store_files(trial, trial_dir)
             for key, v in attrs.items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import optuna
 import pytest
 import yaml
@@ -13,6 +15,7 @@ from geosearch.search.horizon.forecast import schedule_sum_eta
 from geosearch.search.horizon.outlook import stability_lines, stability_record, stability_rows
 from geosearch.search.space.spec import study_pruner
 from geosearch.search.horizon.pruner import LogitGrowthPruner
+from geosearch.search.runtime.backup import read_probes_file
 from geosearch.search.runtime.storage import open_run_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -104,8 +107,10 @@ def test_the_search_prints_and_exports_the_outlook(monkeypatch, tmp_path):
     use_train(monkeypatch, FakeTrain(logits=lambda key, seed: 12.0))
     out = search(make_space(), tmp_path)
     study = open_run_study(tmp_path / "runs" / "t")
-    rows = stability_rows(study, [r.number for r in out.ranking.rows], study_pruner(study))
+    rows = stability_rows(study, [r.number for r in out.ranking.rows], study_pruner(study),
+                          partial(read_probes_file, tmp_path / "runs" / "t"))  # probes.json's
     assert all(r.max_logit == 12.0 and r.outlook is None for r in rows)
-    assert "stability at your target" not in format_ranking(study)  # nothing forecast: no block
+    # nothing forecast (the probes of probes.json are too few): no block
+    assert "stability at your target" not in format_ranking(study, run_dir=tmp_path / "runs" / "t")
     best = yaml.safe_load(export_best(tmp_path / "runs" / "t", tmp_path / "b.yaml")[0].read_text())
     assert best["provenance"]["stability"]["max_logit"] == 12.0

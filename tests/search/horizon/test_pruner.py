@@ -92,9 +92,6 @@ def target(steps, scale=GPT2, proxy_scale=TINY):
         ({"n_warmup_steps": -1}, "n_warmup_steps must be a whole number in [0, 10,000,000] but got -1"),
         ({"window": 2}, "window must be a whole number in [3, 10,000] but got 2"),
         ({"window": 4.5}, "window must be a whole number in [3, 10,000] but got 4.5"),
-        ({"trend_min_logit": 0}, "trend_min_logit must be between 0 and max_logit"),
-        ({"trend_min_logit": 2e3}, "trend_min_logit must be between 0 and max_logit"),
-        ({"horizon_steps": 0}, "horizon_steps must be at least 1 or None but got 0"),
         ({"max_logit_factor": 0}, "max_logit_factor must be a number > 0 but got 0"),
         ({"max_logit_factor": math.nan}, "max_logit_factor must be a number > 0 but got nan"),
         ({"interval": 1.0}, "interval must be a number in (0, 1) or null but got 1.0"),
@@ -125,17 +122,6 @@ def test_max_logit_below_threshold_and_flat_is_kept():
     decision, why = judge(LogitGrowthPruner(), running(probes([900.0] * 8)))
     # Rule: a max logit at the threshold's edge that does not grow is not pruned.
     assert not decision and why is None
-
-
-def test_the_trend_rules_old_arguments_warn_and_do_nothing():
-    logits = exponential(10.0, 2 ** (1 / 20), 8)  # the old trend rule pruned this
-    # Rule: trend_min_logit and horizon_steps other than the old defaults warn ...
-    with pytest.warns(DeprecationWarning) as warned:
-        pruner = LogitGrowthPruner(trend_min_logit=50, horizon_steps=5000)
-    assert [str(w.message).split(" has")[0] for w in warned] == [
-        "LogitGrowthPruner's trend_min_logit", "LogitGrowthPruner's horizon_steps"]
-    # ... and change nothing: without a target the history is not pruned.
-    assert not judge(pruner, running(probes(logits)))[0]
 
 
 # ---------------------------------------------------------------------- scaled threshold

@@ -20,7 +20,7 @@ from geosearch.util.errors import ConfigError
 from geosearch.search.horizon.forecast import schedule_sum_eta, schedule_sum_eta2
 from geosearch.search.space.reader import SearchSpaceError
 from geosearch.search.space.spec import apply_overrides, load_space
-from geosearch.search.runtime.backup import read_rung_probes
+from geosearch.search.runtime.backup import read_probes_file, read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.study.export import format_ranking
 from geosearch.search.study.run import run_search
@@ -219,9 +219,10 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
         assert ua["target_sum_eta"] == pytest.approx(plan_study(ladder_space()).target.sum_eta)
         assert ua["target_steps"] == 40 and ua["logit_scale"] == ua["target_logit_scale"] == 8.0
         # Rule: each probe row carries its run's Σ η and σ_max; rung_probes keeps each rung's
-        # (the trial's file: the last rung's rows are its probe_history, stored once).
-        # AdamW query/key weights take no spectral step: their rows have no Σ η.
-        assert "rung_probes" not in ua
+        # and probes.json the trial's probe_history (the last rung's), files, not user attrs,
+        # which keep its last and peak max logit. AdamW query/key weights take no spectral
+        # step: their rows have no Σ η.
+        assert not {"rung_probes", "probe_history", "stability_probes"} & set(ua)
         rung_probes = read_rung_probes(tmp_path / "runs" / "t" / ua["trial_dir"])
         for rung, rows in zip(rungs, rung_probes):
             if ua["assignment"]["attn_qkv"] == "adamw":
@@ -230,7 +231,10 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
                 assert [r["sum_eta"] for r in rows] == pytest.approx(
                     [schedule_sum_eta(s, steps=rung.steps, peak=rung.spectral_lr) for s in (5, 10)])
             assert all(r["sigma_max"] == {"attn_qkv": 1.0} for r in rows)
-        assert ua["probe_history"] == rung_probes[-1]
+        history = read_probes_file(tmp_path / "runs" / "t", t)["probe_history"]
+        assert history == rung_probes[-1]
+        assert ua["peak_max_logit"] == max(r["max_logit"] for r in history)
+        assert ua["max_logit"] == history[-1]["max_logit"]
     # Rule: the ranking is the top rung's, and the reading names the lead change and marks
     # the verdict as not yet stable.
     assert out.ranking.rows[0].label.startswith("attn=euclidean")
@@ -325,14 +329,17 @@ def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tm
         assert (f.configs[i].steps, f.configs[i].spectral_lr, f.configs[i].seed) == (
             10, pytest.approx(stab.spectral_lr), 0)
         assert f.calls[i + 1] == (f.calls[i][0], 0) and f.configs[i + 1].spectral_lr == 0.02
-    euclid = by_point["euclidean"].user_attrs
-    assert euclid["stability_run"] is False and [r["step"] for r in euclid["stability_probes"]] == [5, 10]
-    assert euclid["stability_probes"][-1]["target_step"] == 40
-    assert 0 < euclid["stability_probes"][0]["target_step"] < 40
+    held = {k: read_probes_file(tmp_path / "runs" / "t", t) for k, t in by_point.items()}
+    euclid = held["euclidean"]["stability_probes"]
+    assert by_point["euclidean"].user_attrs["stability_run"] is False
+    assert [r["step"] for r in euclid] == [5, 10]
+    assert euclid[-1]["target_step"] == 40 and 0 < euclid[0]["target_step"] < 40
+    peak = max(r["max_logit"] for r in euclid)
+    assert by_point["euclidean"].user_attrs["stability_peak_logit"] == peak
     # Rule: AdamW query/key weights (the adamw point and baseline) take no spectral step: no
     # Σ η² clock, no stability rung; the muon baseline trains it.
-    assert "stability_probes" not in by_point["adamw"].user_attrs
-    assert "stability_probes" in by_point["muon"].user_attrs
+    assert held["adamw"]["stability_probes"] == [] and held["muon"]["stability_probes"]
+    assert "stability_peak_logit" not in by_point["adamw"].user_attrs
     # Rule: the summary shows what was measured, in the target's logits, against its threshold.
     out = buf.getvalue()
     assert "stability at your target: all 2 measured below max logit" in out
@@ -432,5 +439,5 @@ def test_tiny_ladder_trains_each_rung_in_its_own_directory(tmp_path):
         assert len((run / f"rung{k}" / "metrics.jsonl").read_text().splitlines()) == 2
     # Rule: the value is the top rung's loss; its probes carry the top run's Σ η.
     assert t.value == pytest.approx(t.user_attrs["rung_losses"][1][0])
-    rows = t.user_attrs["probe_history"]
+    rows = read_probes_file(tmp_path / "runs" / "t", t)["probe_history"]
     assert rows[-1]["sum_eta"] == pytest.approx(top.sum_eta) and rows[-1]["sigma_max"]["attn_qkv"] > 0

@@ -20,11 +20,13 @@ from geosearch.search.runtime.backup import (
     TRIAL_FILE,
     TrialBackup,
     lost_trials,
+    read_probes_file,
     read_study_record,
     read_trial_records,
     recorded_trial,
     save_study_record,
     trial_record,
+    write_probes_file,
 )
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -174,3 +176,15 @@ def test_a_lost_study_json_is_written_again_with_the_uid_of_the_studys_records(t
     (tmp_path / STUDY_FILE).unlink()
     save_study_record(tmp_path, other, new=False)
     assert read_study_record(tmp_path).uid != uid
+
+
+def test_a_trials_probe_rows_are_read_back_from_its_folder(tmp_path):
+    rows = {"probe_history": [{"step": 5, "max_logit": 2.5}], "stability_probes": []}
+    t = create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs={"trial_dir": "trials/3"})
+    # Rule: nothing written, or a file that is not a mapping of rows, reads as no rows.
+    assert read_probes_file(tmp_path, t) == {}
+    write_probes_file(tmp_path / "trials" / "3", rows)
+    # Rule: the rows are found in the trial's trial_dir under the run directory.
+    assert read_probes_file(tmp_path, t) == rows
+    (tmp_path / "trials" / "3" / "probes.json").write_text("[1, 2]")
+    assert read_probes_file(tmp_path, t) == {}

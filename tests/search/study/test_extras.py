@@ -16,6 +16,7 @@ from geosearch.search.study.extras import queue_extras
 from geosearch.search.study.queue import done_count, enqueue
 from geosearch.search.records import SEED_OF, SEEDS
 from geosearch.search.study.export import export_best
+from geosearch.search.runtime.backup import read_probes_file
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.space.plan import plan_study
 
@@ -177,4 +178,5 @@ def test_a_seed_trial_does_not_train_the_stability_rung(monkeypatch, tmp_path):
     # euclidean and oblique points (the adamw point's queries and keys take no spectral step).
     stab_runs = [c for c in f.configs if c.spectral_lr > 0.021]
     assert len(stab_runs) == 2 and all(c.seed == 0 for c in stab_runs)
-    assert all("stability_probes" not in t.user_attrs for t in seed_trials)
+    assert all(read_probes_file(tmp_path / "runs" / "t", t)["stability_probes"] == []
+               and "stability_peak_logit" not in t.user_attrs for t in seed_trials)

@@ -178,10 +178,10 @@ def test_trial_files_are_optuna_artifacts_of_their_trial(monkeypatch, tmp_path):
     for t in optuna.load_study(study_name="t", storage=storage).get_trials():
         metas = {m.filename: m for m in get_all_artifact_meta(t, storage=storage)}
         # Rule: every file of the trial's folder is an artifact of that trial; a seed's
-        # sub-folder is part of the name; the trial's own rung_probes.json (its probes per
-        # rung, kept out of its user attrs) is one too.
-        assert set(metas) == {f"seed{s}-{f}" for s in (0, 1)
-                              for f in ("config.yaml", "metrics.jsonl")} | {"rung_probes.json"}
+        # sub-folder is part of the name; the trial's own rung_probes.json and probes.json
+        # (its probes, kept out of its user attrs) are too.
+        files = {f"seed{s}-{f}" for s in (0, 1) for f in ("config.yaml", "metrics.jsonl")}
+        assert set(metas) == files | {"rung_probes.json", "probes.json"}
         copy = tmp_path / f"{t.number}.jsonl"
         download_artifact(artifact_store=store, file_path=str(copy),
                           artifact_id=metas["seed1-metrics.jsonl"].artifact_id)

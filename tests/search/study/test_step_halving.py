@@ -7,6 +7,8 @@ against the full grid's."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import dataclasses
 
 from _search_helpers import FakeTrain, TINY_PROXY, make_space, search, trials_of, use_train
@@ -21,6 +23,7 @@ from geosearch.search.records import (
     trial_status,
 )
 from geosearch.search.horizon.outlook import stability_rows
+from geosearch.search.runtime.backup import read_probes_file
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.space.spec import study_pruner
 from geosearch.search.stats.study_ranking import rank_study
@@ -151,7 +154,8 @@ def test_a_stability_pass_at_a_larger_step_stands_for_the_smaller_ones(monkeypat
     # that rung's measurement (past its own target's Σ η²).
     study = open_run_study(tmp_path / "runs" / "t")
     small, large = points["stiefel", 0.5], points["stiefel", 2.0]
-    inherited, own = stability_rows(study, [small.number, large.number], study_pruner(study))
+    inherited, own = stability_rows(study, [small.number, large.number], study_pruner(study),
+                                    partial(read_probes_file, tmp_path / "runs" / "t"))
     assert inherited.measured_by == large.number and own.measured_by is None
     assert inherited.measured == own.measured
     assert f"by the stability rung of trial {large.number}, at a larger step" in inherited.text()
