@@ -13,13 +13,22 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # pragma: no cover
-    from geosearch.models.qk import QKCapture
+
+class _Capture(Protocol):
+    """What the hooks read of a :class:`~geosearch.models.qk.QKCapture` (which imports
+    this module, so it is named here by what it holds)."""
+
+    source: str
+    modules: list[nn.Module]
+    raw: list[Any]
+    model: nn.Module
+
+    def take(self, i: int, layer: LayerQK) -> None: ...
 
 class LayerQK(NamedTuple):
     """One attention layer's queries and keys as its kernel gets them.
@@ -104,7 +113,7 @@ def _keep(raw: dict[str, Any], key: str) -> Callable:
     return hook
 
 
-def _install_hooks(capture: QKCapture, undo: list) -> None:
+def _install_hooks(capture: _Capture, undo: list) -> None:
     """The ``gpt2`` and ``llama`` sources: hooks that keep what they need as each layer
     runs, and a forward hook on the attention module that finishes and hands it over."""
     install, finish = _HOOKS[capture.source]
