@@ -28,7 +28,8 @@ Sharded weights (FSDP2's ``fully_shard``: DTensor parameters on a 1-D device mes
 momentum and AdamW run on each rank's slice, while each manifold matrix is gathered and
 placed whole on every rank, stepped and retracted whole by one owner rank per batch, which
 sends the result to the others, and every rank keeps its slice
-(:mod:`geosearch.optim.sharded`; docs/design.md, "Sharded training").
+(:mod:`geosearch.optim.sharded`; docs/design.md, "Sharded training"). Under DDP
+(``replicas=``) the plain weights' batches are divided among the ranks alike.
 
 Group keys, their defaults and their checks come from :mod:`geosearch.optim.settings`.
 """
@@ -87,6 +88,10 @@ class ManifoldMuon(torch.optim.Optimizer):
             text. Manifold groups take 2-D tensors of either orientation.
         grouped: step matrices of one shape, geometry and setting as one batch (the
             default); ``False`` steps each matrix alone (for comparisons).
+        replicas: a process group whose ranks hold every plain weight whole, with the same
+            gradient (DDP's ``process_group``): each batch of manifold matrices is then
+            stepped by one of its ranks and broadcast to the others
+            (:func:`geosearch.optim.sharded.owners`); ``None``: every rank steps all.
 
     Raises:
         ConfigError (a ``ValueError``): a missing or unknown geometry, an unknown key
@@ -113,10 +118,11 @@ class ManifoldMuon(torch.optim.Optimizer):
     """
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], *,
-                 grouped: bool = True) -> None:
+                 grouped: bool = True, replicas: Any = None) -> None:
         # Defaults differ per kind of group, so groups are completed in add_param_group
         # and torch's single `defaults` dict stays empty.
         self.grouped = grouped
+        self.replicas = replicas
         super().__init__(params, {})
 
     # ------------------------------------------------------------------ groups
@@ -185,7 +191,8 @@ class ManifoldMuon(torch.optim.Optimizer):
                     members.append(member)
                 stepped.append((p, group, weight, members))
         # Sharded weights: each batch stepped once, by its owner rank, and shared (sharded.py)
-        plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches.values()])
+        plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches.values()],
+                              self.replicas)
         for (manifold, step, members, _), owner in zip(batches.values(), plan):
             if sharded.is_mine(owner):
                 grouped.step_batch(manifold, members, step)
