@@ -190,14 +190,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                     batch[3].append(p)
                     members.append(member)
                 stepped.append((p, group, weight, members))
-        # Sharded weights: each batch stepped once, by its owner rank, and shared (sharded.py)
-        plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches.values()],
-                              self.replicas)
-        for (manifold, step, members, _), owner in zip(batches.values(), plan):
-            if sharded.is_mine(owner):
-                grouped.step_batch(manifold, members, step)
-            if owner is not None:
-                grouped.share_batch(manifold, members, step, lambda t, o=owner: sharded.share(t, o))
+        self._step_batches(list(batches.values()))
         for p, group, weight, members in stepped:
             sharded.write_back(p, weight)
             if group["solver"] != "dual":
@@ -211,6 +204,19 @@ class ManifoldMuon(torch.optim.Optimizer):
                     state["dual"] = torch.stack([lam.squeeze(0) for lam in lams])
                 else:
                     state["dual"] = (lams[0] if group["split"] > 1 else lams[0].squeeze(0)).clone()
+
+    def _step_batches(self, batches: list[tuple[Manifold, dict[str, Any], list, list]]) -> None:
+        """Step each batch once: sharded weights (and DDP's, with ``replicas``) by one owner
+        rank per batch, which sends the results (:mod:`geosearch.optim.sharded`). Every rank
+        computes all its batches first, then the results are sent: a broadcast right after
+        each batch would make each rank wait for the other's, one batch at a time."""
+        plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches], self.replicas)
+        for (manifold, step, members, _), owner in zip(batches, plan):
+            if sharded.is_mine(owner):
+                grouped.step_batch(manifold, members, step)
+        for (manifold, step, members, _), owner in zip(batches, plan):
+            if owner is not None:
+                grouped.share_batch(manifold, members, step, lambda t, o=owner: sharded.share(t, o))
 
     def _momentum(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
         """Update each parameter's momentum buffer; return the Nesterov (or plain) momenta.
