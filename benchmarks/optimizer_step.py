@@ -20,6 +20,7 @@ Usage::
     python benchmarks/optimizer_step.py --threads 1          # stable numbers on a shared CPU
     python benchmarks/optimizer_step.py --device cuda --repeats 20
     python benchmarks/optimizer_step.py --accuracy --shapes small --threads 1
+    python benchmarks/optimizer_step.py --ranks --models mini --steps 30 --warmup 5 --threads 1
 """
 
 from __future__ import annotations
@@ -693,6 +694,106 @@ def order_main(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------
+# --ranks: the optimizer's time per rank under DDP, one rank against two (gloo, CPU), where
+# the ranks divide the matrices' steps (geosearch.optim.sharded.owners) and broadcast them.
+# ------------------------------------------------------------------------------------
+RANKS_ASSIGNMENT = "attn=stiefel,mlp=dgram"
+
+
+def ranks_worker(args) -> int:
+    """One rank (under torchrun): train ``args.models[0]`` for ``args.steps`` steps (DDP when
+    there are two ranks or more) and print the median ``opt.step()`` ms of each rank."""
+    import json
+    import os
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from geosearch.assignment import Assignment
+    from geosearch.build import build_optimizer
+    from geosearch.models.lm import lm_loss
+    from geosearch.models.model import GPT, make_config
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    config = make_config(args.models[0])
+    model = GPT(config)
+    if world > 1:
+        model = DistributedDataParallel(model)
+    opt = build_optimizer(model, Assignment.parse(RANKS_ASSIGNMENT), verbose=False)
+    import geosearch.optim.grouped as grouped
+
+    computing, step_batch = [0.0], grouped.step_batch
+
+    def timed(*a):  # the time this rank spends computing its batches' steps
+        start = time.perf_counter()
+        step_batch(*a)
+        computing[0] += time.perf_counter() - start
+
+    grouped.step_batch = timed
+    g = torch.Generator().manual_seed(1)
+    times, computed = [], []
+    for _ in range(args.steps):
+        x = torch.randint(config.vocab_size, (8, config.block_size + 1), generator=g)
+        opt.zero_grad()
+        lm_loss(model, x[:, :-1], x[:, 1:]).backward()
+        computing[0] = 0.0
+        start = time.perf_counter()
+        opt.step()
+        times.append((time.perf_counter() - start) * 1e3)
+        computed.append(computing[0] * 1e3)
+    ms = [None] * world
+    dist.all_gather_object(ms, (statistics.median(times[args.warmup:]),
+                                statistics.median(computed[args.warmup:])))
+    if dist.get_rank() == 0:
+        print("RANKS " + json.dumps(ms), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def ranks_main(args) -> int:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    rows = {}
+    for n in (1, 2):
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or 1)}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               str(n), __file__, "--ranks-worker", "--models", args.models[0], "--steps",
+               str(args.steps), "--warmup", str(args.warmup)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RANKS ")), None)
+        if proc.returncode != 0 or line is None:
+            print(proc.stderr[-2000:])
+            return 1
+        rows[n] = json.loads(line.removeprefix("RANKS "))
+        print(f"  {n} rank(s): " + ", ".join(f"{ms:.1f} ({c:.1f})" for ms, c in rows[n]) + " ms",
+              flush=True)
+    one, two = rows[1][0][0], max(ms for ms, _ in rows[2])
+    c_one, c_two = rows[1][0][1], max(c for _, c in rows[2])
+    header = (
+        f"# Optimizer time per rank under DDP ({args.models[0]}, {RANKS_ASSIGNMENT})\n\n"
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; gloo on CPU, "
+        f"{args.threads or 1} thread(s) per rank; torch {torch.__version__}; median `opt.step()` "
+        f"over {args.steps - args.warmup} steps after {args.warmup}; with two ranks each steps "
+        "its share of the matrices and receives the rest (broadcast); its own steps: the time in "
+        "the grouped step's batches it computes (the rest: momentum, gathers, broadcasts, waits)."
+        "\n\n")
+    lines = ["| ranks | optimizer ms per rank | slowest / one rank | of which its own steps, ms "
+             "| slowest / one rank |", "|---|---|---|---|---|",
+             f"| 1 | {one:.1f} | 1.00 | {c_one:.1f} | 1.00 |",
+             f"| 2 | {', '.join(f'{ms:.1f}' for ms, _ in rows[2])} | {two / one:.2f} | "
+             f"{', '.join(f'{c:.1f}' for _, c in rows[2])} | {c_two / c_one:.2f} |"]
+    out = args.out or Path(__file__).parent / "results" / "optimizer_ranks.md"
+    publish(header + "\n".join(lines) + "\n", out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="gpt2",
@@ -719,7 +820,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--order", action="store_true",
                         help="how far the weights of the first of --models move, grouped against "
                              "ungrouped, over --steps training steps (the summation order alone)")
-    parser.add_argument("--steps", type=int, default=2000, help="--retraction, --order: steps")
+    parser.add_argument("--ranks", action="store_true",
+                        help="the optimizer's ms per rank under DDP, 1 against 2 gloo ranks (--models, "
+                             "--steps, --warmup, --threads per rank)")
+    parser.add_argument("--ranks-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=2000,
+                        help="--retraction, --order, --ranks: steps")
     parser.add_argument("--models", nargs="+", default=["mini", "small"],
                         help="proxies for --train")
     parser.add_argument("--rounds", type=int, default=6,
@@ -740,6 +846,10 @@ def main(argv: list[str] | None = None) -> int:
         return retraction_main(args)
     if args.order:
         return order_main(args)
+    if args.ranks:
+        return ranks_main(args)
+    if args.ranks_worker:
+        return ranks_worker(args)
     shapes = SHAPES[args.shapes]
 
     rows = []

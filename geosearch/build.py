@@ -79,13 +79,19 @@ def build_optimizer(
             sharded in a layout manifold Muon cannot step (a 2-D device mesh, a placement
             other than ``Shard``/``Replicate``). FSDP2 (``fully_shard`` on a 1-D mesh)
             works: build the optimizer after sharding the model (docs/design.md, "Sharded
-            training").
+            training"). A model wrapped in DDP (``DistributedDataParallel``) is bound
+            by its ``module``'s names, and each manifold matrix is stepped by one rank.
 
     Example:
         >>> opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"))  # doctest: +SKIP
     """
     _refuse_fsdp1(model)
-    return optimizer_from_plan(bind(model, assignment, overrides, source=SOURCE), verbose=verbose)
+    replicas = None
+    ddp = getattr(sys.modules.get("torch.nn.parallel"), "DistributedDataParallel", None)
+    if ddp is not None and isinstance(model, ddp):  # DDP: each matrix's step on one rank
+        model, replicas = model.module, model.process_group
+    plan = bind(model, assignment, overrides, source=SOURCE)
+    return optimizer_from_plan(plan, verbose=verbose, replicas=replicas)
 
 
 def _refuse_fsdp1(model: nn.Module) -> None:
@@ -98,18 +104,19 @@ def _refuse_fsdp1(model: nn.Module) -> None:
                           source=SOURCE)
 
 
-def optimizer_from_plan(plan: Plan, *, verbose: bool = True) -> ManifoldMuon:
+def optimizer_from_plan(plan: Plan, *, verbose: bool = True, replicas: Any = None) -> ManifoldMuon:
     """The :class:`ManifoldMuon` of a :class:`~geosearch.plan.Plan` (what
     :func:`build_optimizer` returns), for callers that bind once and share the plan.
 
     Args:
         plan: from :func:`geosearch.plan.bind`.
         verbose: also print the group summary (always logged at INFO).
+        replicas: DDP's process group (see :class:`ManifoldMuon`), or None.
     """
     param_groups = plan.param_groups()
     _check_partition(plan, param_groups)
     _check_layouts(plan, param_groups)
-    opt = ManifoldMuon(param_groups)
+    opt = ManifoldMuon(param_groups, replicas=replicas)
     note = plan.rules_label + (f"; {plan.frozen} frozen tensor(s) left out" if plan.frozen else "")
     text = optimizer_summary(opt, note=note)
     logger.info("%s", text)

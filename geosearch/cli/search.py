@@ -92,9 +92,11 @@ def _add_workers(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", metavar="URL",
                    help="Optuna storage URL (e.g. postgresql://...) or journal file, instead of "
                         "DIR/<study>/study.db (one worker) or journal.log (several)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", type=int, metavar="N",
                    help="worker processes on this machine, one GPU each (else a share of the CPU); "
-                        "not with torchrun/accelerate launch")
+                        "not with torchrun/accelerate launch (default: on a CPU, one single-thread "
+                        "worker per core when the grid has a point for each and OMP_NUM_THREADS "
+                        "is not set, else one process)")
     p.add_argument("--stale-after", type=float, metavar="SECONDS",
                    help="a trial whose worker (on another machine) sent no heartbeat for this long "
                         "is taken as dead and run again (default: 300; give every machine the same)")

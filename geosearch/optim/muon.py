@@ -28,7 +28,8 @@ Sharded weights (FSDP2's ``fully_shard``: DTensor parameters on a 1-D device mes
 momentum and AdamW run on each rank's slice, while each manifold matrix is gathered and
 placed whole on every rank, stepped and retracted whole by one owner rank per batch, which
 sends the result to the others, and every rank keeps its slice
-(:mod:`geosearch.optim.sharded`; docs/design.md, "Sharded training").
+(:mod:`geosearch.optim.sharded`; docs/design.md, "Sharded training"). Under DDP
+(``replicas=``) the plain weights' batches are divided among the ranks alike.
 
 Group keys, their defaults and their checks come from :mod:`geosearch.optim.settings`.
 """
@@ -87,6 +88,10 @@ class ManifoldMuon(torch.optim.Optimizer):
             text. Manifold groups take 2-D tensors of either orientation.
         grouped: step matrices of one shape, geometry and setting as one batch (the
             default); ``False`` steps each matrix alone (for comparisons).
+        replicas: a process group whose ranks hold every plain weight whole, with the same
+            gradient (DDP's ``process_group``): each batch of manifold matrices is then
+            stepped by one of its ranks and broadcast to the others
+            (:func:`geosearch.optim.sharded.owners`); ``None``: every rank steps all.
 
     Raises:
         ConfigError (a ``ValueError``): a missing or unknown geometry, an unknown key
@@ -113,10 +118,11 @@ class ManifoldMuon(torch.optim.Optimizer):
     """
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], *,
-                 grouped: bool = True) -> None:
+                 grouped: bool = True, replicas: Any = None) -> None:
         # Defaults differ per kind of group, so groups are completed in add_param_group
         # and torch's single `defaults` dict stays empty.
         self.grouped = grouped
+        self.replicas = replicas
         super().__init__(params, {})
 
     # ------------------------------------------------------------------ groups
@@ -184,13 +190,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                     batch[3].append(p)
                     members.append(member)
                 stepped.append((p, group, weight, members))
-        # Sharded weights: each batch stepped once, by its owner rank, and shared (sharded.py)
-        plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches.values()])
-        for (manifold, step, members, _), owner in zip(batches.values(), plan):
-            if sharded.is_mine(owner):
-                grouped.step_batch(manifold, members, step)
-            if owner is not None:
-                grouped.share_batch(manifold, members, step, lambda t, o=owner: sharded.share(t, o))
+        self._step_batches(list(batches.values()))
         for p, group, weight, members in stepped:
             sharded.write_back(p, weight)
             if group["solver"] != "dual":
@@ -204,6 +204,22 @@ class ManifoldMuon(torch.optim.Optimizer):
                     state["dual"] = torch.stack([lam.squeeze(0) for lam in lams])
                 else:
                     state["dual"] = (lams[0] if group["split"] > 1 else lams[0].squeeze(0)).clone()
+
+    def _step_batches(self, batches: list[tuple[Manifold, dict[str, Any], list, list]]) -> None:
+        """Step each batch once: sharded weights (and DDP's, with ``replicas``) by one owner
+        rank per batch, which sends the results (:mod:`geosearch.optim.sharded`). Every rank
+        computes all its batches first, then the results are sent: a broadcast right after
+        each batch would make each rank wait for the other's, one batch at a time. Batches
+        are not cut into parts per rank: a batch stepped whole by its owner gives one
+        process's numbers exactly, and a cut one moves the dual solver's weights (a changed
+        summation order, beyond 1e-5 within 5 steps in tests/optim/test_fsdp.py)."""
+        plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches], self.replicas)
+        for (manifold, step, members, _), owner in zip(batches, plan):
+            if sharded.is_mine(owner):
+                grouped.step_batch(manifold, members, step)
+        for (manifold, step, members, _), owner in zip(batches, plan):
+            if owner is not None:
+                grouped.share_batch(manifold, members, step, lambda t, o=owner: sharded.share(t, o))
 
     def _momentum(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
         """Update each parameter's momentum buffer; return the Nesterov (or plain) momenta.

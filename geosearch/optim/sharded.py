@@ -18,6 +18,12 @@ the weight's size (the weight and its Nesterov momentum; FSDP2 itself gathers th
 once for the forward pass and, by default, once more for the backward) and one broadcast,
 and the whole matrices of one weight in memory (what training it unsharded needs).
 
+Under DDP every rank holds every weight whole and the same gradient (all-reduced), so
+every rank would compute the same step: given DDP's process group
+(``ManifoldMuon(..., replicas=group)``, which :func:`~geosearch.build.build_optimizer` passes
+for a model wrapped in ``DistributedDataParallel``), :func:`owners` divides the plain
+weights' batches among its ranks in the same way, and :func:`share` sends each result.
+
 Supported layouts: a ``DTensor`` on a one-dimensional device mesh whose placement is
 ``Shard(d)`` (any dimension: FSDP2's default ``Shard(0)`` or a ``shard_placement_fn``'s
 ``Shard(1)``) or ``Replicate()``. Anything else (a 2-D mesh, as HSDP or FSDP with tensor
@@ -35,8 +41,8 @@ import sys
 import torch
 from torch import Tensor
 
-__all__ = ["is_sharded", "layout_problem", "whole", "write_back", "any_rank", "owners", "is_mine",
-           "share", "SUPPORTED"]
+__all__ = ["is_sharded", "layout_problem", "whole", "write_back", "any_rank", "ranks", "owners",
+           "is_mine", "share", "SUPPORTED"]
 
 SUPPORTED = "a 1-D device mesh with a Shard or Replicate placement (FSDP2's fully_shard on one mesh dimension)"
 """The sharded layouts manifold Muon steps, in words (for messages)."""
@@ -96,20 +102,32 @@ def any_rank(p: Tensor, flags: list[bool]) -> list[bool]:
     return [bool(v) for v in t.tolist()]
 
 
-def owners(batches: list[tuple[list[Tensor], float]]) -> list[tuple[int, object] | None]:
-    """For each batch (its members' parameters, its cost): ``(owner, process group)`` when
-    every parameter is a DTensor of one mesh of two or more ranks, else ``None`` (every rank
-    steps it). Each batch goes to the rank with the least cost so far (ties: the lowest), in
-    the order given, which is the same on every rank, so every rank draws the same plan."""
+def ranks(params: list[Tensor], replicas: object = None) -> tuple[object, int]:
+    """``(process group, its size)`` over which :func:`owners` divides a batch of ``params``
+    (see there), or ``(None, 1)`` when every rank steps it."""
+    groups = {p.device_mesh.get_group() for p in params} if all(map(is_sharded, params)) else set()
+    if replicas is not None and not any(map(is_sharded, params)):
+        groups = {replicas}
+    if len(groups) != 1:
+        return None, 1
     import torch.distributed as dist
 
+    group = groups.pop()
+    return group, dist.get_world_size(group)
+
+
+def owners(batches: list[tuple[list[Tensor], float]],
+           replicas: object = None) -> list[tuple[int, object] | None]:
+    """For each batch (its members' parameters, its cost): ``(owner, process group)`` when
+    every parameter is a DTensor of one mesh of two or more ranks, or a plain tensor that
+    every rank of ``replicas`` (a process group of two or more ranks: DDP's) holds whole and
+    steps alike; else ``None`` (every rank steps it). Each batch goes to the rank with the
+    least cost so far (ties: the lowest), in the order given, which is the same on every
+    rank, so every rank draws the same plan."""
     load: dict[object, list[float]] = {}
     out: list[tuple[int, object] | None] = []
     for params, cost in batches:
-        all_sharded = all(map(is_sharded, params))
-        groups = {p.device_mesh.get_group() for p in params} if all_sharded else set()
-        group = groups.pop() if len(groups) == 1 else None
-        size = dist.get_world_size(group) if group is not None else 1
+        group, size = ranks(params, replicas)
         if size < 2:
             out.append(None)
             continue

@@ -127,6 +127,39 @@ def _mixed_adamw(mesh) -> tuple[torch.Tensor, torch.Tensor]:
     return shard.full_tensor().detach().clone(), plain.detach().clone()
 
 
+def _ddp_run(xs: list[torch.Tensor]) -> dict:
+    """The same training under DDP (plain whole weights on each rank): the final weights, the
+    matrices this rank computed, whether its optimizer state is rank 1's, and a resume."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(make_model())
+    opt = optimizer(model)
+    computed = counting_steps()
+    for t, x in enumerate(xs):
+        if t == RESUME_AT:
+            saved = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+        train_step(model, opt, x)
+    done = computed[0]
+    final = {n.removeprefix("module."): p.detach().clone() for n, p in model.named_parameters()}
+    states = [None, None]
+    dist.all_gather_object(states, opt.state_dict()["state"])
+    symmetric = all(
+        states[0].keys() == states[1].keys() and all(
+            torch.equal(torch.as_tensor(v), torch.as_tensor(states[1][i][k])) for k, v in st.items())
+        for i, st in states[0].items())
+    other = DistributedDataParallel(make_model(seed=7))
+    opt2 = optimizer(other)
+    other.load_state_dict(saved[0])
+    opt2.load_state_dict(saved[1])
+    for x in xs[RESUME_AT:]:
+        train_step(other, opt2, x)
+    resumed = {n.removeprefix("module."): p.detach().clone() for n, p in other.named_parameters()}
+    counts = [None, None]
+    dist.all_gather_object(counts, done)
+    return {"final": final, "computed": counts, "symmetric": symmetric, "resumed": resumed}
+
+
 def _refused(make) -> str:
     try:
         make()
@@ -185,12 +218,13 @@ def main(out: str) -> None:
         "fsdp1": _refused(lambda: optimizer(FullyShardedDataParallel(make_model(), device_id=torch.device("cpu")))),
     }
     mixed = _mixed_adamw(mesh)
+    ddp = _ddp_run(xs)
     rank_replicated = [None, None]
     dist.all_gather_object(rank_replicated, replicated)
     if rank == 0:
         torch.save({"placements": placements, "start": start, "final": final, "resumed": resumed,
                     "duals": rank_duals, "replicated": rank_replicated, "mixed": mixed,
-                    "computed": rank_computed,
+                    "computed": rank_computed, "ddp": ddp,
                     "refused": refused}, out)
     dist.barrier()  # both ranks done before either tears gloo down
     dist.destroy_process_group()

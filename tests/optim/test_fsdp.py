@@ -61,6 +61,22 @@ def test_each_matrix_is_computed_once_across_the_ranks(two_ranks, one_process):
     assert rank0 > 0 and rank1 > 0
 
 
+def test_under_ddp_each_matrix_is_stepped_once_and_the_run_is_one_process_s(two_ranks, one_process):
+    ddp = two_ranks["ddp"]
+    rank0, rank1 = ddp["computed"]
+    # Rule: the DDP ranks divide the matrices as FSDP2's do: each computes a part, and
+    # together exactly what one process computes ...
+    assert rank0 + rank1 == one_process["computed"] and rank0 > 0 and rank1 > 0
+    for name, ref in one_process["final"].items():
+        # ... and the broadcast results are one process's weights.
+        torch.testing.assert_close(ddp["final"][name], ref, rtol=0, atol=1e-5, msg=name)
+    # Rule: every rank holds the same optimizer state (momenta, Λ, AdamW moments), so a
+    # checkpoint written by one rank resumes every rank, exactly.
+    assert ddp["symmetric"]
+    for name, w in ddp["final"].items():
+        assert torch.equal(ddp["resumed"][name], w), name
+
+
 def test_the_run_shards_as_described(two_ranks):
     # Precondition: the layouts the comparisons below are meant to cover (uneven rows
     # cutting Q/K/V inside K, and a column-sharded weight) are the ones FSDP2 made.

@@ -9,8 +9,9 @@ fails with a worker's last log line when one exits with an error. The workers sh
 process group apart from the terminal's, and follow their parent (:func:`follow_parent`):
 when it dies, even by SIGKILL, they get SIGTERM, record their trial as interrupted and
 exit. A storage URL with secrets (a password, a ``password=`` parameter) reaches them in
-the environment; their command line carries its masked form. How the workers share the
-study is in ``docs/design.md`` ("Workers").
+the environment; their command line carries its masked form. Without ``--workers`` a
+search on a CPU takes one single-thread worker per core when its grid has a point for each
+(:func:`auto_workers`). How the workers share the study is in ``docs/design.md`` ("Workers").
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER, Owner
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
-from geosearch.search.runtime.storage import SPACE_FILE, WORKERS_DIR
+from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE, SPACE_FILE, WORKERS_DIR
 from geosearch.search.runtime.urls import hide_secrets
 
-__all__ = ["follow_parent", "run_workers", "share_cpu", "sigterm_as_ctrl_c"]
+__all__ = ["auto_workers", "choose_workers", "cpu_cores", "follow_parent", "run_workers", "share_cpu",
+           "sigterm_as_ctrl_c"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STOP_WAIT = 60.0  # seconds the workers get to record an interrupted trial
@@ -50,7 +52,61 @@ _LOG_HEADER = "--- geosearch worker log, "  # starts each run's part of a worker
 
 def _cpu_share(workers: int) -> int:
     """CPU threads per worker when ``workers`` processes share this machine."""
-    return max(1, (os.cpu_count() or 1) // workers)
+    return max(1, cpu_cores() // workers)
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def choose_workers(cores: int, points: int | None, *, threads: str | None = None,
+                   gpus: bool = False, one_process: str | None = None) -> tuple[int, str]:
+    """How many processes a search runs when ``--workers`` is not given, and the header line
+    that says so: ``cores`` single-thread workers when there are at least as many
+    ``points`` to train as cores (on a CPU, trials of small models run faster as several
+    one-thread processes than as one process on every thread), else one process.
+
+    Args:
+        cores: the CPU cores (:func:`cpu_cores`).
+        points: the trials the study runs to (its queued grid); ``None`` when a sampler
+            proposes them (each worker seeds its own, so the points would depend on the
+            process count: one process keeps a seeded search reproducible).
+        threads: ``OMP_NUM_THREADS`` when set: the user chose the threads, one process.
+        gpus: the trials run on GPUs (``--workers N`` puts one worker on each).
+        one_process: why the storage wants one process, in words (a ``study.db``), or None.
+    """
+    flag = "; --workers N for N processes)"
+    if gpus:
+        return 1, "workers: one process (GPU trials" + flag
+    if threads is not None:
+        return 1, f"workers: one process (OMP_NUM_THREADS={threads} is set" + flag
+    if one_process is not None:
+        return 1, f"workers: one process ({one_process}" + flag
+    if points is None:
+        return 1, "workers: one process (a seeded sampler proposes per process" + flag
+    if cores < 2 or points < cores:
+        return 1, f"workers: one process ({points} points for {cores} cores" + flag
+    return cores, f"workers: {cores} single-thread processes ({cores} cores; --workers 1 for one process)"
+
+
+def auto_workers(space: SearchSpace, run_dir: Path, storage: object,
+                 points: int | None) -> tuple[int, str]:
+    """:func:`choose_workers` for ``space`` on this machine: its cores, ``OMP_NUM_THREADS``,
+    its GPUs, and the storage a rerun finds (a study started as one process in ``study.db``
+    resumes as one; a ``journal.log`` or a server URL takes workers)."""
+    why = None
+    if storage is not None and not isinstance(storage, str):
+        why = "a storage object of this process"
+    elif storage is None and (run_dir / DB_FILE).is_file() and not (run_dir / JOURNAL_FILE).is_file():
+        why = f"a study one process started, in {DB_FILE}"
+    elif storage is not None and storage.startswith("sqlite:"):
+        why = "an SQLite storage"
+    return choose_workers(cpu_cores(), points, threads=os.environ.get("OMP_NUM_THREADS"),
+                          gpus=bool(_worker_gpus(space)), one_process=why)
 
 
 def share_cpu(workers: int) -> None:

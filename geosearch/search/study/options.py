@@ -30,7 +30,7 @@ class SearchOptions:
 
     runs_dir: str | os.PathLike = "runs"
     storage: str | optuna.storages.BaseStorage | None = None
-    workers: int = 1
+    workers: int | None = 1
     worker_index: int | None = None
     stale_after: float = STALE_AFTER
     export: bool = True
@@ -47,7 +47,7 @@ class SearchOptions:
         """Raise a :class:`~geosearch.util.errors.ConfigError` naming the flag or argument at
         fault: a bad number, both a study and a storage, or process-local objects with
         ``workers`` > 1."""
-        if self.workers < 1:
+        if self.workers is not None and self.workers < 1:
             raise ConfigError(f"expected a whole number >= 1, got {self.workers}", source="--workers")
         retries = self.max_retries
         if not is_int(retries) or retries < 0:
@@ -62,7 +62,7 @@ class SearchOptions:
                  "artifact_store": self.artifact_store,
                  "storage": None if isinstance(self.storage, str) else self.storage}
         named = [k for k, v in given.items() if v is not None]
-        if self.workers > 1 and named:
+        if (self.workers or 1) > 1 and named:
             raise ConfigError(f"{named[0]}= is an object of this process, which the {self.workers} "
                               "worker processes cannot share; with workers > 1 pass a storage URL and "
                               "put the sampler and pruner in the search space",

@@ -81,7 +81,7 @@ from geosearch.search.runtime.storage import (
 )
 from geosearch.search.space.plan import StudyPlan, plan_study
 from geosearch.search.study.trial_loop import Searcher
-from geosearch.search.runtime.workers import run_workers, share_cpu
+from geosearch.search.runtime.workers import auto_workers, run_workers, share_cpu
 
 __all__ = ["METRIC_NAME", "SearchOutcome", "bind_study", "run_search", "write_space_file"]
 
@@ -262,7 +262,8 @@ def run_search(space: SearchSpace | str | os.PathLike, options: SearchOptions | 
         workers: processes on this machine; more than one starts that many worker
             processes (``python -m geosearch search ... --worker-index i``), each on its
             own GPU when there are GPUs, else on a share of the CPU threads; this process
-            then only watches and prints.
+            then only watches and prints. ``None``: the command's default
+            (:func:`~geosearch.search.runtime.workers.auto_workers`, named in a line).
         worker_index: set in those worker processes (not by users).
         stale_after: seconds without a heartbeat after which a trial of a worker on
             another host is taken as dead (its worker writes one every
@@ -314,7 +315,7 @@ def run_search(space: SearchSpace | str | os.PathLike, options: SearchOptions | 
         return _search(space, options)
 
     # Data parallel: checked on every rank before any message, so all stop alike.
-    if workers > 1 or worker_index is not None:
+    if (workers or 1) > 1 or worker_index is not None:
         raise ConfigError(
             f"--workers {workers} runs that many one-process trials at once, while this "
             f"distributed launch ({world} processes) runs each trial on all of them: pick one "
@@ -354,6 +355,13 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
     plan = plan_study(space)
     exhaustive = options.sampler is None and space.sampler_type() == "grid"
     budget = resolve_budget(space, exhaustive)
+    note = None
+    if workers is None:  # no --workers: one single-thread worker per core, when worth it
+        local = group is None and not (options.study or options.sampler or options.pruner
+                                       or options.artifact_store)
+        workers, note = auto_workers(space, run_dir, options.storage, budget if exhaustive else None) \
+            if local else (1, None)
+        options = dataclasses.replace(options, workers=workers)
     if worker_index is not None:
         share_cpu(workers)
     with contextlib.ExitStack() as held:
@@ -372,6 +380,8 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
                  + (f", budget {budget} trials" if budget is not None else "")
                  + (f", timeout {space.budget.timeout:g} s" if space.budget.timeout else "")
                  + (f"; each trial on {group.world} processes (data parallel)" if group else ""))
+            if note is not None:
+                echo(note)
 
         bar = _TrialBar(budget, study, enabled=options.progress if options.progress is not None else
                         (sys.stderr.isatty() and worker_index is None), echo=echo)

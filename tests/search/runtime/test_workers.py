@@ -13,10 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 from _secret_urls import ABSENT, FORMS
-
 from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER
 from geosearch.search.runtime.urls import STORAGE_ENV, mask_url
-from geosearch.search.runtime.workers import _worker_command, _worker_env
+from _search_helpers import make_space
+
+from geosearch.search.runtime import workers
+from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE, resolve_storage
+from geosearch.search.runtime.workers import _worker_command, _worker_env, auto_workers, choose_workers
 
 REPO = Path(__file__).resolve().parents[3]
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -104,3 +107,59 @@ def test_a_storage_secret_is_kept_off_command_lines(form, tmp_path):
     cmd, secret_env = _worker_command(space, tmp_path / "s", "sqlite:////runs/a:b@c/study.db", 2,
                                       STALE_AFTER, None)
     assert "sqlite:////runs/a:b@c/study.db" in cmd and secret_env == {}
+
+
+# --------------------------------------------------------------------------- the default
+def test_the_default_takes_one_single_thread_worker_per_core_when_the_grid_keeps_them_busy():
+    n, line = choose_workers(2, 6)
+    assert n == 2 and line == "workers: 2 single-thread processes (2 cores; --workers 1 for one process)"
+    assert choose_workers(8, 8)[0] == 8
+    # Rule: fewer points than cores, or one core: one process, and the line says why.
+    assert choose_workers(4, 3) == (1, "workers: one process (3 points for 4 cores; --workers N for N "
+                                       "processes)")
+    assert choose_workers(1, 6)[0] == 1
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"threads": "1"}, "OMP_NUM_THREADS=1 is set"),
+    ({"gpus": True}, "GPU trials"),
+    ({"one_process": "a study one process started, in study.db"}, "study.db"),
+])
+def test_the_user_s_threads_gpus_and_a_one_process_storage_keep_one_process(kwargs, why):
+    n, line = choose_workers(2, 6, **kwargs)
+    assert n == 1 and why in line and line.endswith("--workers N for N processes)")
+
+
+def test_a_sampler_s_points_keep_one_process():
+    # Rule: a sampler proposes the points (no grid): each worker would seed its own sampler,
+    # so the search would depend on the process count; one process keeps it reproducible.
+    n, line = choose_workers(2, None)
+    assert n == 1 and "sampler" in line
+
+
+def test_every_header_line_fits_100_columns():
+    cases = [choose_workers(2, 6), choose_workers(64, 3), choose_workers(2, None),
+             choose_workers(2, 6, threads="16"), choose_workers(2, 6, gpus=True),
+             choose_workers(2, 6, one_process="a study one process started, in study.db")]
+    assert all(len(line) <= 100 for _, line in cases)
+
+
+def test_a_rerun_finds_the_storage_its_study_was_started_in(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(workers, "cpu_cores", lambda: 2)
+    space = make_space({"attn": ["adamw", "euclidean"], "mlp": ["adamw", "euclidean"]})
+    run_dir = tmp_path / space.name
+    assert auto_workers(space, run_dir, None, 4)[0] == 2  # a new study: workers, a journal
+    # Rule: a study one process started (study.db) resumes as one process, in study.db ...
+    run_dir.mkdir()
+    (run_dir / DB_FILE).touch()
+    n, line = auto_workers(space, run_dir, None, 4)
+    assert n == 1 and "study.db" in line
+    assert resolve_storage(run_dir, None, workers=n).endswith(DB_FILE)
+    # ... and one the workers started (journal.log) resumes with workers, in journal.log.
+    (run_dir / DB_FILE).unlink()
+    (run_dir / JOURNAL_FILE).touch()
+    n, _ = auto_workers(space, run_dir, None, 4)
+    assert n == 2 and resolve_storage(run_dir, None, workers=n).endswith(JOURNAL_FILE)
+    # an SQLite URL given with --storage: one process
+    assert auto_workers(space, run_dir, "sqlite:///x.db", 4)[0] == 1

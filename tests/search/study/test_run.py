@@ -90,3 +90,28 @@ def test_search_package_exports_its_public_api():
     assert search_pkg.run_search is run_search and search_pkg.rank_study is rank_study
     with pytest.raises(AttributeError):
         search_pkg.no_such_name  # noqa: B018
+
+
+# --------------------------------------------------------------------------- the default workers
+def test_the_default_runs_a_worker_per_core_and_measures_what_one_process_does(tmp_path, monkeypatch):
+    import io
+
+    from geosearch.search.runtime import workers
+
+    space = make_space({"attn": ["adamw", "euclidean"], "mlp": ["adamw", "euclidean"]})
+    alone = search(space, tmp_path / "one", workers=1)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the user set no threads ...
+    monkeypatch.setattr(workers, "cpu_cores", lambda: 2)  # ... on a 2-core machine
+    out = io.StringIO()
+    shared = run_search(space, runs_dir=tmp_path / "two" / "runs", out=out, progress=False, workers=None)
+    assert "workers: 2 single-thread processes (2 cores; --workers 1 for one process)" in out.getvalue()
+    assert "started 2 workers" in out.getvalue()
+    assert (shared.run_dir / "journal.log").is_file() and not (shared.run_dir / "study.db").exists()
+    # Rule: the processes change where a trial runs, not what it measures: every point's value
+    # is one process's, to the bit.
+    values = {}
+    for name in ("one", "two"):
+        for t in trials_of(tmp_path / name):
+            values.setdefault(tuple(sorted(t.params.items())), []).append(t.value)
+    assert len(values) == 4 and all(len(v) == 2 and v[0] == v[1] for v in values.values()), values
+    assert alone.ranking.rows and len(shared.ranking.rows) == len(alone.ranking.rows)
