@@ -47,6 +47,7 @@ def build_optimizer(
     assignment: Assignment | str | os.PathLike,
     *,
     verbose: bool = True,
+    ddp_owner_steps: bool = False,
     **overrides: Any,
 ) -> ManifoldMuon:
     """One optimizer for ``model``: manifold Muon where the assignment says, AdamW elsewhere.
@@ -60,6 +61,10 @@ def build_optimizer(
         assignment: an :class:`~geosearch.assignment.Assignment`, or the path of a saved one.
         verbose: also print the group summary (it is always logged on the ``geosearch``
             logger at INFO).
+        ddp_owner_steps: for a model wrapped in DDP, step each batch of matrices on one
+            owner rank and broadcast it, instead of on every rank. Off by default: on two
+            CPU gloo ranks it made the optimizer 2.1-2.7x slower per rank (docs/design.md,
+            "Sharded training").
         **overrides: global settings, see :data:`DEFAULTS`: ``lr`` (AdamW), ``spectral_lr``
             (manifold Muon), ``betas``, ``eps``, ``weight_decay`` (AdamW), ``momentum``,
             ``nesterov``, ``solver``, ``dual_steps``, ``dual_lr``, ``dual_tol``,
@@ -80,7 +85,7 @@ def build_optimizer(
             other than ``Shard``/``Replicate``). FSDP2 (``fully_shard`` on a 1-D mesh)
             works: build the optimizer after sharding the model (docs/design.md, "Sharded
             training"). A model wrapped in DDP (``DistributedDataParallel``) is bound
-            by its ``module``'s names, and each manifold matrix is stepped by one rank.
+            by its ``module``'s names.
 
     Example:
         >>> opt = build_optimizer(model, Assignment.parse("attn=stiefel,mlp=dgram"))  # doctest: +SKIP
@@ -88,8 +93,11 @@ def build_optimizer(
     _refuse_fsdp1(model)
     replicas = None
     ddp = getattr(sys.modules.get("torch.nn.parallel"), "DistributedDataParallel", None)
-    if ddp is not None and isinstance(model, ddp):  # DDP: each matrix's step on one rank
-        model, replicas = model.module, model.process_group
+    if ddp is not None and isinstance(model, ddp):
+        if ddp_owner_steps:  # each matrix's step on one owner rank, then broadcast
+            replicas = model.process_group
+        model = model.module
+
     plan = bind(model, assignment, overrides, source=SOURCE)
     return optimizer_from_plan(plan, verbose=verbose, replicas=replicas)
 

@@ -295,7 +295,7 @@ def _plan_of(model: nn.Module, assign: str, rules: str | Sequence[ModuleRule]) -
 
 def _rules_yaml(rules: Sequence[ModuleRule]) -> str:
     """Rules read off module names as the ``rules:`` list of a search space, with a comment."""
-    defaults = {"split": (), "layout": "out_in"}  # left out, as a space may leave them
+    defaults = {"split": (), "layout": "out_in", "default": None}  # left out, as a space may
     plain = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(r).items()
               if k not in defaults or v != defaults[k]} for r in rules]
     text = yaml.safe_dump({"rules": plain}, sort_keys=False, default_flow_style=None, width=120)

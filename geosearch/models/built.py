@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
 from geosearch.rules.modules import ModuleRule
+from geosearch.rules.rule import rule_to_mapping
 from geosearch.util.checks import is_int
 from geosearch.util.errors import ConfigError
 from geosearch.util.yaml_io import plain
@@ -58,7 +58,7 @@ class BuiltModel:
     def describe(self) -> dict[str, Any]:
         """YAML-safe summary for ``config.yaml`` and ``geosearch inspect``."""
         rules = self.rules if not isinstance(self.rules, tuple) else plain(
-            [dataclasses.asdict(r) for r in self.rules])
+            [rule_to_mapping(r) for r in self.rules])
         return {"spec": self.spec, "family": self.family, "class": type(self.model).__name__,
                 "rules": rules, "qk_source": self.qk_source, "block_size": self.block_size,
                 "vocab_size": self.vocab_size, "parameters": self.num_params(), "config": self.config,

@@ -219,7 +219,7 @@ def test_search_flags_reach_the_space(tmp_path, monkeypatch):
     class Stop(Exception):
         pass
 
-    def fake_run_search(space, **kwargs):
+    def fake_run_search(space, options=None, /, **kwargs):
         seen["space"] = space
         raise Stop
 

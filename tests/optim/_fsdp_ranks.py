@@ -41,8 +41,9 @@ def make_model(seed: int = 0) -> nn.Module:
     return GPT(make_config("tiny", n_embd=21, n_head=3, vocab_size=255, block_size=16, bias=False))
 
 
-def optimizer(model: nn.Module) -> ManifoldMuon:
-    return build_optimizer(model, Assignment.parse(ASSIGN, "nanogpt_split"), verbose=False, **SETTINGS)
+def optimizer(model: nn.Module, **kwargs) -> ManifoldMuon:
+    return build_optimizer(model, Assignment.parse(ASSIGN, "nanogpt_split"), verbose=False,
+                           **SETTINGS, **kwargs)
 
 
 def batches() -> list[torch.Tensor]:
@@ -134,7 +135,7 @@ def _ddp_run(xs: list[torch.Tensor]) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     model = DistributedDataParallel(make_model())
-    opt = optimizer(model)
+    opt = optimizer(model, ddp_owner_steps=True)
     computed = counting_steps()
     for t, x in enumerate(xs):
         if t == RESUME_AT:
@@ -149,7 +150,7 @@ def _ddp_run(xs: list[torch.Tensor]) -> dict:
             torch.equal(torch.as_tensor(v), torch.as_tensor(states[1][i][k])) for k, v in st.items())
         for i, st in states[0].items())
     other = DistributedDataParallel(make_model(seed=7))
-    opt2 = optimizer(other)
+    opt2 = optimizer(other, ddp_owner_steps=True)
     other.load_state_dict(saved[0])
     opt2.load_state_dict(saved[1])
     for x in xs[RESUME_AT:]:

@@ -247,7 +247,7 @@ def test_search_takes_the_training_flags(monkeypatch):
     class Stop(Exception):
         pass
 
-    def fake_run_search(space, **kwargs):
+    def fake_run_search(space, options=None, /, **kwargs):
         seen["proxy"] = space.proxy
         raise Stop
 

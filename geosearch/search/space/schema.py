@@ -76,6 +76,7 @@ from typing import Any, Generic, TypeVar
 
 from geosearch.assignment import geometry_names
 from geosearch.util.checks import Range, parse_number, shown
+from geosearch.rules.rule import rule_to_mapping
 from geosearch.util.errors import ConfigError
 from geosearch.optim import settings as optim_settings
 from geosearch.optim.settings import ADAMW
@@ -174,8 +175,7 @@ def dump_space(space: Any, keys: Iterable[str] = TOP_KEYS) -> dict[str, Any]:
 
 def _dump_rules(rules: Any) -> Any:
     return rules if isinstance(rules, str) else [
-        {"type": r.type, "pattern": r.pattern, "family": r.family, "split": list(r.split),
-         "layout": r.layout} for r in rules]
+        rule_to_mapping(r) for r in rules]
 
 
 def _dump_hyperparams(space: Any) -> dict[str, Any]:
