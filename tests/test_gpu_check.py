@@ -15,6 +15,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import gpu_check  # noqa: E402
 
 
+@pytest.mark.slow
 def test_cpu_fallback_writes_every_section(tmp_path):
     out = tmp_path / "gpu_check.md"
     # --default-search: off by default with --quick, on here to run (f)'s code path (tiny sizes)
@@ -76,6 +77,7 @@ def test_the_k_values_are_a_flag():
     assert gpu_check.parse_args(["--device", "cpu"]).concurrency == (1, 2)
 
 
+@pytest.mark.slow
 def test_a_search_past_its_timeout_is_stopped_and_reported(monkeypatch):
     monkeypatch.setitem(gpu_check.MIN_SEARCH, "quick", 0.0)  # below it the search is skipped
     args = gpu_check.parse_args(["--quick", "--device", "cpu", "--default-search"])

@@ -25,6 +25,7 @@ TORCH_FREE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", TORCH_FREE)
 def test_module_imports_without_torch(module):
     code = (f"import sys, {module}; "

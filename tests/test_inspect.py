@@ -52,6 +52,7 @@ def test_fitting_rule_sets_are_the_families_own():
 
 
 # --------------------------------------------------------------------------- --models
+@pytest.mark.slow
 def test_models_lists_the_hf_types_that_work_and_says_why_the_others_are_left_out(capsys):
     transformers = pytest.importorskip("transformers", reason=HF_REASON)
     from geosearch.cli import main

@@ -159,6 +159,7 @@ def test_every_module_has_a_layer():
     assert missing == [], f"modules in no layer of LAYERS (add them, and to docs/design.md): {missing}"
 
 
+@pytest.mark.slow
 def test_imports_only_point_down_the_layers():
     assert back_edges(_edges()) == []
 
@@ -175,6 +176,7 @@ def test_an_upward_import_is_caught():
     ]
 
 
+@pytest.mark.slow
 def test_no_import_cycles():
     assert cycles(_edges(types=True)) == []
 
@@ -192,6 +194,7 @@ def test_a_cycle_is_caught():
     ]
 
 
+@pytest.mark.slow
 def test_the_science_imports_no_runtime_and_no_study():
     forbidden = ("geosearch.search.runtime", "geosearch.search.space", "geosearch.search.study")
     bad = [f"{s}:{line} imports {t}" for s, line, t in _edges()
@@ -199,6 +202,7 @@ def test_the_science_imports_no_runtime_and_no_study():
     assert bad == []
 
 
+@pytest.mark.slow
 def test_the_runtime_knows_nothing_of_what_a_trial_trains():
     allowed = ("geosearch.util.errors", "geosearch.util.files", "geosearch.search.records", "geosearch.search.runtime")
     bad = [f"{s}:{line} imports {t}" for s, line, t in _edges()
@@ -206,12 +210,14 @@ def test_the_runtime_knows_nothing_of_what_a_trial_trains():
     assert bad == []
 
 
+@pytest.mark.slow
 def test_manifolds_import_nothing_of_the_rest():
     bad = [f"{s}:{line} imports {t}" for s, line, t in _edges()
            if s.startswith("geosearch.manifolds") and not t.startswith("geosearch.manifolds")]
     assert bad == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module, absent", [
     ("geosearch.search.stats", ("torch", "optuna")),
     ("geosearch.search.stats.scores", ("torch", "optuna")),

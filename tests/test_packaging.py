@@ -57,6 +57,7 @@ def test_the_default_install_draws_plots_and_progress_bars():
     assert {"matplotlib", "tqdm"} <= core
 
 
+@pytest.mark.slow
 def test_every_imported_package_is_declared():
     project = _project()
     core = _names(project["dependencies"])

@@ -3,6 +3,8 @@ exit code 2, nothing written; export and report read the study without changing 
 
 from __future__ import annotations
 
+import pytest
+
 import hashlib
 import shutil
 from pathlib import Path
@@ -24,6 +26,7 @@ def _one_line(capsys, command: str) -> str:
     return err.strip()
 
 
+@pytest.mark.slow
 def test_export_and_report_leave_the_study_byte_identical(finished, capsys):
     db = finished / "study.db"
     before = hashlib.sha256(db.read_bytes()).hexdigest()
@@ -35,6 +38,7 @@ def test_export_and_report_leave_the_study_byte_identical(finished, capsys):
     assert not Path(f"{db}-journal").exists()
 
 
+@pytest.mark.slow
 def test_an_output_of_the_wrong_kind_is_refused_before_any_work(finished, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("x")
@@ -53,6 +57,7 @@ def test_an_output_of_the_wrong_kind_is_refused_before_any_work(finished, tmp_pa
     assert _state(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_read_only_mount_is_one_line_for_train_export_and_report(tmp_path, capsys):
     made = tmp_path / "made"  # made elsewhere: an open database keeps the mount busy
     add(new_study(made), made, "stiefel", "dgram", [3.3, 3.31])

@@ -92,6 +92,7 @@ def one_line(capsys, command: str) -> str:
     return err[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("how", ["truncated", "garbage"])
 def test_a_damaged_storage_is_rebuilt_trial_by_trial(searched, kind, how, tmp_path, capsys):
@@ -115,6 +116,7 @@ def test_a_damaged_storage_is_rebuilt_trial_by_trial(searched, kind, how, tmp_pa
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["provenance"]["study"] == "s"
 
 
+@pytest.mark.slow
 def test_the_rerun_after_recovery_trains_nothing(searched, tmp_path, capsys):
     run, args = copy_of(searched, "sqlite", tmp_path)
     damage(run / "study.db", "truncated")
@@ -126,6 +128,7 @@ def test_the_rerun_after_recovery_trains_nothing(searched, tmp_path, capsys):
     assert snapshot(run) == searched["sqlite"][3]
 
 
+@pytest.mark.slow
 def test_the_rerun_after_recovery_trains_exactly_the_removed_point(searched, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -145,6 +148,7 @@ def test_the_rerun_after_recovery_trains_exactly_the_removed_point(searched, tmp
     assert all(t["user_attrs"]["status"] in ("completed", "skipped") for t in new)
 
 
+@pytest.mark.slow
 def test_recover_on_a_healthy_storage_changes_nothing(searched, tmp_path, capsys):
     run, _ = copy_of(searched, "journal", tmp_path)
     journal = run / "journal.log"

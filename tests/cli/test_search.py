@@ -78,6 +78,7 @@ def one_error_line(capsys, command: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_SPACES))
 def test_bad_search_space_ends_with_one_line_naming_file_and_key(case, tmp_path, capsys):
     content, expected = BAD_SPACES[case]
@@ -183,6 +184,7 @@ def test_bad_export_and_inspect_inputs_are_one_line(argv, expected, tmp_path, ca
     assert rc == 2 and expected in line
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_real_process_prints_no_traceback(tmp_path):
     space = write_space(tmp_path / "s.yaml", {"attn": ["stiefle"], "mlp": ["adamw"]})
     r = subprocess.run(geosearch_cmd("search", "--space", str(space)), capture_output=True, text=True,
@@ -244,6 +246,7 @@ def start_and_stop_mid_trial(cmd, tmp_path, study, sig, need_complete=True):
             proc.wait()
 
 
+@pytest.mark.slow
 def test_killed_search_resumes_without_losing_trials_and_reruns_the_killed_point(tmp_path):
     # 120 steps, a probe every 30: the window the kill must land in (training, at most one
     # probe) is 60 steps; at 40/10 it was 20, and a CI run's polling once missed it in every trial
@@ -272,6 +275,7 @@ def test_killed_search_resumes_without_losing_trials_and_reruns_the_killed_point
 
 
 # --------------------------------------------------------------------------- workers
+@pytest.mark.slow
 def test_two_workers_finish_the_exhaustive_space_without_duplicates(tmp_path, capsys):
     space = write_space(tmp_path / "w.yaml", {"attn": ["adamw", "oblique"], "mlp": ["adamw", "euclidean"]})
     r = subprocess.run(geosearch_cmd("search", "--space", str(space), "--runs-dir", "runs", "--workers", "2"),
@@ -302,6 +306,7 @@ def test_two_workers_finish_the_exhaustive_space_without_duplicates(tmp_path, ca
     assert "verdict:" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_failing_report_costs_one_warning_line_not_the_search(monkeypatch, tmp_path, capsys):
     import geosearch.report
 
@@ -323,6 +328,7 @@ def test_a_failing_report_costs_one_warning_line_not_the_search(monkeypatch, tmp
     assert not (run / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_and_queues_the_interrupted_trial(tmp_path):
     space = write_space(tmp_path / "c.yaml", {"attn": ["adamw"], "mlp": ["adamw", "oblique"]}, steps=5000, every=100)
     cmd = geosearch_cmd("search", "--space", str(space), "--runs-dir", "runs")
@@ -337,6 +343,7 @@ def test_ctrl_c_exits_130_and_queues_the_interrupted_trial(tmp_path):
     assert len(queued) == 1 and queued[0].state == TrialState.WAITING  # a rerun runs it
 
 
+@pytest.mark.slow
 def test_search_takes_the_vocabulary_of_a_bare_token_directory_from_vocab_size(fake, tmp_path, capsys):
     data = tmp_path / "tok"
     data.mkdir()

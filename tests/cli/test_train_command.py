@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +36,7 @@ def _bare_tokens(directory: Path, top: int = 50257) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_a_bare_nanogpt_token_directory_trains_once_its_vocabulary_is_given(tmp_path, capsys):
     data = _bare_tokens(tmp_path / "owt")
     base = ["train", "--assign", "attn=adamw,mlp=euclidean", "--model", "tiny", "--device", "cpu", "--steps", "2",

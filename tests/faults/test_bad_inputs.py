@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "reliability.md"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
 def test_a_bad_input_is_one_bounded_line_exit_2_and_writes_nothing(case, tmp_path):
     if case.cpu_only and torch.cuda.is_available():
@@ -24,6 +25,7 @@ def test_a_bad_input_is_one_bounded_line_exit_2_and_writes_nothing(case, tmp_pat
     assert outcome.problems() == [], f"{case.what}: {outcome.stderr}{outcome.stdout[-500:]}"
 
 
+@pytest.mark.slow
 def test_the_table_in_docs_is_the_one_the_cases_print(tmp_path):
     """Regenerate with ``python benchmarks/chaos.py --inputs --write``."""
     rows = [(case, run_case(case, tmp_path / str(i))) for i, case in enumerate(CASES)]

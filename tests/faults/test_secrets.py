@@ -34,6 +34,7 @@ def _files_leaking(form: SecretUrl, root: Path) -> list[str]:
             if p.is_file() and p.suffix != ".png" and form.leaks(p.read_bytes())]
 
 
+@pytest.mark.slow
 @linux
 @pytest.mark.parametrize("form", FULL, ids=lambda f: f.form)
 def test_a_search_shows_its_storage_secret_nowhere(form, tmp_path, postgres_url):  # noqa: F811

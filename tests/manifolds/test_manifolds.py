@@ -80,6 +80,7 @@ def tangency_defect(M: Manifold, W: torch.Tensor, T: torch.Tensor, t: float = 1e
 
 
 # ------------------------------------------------------------------ contract tests
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
 def test_project_lands_on_manifold(name, shape):
@@ -401,6 +402,7 @@ def test_rejects_vectors():
         get_manifold("stiefel").project(torch.ones(4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_fixed_retraction_keeps_the_constraint_over_many_steps(name):
     M = get_manifold(name)

@@ -38,6 +38,7 @@ def _sweep():
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type, probed", [("gptj", True), ("gpt_neo", False)])
 def test_gptj_and_gpt_neo_work_at_their_default_size(hf, model_type, probed):
     # GPT-J keeps rotary_dim at a quarter of its (shrunk) head; GPT-Neo's attention_types
@@ -60,6 +61,7 @@ def test_gptj_and_gpt_neo_work_at_their_default_size(hf, model_type, probed):
     assert math.isfinite(lm_loss(built.model, x[:, :-1], x[:, 1:]).item())
 
 
+@pytest.mark.slow
 def test_a_family_whose_forward_fails_is_refused_in_one_line_naming_it(hf):
     # GPT-J with rotary embeddings wider than its heads: caught by the forward check at build.
     with pytest.raises(ConfigError) as e:
@@ -67,6 +69,7 @@ def test_a_family_whose_forward_fails_is_refused_in_one_line_naming_it(hf):
     assert "(family gptj) does not run at this size" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "spec, rules",
     [
@@ -117,6 +120,7 @@ def test_moe_families_get_rule_sets_with_experts_and_routers(hf, spec, rules):
         assert max(dgram.constraint_error(B).max().item() for B in blocks) < 1e-5, name
 
 
+@pytest.mark.slow
 def test_train_mixtral_from_the_command_line(hf, tmp_path, capsys):
     from geosearch.cli import main
 
@@ -154,6 +158,7 @@ def test_train_mixtral_from_the_command_line(hf, tmp_path, capsys):
     assert config["geometry"]["router"] == "adamw"
 
 
+@pytest.mark.slow
 def test_encoder_decoders_and_state_space_models_are_not_listed(hf):
     from geosearch.models.hf_support import kind_problem, left_out_types, listed_types
 

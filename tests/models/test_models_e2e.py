@@ -76,6 +76,7 @@ def test_inspect_gives_every_hidden_weight_a_module_type(spec, capsys):
 
 
 # --------------------------------------------------------------------------- search
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["hf:gpt2", "hf:llama", "hf:phi3"])
 def test_two_trial_search_exports_an_assignment_that_builds_for_the_model(spec, tmp_path, capsys, monkeypatch):
     import geosearch.cli.search
@@ -140,6 +141,7 @@ def test_train_hf_llama_writes_metrics_with_finite_max_logit(tmp_path, capsys):
     assert model["config"]["num_hidden_layers"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["hf:mistral", "hf:qwen2", "hf:gemma", "hf:phi3", "hf:gemma2"])
 def test_train_hf_model_types_probe_attention_and_record_the_model(spec, tmp_path, capsys):
     out = tmp_path / "run"
@@ -166,6 +168,7 @@ def test_train_hf_model_types_probe_attention_and_record_the_model(spec, tmp_pat
     assert config["assignment"]["rules"] == (model["rules"] if spec == "hf:phi3" else "llama")
 
 
+@pytest.mark.slow
 def test_a_model_without_probes_says_so_on_stderr_and_in_config_yaml(tmp_path, capsys):
     # Rule: the command line prints one warning line on stderr (a fresh process: no handler).
     flags = model_args_flags("hf:falcon")

@@ -115,6 +115,7 @@ def _check_equal_to_kernel_inputs(key: str, layers: list[LayerQK], calls: list) 
             direct.amax().item(), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", list(HF_ARGS))
 def test_captured_qk_equal_what_the_attention_kernel_gets(key, recorder):
     built = _hf(key, attn_implementation="geosearch_test_recording")

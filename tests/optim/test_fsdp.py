@@ -53,6 +53,7 @@ def one_process():
     return {"start": start, "final": final, "duals": duals(model, opt), "computed": computed[0]}
 
 
+@pytest.mark.slow
 def test_each_matrix_is_computed_once_across_the_ranks(two_ranks, one_process):
     rank0, rank1 = two_ranks["computed"]
     # Rule: the ranks divide the batches of matrices among them (each batch to one owner,
@@ -61,6 +62,7 @@ def test_each_matrix_is_computed_once_across_the_ranks(two_ranks, one_process):
     assert rank0 > 0 and rank1 > 0
 
 
+@pytest.mark.slow
 def test_under_ddp_each_matrix_is_stepped_once_and_the_run_is_one_process_s(two_ranks, one_process):
     ddp = two_ranks["ddp"]
     rank0, rank1 = ddp["computed"]
@@ -77,6 +79,7 @@ def test_under_ddp_each_matrix_is_stepped_once_and_the_run_is_one_process_s(two_
         assert torch.equal(ddp["resumed"][name], w), name
 
 
+@pytest.mark.slow
 def test_the_run_shards_as_described(two_ranks):
     # Precondition: the layouts the comparisons below are meant to cover (uneven rows
     # cutting Q/K/V inside K, and a column-sharded weight) are the ones FSDP2 made.

@@ -37,6 +37,7 @@ def _train(model, opt, X, Y, steps):
         opt.step()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["project", "dual"])
 @pytest.mark.parametrize("geometry", manifold_names())
 def test_each_geometry_keeps_its_constraint_and_lowers_the_loss(geometry, solver):

@@ -167,6 +167,7 @@ def test_one_update_stays_on_the_manifold_and_descends(name, solver):
     assert (residual is None) == (solver == "project")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["project", "dual"])
 @pytest.mark.parametrize("name", manifold_names())
 def test_fixed_iteration_step_compiles_in_one_graph(name, solver):

@@ -54,6 +54,7 @@ def _cli_run(tmp_path, name: str, env_precision: str, *flags: str) -> dict:
     return yaml.safe_load((out / "config.yaml").read_text())
 
 
+@pytest.mark.slow
 def test_accelerate_configuration_sets_the_precision_unless_the_run_does(tmp_path):
     # Rule: without --mixed-precision the launcher's bf16 is used, and recorded as used.
     config = _cli_run(tmp_path, "from_env", "bf16")
@@ -133,6 +134,7 @@ def test_a_launch_asking_for_more_processes_than_started_is_named(tmp_path):
     assert shortfall(1, SIMPLE_LAUNCH, ["python", "x.py"]) is None  # not readable: no guess
 
 
+@pytest.mark.slow
 def test_accelerate_launch_of_two_cpu_processes_warns_that_one_started(tmp_path):
     # (HF_HOME: no `accelerate config` file of this machine's may choose another launcher)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf"),

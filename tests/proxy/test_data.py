@@ -289,6 +289,7 @@ def test_a_meta_pkl_that_names_a_function_is_refused_and_never_run(tmp_path, mon
     assert pickle.loads((tmp_path / "meta.pkl").read_bytes()) is not None and pwned.exists()  # it was armed
 
 
+@pytest.mark.slow
 def test_a_meta_pkl_is_a_bounded_regular_file_of_plain_data(tmp_path):
     write_tokens(tmp_path, range(10), range(10))
     meta = tmp_path / "meta.pkl"

@@ -214,6 +214,7 @@ def test_clip_is_refused_on_query_key_weights_held_on_a_manifold(assign, rules, 
         QKClip(model, 100.0, plan=plan, source="TrainConfig")
 
 
+@pytest.mark.slow
 def test_training_with_qk_clip_keeps_the_max_logit_near_the_cap(tmp_path):
     # AdamW attention at a large learning rate: the max logit runs to about 45 in 60 steps.
     tau = 20.0
@@ -272,6 +273,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_clip_as_one_process(tmp_path):
     """Each rank sees half the batch: the head maxima are maxima over both halves, so the
     ranks clip alike (their weights stay equal) and as one process on the whole batch."""

@@ -60,6 +60,7 @@ def _tiny(steps: int = 10, **kw) -> TrainConfig:
                        probe_every=5, probe_batch_size=2, device="cpu", **kw)
 
 
+@pytest.mark.slow
 def test_tensorboard_run_holds_the_probes_as_scalars(tmp_path):
     train(_tiny(log_with=["tensorboard"]), Assignment.parse(MIXED), out_dir=tmp_path, project="study",
           run_name="trial 0 seed 0")
@@ -150,6 +151,7 @@ def _fake_mlflow(monkeypatch) -> list[tuple]:
     return calls
 
 
+@pytest.mark.slow
 def test_mlflow_store_is_a_sqlite_file_in_the_run_directory(monkeypatch, tmp_path):
     calls = _fake_mlflow(monkeypatch)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -186,6 +188,7 @@ def test_mlflow_tracking_uri_the_user_set_is_kept(monkeypatch, tmp_path):
     assert ("create_experiment", "p", None) in calls and calls[-1] == ("end_run", "KILLED")
 
 
+@pytest.mark.slow
 def test_search_logs_one_run_per_trial_and_seed_in_the_studys_project(monkeypatch, tmp_path):
     opened = []
     real = train_mod.Trackers

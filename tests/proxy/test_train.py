@@ -49,6 +49,7 @@ def mixed_run(tmp_path_factory) -> tuple[TrainResult, Path]:
 
 
 # --------------------------------------------------------------------------- one run
+@pytest.mark.slow
 def test_tiny_run_completes_and_lowers_the_loss(mixed_run):
     result, _ = mixed_run
     assert result.status == "completed" and result.reason is None and result.stop_step is None
@@ -60,6 +61,7 @@ def test_tiny_run_completes_and_lowers_the_loss(mixed_run):
     assert result.mean_step_ms > 0 and result.tokens_per_s > 0
 
 
+@pytest.mark.slow
 def test_records_at_eval_and_probe_steps_with_the_contract_keys(mixed_run):
     result, _ = mixed_run
     # probe_every=10, eval_every=20, steps=40: records at 10, 20, 30, 40
@@ -96,6 +98,7 @@ def test_run_directory_records_what_produced_it(mixed_run):
     assert saved["status"] == "completed" and saved["final_val_loss"] == result.final_val_loss
 
 
+@pytest.mark.slow
 def test_same_seed_same_losses():
     # seeded init and batches: a rerun reproduces the losses exactly
     a = train(tiny(steps=10), Assignment.parse(MIXED))
@@ -105,6 +108,7 @@ def test_same_seed_same_losses():
 
 
 # --------------------------------------------------------------------------- probes
+@pytest.mark.slow
 def test_probed_max_logit_equals_a_recomputation_from_q_and_k(monkeypatch):
     """max_logit_per_layer equals max over heads, causal (i, j) of q_i·k_j/√hs on the probe batch."""
     models, inputs, checked = [], {}, []
@@ -151,6 +155,7 @@ def test_probed_max_logit_equals_a_recomputation_from_q_and_k(monkeypatch):
     assert checked == [10, 20]  # the check ran at every probe step
 
 
+@pytest.mark.slow
 def test_dual_solver_reports_its_residual():
     # the project solver has no residual (None); the dual solver's is a finite float
     result = train(tiny(steps=10, solver="dual", optimizer_args={"dual_steps": 3}),
@@ -177,6 +182,7 @@ def test_non_finite_loss_ends_unstable_without_raising(tmp_path):
     assert saved["status"] == "unstable" and saved["stop_step"] == result.stop_step
 
 
+@pytest.mark.slow
 def test_callback_sees_every_record_and_can_stop_the_run():
     seen = []
 
@@ -190,6 +196,7 @@ def test_callback_sees_every_record_and_can_stop_the_run():
     assert result.stop_step == 20 and result.history[-1]["step"] == 20
 
 
+@pytest.mark.slow
 def test_an_error_in_the_loop_ends_failed_but_ctrl_c_propagates(monkeypatch, tmp_path):
     def broken(*args, **kwargs):
         raise RuntimeError("probe broke")
@@ -208,6 +215,7 @@ def test_an_error_in_the_loop_ends_failed_but_ctrl_c_propagates(monkeypatch, tmp
         train(tiny(steps=20), Assignment.parse(MIXED))
 
 
+@pytest.mark.slow
 def test_an_exception_of_the_callback_propagates():
     # the caller's exceptions (e.g. optuna.TrialPruned) are not the run's failure
     class Pruned(Exception):
@@ -221,6 +229,7 @@ def test_an_exception_of_the_callback_propagates():
 
 
 # --------------------------------------------------------------------------- schedule
+@pytest.mark.slow
 def test_one_schedule_scales_adamw_and_spectral_groups_alike(monkeypatch):
     """Every group's lr is its peak × (warmup, then cosine to min_lr_ratio)."""
     optimizers = []
@@ -269,6 +278,7 @@ TWO_RANKS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_process(tmp_path):
     """Same global batch and seed: 2 ranks (each half the batch) give 1 rank's losses."""
     fields = dict(model="tiny", steps=6, batch_size=8, eval_every=3, eval_batches=2,
@@ -295,6 +305,7 @@ def test_two_gloo_processes_match_one_process(tmp_path):
 
 
 # --------------------------------------------------------------------------- CLI
+@pytest.mark.slow
 def test_cli_train_writes_its_files_and_exits_0(tmp_path, capsys):
     out = tmp_path / "cli"
     code = main(["train", "--model", "tiny", "--assign", MIXED, "--steps", "10",
@@ -333,6 +344,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, where, capsys):
 USER_MODEL = REPO / "tests" / "_user_model.py"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fields, expected", [
     ({"batch_size": 4, "grad_accum": 3}, "TrainConfig: grad_accum: global batch 4 does not split over 1 process x 3"),
     ({"log_with": "nosuchtracker"}, "TrainConfig: log_with: unknown tracker 'nosuchtracker'"),
@@ -383,6 +395,7 @@ def test_grad_accum_takes_the_same_step_as_the_whole_batch(monkeypatch):
         torch.testing.assert_close(split[k], whole[k], rtol=1e-5, atol=2e-6, msg=k)
 
 
+@pytest.mark.slow
 def test_grad_accum_run_lowers_the_loss():
     result = train(tiny(grad_accum=2), Assignment.parse(MIXED))
     assert result.status == "completed"
@@ -392,6 +405,7 @@ def test_grad_accum_run_lowers_the_loss():
         train(tiny(grad_accum=3), Assignment.parse(MIXED))
 
 
+@pytest.mark.slow
 def test_compile_flag_compiles_the_training_model(monkeypatch):
     compiled = []
 

@@ -12,6 +12,7 @@ from optuna.trial import TrialState, create_trial
 from geosearch import report as rp
 
 
+@pytest.mark.slow
 def test_importance_ranks_the_module_type_that_decides_the_loss(tmp_path: Path) -> None:
     run = tmp_path / "imp"
     s = new_study(run)
@@ -55,6 +56,7 @@ def _grid_with_extras(run: Path) -> tuple[optuna.Study, dict[tuple[str, str], li
     return s, seeds
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Some regimes:UserWarning")  # PED-ANOVA on 4 or 7 trials
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # normalize=False
 def test_importance_counts_each_assignment_once_without_baselines(tmp_path: Path) -> None:
@@ -84,6 +86,7 @@ def test_importance_counts_each_assignment_once_without_baselines(tmp_path: Path
     assert "Most important: **mlp**" in text and "**attn**" not in text
 
 
+@pytest.mark.slow
 def test_importance_needs_two_completed_trials(tmp_path: Path) -> None:
     run = tmp_path / "few"
     s = new_study(run)
@@ -105,6 +108,7 @@ def test_pareto_front() -> None:
     assert rp.pareto_front([]) == []
 
 
+@pytest.mark.slow
 def test_cost_ratios_and_pareto_on_a_study(finished: Path) -> None:
     run = rp.load_run(finished)
     cost = rp.cost_table(run.trials)

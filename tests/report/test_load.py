@@ -115,6 +115,7 @@ def test_cli_dir_without_storage(tmp_path: Path, capsys) -> None:
     assert "no study storage here (study.db or journal.log)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factor", [None, 5.0])
 def test_the_threshold_drawn_is_the_one_the_pruner_judged_with(tmp_path: Path, factor) -> None:
     # trials that store the proxy's d/√d_head (8 here) were judged at max_logit_factor × 8,

@@ -17,6 +17,7 @@ from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.study.export import format_ranking
 
 
+@pytest.mark.slow
 def test_ranking_names_a_tie_not_a_winner(tmp_path: Path) -> None:
     run = tmp_path / "tie"
     s = new_study(run)
@@ -79,6 +80,7 @@ def test_horizon_section_reads_the_ladder(finished: Path) -> None:
     assert verdict.endswith("(not yet stable: the lead changed between Σ η 0.45 and 1.8; your target is Σ η 1.8).")
 
 
+@pytest.mark.slow
 def test_a_study_without_target_says_so(tmp_path: Path) -> None:
     run = tmp_path / "old"
     s = new_study(run)
@@ -88,6 +90,7 @@ def test_a_study_without_target_says_so(tmp_path: Path) -> None:
     assert "This study records no target (it was made before targets)." in text
 
 
+@pytest.mark.slow
 def test_report_shows_baselines_and_merged_seeds(monkeypatch, tmp_path: Path) -> None:
     from _search_helpers import FakeTrain, make_space, search, use_train
 
@@ -119,6 +122,7 @@ def test_report_shows_baselines_and_merged_seeds(monkeypatch, tmp_path: Path) ->
     assert "adaptive seeds (up to 3 per assignment) stopped" in text and "- adaptive seeds: 2 seed trials" in text
 
 
+@pytest.mark.slow
 def test_stability_section_forecasts_each_completed_run(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "st"
     s = new_study(run, ladder=True)
@@ -164,6 +168,7 @@ def test_no_bold_on_a_factor_whose_main_effect_is_within_noise(tmp_path: Path) -
     assert row(section, "attn", "geometry.attn", f"{imp.values['geometry.attn']:.3f}", "within noise")
 
 
+@pytest.mark.slow
 def test_no_bold_with_one_seed_or_no_matched_pair(tmp_path: Path) -> None:
     run = tmp_path / "one"
     s = new_study(run)

@@ -54,6 +54,7 @@ def _baseline(study: optuna.Study, run_dir: Path, name: str, losses: list[float]
     return number
 
 
+@pytest.mark.slow
 def test_report_writes_every_plot_and_names_every_trial(finished: Path) -> None:
     pytest.importorskip("matplotlib")  # the `report` extra
     _with_layers(finished)  # probes of each layer, as the trainer writes them now
@@ -83,6 +84,7 @@ def test_report_writes_every_plot_and_names_every_trial(finished: Path) -> None:
     assert "Unstable (pruned): attn=dgram, mlp=dgram (trial 4, step 20)." in text
 
 
+@pytest.mark.slow
 def test_logit_curve_falls_back_to_probe_history(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     run = tmp_path / "probe"
@@ -109,6 +111,7 @@ def test_report_without_matplotlib_still_writes_tables(finished: Path, monkeypat
     assert "## Ranking" in text and "## Cost" in text  # the tables are all there
 
 
+@pytest.mark.slow
 def test_horizon_plot_needs_a_target(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     run = tmp_path / "old"
@@ -136,6 +139,7 @@ def _grey(colour) -> bool:
     return r == g == b
 
 
+@pytest.mark.slow
 def test_baselines_are_drawn_beside_the_assignments(finished: Path) -> None:
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
@@ -170,6 +174,7 @@ def test_baselines_are_drawn_beside_the_assignments(finished: Path) -> None:
     assert f"**adamw** (trial {adamw}" in text and f"**muon** (trial {muon}" in text
 
 
+@pytest.mark.slow
 def test_per_layer_logits_drawn_when_the_metrics_have_them(finished: Path) -> None:
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure

@@ -38,6 +38,7 @@ def test_each_attr_name_is_one_constant_named_as_its_value():
     assert len(set(STATUSES)) == len(STATUSES) and set(NOT_RUN) <= set(STATUSES)
 
 
+@pytest.mark.slow
 def test_a_search_writes_only_attrs_that_records_names(monkeypatch, tmp_path):
     # completed, pruned on a later seed, failed, and duplicate trials: every attr written
     # on any of them must be a records constant, so readers can rely on the names

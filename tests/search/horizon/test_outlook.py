@@ -101,6 +101,7 @@ def test_the_record_is_plain_yaml():
     assert set(stability_record(rows[1])) == {"max_logit", "at_sum_eta"}  # no forecast: what was measured
 
 
+@pytest.mark.slow
 def test_the_search_prints_and_exports_the_outlook(monkeypatch, tmp_path):
     # A real (fake-trained) search: the ranking printed at its end and the exported file
     # carry each assignment's outlook; the fake's two probes are too few to forecast on.

@@ -197,6 +197,7 @@ def rung_loss(key, seed, config):
     return 3.1 + 0.01 * seed - (0.3 if config.spectral_lr > 0.03 else 0.0)
 
 
+@pytest.mark.slow
 def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=rung_loss, with_config=True))
     buf = io.StringIO()
@@ -252,6 +253,7 @@ def test_each_trial_trains_every_rung_and_is_scored_at_the_top(monkeypatch, tmp_
     assert h["leaders"][-1].startswith("attn=euclidean") and len(h["lead_changes"]) == 1
 
 
+@pytest.mark.slow
 def test_lower_seeds_trains_the_first_seeds_below_the_top_rung_and_all_at_the_top(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=rung_loss, with_config=True))
     space = ladder_space(rungs=3, ladder={"lower_seeds": 1}, repeats=3)
@@ -271,6 +273,7 @@ def test_lower_seeds_trains_the_first_seeds_below_the_top_rung_and_all_at_the_to
     assert f"({each:,} steps each)" in text and "1 below the top" in text
 
 
+@pytest.mark.slow
 def test_a_rung_with_a_larger_step_than_the_targets_is_not_judged_on_its_logits(monkeypatch, tmp_path):
     use_train(monkeypatch, FakeTrain(
         logits=lambda key, seed, config: 5e3 if "euclidean" in key and config.spectral_lr > 0.03 else 5.0,
@@ -284,6 +287,7 @@ def test_a_rung_with_a_larger_step_than_the_targets_is_not_judged_on_its_logits(
     assert max(r["max_logit"] for r in rung_probes[1]) == 5e3
 
 
+@pytest.mark.slow
 def test_an_unstable_run_at_a_higher_rung_prunes_naming_the_rung(monkeypatch, tmp_path):
     use_train(monkeypatch, FakeTrain(
         logits=lambda key, seed, config: 5e3 if "euclidean" in key and config.spectral_lr > 0.03 else 5.0,
@@ -306,6 +310,7 @@ def stability_space(steps=10, **extra):
     return make_space(target={"steps": 40}, ladder={"rungs": 1, "stability_steps": steps}, **extra)
 
 
+@pytest.mark.slow
 def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(with_config=True))
     space = stability_space(repeats=2, baselines=["adamw", "muon"])
@@ -351,6 +356,7 @@ def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tm
     assert "the stability rung (10 steps, 1 seed) (30 steps each)" in out
 
 
+@pytest.mark.slow
 def test_a_run_unstable_at_the_targets_sum_eta2_is_pruned_before_the_ladder(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(
         logits=lambda key, seed, config: 500.0 if "euclidean" in key and config.spectral_lr > 0.021 else 5.0,
@@ -372,6 +378,7 @@ def test_a_run_unstable_at_the_targets_sum_eta2_is_pruned_before_the_ladder(monk
     assert next(t for t in trials_of(tmp_path) if t.params["geometry.attn"] == "adamw").state == TrialState.COMPLETE
 
 
+@pytest.mark.slow
 def test_resume_with_another_stability_rung_is_refused(fake, tmp_path):
     search(stability_space(), tmp_path)
     # Rule: the stability rung is part of the ladder, which a study keeps.
@@ -381,6 +388,7 @@ def test_resume_with_another_stability_rung_is_refused(fake, tmp_path):
         search(make_space(target={"steps": 40}), tmp_path)
 
 
+@pytest.mark.slow
 def test_one_rung_short_of_the_target_says_the_target_is_not_measured(fake, tmp_path):
     buf = io.StringIO()
     run_search(make_space(target={"steps": 40}), runs_dir=tmp_path / "runs", out=buf, progress=False)
@@ -393,6 +401,7 @@ def test_one_rung_short_of_the_target_says_the_target_is_not_measured(fake, tmp_
     assert note in format_ranking(study, details=True)
 
 
+@pytest.mark.slow
 def test_a_study_without_target_prints_no_reading(fake, tmp_path):
     buf = io.StringIO()
     run_search(make_space(), runs_dir=tmp_path / "runs", out=buf, progress=False)
@@ -401,6 +410,7 @@ def test_a_study_without_target_prints_no_reading(fake, tmp_path):
     assert "horizon" not in buf.getvalue()
 
 
+@pytest.mark.slow
 def test_resume_with_another_target_is_refused(fake, tmp_path):
     search(ladder_space(), tmp_path)
     # Rule: the target is part of the study's identity, with an error saying why.
@@ -423,6 +433,7 @@ def test_resume_with_another_target_is_refused(fake, tmp_path):
 
 
 # --------------------------------------------------------------------------- for real
+@pytest.mark.slow
 def test_tiny_ladder_trains_each_rung_in_its_own_directory(tmp_path):
     s = ladder_space(rungs=2, target_steps=30, geometries={"attn": ["stiefel"], "mlp": ["adamw"]})
     out = search(s, tmp_path)

@@ -133,6 +133,7 @@ def test_a_record_that_cannot_be_written_is_a_warning(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("warning: trial 0's backup") and "was not written" in lines[0]
 
 
+@pytest.mark.slow
 def test_records_of_another_study_or_garbled_ones_are_left_out_and_named(tmp_path):
     study = study_with_trials(tmp_path)
     save_study_record(tmp_path, study, new=True)

@@ -71,6 +71,7 @@ def outline(study: optuna.Study) -> list[tuple]:
 
 
 # --------------------------------------------------------------------------- same trials
+@pytest.mark.slow
 def test_two_processes_pick_prune_and_score_as_one_process(tmp_path):
     space = write_space(tmp_path / "dp.yaml")
     r = subprocess.run(torchrun("--space", str(space), "--runs-dir", "two"), cwd=tmp_path, env=env(),
@@ -140,6 +141,7 @@ print(f"rank {acc.process_index} ok")
 """
 
 
+@pytest.mark.slow
 def test_a_callback_that_raises_on_rank_0_ends_the_run_on_every_rank(tmp_path):
     script = tmp_path / "raising.py"
     script.write_text(RAISING_CALLBACK)
@@ -196,6 +198,7 @@ def _end(proc: subprocess.Popen, within: float) -> tuple[float, str]:
     return time.monotonic() - start, out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds rank 1 through /proc")
 def test_a_dead_rank_ends_the_launch_and_its_trial_runs_again(tmp_path):
     proc, trial = _start_long_search(tmp_path, "dead")
@@ -227,6 +230,7 @@ def test_a_dead_rank_ends_the_launch_and_its_trial_runs_again(tmp_path):
     assert retry[0].user_attrs["queued_params"] == trial.params
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_every_rank_and_queues_the_trial(tmp_path):
     proc, trial = _start_long_search(tmp_path, "stop")
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: every process gets it

@@ -64,6 +64,7 @@ def one_done(monkeypatch, tmp_path):
     return done[0], next(p for p in (ADAMW, EUCLIDEAN) if p != done[0])
 
 
+@pytest.mark.slow
 def test_trial_of_a_dead_worker_is_failed_and_its_point_run_again(fake, tmp_path, running_trial):
     space = make_space(sampler="random", budget={"trials": 2})
     search(tmp_path, make_space(sampler="random", budget={"trials": 1}))
@@ -82,6 +83,7 @@ def test_trial_of_a_dead_worker_is_failed_and_its_point_run_again(fake, tmp_path
 
 
 
+@pytest.mark.slow
 def test_a_dead_trial_whose_worker_queued_its_retry_before_dying_is_queued_once(fake, tmp_path, running_trial):
     # TrialLoop._fail queues a retried point before it tells: a worker killed in between
     # leaves a RUNNING trial whose retry is already queued; the next run fails it, once
@@ -102,6 +104,7 @@ def test_a_dead_trial_whose_worker_queued_its_retry_before_dying_is_queued_once(
     assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].params == params
     assert out.counts["completed"] == 2
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
 def test_trial_of_a_live_worker_is_left_alone_and_holds_its_budget_slot(fake, tmp_path, running_trial):
     import fcntl
@@ -122,6 +125,7 @@ def test_trial_of_a_live_worker_is_left_alone_and_holds_its_budget_slot(fake, tm
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_trial_whose_lock_is_not_here_is_judged_by_its_heartbeat(one_done, tmp_path, running_trial):
     done, left = one_done
     # the point left: its worker on another machine stopped beating 60 s ago
@@ -146,6 +150,7 @@ def test_a_trial_whose_lock_is_not_here_is_judged_by_its_heartbeat(one_done, tmp
     assert "still running elsewhere" in outcome.stopped
 
 
+@pytest.mark.slow
 def test_a_fresh_heartbeat_of_another_host_keeps_its_trial(one_done, tmp_path, running_trial):
     n = running_trial(tmp_path, one_done[1], {"host": "elsewhere", "pid": 1, "lock": "/elsewhere/w.lock"},
                       heartbeat=time.time() - 20)
@@ -155,6 +160,7 @@ def test_a_fresh_heartbeat_of_another_host_keeps_its_trial(one_done, tmp_path, r
     assert "(1 still running elsewhere)" in outcome.stopped
 
 
+@pytest.mark.slow
 def test_the_heartbeat_thread_keeps_a_long_trial_alive(monkeypatch, tmp_path):
     # a proxy run with no record for 2 s while stale_after is 1 s: only the thread's
     # heartbeats (every 0.25 s) keep it from being taken for dead
@@ -178,6 +184,7 @@ def test_the_heartbeat_thread_keeps_a_long_trial_alive(monkeypatch, tmp_path):
     assert len(set(beats)) >= 5  # the heartbeat moved while the run made no record
 
 
+@pytest.mark.slow
 def test_a_trial_taken_for_dead_by_another_worker_is_dropped_and_run_again(monkeypatch, tmp_path):
     calls = []
 
@@ -220,6 +227,7 @@ HOLD = ("import sys, time; from pathlib import Path; from geosearch.search.runti
         "time.sleep(60)")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
 def test_a_lock_outlives_its_process_so_its_trial_is_dead_at_once(fake, tmp_path, running_trial):
     """A process that ends by an exception (disk full) cannot tell its trial's outcome: its
@@ -264,6 +272,7 @@ def test_a_run_of_a_study_live_on_this_machine_is_refused(tmp_path):
     liveness.check_no_other_run(run_dir, "t")  # its lock went with it
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
 def test_workers_whose_parent_died_are_waited_for_then_refused(tmp_path):
     run_dir = tmp_path / "runs" / "t"
@@ -352,6 +361,7 @@ def _recover(run_dir, max_retries):
         reader.close()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
 def test_a_point_whose_worker_dies_max_retries_plus_one_times_stays_failed_and_counts(
         one_done, tmp_path, running_trial):
@@ -397,6 +407,7 @@ def test_a_point_whose_worker_dies_max_retries_plus_one_times_stays_failed_and_c
     assert earlier_retries(open_run_study(run_dir), rerun) == 0  # a full --max-retries again
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="worker locks are POSIX flocks")
 def test_max_retries_reaches_the_recovery_at_the_start_of_a_search(one_done, tmp_path, running_trial):
     """``run_search(max_retries=0)``: the dead worker's point is not run again; it is

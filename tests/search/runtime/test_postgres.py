@@ -67,6 +67,7 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_a_postgresql_storage_tests_its_connections_before_use(postgres_url):
     from geosearch.search.runtime.storage import open_storage
 
@@ -76,6 +77,7 @@ def test_a_postgresql_storage_tests_its_connections_before_use(postgres_url):
     assert storage.engine_kwargs["pool_pre_ping"] is True
 
 
+@pytest.mark.slow
 def test_a_read_only_open_of_a_database_without_a_study_creates_no_tables(postgres_url):
     import sqlalchemy
 
@@ -106,6 +108,7 @@ def load_storage(url: str) -> optuna.storages.BaseStorage:
     return open_storage("unused", url)[0]
 
 
+@pytest.mark.slow
 def test_a_killed_worker_on_another_machine_has_its_trial_run_again(postgres_url, tmp_path):
     """Workers A and B share the study through PostgreSQL, each with its own run directory
     (as on two machines). A is killed mid-trial. Its lock file is removed first, as it would

@@ -48,6 +48,7 @@ def truncate(path):
     os.truncate(path, path.stat().st_size // 2)
 
 
+@pytest.mark.slow
 def test_every_kind_of_trial_comes_back_as_it_was(monkeypatch, tmp_path):
     every_kind(monkeypatch)
     search(space(), tmp_path)
@@ -70,6 +71,7 @@ def test_every_kind_of_trial_comes_back_as_it_was(monkeypatch, tmp_path):
     assert study.best_trial.user_attrs["status"] == "completed" and "baseline" not in study.best_trial.user_attrs
 
 
+@pytest.mark.slow
 def test_a_rerun_after_recovery_trains_nothing_more(monkeypatch, tmp_path):
     every_kind(monkeypatch)
     search(space(), tmp_path)
@@ -84,6 +86,7 @@ def test_a_rerun_after_recovery_trains_nothing_more(monkeypatch, tmp_path):
     assert out.exported is not None
 
 
+@pytest.mark.slow
 def test_trials_without_a_record_become_placeholders_and_only_their_points_train_again(monkeypatch, tmp_path):
     every_kind(monkeypatch)
     search(space(), tmp_path)
@@ -110,6 +113,7 @@ def test_trials_without_a_record_become_placeholders_and_only_their_points_train
     assert all(trial_status(t) == "completed" for t in trained)
 
 
+@pytest.mark.slow
 def test_a_healthy_storage_is_left_untouched(fake, tmp_path):
     search(space(), tmp_path)
     run = tmp_path / "runs" / "t"
@@ -124,6 +128,7 @@ def test_a_healthy_storage_is_left_untouched(fake, tmp_path):
     assert sorted(p.name for p in run.iterdir()) == files
 
 
+@pytest.mark.slow
 def test_a_healthy_database_beside_a_leftover_journal_is_left_untouched(fake, tmp_path):
     # SQLite refuses a read-only open beside a -journal file it would roll back: the check
     # reads a copy of both instead, so the files stay as they are and nothing is rebuilt
@@ -136,6 +141,7 @@ def test_a_healthy_database_beside_a_leftover_journal_is_left_untouched(fake, tm
     assert (run / "study.db-journal").read_bytes() == b"left by a process that died mid-transaction"
 
 
+@pytest.mark.slow
 def test_an_older_copy_of_the_storage_is_refused_then_rebuilt(fake, tmp_path):
     # a storage that reads but lost trials (a journal cut short, a restored copy): search,
     # export and report refuse it, naming recover, which rebuilds it
@@ -155,6 +161,7 @@ def test_an_older_copy_of_the_storage_is_refused_then_rebuilt(fake, tmp_path):
     assert outcome.problem.startswith("lacks trials 2, 3") and snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_a_study_lost_with_its_storage_is_not_created_again_over_its_backup(fake, tmp_path):
     search(space(), tmp_path)
     run = tmp_path / "runs" / "t"
@@ -164,6 +171,7 @@ def test_a_study_lost_with_its_storage_is_not_created_again_over_its_backup(fake
         search(space(), tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_search_and_export_refuse_a_damaged_storage_naming_recover(fake, tmp_path, damage):
     search(space(), tmp_path)
@@ -183,6 +191,7 @@ def test_search_and_export_refuse_a_damaged_storage_naming_recover(fake, tmp_pat
         assert line.startswith(f"{run}: ") and f"`geosearch recover {run}` rebuilds a damaged study" in line
 
 
+@pytest.mark.slow
 def test_sqlites_journal_of_the_damaged_file_goes_aside_with_it(fake, tmp_path):
     search(space(), tmp_path)
     run = tmp_path / "runs" / "t"
@@ -194,6 +203,7 @@ def test_sqlites_journal_of_the_damaged_file_goes_aside_with_it(fake, tmp_path):
     assert len(open_run_study(run).get_trials()) == 5
 
 
+@pytest.mark.slow
 def test_what_is_not_a_run_directory_with_a_backup_is_one_line(fake, tmp_path):
     with pytest.raises(ConfigError, match=r"nope: no such run directory$"):
         recover_run(tmp_path / "nope")

@@ -34,6 +34,7 @@ from geosearch.search.runtime.urls import STORAGE_ENV, mask_url, raw_at_in_passw
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+@pytest.mark.slow
 def test_bad_storage_url_is_one_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"^--storage: cannot open the storage 'bogus://x'"):
         open_storage(tmp_path, "bogus://x")

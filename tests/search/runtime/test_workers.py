@@ -55,6 +55,7 @@ with sigterm_as_ctrl_c():
 """
 
 
+@pytest.mark.slow
 @linux
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_worker_is_stopped_like_ctrl_c_when_its_parent_dies(sig, tmp_path):

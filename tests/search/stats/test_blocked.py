@@ -110,6 +110,7 @@ def test_blocked_test_separates_what_one_pair_with_df_1_cannot():
     assert lo > 0 and hi - lo == pytest.approx(2 * t_quantile(3) * fit.sd)
 
 
+@pytest.mark.slow
 def test_blocked_test_rejects_an_equal_pair_five_percent_of_the_time():
     # under the null of the model (four equal assignments, big shared seed effect, 2 seeds),
     # the blocked test of assignments 0 and 1 at df 3 rejects in 5% of studies

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from geosearch.search.stats.track import ORDER_RECORD, track_record, track_text
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
+@pytest.mark.slow
 def test_the_track_record_file_is_what_the_benchmark_scores_from_the_stored_data(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     sys.modules.pop("fidelity", None)

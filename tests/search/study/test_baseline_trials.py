@@ -41,6 +41,7 @@ def losses(key, seed, *config):
     return LOSS[key] + 0.01 * seed + (0.003 if seed == 1 and "oblique" in key else 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["grid", "tpe"])
 def test_baselines_are_trained_not_counted_not_exported_and_compared(monkeypatch, tmp_path, sampler):
     f = FakeTrain(losses=losses, with_config=True)
@@ -89,6 +90,7 @@ def test_bogus_baseline_is_one_line_naming_the_key_and_the_allowed_values():
     assert "adamw, muon, muon_qkclip" in str(e.value) and "'bogus'" in str(e.value)
 
 
+@pytest.mark.slow
 def test_muon_qkclip_trains_with_kimi_tau(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=lambda key, seed: 3.0))
     search(make_space(GRID, baselines=["muon_qkclip"]), tmp_path)
@@ -97,6 +99,7 @@ def test_muon_qkclip_trains_with_kimi_tau(monkeypatch, tmp_path):
     assert all(c.qk_clip is None for c, call in zip(f.configs, f.calls) if call[0] != "attn=euclidean,mlp=euclidean")
 
 
+@pytest.mark.slow
 def test_each_baseline_says_the_step_and_muon_convention_it_trained_with(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=lambda key, seed: 3.0))
     proxy = {**make_space().to_dict()["proxy"], "spectral_lr": 0.03,

@@ -5,6 +5,8 @@ The end-to-end test in tests/search/study/test_run.py builds an optimizer from a
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 import optuna
@@ -16,6 +18,7 @@ from geosearch.search.study.export import export_best
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+@pytest.mark.slow
 def test_export_top_k_writes_one_loadable_file_per_rank(fake, tmp_path):
     search(make_space({"attn": ["adamw", "euclidean", "oblique"], "mlp": ["adamw"]}), tmp_path)
     paths = export_best(tmp_path / "runs" / "t", top=2)
@@ -32,6 +35,7 @@ def _groups(opt):
     return [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
 
 
+@pytest.mark.slow
 def test_exported_file_alone_rebuilds_the_winning_trials_optimizer(fake, tmp_path):
     import torch
 
@@ -68,6 +72,7 @@ def test_exported_file_alone_rebuilds_the_winning_trials_optimizer(fake, tmp_pat
     assert "build_optimizer_overrides" not in exported.provenance
 
 
+@pytest.mark.slow
 def test_export_and_report_run_no_user_code(fake, tmp_path):
     """A study of a ``py:`` model: exporting and reporting it read what the trials stored;
     the model's module (which writes a file when imported) is not imported again."""
@@ -92,6 +97,7 @@ def test_export_and_report_run_no_user_code(fake, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_export_moves_the_answer_to_another_rule_set_and_the_model_builds_it(fake, tmp_path):
     import torch
 
@@ -116,6 +122,7 @@ def test_export_moves_the_answer_to_another_rule_set_and_the_model_builds_it(fak
     assert not (tmp_path / "x.yaml").exists()
 
 
+@pytest.mark.slow
 def test_the_search_ends_with_its_table_four_lines_and_where_within_100_columns(fake, tmp_path):
     from geosearch.search.study.export import where_line
 

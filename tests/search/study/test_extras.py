@@ -33,6 +33,7 @@ def tied_losses(key, seed, *config):
     return 3.5 + 0.01 * seed if family == "attn=oblique" else 3.0 + NOISE[family][seed]
 
 
+@pytest.mark.slow
 def test_contenders_get_seeds_at_the_top_rung_merged_into_their_score(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=tied_losses, with_config=True))
     space = make_space(GRID, repeats=2, max_repeats=4, target={"steps": 40}, ladder={"rungs": 2, "max_steps": 20})
@@ -66,6 +67,7 @@ def test_contenders_get_seeds_at_the_top_rung_merged_into_their_score(monkeypatc
     assert "n_seeds: 4" in best
 
 
+@pytest.mark.slow
 def test_a_separated_pair_gets_no_extra_seed(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=lambda key, seed: (3.0 if "attn=adamw" in key else 3.5) + 0.01 * seed))
     out = search(make_space(repeats=2, max_repeats=4), tmp_path)
@@ -74,6 +76,7 @@ def test_a_separated_pair_gets_no_extra_seed(monkeypatch, tmp_path):
     assert "adaptive seeds (up to 4 per assignment) stopped: separated" in out.ranking.verdict
 
 
+@pytest.mark.slow
 def test_resume_after_an_interrupted_seed_trial_trains_no_point_and_seed_twice(monkeypatch, tmp_path):
     state = {"raised": False}
 
@@ -111,6 +114,7 @@ def test_resume_after_an_interrupted_seed_trial_trains_no_point_and_seed_twice(m
     assert retried and all(SEED_OF in t.user_attrs for t in retried)
 
 
+@pytest.mark.slow
 def test_planning_is_keyed_so_a_second_call_queues_nothing(monkeypatch, tmp_path):
     use_train(monkeypatch, FakeTrain(losses=tied_losses))
     space = make_space(GRID, repeats=2, max_repeats=3)
@@ -121,6 +125,7 @@ def test_planning_is_keyed_so_a_second_call_queues_nothing(monkeypatch, tmp_path
     assert len(study.get_trials()) == before
 
 
+@pytest.mark.slow
 def test_baselines_and_seed_trials_are_never_optunas_best(monkeypatch, tmp_path):
     # the muon baseline (every type euclidean) and one adaptive seed have the lowest values of
     # the study; adamw leads euclidean within noise at two seeds and ahead at three
@@ -150,6 +155,7 @@ def test_baselines_and_seed_trials_are_never_optunas_best(monkeypatch, tmp_path)
     assert f"trial: {winner}" in best
 
 
+@pytest.mark.slow
 def test_optunas_best_that_the_merged_seeds_overturn_is_named(monkeypatch, tmp_path):
     use_train(monkeypatch, FakeTrain(losses=tied_losses, with_config=True))
     buf = io.StringIO()
@@ -166,6 +172,7 @@ def test_optunas_best_that_the_merged_seeds_overturn_is_named(monkeypatch, tmp_p
             "by the mean of its own seeds (3.0050)") in " ".join(buf.getvalue().split())  # wrapped
 
 
+@pytest.mark.slow
 def test_a_seed_trial_does_not_train_the_stability_rung(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(losses=tied_losses, with_config=True))
     # one rung: a seed trial's rung is rung 0, as a point's, but its point measured stability

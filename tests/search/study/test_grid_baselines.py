@@ -38,6 +38,7 @@ def _factor(key, config, lr):
     return round(config.lr / lr if key == "attn=adamw,mlp=adamw" else config.spectral_lr / SHARED, 6)
 
 
+@pytest.mark.slow
 def test_baselines_are_tuned_over_the_grid_and_compared_at_their_own_best_step(monkeypatch, tmp_path):
     lr = _grid_space(1.0).proxy.lr
 
@@ -98,6 +99,7 @@ def test_baselines_are_tuned_over_the_grid_and_compared_at_their_own_best_step(m
     assert "| baseline's step |" in report and "| spectral step 0.02 |" in report
 
 
+@pytest.mark.slow
 def test_a_loss_pruned_point_at_the_shared_step_is_pruned_not_unstable(monkeypatch, tmp_path):
     # Stiefel attention at the shared step trains at 4.0, every other run at 3.0: the median
     # pruner (one startup trial; two points train before it) stops it at its first report;

@@ -58,6 +58,7 @@ def _optimize(space, tmp_path, n_trials, **study_kw):
     return study
 
 
+@pytest.mark.slow
 def test_objective_trains_a_trial_as_the_search_does(fake, tmp_path):
     space = make_space()  # attn in {adamw, euclidean}, mlp adamw: two points
     search(space, tmp_path / "search")
@@ -91,6 +92,7 @@ def test_unstable_trials_are_pruned_with_their_reason(monkeypatch, tmp_path):
     assert by_attn["adamw"].state == TrialState.COMPLETE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_a_loss_pruners_prune_is_pruned_with_its_reason_not_unstable(monkeypatch, tmp_path, wrapped):
     # the first point trains at val loss 3, the second at 4: MedianPruner (one startup
@@ -168,6 +170,7 @@ def test_objective_refuses_a_study_of_another_space(fake, tmp_path):
         study.optimize(geosearch.objective(other, runs_dir=tmp_path / "runs"), n_trials=1)
 
 
+@pytest.mark.slow
 def test_trial_files_are_optuna_artifacts_of_their_trial(monkeypatch, tmp_path):
     use_train(monkeypatch, WritingTrain())
     out = search(make_space(repeats=2), tmp_path)
@@ -190,6 +193,7 @@ def test_trial_files_are_optuna_artifacts_of_their_trial(monkeypatch, tmp_path):
         assert metas["seed0-config.yaml"].mimetype == "application/yaml"
 
 
+@pytest.mark.slow
 def test_real_runs_store_config_metrics_and_result_as_artifacts(tmp_path):
     # the real trainer, one step budget of the tiny proxy, through study.optimize
     space = make_space({"attn": ["euclidean"], "mlp": ["adamw"]})
@@ -207,6 +211,7 @@ def test_real_runs_store_config_metrics_and_result_as_artifacts(tmp_path):
     assert len(list(store_dir.iterdir())) == len(names)
 
 
+@pytest.mark.slow
 def test_a_failing_artifact_store_warns_and_the_trial_stands(monkeypatch, tmp_path):
     use_train(monkeypatch, WritingTrain())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import optuna
 from _search_helpers import make_space, search, trials_of
 from optuna.trial import TrialState
@@ -24,6 +26,7 @@ def test_grid_points_list_every_point_once_in_a_seeded_order():
     assert grid_points(make_space(grid, sampler={"type": "grid", "seed": 1})) == points
 
 
+@pytest.mark.slow
 def test_budget_counts_finished_trials_of_earlier_runs(fake, tmp_path):
     grid = {"attn": ["adamw", "euclidean"], "mlp": ["adamw", "euclidean"]}
     first = search(make_space(grid, sampler="grid", budget={"trials": 2}), tmp_path)
@@ -36,6 +39,7 @@ def test_budget_counts_finished_trials_of_earlier_runs(fake, tmp_path):
     assert third.stopped == "every assignment of the space has been tried" and len(fake.calls) == 4
 
 
+@pytest.mark.slow
 def test_sampler_duplicates_are_not_trained(fake, tmp_path):
     # a random sampler on a 2-point space with a budget of 6 proposes duplicates
     out = search(make_space(sampler="random", budget={"trials": 6}), tmp_path)
@@ -60,6 +64,7 @@ def test_a_trial_stopped_between_two_parameters_keeps_its_whole_queued_point():
     assert trial_params(study.get_trials(deepcopy=False)[1]) == {"geometry.attn": choice}
 
 
+@pytest.mark.slow
 def test_an_exhaustive_search_queues_a_grid_point_left_without_a_verdict(fake, tmp_path):
     # one mlp choice: a queued part of a point can only be completed into a point done
     grid = {"attn": ["adamw", "euclidean", "oblique"], "mlp": ["adamw"]}
@@ -73,6 +78,7 @@ def test_an_exhaustive_search_queues_a_grid_point_left_without_a_verdict(fake, t
     assert out.stopped == "every assignment of the space has been tried"
 
 
+@pytest.mark.slow
 def test_a_grid_queued_twice_at_once_leaves_nothing_waiting(fake, tmp_path, monkeypatch):
     # two run directories on one storage read the empty study at once and both queue the
     # grid: the second copy of each point must end as a duplicate, not stay WAITING

@@ -46,6 +46,7 @@ def _stored(tmp_path):
     return study.user_attrs, [(t.number, t.state, t.value) for t in study.get_trials()]
 
 
+@pytest.mark.slow
 def test_run_time_settings_may_change_with_a_note(fake, tmp_path, capsys):
     assert main(_command(tmp_path)) == 0
     capsys.readouterr()
@@ -60,6 +61,7 @@ def test_run_time_settings_may_change_with_a_note(fake, tmp_path, capsys):
     assert {"device", "mixed_precision", "grad_accum"} <= set(RUN_TIME_KEYS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flags", "key"), [
     (["--steps", "20"], "proxy.steps=10, not 20"),
     (["--model-arg", "n_layer=1"], "proxy.model_args="),
@@ -84,6 +86,7 @@ def test_a_change_of_what_a_trial_measures_is_one_line_exit_2_study_unchanged(fl
     assert _stored(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_the_budget_and_the_sampler_may_change_with_a_note_each(fake, tmp_path, capsys):
     assert main(_command(tmp_path)) == 0
     capsys.readouterr()
@@ -123,6 +126,7 @@ def test_every_key_of_a_space_is_classified_once_and_documented():
     assert text[start:].split("\n\n")[0].splitlines()[2:] == rows
 
 
+@pytest.mark.slow
 def test_a_smaller_batch_is_refused_with_the_grad_accum_that_keeps_it(fake, tmp_path):
     search(make_space(proxy={**TINY_PROXY, "batch_size": 8}), tmp_path)
     with pytest.raises(ConfigError) as e:
@@ -153,6 +157,7 @@ def _everything(tmp_path):
     return study.user_attrs, [(t.number, t.state, t.value, t.params, t.user_attrs) for t in study.get_trials()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [
     ["--grad-accum", "3"],                # the batch of 4 does not split into 3 micro-batches
     ["--mixed-precision", "fp16"],        # the proxy's device is cpu
@@ -211,6 +216,7 @@ def _token_space(tmp_path, **proxy):
     return tok, ["search", "--space", str(path), "--runs-dir", str(tmp_path / "runs")]
 
 
+@pytest.mark.slow
 def test_a_study_refuses_to_resume_on_data_whose_contents_changed(fake, tmp_path, capsys):
     tok, command = _token_space(tmp_path)
     assert main(command) == 0
@@ -241,6 +247,7 @@ def test_a_study_refuses_to_resume_on_data_whose_contents_changed(fake, tmp_path
     assert main([*command, "--trials", "3"]) == 0
 
 
+@pytest.mark.slow
 def test_a_study_of_an_earlier_build_is_refused_in_one_line(fake, tmp_path, capsys):
     tok, command = _token_space(tmp_path)
     assert main(command) == 0

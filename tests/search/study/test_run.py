@@ -24,6 +24,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 # --------------------------------------------------------------------------- a whole search
+@pytest.mark.slow
 def test_the_value_is_named_for_optunas_own_tools(fake, tmp_path):
     # the dashboard and `optuna` CLI show "val_loss", not "Objective 0"; a resume keeps it
     search(make_space(), tmp_path)
@@ -32,6 +33,7 @@ def test_the_value_is_named_for_optunas_own_tools(fake, tmp_path):
     assert study.metric_names == ["val_loss"]
 
 
+@pytest.mark.slow
 def test_resume_with_other_proxy_settings_is_refused(fake, tmp_path):
     search(make_space(), tmp_path)
     changed = make_space(proxy={**TINY_PROXY, "steps": 20})
@@ -39,6 +41,7 @@ def test_resume_with_other_proxy_settings_is_refused(fake, tmp_path):
         search(changed, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_search_keeps_the_studys_backup_and_a_resume_completes_it(fake, tmp_path):
     # Rule: study.json and every told trial's trials/<n>/trial.json are written (what
     # `geosearch recover` rebuilds a damaged storage from); a resumed study that has none
@@ -54,6 +57,7 @@ def test_a_search_keeps_the_studys_backup_and_a_resume_completes_it(fake, tmp_pa
     assert len(fake.calls) == 2  # nothing trained again
 
 
+@pytest.mark.slow
 def test_end_to_end_search_exports_an_assignment_that_builds_an_optimizer(tmp_path):
     space = make_space({"attn": ["adamw", "oblique"], "mlp": ["adamw", "euclidean"]})
     out = search(space, tmp_path)
@@ -93,6 +97,7 @@ def test_search_package_exports_its_public_api():
 
 
 # --------------------------------------------------------------------------- the default workers
+@pytest.mark.slow
 def test_the_default_runs_a_worker_per_core_and_measures_what_one_process_does(tmp_path, monkeypatch):
     import io
 

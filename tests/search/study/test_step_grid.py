@@ -41,6 +41,7 @@ def _grid_space(geometries=FOUR, **extra):
                       proxy={**TINY_PROXY, "spectral_lr": SHARED}, **extra)
 
 
+@pytest.mark.slow
 def test_two_answers_side_by_side_and_the_export_carries_the_own_step(monkeypatch, tmp_path):
     import torch
 
@@ -119,6 +120,7 @@ def test_two_answers_side_by_side_and_the_export_carries_the_own_step(monkeypatc
     assert "within seeds) at each assignment's own best step" in report
 
 
+@pytest.mark.slow
 def test_without_a_grid_the_ranking_is_unchanged(fake, tmp_path):
     # Rule: a space without a step grid has one answer, no step parts in its verdict.
     search(make_space(FOUR, repeats=2), tmp_path)
@@ -126,6 +128,7 @@ def test_without_a_grid_the_ranking_is_unchanged(fake, tmp_path):
     assert ranking.steps is None and "shared step" not in ranking.verdict
 
 
+@pytest.mark.slow
 def test_the_target_follows_each_points_step(monkeypatch, tmp_path):
     fake = use_train(monkeypatch, FakeTrain(with_config=True))
     space = _grid_space({"attn": ["stiefel"], "mlp": ["stiefel"]},

@@ -7,6 +7,8 @@ against the full grid's."""
 
 from __future__ import annotations
 
+import pytest
+
 from functools import partial
 
 import dataclasses
@@ -68,6 +70,7 @@ def _ranked_runs(fake, steps):
                   for c, call in zip(fake.configs, fake.calls) if c.steps == steps)
 
 
+@pytest.mark.slow
 def test_one_seed_at_every_step_and_the_rest_at_each_best_step(monkeypatch, tmp_path):
     lr = _space().proxy.lr
     fake = use_train(monkeypatch, FakeTrain(losses=_losses(lr, second_seed_penalty=0.3), with_config=True))
@@ -102,6 +105,7 @@ def test_one_seed_at_every_step_and_the_rest_at_each_best_step(monkeypatch, tmp_
     assert all(len(rows) == 2 for rows in table.rows.values())
 
 
+@pytest.mark.slow
 def test_halving_trains_less_than_the_full_grid_and_names_the_same_steps(monkeypatch, tmp_path):
     lr = _space().proxy.lr
     answers, steps = {}, {}
@@ -119,6 +123,7 @@ def test_halving_trains_less_than_the_full_grid_and_names_the_same_steps(monkeyp
     assert steps[True] * 24 == steps[False] * 19
 
 
+@pytest.mark.slow
 def test_a_stability_pass_at_a_larger_step_stands_for_the_smaller_ones(monkeypatch, tmp_path):
     stab_steps = 10  # the fake trainer records steps 5 and 10
 

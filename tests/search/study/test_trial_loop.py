@@ -27,6 +27,7 @@ from geosearch.search.runtime.storage import open_run_study
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+@pytest.mark.slow
 def test_trial_attrs_follow_the_storage_conventions(fake, tmp_path):
     out = search(make_space(), tmp_path)
     assert out.counts == {"completed": 2} and out.stopped == "every assignment of the space has been tried"
@@ -45,6 +46,7 @@ def test_trial_attrs_follow_the_storage_conventions(fake, tmp_path):
         assert t.intermediate_values == {5: t.value, 10: t.value}  # reported at each eval step
 
 
+@pytest.mark.slow
 def test_pruner_verdict_stops_the_run_and_prunes_with_its_reason(monkeypatch, tmp_path):
     # dgram attention's logits explode: the LogitGrowthPruner must stop it at the first probe
     f = FakeTrain(logits=lambda key, seed: 5e3 if "attn=euclidean" in key else 10.0)
@@ -59,6 +61,7 @@ def test_pruner_verdict_stops_the_run_and_prunes_with_its_reason(monkeypatch, tm
     assert by_attn["adamw"].state == TrialState.COMPLETE  # the study went on
 
 
+@pytest.mark.slow
 def test_non_finite_validation_loss_is_pruned_not_failed(monkeypatch, tmp_path):
     f = FakeTrain(losses=lambda key, seed: math.nan if "euclidean" in key else 3.0)
     use_train(monkeypatch, f)
@@ -68,6 +71,7 @@ def test_non_finite_validation_loss_is_pruned_not_failed(monkeypatch, tmp_path):
     assert "non-finite" in t.user_attrs["prune_reason"]
 
 
+@pytest.mark.slow
 def test_exception_fails_the_trial_with_its_message_and_the_study_goes_on(monkeypatch, tmp_path):
     f = FakeTrain(raises=lambda key, seed: RuntimeError("boom") if "euclidean" in key else None)
     use_train(monkeypatch, f)
@@ -81,6 +85,7 @@ def test_exception_fails_the_trial_with_its_message_and_the_study_goes_on(monkey
     assert out.counts == {"completed": 1, "failed": 1}  # the failure counts towards the budget
 
 
+@pytest.mark.slow
 def test_repeated_failures_end_the_search_with_one_message(monkeypatch, tmp_path):
     f = FakeTrain(raises=lambda key, seed: RuntimeError("no GPU"))
     use_train(monkeypatch, f)
@@ -91,6 +96,7 @@ def test_repeated_failures_end_the_search_with_one_message(monkeypatch, tmp_path
     assert len(f.calls) == 5  # it stopped instead of failing all 6
 
 
+@pytest.mark.slow
 def test_repeats_keep_mean_and_spread_and_a_late_unstable_seed_prunes(monkeypatch, tmp_path):
     noise = {0: 0.0, 1: 0.02, 2: -0.02}
     f = FakeTrain(losses=lambda key, seed: (3.0 if "attn=adamw" in key else 3.01) + noise[seed],
@@ -114,6 +120,7 @@ def test_repeats_keep_mean_and_spread_and_a_late_unstable_seed_prunes(monkeypatc
     assert out.ranking.verdict.startswith("winner: attn=adamw")
 
 
+@pytest.mark.slow
 def test_ctrl_c_fails_the_trial_queues_it_and_a_rerun_finishes_it(monkeypatch, tmp_path):
     f = FakeTrain(raises=lambda key, seed: KeyboardInterrupt() if len(f.calls) == 2 else None)
     use_train(monkeypatch, f)
@@ -128,6 +135,7 @@ def test_ctrl_c_fails_the_trial_queues_it_and_a_rerun_finishes_it(monkeypatch, t
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("at", ["status", "num_processes"])
 def test_ctrl_c_while_the_trial_records_its_start_is_recorded_and_queued(monkeypatch, fake, tmp_path, at):
     # A Ctrl-C can land between ask and training (the trial's attrs are being written, one
@@ -155,6 +163,7 @@ def test_ctrl_c_while_the_trial_records_its_start_is_recorded_and_queued(monkeyp
     out = search(make_space(), tmp_path)  # the rerun trains it
     assert out.counts == {"completed": 2, "interrupted": 1}
 
+@pytest.mark.slow
 def test_a_point_the_budget_took_is_queued_again_before_its_trial_is_told(monkeypatch, fake, tmp_path):
     # Another worker took the budget while this one asked for a queued point: the trial is
     # skipped and the point queued again, before the tell, so a kill in between loses nothing.
@@ -179,6 +188,7 @@ def test_a_point_the_budget_took_is_queued_again_before_its_trial_is_told(monkey
     assert retry[0].state == TrialState.COMPLETE  # the same run went on to train it
 
 
+@pytest.mark.slow
 def test_forced_unstable_run_is_pruned_by_the_real_pruner(monkeypatch, tmp_path):
     real = trial_loop.train
 
@@ -211,6 +221,7 @@ def _verdicts(tmp_path):
     return out
 
 
+@pytest.mark.slow
 def test_an_environment_failure_is_retried_and_every_point_completes_once(monkeypatch, tmp_path):
     f = use_train(monkeypatch, _first_call_raises(
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
@@ -228,6 +239,7 @@ def test_an_environment_failure_is_retried_and_every_point_completes_once(monkey
     assert search(make_space(), tmp_path).counts == out.counts and len(f.calls) == 3  # done
 
 
+@pytest.mark.slow
 def test_an_environment_failure_the_trainer_caught_is_retried_too(monkeypatch, tmp_path):
     fake = FakeTrain()
 
@@ -243,6 +255,7 @@ def test_an_environment_failure_the_trainer_caught_is_retried_too(monkeypatch, t
     assert out.counts == {"completed": 2, "retried": 1}
 
 
+@pytest.mark.slow
 def test_an_environment_failure_stays_failed_after_its_retries(monkeypatch, tmp_path):
     use_train(monkeypatch, FakeTrain(raises=lambda key, seed: MemoryError() if "euclidean" in key else None))
     out = search(make_space(), tmp_path)
@@ -254,6 +267,7 @@ def test_an_environment_failure_stays_failed_after_its_retries(monkeypatch, tmp_
     assert last.user_attrs["retries"] == 2
 
 
+@pytest.mark.slow
 def test_max_retries_0_retries_nothing(monkeypatch, tmp_path):
     f = use_train(monkeypatch, _first_call_raises(OSError(28, "No space left on device")))
     out = search(make_space(), tmp_path, max_retries=0)
@@ -264,6 +278,7 @@ def test_max_retries_0_retries_nothing(monkeypatch, tmp_path):
                                                     "--max-retries 0)")
 
 
+@pytest.mark.slow
 def test_an_assignment_failure_is_not_retried(monkeypatch, tmp_path):
     f = use_train(monkeypatch, FakeTrain(
         raises=lambda key, seed: ValueError("bad shape") if "euclidean" in key else None))
@@ -274,6 +289,7 @@ def test_an_assignment_failure_is_not_retried(monkeypatch, tmp_path):
     assert failed.user_attrs["fail_reason"] == "ValueError: bad shape"
 
 
+@pytest.mark.slow
 def test_a_settings_error_in_a_trial_stops_the_search_and_leaves_its_point_queued(monkeypatch, tmp_path,
                                                                                  capsys):
     # What the preflight cannot see (a setting that goes bad mid-search: here the real
@@ -313,6 +329,7 @@ def test_a_settings_error_in_a_trial_stops_the_search_and_leaves_its_point_queue
     assert sorted(_verdicts(tmp_path).values()) == [["completed"], ["interrupted", "completed"]]
 
 
+@pytest.mark.slow
 def test_retry_failed_runs_the_failed_points_again_once(monkeypatch, tmp_path):
     broken = FakeTrain(raises=lambda key, seed: ValueError("bad") if "euclidean" in key else None)
     use_train(monkeypatch, broken)
