@@ -116,6 +116,11 @@ CLAIMS: list[tuple[str, str, tuple[str, ...], int]] = [
      ("stability_steps", "stability_factor"), 1),
     ("README.md", rf"In all, {N} steps of `mini`, at most {N} with adaptive seeds",
      ("steps", "steps_adaptive"), 1),
+    # the default search's output as README shows it: its header and its order line
+    ("README.md", rf"model mini: Σ η {N} \(the proxy's {N}\)", ("target_sum_eta", "proxy_sum_eta"), 1),
+    ("README.md", rf"= {N} steps; up to {N} with adaptive seeds", ("steps", "steps_adaptive"), 1),
+    ("README.md", rf"order at your target \(Σ η {N}\): not measured \(ranked at Σ η {N};",
+     ("target_sum_eta", "proxy_sum_eta"), 1),
     ("search_spaces/default.yaml", rf"Σ η {N}, Σ η² {N} on the proxy's schedule",
      ("target_sum_eta", "target_sum_eta2"), 1),
     ("docs/spaces.md", rf"trains {N} steps at a larger step, {N}x the proxy's",
