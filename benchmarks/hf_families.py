@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.types:
         types = args.types
     elif args.listed:
-        from geosearch.models.hf_support import listed_types
+        from geosearch.models.hf_configs import listed_types
 
         types = listed_types()
     else:

@@ -150,7 +150,7 @@ def model_lines(width: int = 100) -> list[str]:
         lines.append("hf:MODEL_TYPE: needs Hugging Face transformers, which is not installed "
                      "(pip install 'geosearch[hf]')")
     else:
-        from geosearch.models.hf_support import TESTED_WITH, LEFT_OUT, left_out_types, listed_types
+        from geosearch.models.hf_configs import TESTED_WITH, LEFT_OUT, left_out_types, listed_types
 
         types, left = listed_types(), left_out_types()
         unchecked = [t for t in types if t not in LEFT_OUT] if transformers.__version__ != TESTED_WITH else []

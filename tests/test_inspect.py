@@ -57,7 +57,7 @@ def test_models_lists_the_hf_types_that_work_and_says_why_the_others_are_left_ou
     transformers = pytest.importorskip("transformers", reason=HF_REASON)
     from geosearch.cli import main
     from geosearch.models.hf_configs import LIST_HINT, causal_lm_types
-    from geosearch.models.hf_support import left_out_types, listed_types
+    from geosearch.models.hf_configs import left_out_types, listed_types
 
     assert main(["inspect", "--models"]) == 0
     out = capsys.readouterr().out

@@ -160,7 +160,7 @@ def test_train_mixtral_from_the_command_line(hf, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_encoder_decoders_and_state_space_models_are_not_listed(hf):
-    from geosearch.models.hf_support import kind_problem, left_out_types, listed_types
+    from geosearch.models.hf_configs import kind_problem, left_out_types, listed_types
 
     listed = set(listed_types())
     assert {"gptj", "gpt_neo", "mixtral", "llama"} <= listed
@@ -172,7 +172,7 @@ def test_encoder_decoders_and_state_space_models_are_not_listed(hf):
 
 @pytest.mark.slow
 def test_every_listed_type_builds_runs_probes_and_steps(hf):
-    from geosearch.models.hf_support import listed_types
+    from geosearch.models.hf_configs import listed_types
 
     sweep = _sweep()
     failed = [r for r in map(sweep.check_family, listed_types()) if not r.ok]
