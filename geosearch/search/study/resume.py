@@ -144,6 +144,8 @@ def _check_this_build(study: optuna.Study, old: dict[str, Any], run_dir: Path) -
     """Refuse, in one line, a study written by an earlier build of geosearch 0.1.0: one
     without the study attrs or space sections this build records (its target, ladder,
     stability rung and data digest)."""
+    if not study.get_trials(deepcopy=False):  # created by a command starting beside this one,
+        return  # which has not recorded its attrs yet: nothing an earlier build trained
     attrs = study.user_attrs
     missing = [k for k in (TARGET, LADDER, STABILITY) if k not in attrs]
     missing += [] if isinstance(attrs.get(DATA_DIGEST), dict) else [DATA_DIGEST]

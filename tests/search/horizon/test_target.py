@@ -348,7 +348,8 @@ def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tm
     # Rule: the summary shows what was measured, in the target's logits, against its threshold.
     out = buf.getvalue()
     assert "stability at your target: all 2 measured below max logit" in out
-    details = format_ranking(open_run_study(tmp_path / "runs" / "t"), details=True)
+    run_dir = tmp_path / "runs" / "t"
+    details = format_ranking(open_run_study(run_dir), None, run_dir, details=True)
     assert "measured by the stability rung" in details
     assert "attn=euclidean, mlp=adamw (trial" in details
     assert "measured at your target's Σ η²: max logit 10" in details
