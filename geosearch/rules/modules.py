@@ -59,6 +59,14 @@ _LLAMA_ATTENTION = (
     _rule("attn_out", r"(^|\.)self_attn\.o_proj\.weight$", "attn"),
 )
 
+_ROUTED_EXPERTS = (
+    _rule("moe_gate_up", r"(^|\.)mlp\.experts\.gate_up_proj$", "mlp", split=("moe_gate", "moe_in")),
+    _rule("moe_out", r"(^|\.)mlp\.experts\.down_proj$", "mlp"),
+)
+"""An MoE layer's expert stacks as current transformers stores them: gate and up fused
+(cut into two blocks), down on its own."""
+
+
 RULE_SETS: dict[str, tuple[ModuleRule, ...]] = {
     # nanoGPT (Karpathy) / geosearch.models.model.GPT: nn.Linear everywhere. The fused QKV
     # weight is one module type, as in the reference study.
@@ -111,8 +119,7 @@ RULE_SETS: dict[str, tuple[ModuleRule, ...]] = {
     # (family ``routing``: AdamW unless an assignment names it).
     "mixtral": (
         *_LLAMA_ATTENTION,
-        _rule("moe_gate_up", r"(^|\.)mlp\.experts\.gate_up_proj$", "mlp", split=("moe_gate", "moe_in")),
-        _rule("moe_out", r"(^|\.)mlp\.experts\.down_proj$", "mlp"),
+        *_ROUTED_EXPERTS,
         _rule("router", r"(^|\.)mlp\.gate\.weight$", "routing", default="adamw"),
     ),
     "qwen2_moe": (
@@ -120,8 +127,7 @@ RULE_SETS: dict[str, tuple[ModuleRule, ...]] = {
         _rule("mlp_gate", r"(^|\.)mlp\.shared_expert\.gate_proj\.weight$", "mlp"),
         _rule("mlp_in", r"(^|\.)mlp\.shared_expert\.up_proj\.weight$", "mlp"),
         _rule("mlp_out", r"(^|\.)mlp\.shared_expert\.down_proj\.weight$", "mlp"),
-        _rule("moe_gate_up", r"(^|\.)mlp\.experts\.gate_up_proj$", "mlp", split=("moe_gate", "moe_in")),
-        _rule("moe_out", r"(^|\.)mlp\.experts\.down_proj$", "mlp"),
+        *_ROUTED_EXPERTS,
         _rule("router", r"(^|\.)mlp\.(gate|shared_expert_gate)\.weight$", "routing", default="adamw"),
     ),
     # DeepSeek V2/V3: multi-head latent attention (queries through a low-rank q_a -> q_b,
@@ -136,8 +142,7 @@ RULE_SETS: dict[str, tuple[ModuleRule, ...]] = {
         _rule("mlp_gate", r"(^|\.)mlp\.(shared_experts\.)?gate_proj\.weight$", "mlp"),
         _rule("mlp_in", r"(^|\.)mlp\.(shared_experts\.)?up_proj\.weight$", "mlp"),
         _rule("mlp_out", r"(^|\.)mlp\.(shared_experts\.)?down_proj\.weight$", "mlp"),
-        _rule("moe_gate_up", r"(^|\.)mlp\.experts\.gate_up_proj$", "mlp", split=("moe_gate", "moe_in")),
-        _rule("moe_out", r"(^|\.)mlp\.experts\.down_proj$", "mlp"),
+        *_ROUTED_EXPERTS,
         _rule("router", r"(^|\.)mlp\.gate\.weight$", "routing", default="adamw"),
     ),
     # GPT-OSS: experts stored [experts, in, out] (``x @ W``), gate and up interleaved
