@@ -37,7 +37,6 @@ from geosearch.util.errors import ConfigError
 from geosearch.search.study.queue import enqueue, retried_numbers, trial_key, trial_params
 from geosearch.search.records import (
     ASSIGNMENT,
-    ASSIGNMENT_KEY,
     BASELINE,
     BUDGET_STEPS,
     COMPLETED,
@@ -238,7 +237,7 @@ def failed_attrs(study: optuna.Study, trial: FrozenTrial | optuna.Trial, message
 
 
 # What a point's failed verdict keeps of the trial whose worker died last.
-_POINT_ATTRS = (ASSIGNMENT, ASSIGNMENT_KEY, BUDGET_STEPS, SEEDS, RUNG_INDICES, TRIAL_DIR,
+_POINT_ATTRS = (ASSIGNMENT, BUDGET_STEPS, SEEDS, RUNG_INDICES, TRIAL_DIR,
                 NUM_PROCESSES, QUEUED_PARAMS, SEED_OF, BASELINE, STEP_FACTOR)
 
 

@@ -33,7 +33,6 @@ from geosearch.search.records import (
     RUNG_LOSSES,
     RUNG_PROBES,
     SEED_OF,
-    SIGMA_MAX,
     STABILITY_FROM,
     STABILITY_PASSED_AT,
     STABILITY_PROBES,
@@ -225,7 +224,6 @@ def run_attrs(results: list[list[TrainResult]], probes: list[list[list[dict]]],
         MEAN_STEP_MS: sum(speeds) / len(speeds) if speeds else None,
         TOKENS_PER_S: sum(tokens) / len(tokens) if tokens else None,
         MAX_LOGIT: probed[-1]["max_logit"] if probed else None,
-        SIGMA_MAX: probed[-1].get("sigma_max") if probed else None,
         RUNG_LOSSES: [[r.final_val_loss for r in rung] for rung in results],
         RUNG_PROBES: [rung[0] for rung in probes],
     }
@@ -238,7 +236,7 @@ def stopped_attrs(result: TrainResult, rows: list[dict]) -> dict[str, Any]:
     return {PROBE_HISTORY: rows, STABILITY_PROBES: rows, PRUNED_RUNG: "stability",
             STOP_STEP: result.stop_step,
             MEAN_STEP_MS: result.mean_step_ms if math.isfinite(result.mean_step_ms) else None,
-            MAX_LOGIT: last.get("max_logit"), SIGMA_MAX: last.get("sigma_max"), RUNG_LOSSES: [], RUNG_PROBES: []}
+            MAX_LOGIT: last.get("max_logit"), RUNG_LOSSES: [], RUNG_PROBES: []}
 
 
 def store_probes(trial_dir: Path, attrs: dict[str, Any]) -> None:

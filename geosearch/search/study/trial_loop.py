@@ -56,7 +56,6 @@ from geosearch.search.study.queue import (
 from geosearch.search.stats.scores import Score
 from geosearch.search.records import (
     ASSIGNMENT,
-    ASSIGNMENT_KEY,
     BASELINE,
     BUDGET_STEPS,
     COMPLETED,
@@ -358,7 +357,6 @@ class Searcher:
                          "rerun the same command to run this point again",
             STATUS: RUNNING,
             ASSIGNMENT: resolved,
-            ASSIGNMENT_KEY: ",".join(f"{t}={g}" for t, g in sorted(resolved.items())),
             BUDGET_STEPS: self.space.proxy.steps,
             SEEDS: seeds, RUNG_INDICES: [r.index for r in rungs],
             TRIAL_DIR: f"{TRIALS_DIR}/{n}",

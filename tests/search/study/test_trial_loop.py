@@ -7,7 +7,9 @@ test, which trains the tiny proxy for real and lets the real pruner stop it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import optuna
 import pytest
@@ -24,6 +26,8 @@ from geosearch.search.study.queue import done_count
 from geosearch.search.runtime.backup import read_probes_file
 from geosearch.search.runtime.storage import open_run_study
 
+pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -37,7 +41,9 @@ def test_trial_attrs_follow_the_storage_conventions(fake, tmp_path):
         ua = t.user_attrs
         assert t.state == TrialState.COMPLETE and ua["status"] == "completed"
         assert ua["assignment"]["attn_qkv"] == t.params["geometry.attn"]
-        assert ua["assignment_key"] == ",".join(f"{k}={v}" for k, v in sorted(ua["assignment"].items()))
+        # the assignment once (no "assignment_key" string beside it), the last probe's sigma_max
+        # in its probes.json row, not an attr
+        assert "assignment_key" not in ua and "sigma_max" not in ua
         assert ua["budget_steps"] == 10 and ua["seeds"] == [0] and ua["trial_dir"] == f"trials/{t.number}"
         rows = read_probes_file(tmp_path / "runs" / "t", t)["probe_history"]  # a file, no attr
         assert [p["step"] for p in rows] == [5, 10] and "probe_history" not in ua
@@ -346,3 +352,30 @@ def test_retry_failed_runs_the_failed_points_again_once(monkeypatch, tmp_path):
     assert done_count(open_run_study(tmp_path / "runs" / "t")) == 2  # the point counts once
     search(make_space(), tmp_path, retry_failed=True)  # nothing failed is left to run
     assert len(fixed.calls) == 1
+
+
+# The user attrs as a person meets them: optuna-dashboard's trial page lists one per row
+# (name, JSON value), `optuna best-trial -f yaml` one per line. A row within the project's
+# 100 columns fits beside the page's other panes; 30 rows fit one screen of a terminal or a
+# browser. (Optuna's table form puts every attr of a trial into one cell of one row, so no
+# trial with more than a few attrs fits there; its fixed columns alone take ~180.)
+ATTR_COLUMNS, ATTR_ROWS = 100, 30
+
+
+@pytest.mark.slow
+def test_a_trials_user_attrs_fit_a_screen_one_row_each(tmp_path):
+    # a real tiny search (real floats, speeds, a stability rung and a baseline), not a fake
+    space = make_space({"attn": ["euclidean"], "mlp": ["adamw"]}, target={"steps": 40},
+                       ladder={"rungs": 1, "stability_steps": 10}, baselines=["muon"])
+    out = search(space, tmp_path)
+    assert out.counts == {"completed": 1}
+    run = tmp_path / "runs" / "t"
+    for t in trials_of(tmp_path):
+        ua = dict(t.user_attrs)
+        # the lock file's absolute path is as long as the run directory's: shown relative
+        ua["worker"] = {**ua["worker"], "lock": str(Path(ua["worker"]["lock"]).relative_to(run))}
+        rows = [f"{k}: {json.dumps(v)}" for k, v in sorted(ua.items())]
+        assert len(rows) <= ATTR_ROWS and max(map(len, rows)) <= ATTR_COLUMNS, (t.number, rows)
+        # the probe histories live in the trial's files, read back whole
+        held = read_probes_file(run, t)
+        assert held["probe_history"] and held["probe_history"][-1]["sigma_max"]
