@@ -1,5 +1,6 @@
 """Suite-wide settings and the shared fixtures (``fake``: a fake trainer; ``finished``: a
-finished study to report on; ``postgres_url``: a throwaway PostgreSQL database).
+finished study to report on; ``postgres_url``: a throwaway PostgreSQL database; ``no_plots``:
+searches whose reports leave the plots out).
 
 One intra-op torch thread for every test (and ``OMP_NUM_THREADS=1`` for the subprocesses
 tests start): the models and matrices here are tiny and gain nothing from threads, while
@@ -17,6 +18,7 @@ import torch
 # fixtures shared by many test files, registered here so the files use them by name alone
 from _postgres import postgres_server, postgres_url  # noqa: F401
 from _report_study import finished  # noqa: F401
+from _no_plots import no_plots  # noqa: F401
 from _search_helpers import fake  # noqa: F401
 
 

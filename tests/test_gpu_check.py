@@ -14,6 +14,8 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import gpu_check  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
+
 
 @pytest.mark.slow
 def test_cpu_fallback_writes_every_section(tmp_path):

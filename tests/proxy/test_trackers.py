@@ -21,6 +21,8 @@ from geosearch.search.space.spec import apply_overrides
 
 from _search_helpers import make_space, search
 
+pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
+
 MIXED = "attn=stiefel,mlp=dgram"
 MIXED_A = Assignment.parse(MIXED)
 

@@ -27,6 +27,8 @@ from geosearch.search.study import failures as recovery
 from geosearch.search.space.spec import SearchSpace
 from geosearch.search.study.run import run_search
 
+pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
+
 REPO = Path(__file__).resolve().parents[3]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

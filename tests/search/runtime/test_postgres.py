@@ -21,6 +21,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
+
 REPO = Path(__file__).resolve().parents[3]
 
 

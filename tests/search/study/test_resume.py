@@ -32,6 +32,8 @@ from geosearch.search.study.resume import (
 )
 from geosearch.search.runtime.storage import open_run_study
 
+pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
