@@ -26,7 +26,7 @@ from torch import nn
 
 from geosearch.assignment import Assignment
 from geosearch.util.errors import ConfigError
-from geosearch.manifolds import ADAMW
+from geosearch.optim.settings import ADAMW
 from geosearch.optim import settings as catalog
 from geosearch.optim import sharded
 from geosearch.optim.muon import ManifoldMuon

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from geosearch.assignment import Assignment, load_assignment
 from geosearch.util.errors import ConfigError
 from geosearch.util.frozen import FrozenMap, thaw
-from geosearch.manifolds import ADAMW
+from geosearch.optim.settings import ADAMW
 from geosearch.rules.modules import (
     PER_MATRIX,
     STACKED,

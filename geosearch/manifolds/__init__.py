@@ -37,7 +37,9 @@ __all__ = [
     "register_manifold",
 ]
 
-# Not a manifold: the geometry name that means "train these weights with AdamW".
+# Not a manifold: the geometry name that means "train these weights with AdamW". Every layer
+# above the optimizer reads it from geosearch.optim.settings, which loads no torch (this
+# package imports nothing else, so it cannot import that one); a test pins the two equal.
 ADAMW = "adamw"
 
 

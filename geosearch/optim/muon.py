@@ -44,8 +44,9 @@ import torch
 from torch import Tensor
 
 from geosearch.util.errors import ConfigError
-from geosearch.manifolds import ADAMW, Manifold, get_manifold, manifold_names
+from geosearch.manifolds import Manifold, get_manifold, manifold_names
 from geosearch.optim import grouped, settings, sharded
+from geosearch.optim.settings import ADAMW
 from geosearch.optim.blocks import block_view
 
 __all__ = ["ManifoldMuon", "MUON_DEFAULTS", "MUON_SCALES", "ADAMW_DEFAULTS", "SOLVERS"]
@@ -57,7 +58,7 @@ MUON_DEFAULTS: dict[str, Any] = settings.group_defaults(settings.MUON)
 """Manifold-Muon group keys and their defaults (a copy of the settings catalog's, which
 groups are checked against)."""
 
-ADAMW_DEFAULTS: dict[str, Any] = settings.group_defaults(settings.ADAMW)
+ADAMW_DEFAULTS: dict[str, Any] = settings.group_defaults(ADAMW)
 """AdamW group keys and their defaults (a copy of the settings catalog's)."""
 
 MUON_SCALES: dict[str, Callable[[int, int], float]] = {
@@ -301,7 +302,7 @@ def _complete_group(group: dict[str, Any], index: int) -> dict[str, Any]:
     if len(names) > 1 and ADAMW in names:
         raise ConfigError(f"{where}: 'adamw' cannot be one block of a split weight", source=_SOURCE,
                           key="geometry", allowed=manifold_names())
-    defaults = settings.group_defaults(settings.ADAMW if geometry == ADAMW else settings.MUON)
+    defaults = settings.group_defaults(ADAMW if geometry == ADAMW else settings.MUON)
     allowed = list(_COMMON_KEYS) + list(defaults)
     unknown = [k for k in group if k not in allowed and k not in _TORCH_KEYS]
     if unknown:
@@ -316,7 +317,7 @@ def _complete_group(group: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def _check_values(group: dict[str, Any], where: str, names: tuple[str, ...], keys: Iterable[str]) -> None:
-    kind = settings.ADAMW if group["geometry"] == ADAMW else settings.MUON
+    kind = ADAMW if group["geometry"] == ADAMW else settings.MUON
     for key in keys:
         setting = settings.group_setting(kind, key)
         value, want = settings.validate(setting.name, group[key], group=True)
@@ -324,7 +325,7 @@ def _check_values(group: dict[str, Any], where: str, names: tuple[str, ...], key
             raise ConfigError(f"{where}: {key} must be {want}, got {group[key]!r}", source=_SOURCE, key=key,
                               allowed=setting.choices or None)
         group[key] = value
-    if kind == settings.ADAMW:
+    if kind == ADAMW:
         return
     if len(names) > 1 and len(names) != group["split"]:
         raise ConfigError(f"{where}: {len(names)} geometries {names} for split={group['split']} blocks; give "

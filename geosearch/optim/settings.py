@@ -51,7 +51,8 @@ __all__ = [
 MUON, ADAMW, EUCLIDEAN, LAYOUT = "muon", "adamw", "euclidean", "layout"
 SCOPES = (MUON, ADAMW, EUCLIDEAN, LAYOUT)
 """The scopes of the module docstring. ``"adamw"`` and ``"euclidean"`` are also the
-geometry names of the same meaning (see :mod:`geosearch.manifolds`)."""
+geometry names of the same meaning: :data:`ADAMW` is the torch-free home of
+``geosearch.manifolds.ADAMW``, which every layer above the optimizer reads from here."""
 
 RANGES: dict[str, Range] = {
     "positive": Range(0, open_low=True),

@@ -44,7 +44,8 @@ import torch.nn as nn
 
 from geosearch.util.checks import is_int
 from geosearch.util.errors import ConfigError
-from geosearch.manifolds import ADAMW, geometry_names, get_manifold
+from geosearch.manifolds import geometry_names, get_manifold
+from geosearch.optim.settings import ADAMW
 from geosearch.optim.blocks import block_view
 from geosearch.plan import Plan, bind
 from geosearch.models.model import CausalSelfAttention

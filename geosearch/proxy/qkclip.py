@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from geosearch.util.errors import ConfigError
-from geosearch.manifolds import ADAMW
+from geosearch.optim.settings import ADAMW
 from geosearch.rules.modules import fused_qkv_layout
 from geosearch.plan import ParamPlan, Plan
 from geosearch.proxy.config import check_qk_clip

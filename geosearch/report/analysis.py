@@ -216,15 +216,15 @@ def stability_table(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
     """
     counts: dict[tuple[str, str], dict[str, Any]] = {}
     for t in trials:
-        if t.state not in FINISHED:
+        if t.status not in FINISHED:
             continue
         for p, v in t.geometry_params.items():
             row = counts.setdefault(
                 (p, v), {"param": p, "value": v, "trials": 0, "unstable": 0, "failed": 0, "best": math.nan}
             )
             row["trials"] += 1
-            if t.state in ("unstable", "failed"):
-                row[t.state] += 1
+            if t.status in ("unstable", "failed"):
+                row[t.status] += 1
             elif t.loss.n and (math.isnan(row["best"]) or t.loss.mean < row["best"]):
                 row["best"] = t.loss.mean
     return [counts[k] for k in sorted(counts)]
@@ -264,7 +264,7 @@ def cost_table(trials: Sequence[TrialRecord]) -> CostTable:
     (the mean over trials whose assignment is all-``adamw``, else all-``euclidean``; without
     either, the fastest trial, and the text says so); tokens/s over the same trials.
     """
-    timed = [t for t in trials if t.state in ("completed", "unstable") and t.mean_step_ms is not None]
+    timed = [t for t in trials if t.status in ("completed", "unstable") and t.mean_step_ms is not None]
     cost = step_cost((t.number, _uniform(t), t.label, t.mean_step_ms) for t in timed)
     if not timed or cost.ms is None:
         return CostTable("no trial recorded its step time", [], [])
@@ -321,7 +321,7 @@ def pareto_trials(trials: Sequence[TrialRecord]) -> tuple[list[TrialRecord], lis
     Returns:
         (the trials, :func:`pareto_front` of their (time, mean val loss) points).
     """
-    pts = [t for t in trials if t.state == "completed" and t.loss.n and t.time_s() is not None]
+    pts = [t for t in trials if t.status == "completed" and t.loss.n and t.time_s() is not None]
     front = pareto_front([(t.time_s(), t.loss.mean) for t in pts])  # type: ignore[misc]
     return pts, front
 

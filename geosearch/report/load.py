@@ -68,7 +68,7 @@ class TrialRecord:
 
     Attributes:
         number: Optuna trial number.
-        state: "completed", "unstable" (pruned as unstable), "pruned" (by a loss pruner),
+        status: "completed", "unstable" (pruned as unstable), "pruned" (by a loss pruner),
             "failed", "interrupted" (its worker died or was stopped; the point was queued
             again), "running" or "waiting"
             (:func:`geosearch.search.records.trial_status`).
@@ -97,7 +97,7 @@ class TrialRecord:
     """
 
     number: int
-    state: str
+    status: str
     label: str
     assignment: dict[str, str]
     geometry_params: dict[str, str]
@@ -234,38 +234,38 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
     other = {k: v for k, v in sorted(trial.params.items()) if not k.startswith("geometry.")}
     assignment = ua.get(ASSIGNMENT) if isinstance(ua.get(ASSIGNMENT), dict) else {}
     assignment = {str(k): str(v) for k, v in assignment.items()}
-    state = trial_status(trial)
+    status = trial_status(trial)
 
     trial_dir = run_dir / str(ua.get(TRIAL_DIR) or f"trials/{trial.number}")
     metrics = _trial_metrics(trial_dir)
     first = metrics[0] if metrics else []
 
     stop_step = ua.get(STOP_STEP)
-    if stop_step is None and state in ("unstable", "pruned"):
+    if stop_step is None and status in ("unstable", "pruned"):
         # no attr: the last step the pruner saw, else the last step in metrics.jsonl
         stop_step = trial.last_step
         if stop_step is None and first:
             stop_step = first[-1].get("step")
     reason = None
-    if state in ("unstable", "pruned"):
+    if status in ("unstable", "pruned"):
         reason = ua.get(PRUNE_REASON) or "no reason recorded"
-    elif state == "failed":
+    elif status == "failed":
         reason = ua.get(FAIL_REASON) or "no message recorded"
-    elif state in ("interrupted", "retried"):
-        reason = ua.get(FAIL_REASON) or state
+    elif status in ("interrupted", "retried"):
+        reason = ua.get(FAIL_REASON) or status
 
     last_step = as_finite(first[-1].get("step")) if first else None
     budget = as_finite(ua.get(BUDGET_STEPS))
     if stop_step is not None:
         steps_run = int(stop_step)
-    elif state == "completed" and budget is not None:
+    elif status == "completed" and budget is not None:
         steps_run = int(budget)
     else:
         steps_run = int(last_step) if last_step is not None else None
     reached = rung_means(ua.get(RUNG_LOSSES)) or []
     if len(rungs) > 1 and reached and steps_run is not None:  # the rungs below the last reached
         lower = sum(r.steps for r in rungs[:len(reached) - 1])
-        steps_run = lower + (rungs[len(reached) - 1].steps if state == "completed" else steps_run)
+        steps_run = lower + (rungs[len(reached) - 1].steps if status == "completed" else steps_run)
 
     mean_step_ms = as_finite(ua.get(MEAN_STEP_MS))
     if mean_step_ms is None:
@@ -284,7 +284,7 @@ def _record(trial: FrozenTrial, run_dir: Path, rungs: list[Rung], score: Score |
         indices = list(range(len(reached)))
     return TrialRecord(
         number=trial.number,
-        state=state,
+        status=status,
         label=trial_label(trial, hyperparams=False),
         assignment=assignment,
         geometry_params=geo,
@@ -374,7 +374,7 @@ def load_run(run_dir: str | Path, *, study_name: str | None = None, storage: str
               if SEED_OF not in t.user_attrs and BASELINE not in t.user_attrs]
     baselines = [_record(t, run_dir, rungs) for t in ran  # not a step halving's seed trial of one
                  if BASELINE in t.user_attrs and SEED_OF not in t.user_attrs]
-    completed = [r.number for r in points + baselines if r.state == "completed"]
+    completed = [r.number for r in points + baselines if r.status == "completed"]
     return RunData(run_dir, where, study, points, threshold, source, attrs,
                    not_run=len(every) - len(ran), target=target if isinstance(target, dict) else None,
                    rungs=rungs, reading=study_reading(study), baselines=baselines,

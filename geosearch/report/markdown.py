@@ -111,17 +111,17 @@ def render_markdown(
         verdict: from :func:`geosearch.search.study.export.study_verdict`: the Result section
             as sections and tables (default: built from ``run.study``).
     """
-    by_state: dict[str, list[TrialRecord]] = {}
+    by_status: dict[str, list[TrialRecord]] = {}
     for t in run.trials:
-        by_state.setdefault(t.state, []).append(t)
+        by_status.setdefault(t.status, []).append(t)
     sections = [
-        _md_header(run, by_state),
-        _md_result(ranking, by_state.get("unstable", []), run, verdict),
+        _md_header(run, by_status),
+        _md_result(ranking, by_status.get("unstable", []), run, verdict),
         _md_horizon(run, plots),
         _md_stability(run),
         _md_ranking(ranking, {t.number: t for t in run.trials}),
         *([_md_shared_ranking(ranking, {t.number: t for t in run.trials})] if ranking.steps is not None else []),
-        _md_unfinished(by_state),
+        _md_unfinished(by_status),
         *([_md_baselines(baselines)] if baselines is not None else []),
         _md_importance(importance, stability_table(run.trials)),
         _md_cost(cost),
@@ -136,7 +136,7 @@ def _step(t: TrialRecord) -> str:
     return str(t.stop_step) if t.stop_step is not None else "?"
 
 
-def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str]:
+def _md_header(run: RunData, by_status: dict[str, list[TrialRecord]]) -> list[str]:
     lines = [f"# geosearch report: {run.study_name}", ""]
     lines.append(f"- run directory: `{run.run_dir}`; storage: `{run.storage}`")
     if run.attrs.get(GEOSEARCH_VERSION):
@@ -144,8 +144,8 @@ def _md_header(run: RunData, by_state: dict[str, list[TrialRecord]]) -> list[str
     proxy = run.attrs.get(PROXY)
     if isinstance(proxy, dict) and proxy:
         lines.append("- proxy: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in proxy.items()))
-    counts = [f"{len(by_state.get(s, []))} {s}" for s in FINISHED if s != PRUNED or by_state.get(s)]
-    counts += [f"{len(v)} {s}" for s, v in by_state.items() if s not in FINISHED]
+    counts = [f"{len(by_status.get(s, []))} {s}" for s in FINISHED if s != PRUNED or by_status.get(s)]
+    counts += [f"{len(v)} {s}" for s, v in by_status.items() if s not in FINISHED]
     lines.append(f"- trials: {len(run.trials)} ({', '.join(counts)})")
     if run.seed_trials:
         lines.append(f"- adaptive seeds: {run.seed_trials} seed trials, merged into their "
@@ -181,9 +181,9 @@ def _md_horizon(run: RunData, plots: dict[str, str]) -> list[str]:
     ranked = [r for r in run.trials if r.rung_losses]
     if run.rungs:
         lines += [""] + _table(
-            ["assignment", "state", *(f"Σ η {r.sum_eta:.3g} ({r.steps} steps, η {r.spectral_lr:.3g})"
+            ["assignment", "status", *(f"Σ η {r.sum_eta:.3g} ({r.steps} steps, η {r.spectral_lr:.3g})"
                                       for r in run.rungs)],
-            [[r.label, r.state, *(_fmt(r.rung_losses[i]) if i < len(r.rung_losses) else "—"
+            [[r.label, r.status, *(_fmt(r.rung_losses[i]) if i < len(r.rung_losses) else "—"
                                   for i in range(len(run.rungs)))] for r in ranked])
     if run.reading is None:
         lines += ["", "The target is the proxy run itself: there is nothing to compare."]
@@ -333,34 +333,34 @@ def _md_baseline_blocks(table: BaselineTable, grid: bool) -> list[str]:
     return lines
 
 
-def _md_unfinished(by_state: dict[str, list[TrialRecord]]) -> list[str]:
-    unstable = by_state.get("unstable", [])
+def _md_unfinished(by_status: dict[str, list[TrialRecord]]) -> list[str]:
+    unstable = by_status.get("unstable", [])
     lines = ["## Unstable trials (pruned)", ""]
     if unstable:
         lines += _table(["trial", "assignment", "stopped at step", "reason"],
                         [[t.number, t.label, _step(t), t.reason] for t in unstable])
     else:
         lines.append("None.")
-    pruned = by_state.get("pruned", [])
+    pruned = by_status.get("pruned", [])
     if pruned:
         lines += ["", "Pruned by the loss pruner (slow, not unstable):", ""]
         lines += _table(["trial", "assignment", "stopped at step", "reason"],
                         [[t.number, t.label, _step(t), t.reason] for t in pruned])
-    failed = by_state.get("failed", [])
+    failed = by_status.get("failed", [])
     if failed:
         lines += ["", "## Failed trials", ""]
         lines += _table(["trial", "assignment", "message"], [[t.number, t.label, t.reason] for t in failed])
-    others = [t for s, v in by_state.items() if s not in FINISHED for t in v]
+    others = [t for s, v in by_status.items() if s not in FINISHED for t in v]
     if others:
         lines += ["", "## Not finished", ""]
-        if by_state.get("interrupted"):
+        if by_status.get("interrupted"):
             lines += ["Interrupted trials were stopped by Ctrl-C or lost their worker; their "
                       "point was queued again, and rerunning the search runs it.", ""]
-        if by_state.get("retried"):
+        if by_status.get("retried"):
             lines += ["Retried trials failed because of their environment (out of memory, CUDA, "
                       "disk, storage); their point was queued again (`--max-retries`).", ""]
-        lines += _table(["trial", "assignment", "state", "note"],
-                        [[t.number, t.label, t.state, t.reason or ""] for t in others])
+        lines += _table(["trial", "assignment", "status", "note"],
+                        [[t.number, t.label, t.status, t.reason or ""] for t in others])
     return lines
 
 
@@ -435,11 +435,11 @@ def _md_cost(cost: CostTable) -> list[str]:
         "",
     ]
     rows = [
-        [c.trial.number, c.trial.label, c.trial.state, _fmt(c.step_ms, ".1f"), _fmt(c.step_ratio, ".2f"),
+        [c.trial.number, c.trial.label, c.trial.status, _fmt(c.step_ms, ".1f"), _fmt(c.step_ratio, ".2f"),
          _fmt(c.tokens_per_s, ",.0f"), _fmt(c.tokens_ratio, ".2f"), _fmt(c.time_s, ".1f")]
         for c in cost.rows
     ]
-    header = ["trial", "assignment", "state", "ms/step", "× baseline", "tokens/s", "× baseline", "time (s)"]
+    header = ["trial", "assignment", "status", "ms/step", "× baseline", "tokens/s", "× baseline", "time (s)"]
     return lines + _table(header, rows)
 
 

@@ -158,7 +158,7 @@ def make_plots(
 def _seed_style(t: TrialRecord, seed: int) -> dict[str, Any]:
     """A trial's curve of its ``seed``-th run: the first seed bold, the others faint; dashed
     when the trial was pruned as unstable."""
-    return {"alpha": 0.85 if seed == 0 else 0.35, "ls": "--" if t.state == "unstable" else "-"}
+    return {"alpha": 0.85 if seed == 0 else 0.35, "ls": "--" if t.status == "unstable" else "-"}
 
 
 def _baseline_style(t: TrialRecord, seed: int = 0) -> dict[str, Any]:
@@ -196,7 +196,7 @@ def _max_logit_figure(Figure, run: RunData):
                 style = _baseline_style(t, k)
                 style["label"] += _rung_note(run, t)
             ax.plot(xs, ys, lw=1.2, **style)
-            if t.state == "unstable" and k == 0:
+            if t.status == "unstable" and k == 0:
                 ax.plot(xs[-1], ys[-1], "x", color=style["color"], ms=8)
     if run.threshold is not None:
         ax.axhline(run.threshold, color="black", ls=":", lw=1.2,
@@ -309,7 +309,7 @@ def _layers_figure(Figure, run: RunData):
     import matplotlib
 
     order = sorted(run.trials, key=lambda t: (0, t.loss.mean, t.number)
-                   if t.state == "completed" and t.loss.n else (1, 0.0, t.number))
+                   if t.status == "completed" and t.loss.n else (1, 0.0, t.number))
     points = [(t, rows) for t in order if (rows := layer_logits(t))]
     bases = [(t, rows) for t in run.baselines if (rows := layer_logits(t))]
     if not points and not bases:
@@ -329,7 +329,7 @@ def _layers_figure(Figure, run: RunData):
         if run.threshold is not None:
             ax.axhline(run.threshold, color="black", ls=":", lw=1.0, label=f"prune threshold {run.threshold:g}")
         ax.set_yscale("log")
-        state = "" if t.state == "completed" else f", {t.state}"
+        state = "" if t.status == "completed" else f", {t.status}"
         ax.set_title(f"{t.label}{_rung_note(run, t)}\n(trial {t.number}{state})", fontsize="small")
         ax.set_xlabel("step", fontsize="small")
         if k % ncol == 0:
@@ -361,7 +361,7 @@ def _horizon_figure(Figure, run: RunData):
     extrapolate = run.reading is not None and run.reading.extrapolated
     for t in trials:
         if t.baseline is None:
-            style = {"color": colours[t.label], "ls": "--" if t.state == "unstable" else "-", "label": t.label}
+            style = {"color": colours[t.label], "ls": "--" if t.status == "unstable" else "-", "label": t.label}
         else:
             style = {k: v for k, v in _baseline_style(t).items() if k != "alpha"}
             style["label"] += _rung_note(run, t)
@@ -369,7 +369,7 @@ def _horizon_figure(Figure, run: RunData):
         points = losses[t.number]
         if points:
             ax_loss.plot(*zip(*points), marker="o", lw=1.4, **style)
-            if (extrapolate and t.baseline is None and t.state == "completed"
+            if (extrapolate and t.baseline is None and t.status == "completed"
                     and len(points) == len(run.rungs) > 1):
                 end = forecast_at(run.rungs, [y for _, y in points], target)
                 ax_loss.plot([points[-1][0], target], [points[-1][1], end], color=style["color"],

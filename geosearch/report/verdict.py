@@ -118,7 +118,7 @@ def verdict_sections(v: Verdict, *, at_own_step: bool = False) -> list[str]:
             "",
         ]
         lines += _table(
-            ["baseline", "trial", "state", "its val loss", "winner − baseline", "± 95%", "reading"],
+            ["baseline", "trial", "status", "its val loss", "winner − baseline", "± 95%", "reading"],
             [
                 [
                     b.name,

@@ -144,3 +144,11 @@ def test_a_new_setting_is_one_row(monkeypatch):
         replace(a, options={"mlp": {"dual_decay": 2}})
     with pytest.raises(ConfigError, match="dual_decay must be a number in"):
         ManifoldMuon([{"params": [nn.Parameter(torch.randn(4, 4))], "geometry": "stiefel", "dual_decay": -1}])
+
+
+def test_the_adamw_geometry_has_one_name_in_both_homes():
+    # Rule: geosearch.manifolds (which imports nothing else) and the torch-free settings, where
+    # every layer above the optimizer reads it, name the AdamW geometry alike.
+    import geosearch.manifolds
+
+    assert settings.ADAMW == geosearch.manifolds.ADAMW == ADAMW == "adamw"

@@ -59,7 +59,7 @@ def test_bookkeeping_trials_are_hidden_and_interrupted_ones_named(tmp_path: Path
     failed = add(s, run, "euclidean", "euclidean", state=TrialState.FAIL, metrics=False,
                  attrs={"fail_reason": "RuntimeError: boom"})
     loaded = rp.load_run(run)
-    assert {t.number: t.state for t in loaded.trials} == {
+    assert {t.number: t.status for t in loaded.trials} == {
         0: "completed", killed: "interrupted", stopped: "interrupted", failed: "failed"}
     assert loaded.not_run == 2
     text = rp.write_report(run, plots=False).report.read_text()
