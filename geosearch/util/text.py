@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Container, Sequence
 
-__all__ = ["text_table"]
+__all__ = ["WIDTH", "text_table", "wrap"]
+
+WIDTH = 100
+"""The widest line the commands print: the search's header and the lines after its trials."""
+
+
+def wrap(line: str, width: int = WIDTH, indent: str = "    ") -> list[str]:
+    """``line`` broken at spaces into lines of at most ``width`` columns, the later ones
+    indented by ``indent`` (a word longer than a line stays whole, on its own line).
+
+    Example:
+        >>> wrap("  target: 2000 steps at spectral_lr 0.02", width=24)
+        ['  target: 2000 steps at', '    spectral_lr 0.02']
+    """
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False) or [line]
 
 
 def text_table(cells: Sequence[Sequence[str]], numbers: Container[int] = (), indent: str = "  ") -> list[str]:

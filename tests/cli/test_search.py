@@ -24,6 +24,8 @@ from geosearch.assignment import load_assignment
 from geosearch.cli import build_parser, main
 from geosearch.search.space.spec import CLI_FLAGS
 
+pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
+
 REPO = Path(__file__).resolve().parents[2]
 PROXY = {"model": "tiny", "batch_size": 2, "eval_batches": 1, "probe_batch_size": 1, "device": "cpu"}
 
@@ -361,3 +363,27 @@ def test_search_takes_the_vocabulary_of_a_bare_token_directory_from_vocab_size(f
     study = optuna.load_study(study_name="v", storage=f"sqlite:///{tmp_path / 'runs' / 'v' / 'study.db'}")
     assert study.user_attrs["proxy"]["vocab_size"] == study.user_attrs["space"]["proxy"]["vocab_size"] == 300
     assert study.user_attrs["data_digest"]["data"]["files"] == 2
+
+
+@pytest.mark.slow
+def test_the_default_search_prints_a_narrow_header_and_at_most_30_lines_after_its_trials(
+        fake, tmp_path, capsys, monkeypatch):
+    import geosearch.report
+    from geosearch.util.text import WIDTH
+
+    monkeypatch.chdir(tmp_path)  # relative paths: the lines' width does not depend on tmp_path
+    # the plots' files are not what this checks (matplotlib's ~10 s): said as written
+    monkeypatch.setattr(geosearch.report, "make_plots", lambda run, folder, *a: ({"val_loss": Path(folder)}, []))
+    assert main(["search", "--space", "default", "--model", "tiny", "--steps", "10",
+                 "--batch-size", "2", "--runs-dir", "runs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[:next(i for i, ln in enumerate(lines) if ln.startswith("study 'default' in "))]
+    after = lines[next(i for i, ln in enumerate(lines) if ln.startswith("stopped: ")):]
+    # Rule: the header (the space, the target and ladder, the cost) wraps at 100 columns; what
+    # follows the per-trial lines (the table, the verdict's lines, where the answer is) is at
+    # most 30 lines, none wider than 100 columns.
+    assert header[0].startswith("search space 'default'") and any("  target: " in ln for ln in header)
+    assert max(map(len, header)) <= WIDTH, header
+    assert after[-1] == "best assignment: runs/default/best_assignment.yaml (report.md, plots/ beside it)"
+    assert any(ln.startswith("verdict: ") for ln in after)
+    assert len(after) <= 30 and max(map(len, after)) <= WIDTH, after

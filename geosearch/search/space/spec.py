@@ -31,6 +31,7 @@ import optuna
 from geosearch.assignment import Assignment
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import read_user_text
+from geosearch.util.text import wrap
 from geosearch.rules.modules import ModuleRule
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.horizon.pruner import LogitGrowthPruner
@@ -289,7 +290,7 @@ class SearchSpace:
     def summary(self, plan_lines: Sequence[str] = ()) -> str:
         """A few lines for a person: what is searched, how, on which proxy; ``plan_lines``
         (the study plan's :meth:`~geosearch.search.space.plan.StudyPlan.header_lines`) go
-        before the sampler's."""
+        before the sampler's. Each is wrapped at :data:`~geosearch.util.text.WIDTH` columns."""
         by_choices: dict[tuple[str, ...], list[str]] = {}
         for k, v in self.geometries.items():
             by_choices.setdefault(v, []).append(k)
@@ -312,7 +313,7 @@ class SearchSpace:
         seeds = f"{self.repeats} seed(s) each" + (
             f", up to {self.max_repeats} for the contenders (adaptive)"
             if self.max_repeats and self.max_repeats > self.repeats else "")
-        return "\n".join([
+        lines = [
             f"search space {self.name!r} ({self.source or 'inline'})",
             f"  geometries: {params}"
             + (f" = {size} {'points' if self.hyperparams.step_grid else 'assignments'}"
@@ -325,7 +326,8 @@ class SearchSpace:
             *plan_lines,
             f"  sampler: {self.sampler_type()}; budget: trials {self.budget.trials}, "
             f"timeout {self.budget.timeout}",
-        ])
+        ]
+        return "\n".join(part for line in lines for part in wrap(line))  # at most WIDTH columns
 
 
 # --------------------------------------------------------------------------- loading

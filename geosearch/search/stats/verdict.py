@@ -21,6 +21,7 @@ from typing import Any
 from geosearch.search.stats.ranking import Ranking, _test_text
 from geosearch.search.stats.track import ORDER_RECORD
 from geosearch.search.stats.track import track_record
+from geosearch.util.text import WIDTH
 
 __all__ = [
     "BaselineGap",
@@ -35,8 +36,6 @@ __all__ = [
     "verdict_record",
 ]
 
-WIDTH = 100
-"""The widest line the search prints after its per-trial lines."""
 
 def clip(line: str, width: int = WIDTH) -> str:
     """``line`` cut to ``width`` columns, ending in ``…`` when cut."""
