@@ -25,7 +25,10 @@ def space(**changes):
 
 
 def header(space):
-    """The search header of ``space``: its summary with its study plan's lines."""
+    """The search header of ``space``: its summary with its study plan's lines, each line a
+    key's whole (the header wraps them at 100 columns, checked here, indenting the rest)."""
     from geosearch.search.space.plan import plan_study
 
-    return space.summary(plan_study(space).header_lines())
+    text = space.summary(plan_study(space).header_lines())
+    assert max(map(len, text.splitlines())) <= 100, text
+    return text.replace("\n    ", " ")
