@@ -357,8 +357,10 @@ def test_retry_failed_runs_the_failed_points_again_once(monkeypatch, tmp_path):
 # The user attrs as a person meets them: optuna-dashboard's trial page lists one per row
 # (name, JSON value), `optuna best-trial -f yaml` one per line. A row within the project's
 # 100 columns fits beside the page's other panes; 30 rows fit one screen of a terminal or a
-# browser. (Optuna's table form puts every attr of a trial into one cell of one row, so no
-# trial with more than a few attrs fits there; its fixed columns alone take ~180.)
+# browser. The assignment is the exception: one `type: geometry` pair per module type of the
+# model (4 here, 7 for Llama), so its width is the model's: each pair within 30 columns.
+# (Optuna's table form puts every attr of a trial into one cell of one row, so no trial
+# with more than a few attrs fits there; its fixed columns alone take ~180.)
 ATTR_COLUMNS, ATTR_ROWS = 100, 30
 
 
@@ -368,14 +370,16 @@ def test_a_trials_user_attrs_fit_a_screen_one_row_each(tmp_path):
     space = make_space({"attn": ["euclidean"], "mlp": ["adamw"]}, target={"steps": 40},
                        ladder={"rungs": 1, "stability_steps": 10}, baselines=["muon"])
     out = search(space, tmp_path)
-    assert out.counts == {"completed": 1}
+    assert out.counts == {"completed": 2}  # the point and the baseline
     run = tmp_path / "runs" / "t"
     for t in trials_of(tmp_path):
         ua = dict(t.user_attrs)
         # the lock file's absolute path is as long as the run directory's: shown relative
         ua["worker"] = {**ua["worker"], "lock": str(Path(ua["worker"]["lock"]).relative_to(run))}
+        pairs = [f"{k}: {json.dumps(v)}" for k, v in ua.pop("assignment").items()]
         rows = [f"{k}: {json.dumps(v)}" for k, v in sorted(ua.items())]
-        assert len(rows) <= ATTR_ROWS and max(map(len, rows)) <= ATTR_COLUMNS, (t.number, rows)
+        assert len(rows) + 1 <= ATTR_ROWS and max(map(len, rows)) <= ATTR_COLUMNS, (t.number, rows)
+        assert len(pairs) == 4 and max(map(len, pairs)) <= 30, pairs
         # the probe histories live in the trial's files, read back whole
         held = read_probes_file(run, t)
         assert held["probe_history"] and held["probe_history"][-1]["sigma_max"]
