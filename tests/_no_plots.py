@@ -29,11 +29,17 @@ def _no_matplotlib(*args, **kwargs):
     raise ImportError("matplotlib is left out of this test (tests/_no_plots.py)")
 
 
+def leave_out_plots(mp: pytest.MonkeyPatch) -> None:
+    """Through ``mp``, the searches write their reports without plots: in this process, and
+    in the commands started with its environment (for a fixture of a wider scope)."""
+    import geosearch.report
+
+    mp.setattr(geosearch.report, "make_plots", _no_matplotlib)
+    mp.setenv("PYTHONPATH", without_plots(dict(os.environ))["PYTHONPATH"])
+
+
 @pytest.fixture
 def no_plots(monkeypatch):
     """This test's searches write their reports without plots: here, and in the commands it
     starts with this process's environment."""
-    import geosearch.report
-
-    monkeypatch.setattr(geosearch.report, "make_plots", _no_matplotlib)
-    monkeypatch.setenv("PYTHONPATH", without_plots(dict(os.environ))["PYTHONPATH"])
+    leave_out_plots(monkeypatch)

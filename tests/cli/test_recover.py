@@ -19,9 +19,12 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from _no_plots import leave_out_plots
 
 from geosearch.cli import main
 from geosearch.search.runtime.storage import open_run_study
+
+pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -53,6 +56,7 @@ def searched(tmp_path_factory):
         mp.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         mp.setenv("OMP_NUM_THREADS", "1")
         mp.setenv("MPLBACKEND", "Agg")
+        leave_out_plots(mp)  # no test here checks a plot
         for kind in KINDS:
             folder = tmp_path_factory.mktemp(kind)
             args = search_args(folder, "s", kind)
