@@ -357,7 +357,7 @@ def test_the_stability_rung_trains_first_at_the_targets_sum_eta2(monkeypatch, tm
     assert "attn=euclidean, mlp=adamw (trial" in details
     assert "measured at your target's Σ η²: max logit 10" in details
     # Rule: the header counts its steps (one seed of stability_steps per point and muon).
-    assert "the stability rung (10 steps, 1 seed) (30 steps each)" in out
+    assert "the stability rung (10 steps, 1 seed) (30 steps each)" in out.replace("\n    ", " ")  # unwrapped
 
 
 @pytest.mark.slow
