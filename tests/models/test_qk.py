@@ -257,13 +257,14 @@ def test_falcon_is_captured_from_transformers_5_25_and_said_why_not_before(layou
     from geosearch.models.zoo import build_model
 
     torch.manual_seed(0)
-    built = build_model("hf:falcon", vocab_size=256, block_size=T,
-                        model_args=dict(FALCON[layout], attn_implementation="geosearch_test_recording"))
-    if Version(transformers.__version__) < Version("5.25"):
+    if Version(transformers.__version__) < Version("5.25"):  # its own attention classes
+        built = build_model("hf:falcon", vocab_size=256, block_size=T, model_args=FALCON[layout])
         # Rule: before 5.25 Falcon computes its logits itself: no source, the reason says so.
         assert built.qk_source is None
         assert "computes the attention logits inside its own forward" in why_no_qk_source(built.model)
         return
+    built = build_model("hf:falcon", vocab_size=256, block_size=T,
+                        model_args=dict(FALCON[layout], attn_implementation="geosearch_test_recording"))
     # Rule: from 5.25 Falcon's attention calls AttentionInterface: captured as the kernel gets
     # its queries and keys (the interleaved or grouped query_key_value cut by Falcon itself).
     assert built.qk_source == "attention_interface" and built.warnings == []
