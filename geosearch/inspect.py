@@ -153,15 +153,16 @@ def model_lines(width: int = 100) -> list[str]:
         from geosearch.models.hf_configs import TESTED_WITH, LEFT_OUT, left_out_types, listed_types
 
         types, left = listed_types(), left_out_types()
-        unchecked = [t for t in types if t not in LEFT_OUT] if transformers.__version__ != TESTED_WITH else []
+        checked = transformers.__version__ in TESTED_WITH
+        unchecked = [] if checked else [t for t in types if t not in LEFT_OUT]
         lines += [f"hf:MODEL_TYPE, the {len(types)} decoder-only causal LM types of transformers "
                   f"{transformers.__version__} that work at their", "default size (build, forward, "
                   "probes, a step; random weights, no download):"]
         lines += textwrap.wrap(", ".join(types), width=width, initial_indent="  ", subsequent_indent="  ",
                                break_on_hyphens=False)
         if unchecked:
-            lines.append(f"  (checked with transformers {TESTED_WITH}; run benchmarks/hf_families.py to check "
-                         "this version)")
+            lines.append(f"  (checked with transformers {', '.join(TESTED_WITH)}; "
+                         "run benchmarks/hf_families.py to check this version)")
         lines.append(f"left out, {len(left)} causal LM types of transformers {transformers.__version__}:")
         for t, why in sorted(left.items()):
             lines += textwrap.wrap(f"{t}: {why}", width=width, initial_indent="  ", subsequent_indent="      ")

@@ -13,7 +13,8 @@ what the forward computes, from one of these *sources* (:data:`QK_SOURCES`):
 ``attention_interface``
     Hugging Face models whose attention modules call ``transformers``' attention functions
     (``ALL_ATTENTION_FUNCTIONS``: every decoder-only family of ``transformers`` 5 except a
-    few older ones that compute their logits themselves, e.g. BLOOM, Falcon, GPT-Neo, MPT),
+    few older ones that compute their logits themselves, e.g. BLOOM, GPT-Neo, MPT, and
+    Falcon before 5.25),
     with a ``transformers`` that has ``AttentionInterface`` and ``AttentionMaskInterface``.
     While the capture is on, the config of those modules names a geosearch attention
     function (``AttentionInterface.register``; its mask function is the original

@@ -167,7 +167,7 @@ def _rotary_function(m: nn.Module) -> Callable | None:
     fn = getattr(sys.modules.get(type(m).__module__), "apply_rotary_pos_emb", None)
     if fn is None and not type(m).__module__.startswith("transformers."):
         return _llama_function(m, "apply_rotary_pos_emb")
-    return fn
+    return _plain(fn)
 
 
 def _llama_function(m: nn.Module, name: str) -> Callable:
@@ -177,7 +177,25 @@ def _llama_function(m: nn.Module, name: str) -> Callable:
         from transformers.models.llama import modeling_llama
 
         fn = getattr(modeling_llama, name)
-    return fn
+    return _plain(fn)
+
+
+def _plain(fn: Callable | None) -> Callable | None:
+    """The modeling file's own function under a hub-kernel wrapper, else ``fn`` itself.
+
+    With the ``kernels`` package installed (a dependency of ``transformers`` from 5.25),
+    ``@use_kernel_forward_from_hub`` turns a modeling file's function (its
+    ``apply_rotary_pos_emb``) into an ``nn.Module`` instance whose ``forward(*args,
+    **kwargs)`` calls it: the function it closes over is the one whose signature the hooks
+    check and which they call.
+    """
+    if not isinstance(fn, nn.Module):
+        return fn
+    try:
+        inner = inspect.getclosurevars(type(fn).forward).nonlocals.get("func")
+    except TypeError:
+        inner = None
+    return inner if inspect.isfunction(inner) else fn
 
 
 def llama_rotary(model: nn.Module, m: nn.Module, x: torch.Tensor,

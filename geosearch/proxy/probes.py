@@ -271,7 +271,7 @@ class WeightProbe:
                                      f"{self.geometry[t]!r} and {geo!r} ({w.name})")
                 self.blocks.setdefault(t, []).append((w.param, block, len(w.types), w.split_dim))
         self.manifolds = {t: get_manifold(g) for t, g in self.geometry.items() if g != ADAMW}
-        self._v: dict[str, torch.Tensor] = {}  # power iteration: type -> (L, n, 1) unit vectors
+        self._v: dict[tuple, torch.Tensor] = {}  # power iteration: (type, m, n) -> (L, n, 1)
 
     @classmethod
     def from_plan(cls, plan: Plan, **kwargs) -> WeightProbe:
@@ -284,20 +284,23 @@ class WeightProbe:
         :meth:`from_plan` with the plan the optimizer was built from)."""
         return cls.from_plan(bind(model, assignment), **kwargs)
 
-    def stacked(self, module_type: str) -> torch.Tensor:
-        """All blocks of one type as (L, m, n) tall matrices (m ≥ n), float32 or float64.
+    def stacks(self, module_type: str) -> list[torch.Tensor]:
+        """All blocks of one type as (L, m, n) tall matrices (m ≥ n), float32 or float64, one
+        stack per shape (a type may hold matrices of two shapes: Qwen2-MoE's routers
+        ``mlp.gate`` [experts, width] and ``mlp.shared_expert_gate`` [1, width]).
 
         Blocks are taken in the ``(out, in)`` orientation first (a ``Conv1D`` block is
         transposed), so a square block's Gram matrix is the one the optimizer constrains."""
-        mats = []
+        by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
         for param, block, n_blocks, split_dim in self.blocks[module_type]:
-            W = block_view(param.detach(), n_blocks, split_dim)  # (out, in), or (n_blocks, out/n, in)
+            W = block_view(param.detach(), n_blocks, split_dim)  # (out, in), (n_blocks, out/n, in)
             if n_blocks > 1:
                 W = W[block]
             W = W if W.dim() == 3 else W.unsqueeze(0)  # a stack of experts: one matrix each
-            mats.append(W.mT if W.size(-2) < W.size(-1) else W)
-        W = torch.cat(mats)  # (L, m, n): L layers (times experts)
-        return W if W.dtype == torch.float64 else W.float()
+            W = W.mT if W.size(-2) < W.size(-1) else W
+            by_shape.setdefault(tuple(W.shape[1:]), []).append(W)
+        stacks = [torch.cat(mats) for mats in by_shape.values()]  # (L, m, n): layers (× experts)
+        return [W if W.dtype == torch.float64 else W.float() for W in stacks]
 
     @torch.no_grad()
     def measure(self) -> dict[str, dict[str, float]]:
@@ -308,15 +311,16 @@ class WeightProbe:
         """
         sigma_max, constraint_error = {}, {}
         for t in self.blocks:
-            W = self.stacked(t)  # (L, m, n)
-            if not torch.isfinite(W).all():
+            stacks = self.stacks(t)
+            if not all(torch.isfinite(W).all() for W in stacks):
                 sigma_max[t] = math.nan
                 if t in self.manifolds:
                     constraint_error[t] = math.nan
                 continue
-            sigma_max[t] = self._sigma_max(t, W).max().item()
+            sigma_max[t] = max(self._sigma_max(t, W).max().item() for W in stacks)
             if t in self.manifolds:
-                constraint_error[t] = self.manifolds[t].constraint_error(W).max().item()
+                constraint_error[t] = max(self.manifolds[t].constraint_error(W).max().item()
+                                          for W in stacks)
         return {"sigma_max": sigma_max, "constraint_error": constraint_error}
 
     def _sigma_max(self, t: str, W: torch.Tensor) -> torch.Tensor:
@@ -324,7 +328,8 @@ class WeightProbe:
         if self.sigma == "exact":
             gram = W.mT @ W  # (L, n, n), eigenvalues σ²
             return torch.linalg.eigvalsh(gram)[..., -1].clamp_min(0).sqrt()
-        v = self._v.get(t)
+        key = (t, *W.shape[1:])
+        v = self._v.get(key)
         iters = self.power_iters
         if v is None or v.shape[:2] != W.shape[::2] or v.device != W.device:
             g = torch.Generator().manual_seed(0)
@@ -334,7 +339,7 @@ class WeightProbe:
         for _ in range(iters):  # v ← WᵀW v / ‖WᵀW v‖
             v = W.mT @ (W @ v)  # (L, n, 1)
             v = v / v.norm(dim=1, keepdim=True).clamp_min(1e-30)
-        self._v[t] = v
+        self._v[key] = v
         return (W @ v).norm(dim=1).squeeze(-1)  # (L,) ‖W v‖ ≤ σ_max
 
 

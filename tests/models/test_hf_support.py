@@ -158,6 +158,58 @@ def test_train_mixtral_from_the_command_line(hf, tmp_path, capsys):
     assert config["geometry"]["router"] == "adamw"
 
 
+TINY_MIXTRAL = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "intermediate_size": 32, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "block_size": 16}
+
+
+@pytest.mark.slow
+def test_a_moe_search_exports_the_experts_geometry_that_rebuilds(hf, tmp_path, capsys, monkeypatch):
+    import geosearch.cli.search
+    from geosearch.assignment import load_assignment
+    from geosearch.cli import main
+
+    monkeypatch.setattr(geosearch.cli.search, "_report_after_search", lambda *args: None)
+    flags = [a for k, v in TINY_MIXTRAL.items() for a in ("--model-arg", f"{k}={v}")]
+    sets = ["max_repeats=null", "baselines=[]", "ladder.stability_steps=null",
+            "proxy.eval_every=2", "proxy.eval_batches=1", "proxy.probe_every=2"]
+    # The default space (attn, mlp in {stiefel, dgram}) on a Mixtral: no router entry needed.
+    rc = main(["search", "--model", "hf:mixtral", *flags, "--steps", "2", "--batch-size", "2",
+               "--repeats", "1", "--runs-dir", str(tmp_path), "--study", "s",
+               *[a for s in sets for a in ("--set", s)]])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.count("completed") == 4, out
+    assignment = load_assignment(tmp_path / "s" / "best_assignment.yaml")
+    resolved = assignment.resolve()
+    # Rule: the export names the experts' types, which take the searched MLP geometry, and
+    # the router its rule's default (AdamW).
+    assert assignment.rules == "mixtral" and resolved["router"] == "adamw"
+    experts = {resolved[t] for t in ("moe_gate", "moe_in", "moe_out")}
+    assert len(experts) == 1 and experts <= {"stiefel", "dgram"}
+    geometry = experts.pop()
+    torch.manual_seed(0)
+    model = build_model("hf:mixtral", vocab_size=256, for_data=False, model_args=TINY_MIXTRAL).model
+    opt = build_optimizer(model, assignment, verbose=False)
+    stacks = {n: p for n, p in model.named_parameters() if ".experts." in n}
+    on = {id(p) for g in opt.param_groups  # a split weight's group: one geometry per block
+          if set(g["geometry"] if isinstance(g["geometry"], tuple) else [g["geometry"]]) == {geometry}
+          for p in g["params"]}
+    router = {id(p) for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")}
+    adamw = {id(p) for g in opt.param_groups if g["geometry"] == "adamw" for p in g["params"]}
+    # Rule: every 3-D stack [experts, out, in] is on the exported geometry, the routers on AdamW.
+    assert {p.dim() for p in stacks.values()} == {3} and {id(p) for p in stacks.values()} <= on
+    assert router and router <= adamw
+    x = torch.randint(0, 256, (2, 9))
+    for _ in range(3):
+        opt.zero_grad()
+        lm_loss(model, x[:, :-1], x[:, 1:]).backward()
+        opt.step()
+    manifold = get_manifold(geometry)
+    for name, W in stacks.items():  # each expert's matrix (each block of gate_up) on it
+        blocks = W.detach().chunk(2, dim=-2) if name.endswith("gate_up_proj") else (W.detach(),)
+        assert max(manifold.constraint_error(B).max().item() for B in blocks) < 1e-5, name
+
+
 @pytest.mark.slow
 def test_encoder_decoders_and_state_space_models_are_not_listed(hf):
     from geosearch.models.hf_configs import kind_problem, left_out_types, listed_types

@@ -1,7 +1,7 @@
 """Hugging Face models through the whole tool: ``inspect``, ``search`` (two trials, exported
 assignment), ``train``, for GPT-2 and LLaMA, model types (``hf:mistral``, ``hf:qwen2``,
 ``hf:gemma``, ``hf:phi3``: rules read off its names, ``hf:gemma2``: soft-capped logits) and a
-model the probes cannot capture (``hf:falcon``), and a tokenizer of one's own (``--tokenizer``); each on a tiny
+model the probes cannot capture (``hf:bloom``), and a tokenizer of one's own (``--tokenizer``); each on a tiny
 configuration (2 layers, width 32, context 32, 10 steps of batch 4) on CPU, in-process.
 """
 
@@ -34,7 +34,7 @@ TINY = {  # model_args of each family: 2 layers, width 32, context 32
     "hf:llama": {**_SMALL, "num_key_value_heads": 1},
     **{f"hf:{t}": {**_SMALL, "num_key_value_heads": 1} for t in ("mistral", "qwen2", "gemma", "gemma2")},
     "hf:phi3": _SMALL,  # all heads for K and V: qkv_proj splits into equal Q, K, V blocks
-    "hf:falcon": {k: v for k, v in _SMALL.items() if k != "intermediate_size"},  # logits computed in-module
+    "hf:bloom": {"n_layer": 2, "hidden_size": 32, "n_head": 2, "block_size": T},  # logits computed in-module
 }
 RULES = {"hf:gpt2": "gpt2", "hf:llama": "llama"}
 RUN = {"batch_size": 4, "eval_every": 5, "probe_every": 5, "eval_batches": 1, "probe_batch_size": 2,
@@ -171,15 +171,15 @@ def test_train_hf_model_types_probe_attention_and_record_the_model(spec, tmp_pat
 @pytest.mark.slow
 def test_a_model_without_probes_says_so_on_stderr_and_in_config_yaml(tmp_path, capsys):
     # Rule: the command line prints one warning line on stderr (a fresh process: no handler).
-    flags = model_args_flags("hf:falcon")
-    proc = subprocess.run([sys.executable, "-m", "geosearch", "inspect", "--model", "hf:falcon", *flags],
+    flags = model_args_flags("hf:bloom")
+    proc = subprocess.run([sys.executable, "-m", "geosearch", "inspect", "--model", "hf:bloom", *flags],
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "attention probes cannot capture" in line]
-    assert len(lines) == 1 and "FalconForCausalLM: its FalconAttention computes the attention logits" in lines[0]
+    assert len(lines) == 1 and "BloomForCausalLM: its BloomAttention computes the attention logits" in lines[0]
     assert "pruner has no signal" in lines[0]
     out = tmp_path / "run"
-    rc = main(["train", "--model", "hf:falcon", *flags, "--assign", "attn=stiefel,mlp=dgram",
+    rc = main(["train", "--model", "hf:bloom", *flags, "--assign", "attn=stiefel,mlp=dgram",
                "--steps", "4", "--batch-size", "4", "--eval-every", "2", "--probe-every", "2",
                "--device", "cpu", "--out", str(out), "--quiet"])
     assert rc == 0, capsys.readouterr().err

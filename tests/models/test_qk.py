@@ -227,10 +227,9 @@ def test_models_that_compute_their_logits_themselves_say_why_in_one_line():
     pytest.importorskip("transformers", reason=HF_REASON)
     from geosearch.models.zoo import build_meta_model
 
-    small = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2)
-    # Rule: a family whose attention never calls transformers' attention functions (Falcon,
-    # BLOOM, GPT-Neo, MPT) has no source, and the reason names its attention and says why.
-    for spec, args in (("hf:falcon", small), ("hf:bloom", {"n_layer": 1, "hidden_size": 32, "n_head": 2}),
+    # Rule: a family whose attention never calls transformers' attention functions (BLOOM,
+    # GPT-Neo, MPT) has no source, and the reason names its attention and says why.
+    for spec, args in (("hf:bloom", {"n_layer": 1, "hidden_size": 32, "n_head": 2}),
                        ("hf:gpt_neo", {"num_layers": 1, "hidden_size": 32, "num_heads": 2,
                                        "attention_types": [[["global"], 1]]}),
                        ("hf:mpt", {"n_layers": 1, "d_model": 32, "n_heads": 2})):
@@ -241,6 +240,39 @@ def test_models_that_compute_their_logits_themselves_say_why_in_one_line():
         with pytest.raises(ValueError, match=f"cannot capture the queries and keys of {type(model).__name__}: its"):
             with qk_capture(model):
                 pass
+
+
+FALCON = {  # rotary; multi-query (one key head); grouped-query (new decoder architecture)
+    "multi_query": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4),
+    "grouped": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                    new_decoder_architecture=True),
+}
+
+
+@pytest.mark.parametrize("layout", list(FALCON))
+def test_falcon_is_captured_from_transformers_5_25_and_said_why_not_before(layout, recorder):
+    transformers = pytest.importorskip("transformers", reason=HF_REASON)
+    from packaging.version import Version
+
+    from geosearch.models.zoo import build_model
+
+    torch.manual_seed(0)
+    if Version(transformers.__version__) < Version("5.25"):  # its own attention classes
+        built = build_model("hf:falcon", vocab_size=256, block_size=T, model_args=FALCON[layout])
+        # Rule: before 5.25 Falcon computes its logits itself: no source, the reason says so.
+        assert built.qk_source is None
+        assert "computes the attention logits inside its own forward" in why_no_qk_source(built.model)
+        return
+    built = build_model("hf:falcon", vocab_size=256, block_size=T,
+                        model_args=dict(FALCON[layout], attn_implementation="geosearch_test_recording"))
+    # Rule: from 5.25 Falcon's attention calls AttentionInterface: captured as the kernel gets
+    # its queries and keys (the interleaved or grouped query_key_value cut by Falcon itself).
+    assert built.qk_source == "attention_interface" and built.warnings == []
+    recorder.clear()
+    with torch.no_grad(), qk_capture(built.model.eval(), built.qk_source) as capture:
+        built.model(_batch())
+        layers = capture.layers()
+    _check_equal_to_kernel_inputs("hf:falcon", layers, recorder)
 
 
 # --------------------------------------------------------------------------- older transformers

@@ -307,17 +307,17 @@ def test_a_model_the_probes_cannot_capture_is_built_with_a_warning_that_says_why
     from geosearch.models import zoo
 
     monkeypatch.setattr(zoo, "_WARNED", set())  # as in a fresh process
-    args = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2)
+    args = dict(n_layer=1, hidden_size=32, n_head=2)
     with caplog.at_level(logging.WARNING, logger="geosearch"):
-        first = build_model("hf:falcon", vocab_size=256, block_size=T, model_args=args)
-        again = build_meta_model("hf:falcon", vocab_size=256, block_size=T, model_args=args)
-    # Rule: Falcon computes its attention logits itself: no q/k capture, and one warning line
+        first = build_model("hf:bloom", vocab_size=256, block_size=T, model_args=args)
+        again = build_meta_model("hf:bloom", vocab_size=256, block_size=T, model_args=args)
+    # Rule: BLOOM computes its attention logits itself: no q/k capture, and one warning line
     # per process that says why and what is lost; the built model carries it (config.yaml
     # records it).
     assert first.qk_source is None and again.qk_source is None
     lines = [r.getMessage() for r in caplog.records if r.name == "geosearch"]
     assert len(lines) == 1 and "\n" not in lines[0]
-    assert ("cannot capture the queries and keys of FalconForCausalLM: its FalconAttention computes the "
+    assert ("cannot capture the queries and keys of BloomForCausalLM: its BloomAttention computes the "
             "attention logits inside its own forward") in lines[0]
     assert "logit-growth pruner has no signal" in lines[0]
     assert first.warnings == again.warnings == lines and first.describe()["warnings"] == lines

@@ -224,6 +224,21 @@ def test_power_iteration_is_a_lower_bound_that_converges_with_warm_starts():
     assert exact_probe.measure()["sigma_max"]["mlp_in"] == pytest.approx(exact, rel=1e-5)
 
 
+@pytest.mark.parametrize("sigma", ["exact", "power"])
+def test_a_type_of_two_shapes_is_measured_over_both(sigma):
+    torch.manual_seed(0)
+    gate, shared = torch.randn(4, 16) * 0.1, torch.randn(1, 16)  # Qwen2-MoE's two routers
+    weights = [ProbedWeight("gate", gate, ("router",), ("stiefel",)),
+               ProbedWeight("shared", shared, ("router",), ("stiefel",))]
+    stats = WeightProbe(weights, sigma=sigma, power_iters=20).measure()
+    # Rule: the matrices of one type need not share a shape; each number is the max over all.
+    exact = max(torch.linalg.matrix_norm(W, ord=2).item() for W in (gate, shared))
+    assert stats["sigma_max"]["router"] == pytest.approx(exact, rel=1e-4)
+    stiefel = get_manifold("stiefel")
+    error = max(stiefel.constraint_error(W).item() for W in (gate, shared))
+    assert stats["constraint_error"]["router"] == pytest.approx(error, rel=1e-5)
+
+
 def test_fused_in_out_layout_is_cut_along_dim_1():
     torch.manual_seed(0)
     W = torch.randn(8, 24)  # HF Conv1D: (in, out), blocks along the columns

@@ -71,7 +71,7 @@ refused (:mod:`geosearch.util.yaml_io`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from geosearch.assignment import geometry_names
@@ -343,8 +343,9 @@ class _Parser(SchemaReader, Generic[Space]):
             choices = self._choices(key, v, known)
             if choices is not None:
                 out[str(k)] = choices
-        if types:
-            self._check_coverage(out, families, types)
+        if types:  # a type whose rule has a default (a router: adamw) may go unnamed
+            defaulted = {t for r in rule_list if r.default is not None for t in r.types}
+            self._check_coverage(out, families, types, defaulted)
         return out
 
     def _choices(self, key: str, v: Any, known: Sequence[str]) -> tuple[str, ...] | None:
@@ -362,8 +363,9 @@ class _Parser(SchemaReader, Generic[Space]):
         return tuple(str(c) for c in choices)
 
     def _check_coverage(self, out: dict[str, tuple[str, ...]], families: Mapping[str, Sequence[str]],
-                        types: Sequence[str]) -> None:
-        """Every module type covered by exactly one entry, and no entry named like a
+                        types: Sequence[str], defaulted: Collection[str] = ()) -> None:
+        """Every module type covered by exactly one entry (at most one for the
+        ``defaulted`` ones, which take their rule's default), and no entry named like a
         hyperparameter."""
         covered: dict[str, str] = {}
         for k in out:
@@ -372,7 +374,7 @@ class _Parser(SchemaReader, Generic[Space]):
                     self.error(f"geometries.{k}", f"module type {t!r} is also covered by "
                                f"{covered[t]!r}; give each type one entry")
                 covered[t] = k
-        missing = [t for t in types if t not in covered]
+        missing = [t for t in types if t not in covered and t not in defaulted]
         if missing:
             self.error("geometries", "no geometries for module type(s) "
                        f"{', '.join(missing)}", [*families, *types])

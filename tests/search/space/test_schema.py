@@ -93,6 +93,21 @@ def test_a_module_type_is_covered_once():
     assert "'attn_qkv' is also covered by 'attn'" in problems(e)["geometries.attn_qkv"].problem
 
 
+def test_a_type_with_a_rule_default_may_go_unnamed_but_not_twice():
+    # Rule: a Mixtral space naming attn and mlp only is complete: the routers take their
+    # rule's default (adamw) ...
+    moe = space(rules="mixtral")
+    assert list(moe.categorical_choices()) == ["geometry.attn", "geometry.mlp"]
+    # ... a router named once is searched, and named twice is ambiguous as any type.
+    named = space(rules="mixtral", geometries={"attn": "stiefel", "mlp": "dgram",
+                                               "router": ["adamw", "stiefel"]})
+    assert list(named.categorical_choices())[-1] == "geometry.router"
+    with pytest.raises(SearchSpaceError) as e:
+        space(rules="mixtral", geometries={"attn": "stiefel", "mlp": "dgram",
+                                           "routing": "adamw", "router": "stiefel"})
+    assert "'router' is also covered by 'routing'" in problems(e)["geometries.router"].problem
+
+
 def test_rules_errors_and_custom_rules():
     with pytest.raises(SearchSpaceError) as e:
         space(rules="no_such_family")
