@@ -71,6 +71,10 @@ four. Threshold at both: 10 × 64/√16 = 160. Prediction, written before their 
    0.25–0.35 of the long runs' (the stability rung and 2 seeds of 400 steps, at most an
    adaptive seed or two).
 
+Measured (``docs/benchmarks.md``, "Beyond GPT-2"): Stiefel attention best at both (all-DGram
+third), DGram attention's max logits peaking at 70–117, below 160; both searches named a wrong first
+(three-way ties at 400 steps), Spearman −0.40 at both; decisions 4 of 4; compute 0.325, 0.350.
+
 The comparison reads the study as the tool does (its ranking at the top rung, its main
 effects, the pruner's forecast at the target) and never uses the ground truth to choose
 anything. The forecast is checked three ways: the pruner's forecast from the search's top
