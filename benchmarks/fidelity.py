@@ -24,7 +24,7 @@ Usage::
     python benchmarks/fidelity.py --truth --eta 0.02 --steps 2000 --model-arg n_embd=32  # a narrow copy
     python benchmarks/fidelity.py --widths --eta 0.02 --steps 2000              # its order vs the model's
     python benchmarks/fidelity.py --curve --model mini --eta 0.02               # the order along the long runs
-    python benchmarks/fidelity.py --truth --setting llama-gqa --eta 0.02        # a proxy beyond GPT-2
+    python benchmarks/fidelity.py --truth --setting llama-gqa --eta 0.02        # beyond GPT-2
     python benchmarks/fidelity.py --compare runs/fid-llama-gqa --setting llama-gqa --eta 0.02
 
 The default problem, ``mini`` at 0.02 (stop 26, 2026-12-02). The default search on ``small``
@@ -261,7 +261,8 @@ def _paper_key(resolved: dict[str, str]) -> str:
     """``attn=G,mlp=G`` of a resolved assignment, each type in its rules' family (an MoE
     model's ``moe_gate``, ``moe_in``, ``moe_out`` are ``mlp``'s; its ``router`` is neither);
     ``mixed`` for a family whose types differ."""
-    families = {t: r.family for name in rule_set_names() for r in get_rule_set(name) for t in r.types}
+    families = {t: r.family for name in rule_set_names() for r in get_rule_set(name)
+                for t in r.types}
     key = []
     for f in ("attn", "mlp"):
         found = {g for t, g in resolved.items() if families.get(t, t.split("_")[0]) == f}
@@ -393,8 +394,8 @@ def _law_lines(truth: dict[str, list[dict]], truth_mean: dict[str, float], model
     lines = ["", "The forecast law alone, on each long run's own probes: fitted on the first part of "
              "the run, forecast to its end; forecast ÷ real max logit at the end (one number a seed).", "",
              ]
-    reached = {f: probe_sum_eta(truth_config(model, steps, eta, 0),
-                                 assignment_for(model, next(iter(PAPER))))(int(f * steps)) for f in LAW_FRACTIONS}
+    at = probe_sum_eta(truth_config(model, steps, eta, 0), assignment_for(model, next(iter(PAPER))))
+    reached = {f: at(int(f * steps)) for f in LAW_FRACTIONS}
     lines += ["| assignment | " + " | ".join(f"first {f:.0%} (Σ η ×{target_sum_eta / reached[f]:.1f} to go)"
                                            for f in LAW_FRACTIONS) + " |", "|---|" + "---|" * len(LAW_FRACTIONS)]
     for a in sorted(PAPER, key=truth_mean.get):
@@ -615,7 +616,7 @@ were copied by hand from that page, as their run directories are not stored."""
 def setting_name(model: str, eta: float, model_args: dict | None = None) -> str:
     """A setting's row name: ``"tiny 0.05"``, ``"4-layer tiny 0.05"`` (``n_layer=4``), other
     model fields after it (``"tiny 0.05 n_embd=32"``)."""
-    named = [name for name, (spec, known) in SETTINGS.items() if (spec, known) == (model, dict(model_args or {}))]
+    named = [name for name, known in SETTINGS.items() if known == (model, dict(model_args or {}))]
     if named:
         return f"{named[0]} {eta:g}"
     args = dict(model_args or {})
@@ -852,8 +853,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--truth", action="store_true", help="train the missing ground-truth runs")
     p.add_argument("--show", action="store_true", help="print the stored ground truth")
     p.add_argument("--model", default="small")
-    p.add_argument("--setting", choices=list(SETTINGS), help="a named proxy beyond GPT-2 (its model and "
-                   "model args; not with --model-arg)")
+    p.add_argument("--setting", choices=list(SETTINGS),
+                   help="a proxy beyond GPT-2: its model and model args (not with --model-arg)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--eta", type=float, default=0.02, help="peak spectral step size")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])

@@ -66,7 +66,8 @@ def test_a_named_setting_is_its_row_and_an_expert_stack_counts_as_mlp(monkeypatc
 
     spec, args = fidelity.SETTINGS["mixtral-moe"]
     assert fidelity.setting_name(spec, 0.02, args) == "mixtral-moe 0.02"
-    assert fidelity.setting_name(spec, 0.02, dict(args, block_size=64)).startswith("hf:mixtral 0.02 ")
+    other = fidelity.setting_name(spec, 0.02, dict(args, block_size=64))
+    assert other.startswith("hf:mixtral 0.02 ") and "block_size=64" in other
     moe = {"attn_q": "stiefel", "attn_k": "stiefel", "attn_v": "stiefel", "attn_out": "stiefel",
            "moe_gate": "dgram", "moe_in": "dgram", "moe_out": "dgram", "router": "adamw"}
     assert fidelity._paper_key(moe) == "attn=stiefel,mlp=dgram"
