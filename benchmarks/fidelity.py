@@ -24,6 +24,8 @@ Usage::
     python benchmarks/fidelity.py --truth --eta 0.02 --steps 2000 --model-arg n_embd=32  # a narrow copy
     python benchmarks/fidelity.py --widths --eta 0.02 --steps 2000              # its order vs the model's
     python benchmarks/fidelity.py --curve --model mini --eta 0.02               # the order along the long runs
+    python benchmarks/fidelity.py --truth --setting llama-gqa --eta 0.02        # beyond GPT-2
+    python benchmarks/fidelity.py --compare runs/fid-llama-gqa --setting llama-gqa --eta 0.02
 
 The default problem, ``mini`` at 0.02 (stop 26, 2026-12-02). The default search on ``small``
 took 1,186 s on two cores and its ranked runs alone (4 × 2 × 400 steps) about 10 minutes, so no
@@ -40,6 +42,38 @@ then the default search, timed, and ``--compare``):
    attention's measured max logit within ×2 of the long runs'; Spearman below 0.8 (the 400-step
    orders on ``small`` 0.02 had 0.40).
 3. The default search's wall time 300–450 s (about 6,600 steps at 45 ms a step, plus setup).
+
+Beyond GPT-2 (stop 30, 2026-12-03): two proxies of other families, :data:`SETTINGS`, chosen
+before any run of them was trained, for the time alone (a 2,000-step run in about 1.5 and 2.5
+minutes on one loaded thread), at the default search's spectral step 0.02 (``--setting NAME
+--truth``, then ``geosearch search --model SPEC --model-arg ...`` with the default space and
+``--compare RUN --setting NAME``). ``llama-gqa``: ``hf:llama``, 2 layers, width 64, 4 query
+heads sharing 2 key-value heads (grouped-query attention), rotary embeddings, SwiGLU MLP of
+176, context 32; rule set ``llama``, so attention's geometry is on each of Q, K, V and O, not
+on a stacked QKV as in ``nanogpt``. ``mixtral-moe``: ``hf:mixtral`` at the same sizes, its
+MLP 4 experts of width 112 routed top-2 (each token's active MLP width 224), no auxiliary
+loss; rule set ``mixtral``: ``mlp`` is the experts' matrices, the routers stay AdamW in all
+four. Threshold at both: 10 × 64/√16 = 160. Prediction, written before their runs:
+
+1. The long runs: all-DGram best at both, in the order all-DGram, DGram-attn + Stiefel-MLP,
+   Stiefel-attn + DGram-MLP, all-Stiefel (the order at ``tiny``, ``mini`` and ``small`` 0.02:
+   a step this small leaves DGram's free column norms room to help before its logits grow).
+   No run above the threshold: DGram attention's peak max logit below 80 (the GPT-2 proxies
+   peaked at 6.5–22 at 0.02). On ``llama-gqa`` DGram attention's lead smaller than on
+   ``mini`` (0.076): per-matrix Stiefel keeps each of Q and K at σ = 1, about 3× the q·k
+   scale of a stacked Stiefel QKV, so Stiefel attention is less starved of logit scale. On
+   ``mixtral-moe`` the MLP's effect (DGram better) larger than on ``llama-gqa``: each
+   expert's output is scaled down by its router weight (< 1), which DGram's norms can make
+   up for and Stiefel's σ = 1 cannot.
+2. The searches: the long runs' best named at both; nothing pruned; stability decisions 4 of
+   4 at both; Spearman 0.4–0.8 (the 400-step rung at 0.02 scored 0.40, 0.80 and 0.80 on the
+   GPT-2 proxies: the attention factor ordered right, one pair within it swapped); compute
+   0.25–0.35 of the long runs' (the stability rung and 2 seeds of 400 steps, at most an
+   adaptive seed or two).
+
+Measured (``docs/benchmarks.md``, "Beyond GPT-2"): Stiefel attention best at both (all-DGram
+third), DGram attention's max logits peaking at 70–117, below 160; both searches named a wrong first
+(three-way ties at 400 steps), Spearman −0.40 at both; decisions 4 of 4; compute 0.325, 0.350.
 
 The comparison reads the study as the tool does (its ranking at the top rung, its main
 effects, the pruner's forecast at the target) and never uses the ground truth to choose
@@ -67,7 +101,9 @@ import torch
 from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
 from geosearch.assignment import Assignment
 from geosearch.proxy.config import TrainConfig
+from geosearch.models.zoo import default_rules
 from geosearch.proxy.train import train
+from geosearch.rules.modules import get_rule_set, rule_set_names
 from geosearch.search.horizon.forecast import forecast_max_logit
 from geosearch.search.horizon.ladder import spearman
 from geosearch.search.horizon.probes import QK_TYPES
@@ -92,7 +128,7 @@ from geosearch.search.records import (
 )
 from geosearch.search.stats.pooled import main_effects
 from geosearch.search.stats.scores import Point, Score
-from geosearch.search.stats.trials import family_geometry, trial_label
+from geosearch.search.stats.trials import trial_label
 from geosearch.search.horizon.reading import study_reading
 from geosearch.search.horizon.target import probe_sum_eta
 from geosearch.search.horizon.probes import TrialProbes
@@ -108,6 +144,17 @@ PAPER = {  # the reference study's four assignments (rule set nanogpt: c_attn is
 }
 
 
+SETTINGS: dict[str, tuple[str, dict[str, int]]] = {
+    "llama-gqa": ("hf:llama", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=176, block_size=32)),
+    "mixtral-moe": ("hf:mixtral", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                       num_key_value_heads=2, intermediate_size=112,
+                                       num_local_experts=4, num_experts_per_tok=2, block_size=32)),
+}
+"""Named proxies beyond GPT-2 (``--setting NAME``): name -> (model spec, model args), chosen
+and written down before their long runs (the prediction in the module docstring)."""
+
+
 EVALS = 20
 """Validation points of a ground-truth run trained now (every 5% of it). Runs stored before
 stop 26 have 4 (every 25%); :func:`load_truth` matches runs on everything else."""
@@ -121,6 +168,12 @@ def truth_config(model: str, steps: int, eta: float, seed: int, model_args: dict
     return TrainConfig(model=model, steps=steps, spectral_lr=eta, seed=seed, batch_size=16,
                        eval_every=max(1, steps // evals), eval_batches=16,
                        probe_every=max(1, steps // 100), solver="project", model_args=dict(model_args or {}))
+
+
+def assignment_for(model: str, assign: str, model_args: dict | None = None) -> Assignment:
+    """``assign`` (``attn=...,mlp=...``) read with the model's own rules: ``nanogpt`` for the
+    presets, the family's rule set for ``hf:`` models (``llama``, ``mixtral``, ...)."""
+    return Assignment.parse(assign, rules=default_rules(model, model_args) or "nanogpt")
 
 
 def run_key(config: TrainConfig, assign: str) -> str:
@@ -150,7 +203,7 @@ def run_truth(model: str, steps: int, eta: float, seeds: list[int], only: list[s
                 print(f"have  {assign} seed {seed}")
                 continue
             t0 = time.perf_counter()
-            result = train(config, Assignment.parse(assign), progress=False)
+            result = train(config, assignment_for(model, assign, model_args), progress=False)
             probes = [{"step": m["step"], "max_logit": m.get("max_logit"), "sigma_max": m.get("sigma_max"),
                        "lr": m.get("lr"), "val_loss": m.get("val_loss")}
                       for m in result.history if m.get("max_logit") is not None]
@@ -205,7 +258,16 @@ def _point(assign: str) -> Point:
 
 
 def _paper_key(resolved: dict[str, str]) -> str:
-    return f"attn={family_geometry(resolved, 'attn')},mlp={family_geometry(resolved, 'mlp')}"
+    """``attn=G,mlp=G`` of a resolved assignment, each type in its rules' family (an MoE
+    model's ``moe_gate``, ``moe_in``, ``moe_out`` are ``mlp``'s; its ``router`` is neither);
+    ``mixed`` for a family whose types differ."""
+    families = {t: r.family for name in rule_set_names() for r in get_rule_set(name)
+                for t in r.types}
+    key = []
+    for f in ("attn", "mlp"):
+        found = {g for t, g in resolved.items() if families.get(t, t.split("_")[0]) == f}
+        key.append(f"{f}={found.pop() if len(found) == 1 else 'mixed' if found else '?'}")
+    return ",".join(key)
 
 
 def _effects_text(effects) -> dict[str, str]:
@@ -226,7 +288,7 @@ def _early_forecast(rec: dict, fraction: float, target_sum_eta: float) -> float 
     """The forecast law on the first ``fraction`` of a long run's own probes (its schedule's
     Σ η), at the run's final Σ η: the pruner's law and arguments, none of its thresholds."""
     config = TrainConfig.from_dict(rec["config"])
-    at = probe_sum_eta(config, Assignment.parse(rec["assign"]))
+    at = probe_sum_eta(config, assignment_for(config.model, rec["assign"], config.model_args))
     rows = [p for p in rec["probes"] if p["step"] <= fraction * config.steps and p["max_logit"] is not None]
     sum_eta = [at(p["step"]) for p in rows]
     keep = [i for i, e in enumerate(sum_eta) if e > 0]
@@ -332,8 +394,8 @@ def _law_lines(truth: dict[str, list[dict]], truth_mean: dict[str, float], model
     lines = ["", "The forecast law alone, on each long run's own probes: fitted on the first part of "
              "the run, forecast to its end; forecast ÷ real max logit at the end (one number a seed).", "",
              ]
-    reached = {f: probe_sum_eta(truth_config(model, steps, eta, 0), Assignment.parse(next(iter(PAPER))))(
-        int(f * steps)) for f in LAW_FRACTIONS}
+    at = probe_sum_eta(truth_config(model, steps, eta, 0), assignment_for(model, next(iter(PAPER))))
+    reached = {f: at(int(f * steps)) for f in LAW_FRACTIONS}
     lines += ["| assignment | " + " | ".join(f"first {f:.0%} (Σ η ×{target_sum_eta / reached[f]:.1f} to go)"
                                            for f in LAW_FRACTIONS) + " |", "|---|" + "---|" * len(LAW_FRACTIONS)]
     for a in sorted(PAPER, key=truth_mean.get):
@@ -396,7 +458,8 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
     truth_steps = sum(r["config"]["steps"] for recs in truth.values() for r in recs)
 
     pruner = LogitGrowthPruner()
-    target_sum_eta = probe_sum_eta(truth_config(model, steps, eta, 0), Assignment.parse(next(iter(PAPER))))(steps)
+    target_sum_eta = probe_sum_eta(truth_config(model, steps, eta, 0, model_args),
+                                   assignment_for(model, next(iter(PAPER)), model_args))(steps)
     lines = [machine(), "",
              f"Ground truth: `{model}`, {steps} steps, peak spectral step {eta} (Σ η {target_sum_eta:.1f}), "
              f"seeds {sorted({s for sc in scores.values() for s in (sc.seeds or ())})}; "
@@ -553,6 +616,9 @@ were copied by hand from that page, as their run directories are not stored."""
 def setting_name(model: str, eta: float, model_args: dict | None = None) -> str:
     """A setting's row name: ``"tiny 0.05"``, ``"4-layer tiny 0.05"`` (``n_layer=4``), other
     model fields after it (``"tiny 0.05 n_embd=32"``)."""
+    named = [name for name, known in SETTINGS.items() if known == (model, dict(model_args or {}))]
+    if named:
+        return f"{named[0]} {eta:g}"
     args = dict(model_args or {})
     layers = args.pop("n_layer", None)
     head = f"{layers}-layer " if layers is not None else ""
@@ -710,7 +776,8 @@ def step_flops(config: TrainConfig, assign: str) -> float:
 
     torch.manual_seed(0)
     built = build_model(config.model, vocab_size=256, model_args=config.model_args)
-    plan = bind(built.model, Assignment.parse(assign), config.optimizer_settings(), source="fidelity")
+    plan = bind(built.model, assignment_for(config.model, assign, config.model_args),
+                config.optimizer_settings(), source="fidelity")
     optimizer = optimizer_from_plan(plan, verbose=False)
     x = torch.randint(0, 256, (config.batch_size, built.block_size))
     with FlopCounterMode(display=False) as counter:
@@ -765,12 +832,29 @@ def widths(model: str, steps: int, eta: float, out: Path | None) -> None:
         publish(text, out)
 
 
+def _model_of(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, dict[str, int]]:
+    """The model spec and model args that ``--model``/``--model-arg`` or ``--setting`` name."""
+    model_args = {}
+    for item in args.model_arg:
+        key, _, value = item.partition("=")
+        if not value.lstrip("-").isdigit():
+            p.error(f"--model-arg {item!r}: expected KEY=INT, e.g. n_embd=32")
+        model_args[key] = int(value)
+    if not args.setting:
+        return args.model, model_args
+    if model_args:
+        p.error("--setting names its own model args: not with --model-arg")
+    return SETTINGS[args.setting][0], dict(SETTINGS[args.setting][1])
+
+
 def main(argv: list[str] | None = None) -> int:
     global DATA
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--truth", action="store_true", help="train the missing ground-truth runs")
     p.add_argument("--show", action="store_true", help="print the stored ground truth")
     p.add_argument("--model", default="small")
+    p.add_argument("--setting", choices=list(SETTINGS),
+                   help="a proxy beyond GPT-2: its model and model args (not with --model-arg)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--eta", type=float, default=0.02, help="peak spectral step size")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -796,12 +880,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(geosearch/search/stats/track_record.json)")
     args = p.parse_args(argv)
     DATA = args.data_dir
-    model_args = {}
-    for item in args.model_arg:
-        key, _, value = item.partition("=")
-        if not value.lstrip("-").isdigit():
-            p.error(f"--model-arg {item!r}: expected KEY=INT, e.g. n_embd=32")
-        model_args[key] = int(value)
+    args.model, model_args = _model_of(p, args)
     if args.compare:
         compare(args.compare, args.model, args.steps, args.eta, args.out, model_args)
         return 0

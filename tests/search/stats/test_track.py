@@ -57,3 +57,23 @@ def test_a_compared_search_writes_its_row_in_place_or_last(monkeypatch, tmp_path
     assert [r["setting"] for r in data["settings"]] == [
         "tiny 0.05", "small 0.02", "4-layer tiny 0.05"]
     assert data["settings"][0] == new and data["settings"][1]["spearman"] == 0.4
+
+
+def test_a_named_setting_is_its_row_and_an_expert_stack_counts_as_mlp(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("fidelity", None)
+    import fidelity
+
+    spec, args = fidelity.SETTINGS["mixtral-moe"]
+    assert fidelity.setting_name(spec, 0.02, args) == "mixtral-moe 0.02"
+    other = fidelity.setting_name(spec, 0.02, dict(args, block_size=64))
+    assert other.startswith("hf:mixtral 0.02 ") and "block_size=64" in other
+    moe = {"attn_q": "stiefel", "attn_k": "stiefel", "attn_v": "stiefel", "attn_out": "stiefel",
+           "moe_gate": "dgram", "moe_in": "dgram", "moe_out": "dgram", "router": "adamw"}
+    assert fidelity._paper_key(moe) == "attn=stiefel,mlp=dgram"
+    assert fidelity._paper_key(dict(moe, moe_out="stiefel")) == "attn=stiefel,mlp=mixed"
+    dense = {"attn_qkv": "dgram", "attn_out": "dgram", "mlp_in": "stiefel", "mlp_out": "stiefel"}
+    assert fidelity._paper_key(dense) == "attn=dgram,mlp=stiefel"
+    assert fidelity.assignment_for(spec, "attn=dgram,mlp=stiefel", args).resolve() == dict(
+        moe, attn_q="dgram", attn_k="dgram", attn_v="dgram", attn_out="dgram", moe_gate="stiefel",
+        moe_in="stiefel", moe_out="stiefel")
