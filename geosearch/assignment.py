@@ -59,7 +59,7 @@ from geosearch.rules.modules import (
     rule_set_names,
     rule_to_mapping,
 )
-from geosearch.rules.roles import ROLES, role_of, role_problem, role_types, rules_for_roles
+from geosearch.rules.roles import HEAD_TYPES, ROLES, role_of, role_problem, role_types, rules_for_roles
 from geosearch.optim import settings as catalog
 from geosearch.optim.settings import option_keys
 from geosearch.util.yaml_io import load_yaml, parse_yaml
@@ -267,7 +267,8 @@ class Assignment:
         family, role = self._families(), role_of(self.rule_set())
         out = {}
         for t, geo in self._resolved.items():
-            accepted = option_keys(geo)
+            # a shorthand's per_head reaches the types cut into heads only (Q, K, V)
+            accepted = [k for k in option_keys(geo) if k != "per_head" or t in HEAD_TYPES]
             merged = {k: v for k, v in self.options.get(family[t], {}).items() if k in accepted}
             by_role = self.options.get(role.get(t, ""), {})
             merged.update((k, v) for k, v in by_role.items() if k in accepted)
@@ -373,7 +374,8 @@ class Assignment:
             "#     import geosearch\n"
             f"#     optimizer = geosearch.build_optimizer(model, geosearch.load_assignment({shown!r}))\n"
             f"# Geometries: {', '.join(geometry_names())} ('adamw' = plain AdamW, no manifold).\n"
-            "# Shorthands 'attn' and 'mlp' cover every type of that family; per-type entries win.\n"
+            "# Shorthands 'attn' and 'mlp' cover every type of that family, 'attn_qk' Q and K,\n"
+            "# 'attn_vo' V and the output projection; per-type entries win.\n"
         )
         layout = attention_layout(self.rule_set())
         if layout is not None:
