@@ -26,7 +26,8 @@ from geosearch.report.plots import (
 
 def _with_layers(run_dir: Path, top_layer: dict[int, int] | None = None) -> None:
     """Give every record of every metrics.jsonl two layers' max logits: the layer
-    ``top_layer[trial]`` (default 0) holds the record's max logit, the other a third of it."""
+    ``top_layer[trial]`` (default 0) holds the record's max logit, the other a third of it;
+    and two heads per layer, the first holding the layer's."""
     for path in sorted(run_dir.glob("trials/*/**/metrics.jsonl")):  # trials/<n>/[seed<s>/]
         top = (top_layer or {}).get(int(path.relative_to(run_dir).parts[1]), 0)
         recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -34,6 +35,7 @@ def _with_layers(run_dir: Path, top_layer: dict[int, int] | None = None) -> None
             layers = [r["max_logit"] / 3] * 2
             layers[top] = r["max_logit"]
             r["max_logit_per_layer"] = layers
+            r["max_logit_per_head"] = [[v, v / 2] for v in layers]  # two heads, the first leads
         path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
 
 
