@@ -8,7 +8,9 @@ what a search exports and what :func:`geosearch.build_optimizer` reads: the file
 rebuilds the optimizer.
 
 The shorthands ``attn``, ``mlp`` and ``routing`` stand for every module type of that
-family; a per-type entry wins over its family's shorthand (for options: key by key). A type
+family, the roles ``attn_qk`` and ``attn_vo`` for Q and K, V and the output projection
+(:mod:`geosearch.rules.roles`); a per-type entry wins over its role's, which wins over its
+family's (for options: key by key). A type
 whose rule has a ``default`` (a mixture-of-experts ``router``: ``adamw``) takes it when
 the assignment names neither the type nor its family.
 
