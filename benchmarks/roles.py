@@ -43,7 +43,8 @@ from fidelity import PAPER, _commit, load_truth, run_key, truth_config, truth_sc
 from geosearch.assignment import Assignment
 from geosearch.proxy.train import train
 from geosearch.search.stats.ranking import rank_scores
-from geosearch.search.stats.scores import Point
+from geosearch.search.stats.blocked import blocked_fit
+from geosearch.search.stats.scores import Point, Score
 
 DATA = Path(__file__).parent / "data" / "roles"
 GEOS = ("stiefel", "dgram")
@@ -87,7 +88,8 @@ def load(model: str, eta: float) -> dict[str, list[dict]]:
     for path in sorted(DATA.glob("*.json")):
         rec = json.loads(path.read_text(encoding="utf-8"))
         c = rec["config"]
-        if (c["model"], c["steps"], c["spectral_lr"]) == (model, 2000, eta) and rec["assign"] in out:
+        if (c["model"], c["steps"], c["spectral_lr"]) == (model, 2000, eta)\
+                and rec["assign"] in out:
             out[rec["assign"]].append(rec)
     return out
 
@@ -116,17 +118,26 @@ def show(model: str, eta: float, out: Path | None) -> None:
     lines += ["", f"The role points' ranking: {ranking.verdict}", "",
               "Main effects over the role points (95% intervals):", ""]
     lines += [f"- {e.text()}" for e in ranking.effects]
+    fit = blocked_fit([*scores.values(), *paper_scores.values()])  # every run: the noise pooled
+
+    def gap(a: Score, b: Score, what: str) -> str:
+        c = fit.compare(b, a) if fit is not None else None
+        if c is None:
+            return f"{what}: not comparable (no shared seeds)"
+        return (f"{what}: {c.diff:+.4f} ± {c.threshold:.4f} (95%, blocked fit of all "
+                f"{fit.cells} runs, df {fit.df:g}): "
+                f"{'beyond' if abs(c.diff) > c.threshold else 'within'} seed noise")
+
     if paper_scores and scores:
         best_paper = min(paper_scores, key=lambda a: paper_scores[a].mean)
         best_role = min((a for a in scores if a in ROLE_POINTS), key=lambda a: scores[a].mean)
-        both = rank_scores([(0, best_role, scores[best_role]),
-                            (1, PAPER[best_paper], paper_scores[best_paper])])
-        lines += ["", f"Best role point against the best paper assignment: {both.verdict}"]
+        lines += ["", gap(scores[best_role], paper_scores[best_paper],
+                          f"Best role point ({best_role}) minus the best paper assignment "
+                          f"({PAPER[best_paper]})")]
     if PER_HEAD in scores and WHOLE in scores:
-        pair = rank_scores([(0, "QK Stiefel per head", scores[PER_HEAD]),
-                            (1, "QK Stiefel whole", scores[WHOLE])])
-        lines += ["", f"Per head against whole matrix (VO, MLP DGram): {pair.verdict}; peak max "
-                  f"logit {_peak(runs[PER_HEAD]):.1f} against {_peak(runs[WHOLE]):.1f}"]
+        peaks = f"; peak max logit {_peak(runs[PER_HEAD]):.1f} against {_peak(runs[WHOLE]):.1f}"
+        lines += ["", gap(scores[PER_HEAD], scores[WHOLE],
+                          "QK-Stiefel per head minus whole matrix (VO, MLP DGram)") + peaks]
     text = "\n".join(lines)
     if out is None:
         print(text)
