@@ -8,7 +8,9 @@ what a search exports and what :func:`geosearch.build_optimizer` reads: the file
 rebuilds the optimizer.
 
 The shorthands ``attn``, ``mlp`` and ``routing`` stand for every module type of that
-family; a per-type entry wins over its family's shorthand (for options: key by key). A type
+family, the roles ``attn_qk`` and ``attn_vo`` for Q and K, V and the output projection
+(:mod:`geosearch.rules.roles`); a per-type entry wins over its role's, which wins over its
+family's (for options: key by key). A type
 whose rule has a ``default`` (a mixture-of-experts ``router``: ``adamw``) takes it when
 the assignment names neither the type nor its family.
 
@@ -59,6 +61,7 @@ from geosearch.rules.modules import (
     rule_set_names,
     rule_to_mapping,
 )
+from geosearch.rules.roles import HEAD_TYPES, ROLES, role_of, role_problem, role_types, rules_for_roles
 from geosearch.optim import settings as catalog
 from geosearch.optim.settings import option_keys
 from geosearch.util.yaml_io import load_yaml, parse_yaml
@@ -122,6 +125,9 @@ class Assignment:
 
     def __post_init__(self) -> None:
         rules = _check_rules_field(self.rules, None)
+        keys = [*(self.geometry if isinstance(self.geometry, Mapping) else ()),
+                *(self.options if isinstance(self.options, Mapping) else ())]
+        rules = rules_for_roles(rules, keys)  # a role on nanogpt: nanogpt_split
         object.__setattr__(self, "rules", rules)
         resolved = self._check_geometry()
         options = self._check_options(resolved)
@@ -183,10 +189,20 @@ class Assignment:
     def _families(self) -> dict[str, str]:
         return {t: rule.family for rule in self.rule_set() for t in rule.types}
 
+    def _keys(self) -> list[str]:
+        """The keys geometry and options take: module types, roles, family shorthands."""
+        rules = self.rule_set()
+        return module_types(rules) + list(role_types(rules)) + list(family_types(rules))
+
+    def _unknown(self, t: str, key: str) -> ConfigError:
+        why = role_problem(self.rule_set(), t)
+        return ConfigError(f"unknown module type {t!r} for {self.rules_label}{why}", key=key,
+                           allowed=self._keys())
+
     def _check_geometry(self) -> dict[str, str]:
         """Check ``geometry``; return every module type -> its geometry."""
         rules = self.rule_set()
-        keys = module_types(rules) + list(family_types(rules))
+        keys = self._keys()
         known = geometry_names()
         if not isinstance(self.geometry, Mapping):
             raise ConfigError("expected a mapping of module type -> geometry", key="geometry")
@@ -194,16 +210,17 @@ class Assignment:
             raise ConfigError("no module type has a geometry", key="geometry", allowed=keys)
         for t, geo in self.geometry.items():
             if t not in keys:
-                raise ConfigError(f"unknown module type {t!r} for {self.rules_label}", key=f"geometry.{t}",
-                                  allowed=keys)
+                raise self._unknown(t, f"geometry.{t}")
             if geo not in known:
                 raise ConfigError(f"unknown geometry {geo!r}", key=f"geometry.{t}", allowed=known)
-        family = self._families()
+        family, role = self._families(), role_of(rules)
         defaults = {t: rule.default for rule in rules for t in rule.types}
         for t, geo in defaults.items():
             if geo is not None and geo not in known:
                 raise ConfigError(f"rule {t!r}: unknown default geometry {geo!r}", key="rules", allowed=known)
-        resolved = {t: self.geometry.get(t, self.geometry.get(family[t], defaults[t])) for t in module_types(rules)}
+        g = self.geometry  # a type's own entry, then its role's, then its family's
+        resolved = {t: g.get(t, g.get(role.get(t, ""), g.get(family[t], defaults[t])))
+                    for t in module_types(rules)}
         missing = [t for t, geo in resolved.items() if geo is None]
         if missing:
             raise ConfigError(f"no geometry for module type(s) {', '.join(missing)} of {self.rules_label}; "
@@ -213,21 +230,21 @@ class Assignment:
     def _check_options(self, resolved: dict[str, str]) -> dict[str, dict[str, Any]]:
         """Check ``options`` against the geometries they apply to; return them normalised."""
         rules = self.rule_set()
-        families = family_types(rules)
-        keys = module_types(rules) + list(families)
+        families = {**family_types(rules), **role_types(rules)}  # keys standing for several types
+        keys = self._keys()
         if not isinstance(self.options, Mapping):
             raise ConfigError("expected a mapping of module type -> options", key="options")
         checked: dict[str, dict[str, Any]] = {}
         for t, opts in self.options.items():
             if t not in keys:
-                raise ConfigError(f"unknown module type {t!r} for {self.rules_label}", key=f"options.{t}",
-                                  allowed=keys)
+                raise self._unknown(t, f"options.{t}")
             # A type takes the options of its geometry; a shorthand, those of any of its types.
             geos = sorted({resolved[x] for x in families[t]}) if t in families else [resolved[t]]
             accepted = _in_catalog_order(option_keys(g) for g in geos)
             if not isinstance(opts, Mapping):
                 raise ConfigError("expected a mapping of option -> value", key=f"options.{t}", allowed=accepted)
-            what = f"family {t!r}" if t in families else f"{t!r} ({resolved[t]})"
+            kind = "role" if t in ROLES else "family"
+            what = f"{kind} {t!r}" if t in families else f"{t!r} ({resolved[t]})"
             checked[t] = {}
             for k, v in opts.items():
                 if k not in accepted:
@@ -249,11 +266,14 @@ class Assignment:
         return out
 
     def _merge_options(self) -> dict[str, dict[str, Any]]:
-        family = self._families()
+        family, role = self._families(), role_of(self.rule_set())
         out = {}
         for t, geo in self._resolved.items():
-            accepted = option_keys(geo)
+            # a shorthand's per_head reaches the types cut into heads only (Q, K, V)
+            accepted = [k for k in option_keys(geo) if k != "per_head" or t in HEAD_TYPES]
             merged = {k: v for k, v in self.options.get(family[t], {}).items() if k in accepted}
+            by_role = self.options.get(role.get(t, ""), {})
+            merged.update((k, v) for k, v in by_role.items() if k in accepted)
             merged.update(self.options.get(t, {}))
             out[t] = merged
         return out
@@ -356,7 +376,8 @@ class Assignment:
             "#     import geosearch\n"
             f"#     optimizer = geosearch.build_optimizer(model, geosearch.load_assignment({shown!r}))\n"
             f"# Geometries: {', '.join(geometry_names())} ('adamw' = plain AdamW, no manifold).\n"
-            "# Shorthands 'attn' and 'mlp' cover every type of that family; per-type entries win.\n"
+            "# Shorthands 'attn' and 'mlp' cover every type of that family, 'attn_qk' Q and K,\n"
+            "# 'attn_vo' V and the output projection; per-type entries win.\n"
         )
         layout = attention_layout(self.rule_set())
         if layout is not None:

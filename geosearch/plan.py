@@ -36,10 +36,12 @@ from geosearch.rules.modules import (
     STACKED,
     ParamMatch,
     attention_layout,
+    fused_qkv_layout,
     match_parameters,
     module_types,
     rule_set_names,
 )
+from geosearch.rules.roles import HEAD_TYPES
 from geosearch.optim import settings as catalog
 from geosearch.optim.blocks import block_view
 from geosearch.util.text import text_table
@@ -69,6 +71,8 @@ class ParamPlan:
         role: :data:`RULE`, :data:`DECAY` or :data:`NO_DECAY`.
         layout: ``"out_in"`` or ``"in_out"`` for a matched weight, else None.
         split_dim: the dimension holding the outputs (where fused blocks are stacked).
+        heads: the heads each block is cut into, one count per block (1: a whole matrix;
+            more under the ``per_head`` option: each head's rows a matrix of their own).
     """
 
     name: str
@@ -79,6 +83,7 @@ class ParamPlan:
     role: str
     layout: str | None = None
     split_dim: int = 0
+    heads: tuple[int, ...] = ()
 
     @property
     def split(self) -> int:
@@ -109,6 +114,8 @@ class ParamPlan:
                 group["split"] = self.split
             if self.split > 1 or self.split_dim:  # an in_out weight is stepped as its (out, in) transpose
                 group["split_dim"] = self.split_dim
+            if any(h > 1 for h in self.heads):  # per head: one count, or one per block
+                group["heads"] = self.heads[0] if len(set(self.heads)) == 1 else self.heads
         return group
 
 
@@ -185,8 +192,13 @@ class Plan:
         entries: dict[str, dict[str, Any]] = {}
         for row in self.params:
             names = row.types if row.role == RULE else (_REST_NAMES[row.role],)
-            shape = "x".join(map(str, row.blocks().shape[-2:])) if row.role == RULE else None
-            for t, geo in zip(names, row.geometries):
+            for i, (t, geo) in enumerate(zip(names, row.geometries)):
+                h = row.heads[i] if row.heads else 1
+                if h > 1:  # per head: heads x (rows/heads, in)
+                    out, cols = row.blocks().shape[-2:]
+                    shape = f"{h}x{out // h}x{cols}"
+                else:
+                    shape = "x".join(map(str, row.blocks().shape[-2:])) if row.role == RULE else None
                 if t not in entries:
                     base = catalog.group_values(catalog.ADAMW if geo == ADAMW else catalog.MUON, self.settings) \
                         if row.role == RULE else _rest_group(row.role, self.settings)
@@ -316,7 +328,8 @@ def bind(model: nn.Module, assignment: Assignment | str | os.PathLike,
             source=source, key="rules", allowed=rule_set_names())
 
     geometry, options = assignment.resolve(), assignment.resolve_options()
-    rows = [_matched_row(m, geometry, options, values, source) for m in match.matched]
+    modules = dict(model.named_modules())
+    rows = [_matched_row(m, geometry, options, values, source, modules) for m in match.matched]
     for name, p in match.rest:
         role = DECAY if p.dim() >= 2 else NO_DECAY
         options_ = {k: v for k, v in _rest_group(role, values).items() if k != "geometry"}
@@ -327,10 +340,12 @@ def bind(model: nn.Module, assignment: Assignment | str | os.PathLike,
 
 
 def _matched_row(m: ParamMatch, geometry: Mapping[str, str], options: Mapping[str, dict],
-                 values: Mapping[str, Any], source: str) -> ParamPlan:
-    """The row of a weight a rule matched; a fused weight's blocks must agree."""
+                 values: Mapping[str, Any], source: str, modules: Mapping[str, nn.Module]) -> ParamPlan:
+    """The row of a weight a rule matched; a fused weight's blocks must agree (but on
+    ``per_head``, which becomes the row's ``heads``)."""
     geos = tuple(geometry[t] for t in m.types)
-    opts = [options[t] for t in m.types]
+    opts = [{k: v for k, v in options[t].items() if k != "per_head"} for t in m.types]
+    heads = _heads(m, [bool(options[t].get("per_head")) for t in m.types], modules, source)
     if len(m.types) > 1:
         if ADAMW in geos and set(geos) != {ADAMW}:
             raise ConfigError(
@@ -344,4 +359,32 @@ def _matched_row(m: ParamMatch, geometry: Mapping[str, str], options: Mapping[st
                 source=source, key="options")
     kind = catalog.ADAMW if geos[0] == ADAMW else catalog.MUON
     merged = {**catalog.group_values(kind, values), **opts[0]}  # per-type options (checked) win
-    return ParamPlan(m.name, m.param, m.types, geos, FrozenMap(merged), RULE, m.rule.layout, m.rule.split_dim)
+    return ParamPlan(m.name, m.param, m.types, geos, FrozenMap(merged), RULE, m.rule.layout, m.rule.split_dim,
+                     heads)
+
+
+def _heads(m: ParamMatch, per_head: list[bool], modules: Mapping[str, nn.Module],
+           source: str) -> tuple[int, ...]:
+    """Heads each block of ``m`` is cut into: its rows / the attention's ``head_dim`` where
+    ``per_head`` is set (Q, K and V blocks only; K and V count the key/value heads)."""
+    if not any(per_head):
+        return ()
+    owner = m.name.rpartition(".")[0]
+    layout = fused_qkv_layout(modules.get(owner.rpartition(".")[0]), owner.rpartition(".")[2])
+    rows = m.param.shape[m.param.dim() - 2 + m.rule.split_dim] // max(1, len(m.types))
+    out = []
+    for t, on in zip(m.types, per_head):
+        if not on:
+            out.append(1)
+            continue
+        if t not in HEAD_TYPES or m.param.dim() != 2:
+            problem = f"per_head applies to {', '.join(HEAD_TYPES)} only"
+        elif layout is None:
+            problem = f"the head size of {owner!r} is not found (its attention module names no head count)"
+        elif rows % layout.head_dim:
+            problem = f"its {rows} rows do not cut into heads of {layout.head_dim}"
+        else:
+            out.append(rows // layout.head_dim)
+            continue
+        raise ConfigError(f"{m.name!r} ({t}): {problem}", source=source, key=f"options.{t}.per_head")
+    return tuple(out)

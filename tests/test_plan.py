@@ -164,3 +164,37 @@ def test_attention_variant_names_the_twin_or_says_why_not():
     assert attention_layout("llama") == "per-matrix" and attention_layout("nanogpt") == "stacked"
     with pytest.raises(ConfigError, match="'llama' has per-matrix attention and no stacked twin"):
         attention_variant("llama", "stacked")
+
+
+def test_per_head_option_cuts_q_k_v_into_heads(tmp_path):
+    from geosearch.models.zoo import build_model
+
+    gpt = build_model("tiny", vocab_size=64).model  # width 32, 2 heads of 16
+    a = Assignment.parse("attn_qk=stiefel,attn_qk.per_head=true,attn_vo=dgram,mlp=dgram")
+    plan = bind(gpt, a)
+    row = next(r for r in plan.matched if r.name.endswith("c_attn.weight"))
+    # Rule: per_head on Q and K of the fused weight: 2 heads each; V stays one matrix.
+    assert row.heads == (2, 2, 1) and row.group()["heads"] == (2, 2, 1)
+    assert [e["block"] for e in plan.types()[:3]] == ["2x16x32", "2x16x32", "32x32"]
+    # Rule: the saved assignment carries it; build_optimizer from the file builds the same groups.
+    path = a.save(tmp_path / "a.yaml")
+    groups = build_optimizer(gpt, str(path), verbose=False).param_groups
+    assert [g.get("heads", 1) for g in groups if g["name"] == "attn_q,attn_k,attn_v"] == [(2, 2, 1)]
+    # Rule: per_head applies to Q, K and V only; the error names the option's key.
+    with pytest.raises(ConfigError, match="per_head applies to attn_q, attn_k, attn_v") as e:
+        bind(gpt, Assignment.parse("attn=stiefel,attn_out.per_head=true,mlp=dgram", rules="nanogpt_split"))
+    assert e.value.key == "options.attn_out.per_head"
+
+
+def test_per_head_counts_key_value_heads_under_grouped_query_attention():
+    pytest.importorskip("transformers")
+    from geosearch.models.zoo import build_model
+
+    llama = build_model("hf:llama", vocab_size=64, model_args={
+        "num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 64, "block_size": 16}).model
+    plan = bind(llama, Assignment.parse("attn=stiefel,attn.per_head=true,mlp=dgram", rules="llama"))
+    heads = {r.types[0]: r.heads for r in plan.matched if r.types[0].startswith("attn")}
+    # Rule: Q has the query heads, K and V the key/value heads (8 rows each); the family's
+    # per_head reaches Q, K and V only, so O stays whole.
+    assert heads == {"attn_q": (4,), "attn_k": (2,), "attn_v": (2,), "attn_out": ()}

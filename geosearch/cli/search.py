@@ -49,9 +49,9 @@ def add(p: argparse.ArgumentParser) -> None:
 def _add_proxy(p: argparse.ArgumentParser) -> None:
     """--space and what the proxy trains: --model, --data, --tokenizer, --vocab-size, --model-arg."""
     p.add_argument("--space", default="default", metavar="FILE|NAME",
-                   help="search-space YAML, or a shipped space: default, paper, full, llama, moe "
-                        "(default: default); a shipped name always means the shipped space: write "
-                        "./NAME for a file of that name")
+                   help="search-space YAML, or a shipped space: default, paper, full, llama, moe, "
+                        "roles (default: default); a shipped name always means the shipped space: "
+                        "write ./NAME for a file of that name")
     p.add_argument("--model", metavar="SPEC",
                    help=MODEL_HELP + " (default: the space's; a space that names no rules takes the "
                         f"model's: {RULES_DEFAULT})")

@@ -201,7 +201,9 @@ class ManifoldMuon(torch.optim.Optimizer):
             if group["warm_start"] and any(m.is_gram for m in _geometries(group)):
                 # (k, k) for a whole matrix, (split, k, k) for blocks, as lam0 was read
                 lams = [m.lam if m.lam is not None else _zeros_dual(m.weight) for m in members]
-                if len(lams) > 1:
+                if len(lams) > 1 and len({lam.shape for lam in lams}) > 1:  # heads of some blocks
+                    state["dual"] = [lam.clone() for lam in lams]
+                elif len(lams) > 1:
                     state["dual"] = torch.stack([lam.squeeze(0) for lam in lams])
                 else:
                     state["dual"] = (lams[0] if group["split"] > 1 else lams[0].squeeze(0)).clone()
@@ -320,6 +322,9 @@ def _check_values(group: dict[str, Any], where: str, names: tuple[str, ...], key
     kind = ADAMW if group["geometry"] == ADAMW else settings.MUON
     for key in keys:
         setting = settings.group_setting(kind, key)
+        if key == "heads" and isinstance(group[key], (tuple, list)):  # one count per block
+            group[key] = _check_heads(group, where)
+            continue
         value, want = settings.validate(setting.name, group[key], group=True)
         if want is not None:
             raise ConfigError(f"{where}: {key} must be {want}, got {group[key]!r}", source=_SOURCE, key=key,
@@ -354,6 +359,11 @@ def _check_param(p: Tensor, group: dict[str, Any], index: int) -> None:
     if p.shape[p.ndim - 2 + dim] % split:
         raise ConfigError(f"param group {index}: dimension {dim} of a {tuple(p.shape)} weight does not split "
                           f"into {split} equal blocks", source=_SOURCE, key="split")
+    rows = p.shape[p.ndim - 2 + dim] // split
+    if any(rows % h for h in _heads(group)) or (p.ndim == 3 and max(_heads(group)) > 1):
+        raise ConfigError(f"param group {index}: blocks of {rows} rows of {tuple(p.shape)} "
+                          f"do not cut into heads={group['heads']} equal heads (2-D weights only)",
+                          source=_SOURCE, key="heads")
 
 
 def _check_grad(p: Tensor, group: dict[str, Any], index: int) -> None:
@@ -383,10 +393,32 @@ def _pieces(t: Tensor, group: dict[str, Any]) -> list[tuple[Manifold, Tensor]]:
     """(geometry, view of ``t``) pairs to step: one batched view when every block has the
     same geometry, else one view per block. Writing into a view writes into ``t``."""
     views = block_view(t, group["split"], group["split_dim"])
-    geos = _geometries(group)
-    if _uniform(group) and views.dim() <= 3:  # one stack: (rows, cols) or (count, rows, cols)
-        return [(geos[0], views)]
-    return list(zip(geos, views.unbind(0)))
+    geos, heads = _geometries(group), _heads(group)
+    if _uniform(group) and views.dim() <= 3 and len(set(heads)) == 1:  # one stack
+        return [(geos[0], _per_head(views, heads[0]))]  # (rows, cols) or (count, rows, cols)
+    return [(g, _per_head(v, h)) for g, v, h in zip(geos, views.unbind(0), heads)]
+
+
+def _heads(group: dict[str, Any]) -> tuple[int, ...]:
+    """Heads each block is cut into (1: the block is one matrix), one count per block."""
+    h = group.get("heads", 1)
+    return tuple(h) if isinstance(h, tuple) else (h,) * group["split"]
+
+
+def _per_head(view: Tensor, heads: int) -> Tensor:
+    """``(rows, cols)`` or ``(count, rows, cols)`` as ``(count · heads, rows/heads, cols)``:
+    each head's rows a matrix (a view: writing into it writes the weight)."""
+    if heads == 1:
+        return view
+    return view.unflatten(-2, (heads, -1)).view(-1, view.shape[-2] // heads, view.shape[-1])
+
+
+def _check_heads(group: dict[str, Any], where: str) -> tuple[int, ...]:
+    heads = tuple(group["heads"])
+    if len(heads) != group["split"] or any(settings.validate("heads", h)[1] for h in heads):
+        raise ConfigError(f"{where}: heads must be a count or one count per block "
+                          f"(split={group['split']}), got {heads!r}", source=_SOURCE, key="heads")
+    return heads
 
 
 def _place_on_manifold(p: Tensor, group: dict[str, Any]) -> None:

@@ -18,8 +18,10 @@ Scopes say where a setting goes:
   (weight decay: constrained weights are not decayed); with ``"muon"`` too, a global
   setting written into every manifold-Muon group that only ``euclidean`` blocks read, and
   a per-type option of ``euclidean`` types only (Muon's shape scale);
-* ``"layout"``: a manifold-Muon group key set from the name rules (fused blocks), not by
-  users.
+* ``"layout"``: a manifold-Muon group key set from the name rules (fused blocks) or the
+  model (heads), not by users;
+* ``"type"``: a per-type option of manifold (and ``euclidean``) types only, neither a global
+  setting nor a group key: the plan turns it into layout keys (``per_head`` -> ``heads``).
 
 A setting's group key is its name, but for ``spectral_lr``, which is the ``lr`` of the
 manifold-Muon groups (so the per-type option ``lr`` of a manifold type is its spectral
@@ -43,13 +45,14 @@ from geosearch.util.checks import Range, parse_decimal
 from geosearch.util.errors import ConfigError
 
 __all__ = [
-    "ADAMW", "EUCLIDEAN", "KINDS", "LAYOUT", "MUON", "RANGES", "RANGES_OF", "SCOPES", "SETTINGS", "Setting",
+    "ADAMW", "EUCLIDEAN", "KINDS", "LAYOUT", "MUON", "RANGES", "RANGES_OF", "SCOPES", "SETTINGS",
+    "TYPE", "Setting",
     "check", "defaults", "group_defaults", "group_setting", "group_values", "help", "kinds", "names",
     "option_keys", "option_setting", "solver_keys", "validate",
 ]
 
-MUON, ADAMW, EUCLIDEAN, LAYOUT = "muon", "adamw", "euclidean", "layout"
-SCOPES = (MUON, ADAMW, EUCLIDEAN, LAYOUT)
+MUON, ADAMW, EUCLIDEAN, LAYOUT, TYPE = "muon", "adamw", "euclidean", "layout", "type"
+SCOPES = (MUON, ADAMW, EUCLIDEAN, LAYOUT, TYPE)
 """The scopes of the module docstring. ``"adamw"`` and ``"euclidean"`` are also the
 geometry names of the same meaning: :data:`ADAMW` is the torch-free home of
 ``geosearch.manifolds.ADAMW``, which every layer above the optimizer reads from here."""
@@ -168,6 +171,10 @@ _TABLE = (
             (LAYOUT,)),
     Setting("split_dim", "choice", 0, "the weight dimension holding the outputs: 0 (out, in), 1 (in, out)",
             (LAYOUT,), choices=(0, 1), what="0 or 1"),
+    Setting("heads", "count", 1, "equal row blocks (heads) each block is cut into, each "
+            "constrained on its own; a tuple gives one count per block", (LAYOUT,)),
+    Setting("per_head", "bool", False, "each head's rows of a Q, K or V projection are a matrix of "
+            "their own on the manifold, stepped as one batch over heads", (TYPE,)),
 )
 
 SETTINGS: MappingProxyType[str, Setting] = MappingProxyType({s.name: s for s in _TABLE})
@@ -250,8 +257,9 @@ def option_keys(geometry: str) -> tuple[str, ...]:
     if geometry == ADAMW:
         return tuple(s.group_key for s in _TABLE if ADAMW in s.scope)
     if geometry == EUCLIDEAN:
-        return tuple(s.group_key for s in _TABLE if {MUON, EUCLIDEAN} & set(s.scope))
-    return tuple(s.group_key for s in _TABLE if MUON in s.scope and EUCLIDEAN not in s.scope)
+        return tuple(s.group_key for s in _TABLE if {MUON, EUCLIDEAN, TYPE} & set(s.scope))
+    return tuple(s.group_key for s in _TABLE
+                 if {MUON, TYPE} & set(s.scope) and EUCLIDEAN not in s.scope)
 
 
 def option_setting(key: str, geometry: str) -> Setting:
@@ -262,6 +270,8 @@ def option_setting(key: str, geometry: str) -> Setting:
     """
     if key not in option_keys(geometry):
         raise KeyError(key)
+    if key in SETTINGS and TYPE in SETTINGS[key].scope:
+        return SETTINGS[key]
     return group_setting(ADAMW if geometry == ADAMW else MUON, key)
 
 

@@ -9,7 +9,8 @@ Two measurements, both cheap enough to run every few training steps:
 
   - ``max_logit``: the largest logit over heads, sequences and causal (query, key)
     pairs; future positions, which the softmax never sees, are excluded. Signed max, as
-    in Wortsman et al. 2023 (max logits ≳ 1e3 degrade the loss, ≳ 1e4 diverge).
+    in Wortsman et al. 2023 (max logits ≳ 1e3 degrade the loss, ≳ 1e4 diverge). Each
+    head's own is kept too (``max_logit_per_head``), to show which heads grow.
   - attention entropy, in nats, of each causal softmax row ``H_i = -Σ_{j≤i} p_ij ln p_ij``
     (at most ``ln(i+1)``). Row 0 attends to a single key and always has H = 0, so it is
     left out. Each head's entropy is its mean over rows 1..T-1 and the batch;
@@ -124,12 +125,22 @@ def layer_attention_stats(q: torch.Tensor, k: torch.Tensor, scale: float | None 
         q, k: (B, nh, T, hs) with T ≥ 2.
         scale, softcap, allowed: as :func:`causal_logits`.
     """
+    heads, min_entropy, mean_entropy = head_attention_stats(q, k, scale, softcap=softcap,
+                                                            allowed=allowed)
+    return max(heads, key=_nan_first), min_entropy, mean_entropy
+
+
+def head_attention_stats(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, *,
+                         softcap: float | None = None,
+                         allowed: torch.Tensor | None = None) -> tuple[list[float], float, float]:
+    """``(max logit of each head, min_entropy, mean_entropy)`` of one layer: as
+    :func:`layer_attention_stats`, whose ``max_logit`` is the largest of the heads'."""
     if q.size(-2) < 2:
         raise ValueError("attention entropy needs sequences of at least 2 tokens")
     z = causal_logits(q, k, scale, softcap=softcap, allowed=allowed)  # (B, nh, T, T)
-    max_logit = z.amax()  # masked entries are -inf, never the max
+    max_logit = z.amax(dim=(0, 2, 3))  # (nh,) masked entries are -inf, never the max
     head_entropy = row_entropy(z)[..., 1:].mean(dim=(0, 2))  # (nh,) rows 1..T-1, batch
-    return max_logit.item(), head_entropy.min().item(), head_entropy.mean().item()
+    return max_logit.tolist(), head_entropy.min().item(), head_entropy.mean().item()
 
 
 @torch.no_grad()
@@ -150,8 +161,10 @@ def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str | None = "
 
     Returns:
         ``max_logit_per_layer``, ``min_entropy_per_layer``, ``mean_entropy_per_layer``
-        (lists, layer order), and ``max_logit`` (max over layers), ``min_entropy`` (min
-        over layers), ``mean_entropy`` (mean over layers), as floats, of the logits the
+        (lists, layer order), ``max_logit_per_head`` (a list per layer, one value per
+        query head: the layer's max logit is their largest), and ``max_logit`` (max over
+        layers), ``min_entropy`` (min over layers), ``mean_entropy`` (mean over layers), as
+        floats, of the logits the
         kernel's softmax sees. A model that soft-caps its logits (Gemma 2) has them capped
         here too, and gets ``raw_max_logit_per_layer`` and ``raw_max_logit``: the largest
         logits before the cap (what grows when the capped ones saturate). A diverged model
@@ -160,10 +173,13 @@ def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str | None = "
     from geosearch.models.qk import qk_capture
 
     per_layer: dict[int, tuple[float, float, float]] = {}
+    per_head: dict[int, list[float]] = {}
     raw: dict[int, float] = {}
 
     def reduce(i: int, t: LayerQK) -> None:
-        per_layer[i] = layer_attention_stats(t.q, t.k, t.scale, softcap=t.softcap, allowed=t.allowed)
+        heads, lo, mean = head_attention_stats(t.q, t.k, t.scale, softcap=t.softcap,
+                                               allowed=t.allowed)
+        per_layer[i], per_head[i] = (max(heads, key=_nan_first), lo, mean), heads
         if t.softcap is not None:
             raw[i] = causal_logits(t.q, t.k, t.scale, allowed=t.allowed).amax().item()
 
@@ -177,6 +193,7 @@ def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str | None = "
     max_logit, min_entropy, mean_entropy = (list(v) for v in zip(*(per_layer[i] for i in sorted(per_layer))))
     out = {
         "max_logit_per_layer": max_logit,
+        "max_logit_per_head": [per_head[i] for i in sorted(per_head)],
         "min_entropy_per_layer": min_entropy,
         "mean_entropy_per_layer": mean_entropy,
         "max_logit": max(max_logit, key=_nan_first),

@@ -420,7 +420,8 @@ class _Run:
         metrics: dict[str, Any] = {
             "step": step, "train_loss": train_loss, "val_loss": None, "grad_norm": grad_norm,
             "lr": lr, "step_ms": step_ms, "tokens_per_s": tokens_per_s,
-            "max_logit": None, "max_logit_per_layer": None, "min_entropy": None,
+            "max_logit": None, "max_logit_per_layer": None, "max_logit_per_head": None,
+            "min_entropy": None,
             "mean_entropy": None, "sigma_max": None, "constraint_error": None,
             "dual_residual": None,
             **self.qk_clip.metrics(),  # qk_clipped, qk_clipped_total: only when QK-clip is on
@@ -453,6 +454,7 @@ class _Run:
         return {
             "max_logit": att["max_logit"],
             "max_logit_per_layer": att["max_logit_per_layer"],
+            "max_logit_per_head": att.get("max_logit_per_head"),
             "min_entropy": att["min_entropy"],
             "mean_entropy": att["mean_entropy"],
             "sigma_max": weights["sigma_max"],

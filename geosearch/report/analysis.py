@@ -20,13 +20,14 @@ import math
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial
 
-from geosearch.report.load import TrialRecord, as_finite, mean_finite
+from geosearch.report.load import TrialRecord, as_finite, mean_finite, read_metrics
 from geosearch.search.records import FINISHED
 from geosearch.search.stats.pooled import main_effects
 from geosearch.search.stats.scores import MainEffect, Score
@@ -190,6 +191,22 @@ def layer_logits(t: TrialRecord) -> list[tuple[float, list[float | None]]]:
         if step is not None and isinstance(layers, list) and layers:
             rows.append((step, [as_finite(v) for v in layers]))
     return rows
+
+
+def head_logits(run_dir: Path,
+                t: TrialRecord) -> tuple[str, float, list[list[float | None]]] | None:
+    """``(where, step, max logit of each layer's heads)`` at the trial's last probe with
+    per-head values (``max_logit_per_head``) of its stability rung (``trials/<n>/stability``,
+    one seed): ``where`` is ``"stability rung"``; without one, of its first seed at the
+    last rung it reached (``"top rung"``). ``None`` when neither records per-head values."""
+    stability = read_metrics(run_dir / "trials" / str(t.number) / "stability" / "metrics.jsonl")
+    top = t.metrics[0] if t.metrics else []
+    for where, records in (("stability rung", stability), ("top rung", top)):
+        for r in reversed(records):
+            step, heads = as_finite(r.get("step")), r.get("max_logit_per_head")
+            if step is not None and heads and all(isinstance(h, list) for h in heads):
+                return where, step, [[as_finite(v) for v in layer] for layer in heads]
+    return None
 
 
 def peak_layers(trials: Sequence[TrialRecord]) -> list[PeakLayer]:

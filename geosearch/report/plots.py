@@ -21,7 +21,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from geosearch.report.analysis import Importance, geometry_importances, layer_logits, pareto_trials
+from geosearch.report.analysis import (
+    Importance,
+    geometry_importances,
+    head_logits,
+    layer_logits,
+    pareto_trials,
+)
 from geosearch.report.load import RunData, TrialRecord, as_finite
 from geosearch.search.horizon.ladder import forecast_at
 
@@ -36,6 +42,8 @@ PLOT_NAMES = {
     "importance": "importance of each module type's geometry",
     "horizon": "final val loss and max logit against Σ η across the ladder's rungs, target marked",
     "max_logit_layers": "max attention logit of each layer over steps, one panel per run (first seed, top rung)",
+    "max_logit_heads": "max attention logit of each layer and head at the end of the stability "
+                       "rung, one panel per run",
 }
 
 #: A baseline's (grey, dash pattern) in every plot; other names get the last.
@@ -147,9 +155,10 @@ def make_plots(
     keep(_importance_figure(Figure, importance), "importance", importance.note)
     keep(_horizon_figure(Figure, run), "horizon",
          "the study records no target, or no trial a loss or probe with Σ η")
-    layers = _layers_figure(Figure, run)
-    if layers is not None:  # no note without: a study from before per-layer probes
-        save(layers, "max_logit_layers")
+    for name, figure in (("max_logit_layers", _layers_figure), ("max_logit_heads", _heads_figure)):
+        fig = figure(Figure, run)
+        if fig is not None:  # no note without: a study from before per-layer (per-head) probes
+            save(fig, name)
     for name in PLOT_NAMES.keys() - written.keys():  # a stale plot from an earlier report would mislead
         (plots_dir / f"{name}.png").unlink(missing_ok=True)
     return written, skipped
@@ -339,6 +348,45 @@ def _layers_figure(Figure, run: RunData):
     kept = len(shown) - len(bases)
     more = f" (the {kept} best of {len(points)} assignments)" if kept < len(points) else ""
     fig.suptitle(f"Max attention logit per layer, first seed{more}")
+    return fig
+
+
+def _heads_figure(Figure, run: RunData):
+    """The max attention logit of each layer (rows) and head (columns) at the end of each run's
+    stability rung (:func:`~geosearch.report.analysis.head_logits`), one heatmap per run on one
+    colour scale, the assignments best first, then the baselines; ``None`` without per-head
+    values."""
+    order = sorted(run.trials, key=lambda t: (0, t.loss.mean, t.number)
+                   if t.state == "completed" and t.loss.n else (1, 0.0, t.number))
+    shown = [(t, got) for t in order + run.baselines if (got := head_logits(run.run_dir, t))]
+    if not shown:
+        return None
+    shown = shown[:_MAX_PANELS]
+    values = [v for _, (_, _, grid) in shown for row in grid for v in row if v is not None]
+    vmin, vmax = (min(values), max(values)) if values else (0.0, 1.0)
+    ncol = min(4, len(shown))
+    nrow = math.ceil(len(shown) / ncol)
+    fig = Figure(figsize=(3.2 * ncol + 0.8, 2.6 * nrow + 0.6))
+    for k, (t, (where, step, grid)) in enumerate(shown):
+        ax = fig.add_subplot(nrow, ncol, k + 1)
+        heads = max(len(row) for row in grid)
+        cells = [[math.nan if v is None else v for v in row] + [math.nan] * (heads - len(row))
+                 for row in grid]
+        image = ax.imshow(cells, vmin=vmin, vmax=vmax, cmap="magma", aspect="auto")
+        if len(grid) * heads <= 64:
+            for i, row in enumerate(cells):
+                for j, v in enumerate(row):
+                    if not math.isnan(v):
+                        ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize="x-small",
+                                color="white" if v < (vmin + vmax) / 2 else "black")
+        ax.set_xticks(range(heads))
+        ax.set_yticks(range(len(grid)))
+        ax.set_xlabel("head", fontsize="small")
+        if k % ncol == 0:
+            ax.set_ylabel("layer", fontsize="small")
+        ax.set_title(f"{t.label}\n(trial {t.number}, {where} step {step:g})", fontsize="small")
+    fig.colorbar(image, ax=ax, label="max attention logit (every panel's scale)")
+    fig.suptitle("Max attention logit per layer and head, end of the stability rung")
     return fig
 
 

@@ -95,7 +95,10 @@ def test_option_keys_per_geometry():
     adamw, stiefel, euclid = (set(settings.option_keys(g)) for g in ("adamw", "stiefel", "euclidean"))
     # Rule: every type takes lr; AdamW types take AdamW's keys; manifold types the Muon keys.
     assert adamw == {"lr", "betas", "eps", "weight_decay"}
-    assert stiefel == set(settings.group_values("muon", settings.defaults())) - {"muon_scale"}
+    # Rule: ... and per_head, a per-type option of manifold types only (the plan makes it heads).
+    assert stiefel == set(settings.group_values("muon", settings.defaults())) - {"muon_scale"} | {"per_head"}
+    assert "per_head" not in settings.names("global") and "per_head" not in settings.group_defaults("muon")
+    assert settings.option_setting("per_head", "euclidean").kind == "bool"
     # Rule: weight decay applies to adamw and euclidean types only; Muon's shape scale,
     # though a global setting every manifold group holds, is an option of euclidean types only.
     assert euclid == stiefel | {"weight_decay", "muon_scale"} and not {"weight_decay", "muon_scale"} & stiefel
@@ -110,7 +113,9 @@ def test_option_keys_per_geometry():
 def test_names_and_help_for_other_layers():
     assert settings.names("muon")[0] == "spectral_lr" and "momentum" in settings.names("muon")
     assert settings.names("adamw") == ("lr", "betas", "eps", "weight_decay")
-    assert set(settings.names()) == set(settings.names("global")) | set(settings.names("layout"))
+    assert set(settings.names()) == (set(settings.names("global")) | set(settings.names("layout"))
+                                     | set(settings.names("type")))
+    assert settings.names("type") == ("per_head",)
     with pytest.raises(ValueError, match="unknown scope"):
         settings.names("sgd")
     for name in settings.names():

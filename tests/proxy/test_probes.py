@@ -60,6 +60,11 @@ def test_max_logit_equals_recomputation_from_ln1_outputs():
         expected = max(v.item() for v in causal)
         # Rule: the probed max logit is the max of q·k/√hs over heads and causal pairs.
         assert stats["max_logit_per_layer"][layer] == pytest.approx(expected, rel=1e-5)
+        # Rule: each head's is the max over its own causal pairs.
+        heads = [max(z[:, n, i, : i + 1].max().item() for i in range(T)) for n in range(nh)]
+        assert stats["max_logit_per_head"][layer] == pytest.approx(heads, rel=1e-5)
+        # Rule: the largest head's equals the layer's, exactly.
+        assert max(stats["max_logit_per_head"][layer]) == stats["max_logit_per_layer"][layer]
         unmasked_max.append(z.max().item())
     # The batch is one where including future positions would have changed a layer's max,
     # so the equality above also checks that they are excluded.

@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 MIXED = "attn=stiefel,mlp=dgram"
 METRIC_KEYS = {
     "step", "train_loss", "val_loss", "grad_norm", "lr", "step_ms", "tokens_per_s",
-    "max_logit", "max_logit_per_layer", "min_entropy", "mean_entropy", "sigma_max",
+    "max_logit", "max_logit_per_layer", "max_logit_per_head", "min_entropy", "mean_entropy",
+    "sigma_max",
     "constraint_error", "dual_residual",
 }
 

@@ -12,8 +12,10 @@ from _report_study import LADDER, PNG, _metrics, add, new_study, row
 from optuna.trial import create_trial
 
 from geosearch import report as rp
+from geosearch.report.analysis import head_logits
 from geosearch.search.runtime.backup import write_rung_probes
 from geosearch.report.plots import (
+    _heads_figure,
     _horizon_figure,
     _layers_figure,
     _logit_series,
@@ -24,7 +26,8 @@ from geosearch.report.plots import (
 
 def _with_layers(run_dir: Path, top_layer: dict[int, int] | None = None) -> None:
     """Give every record of every metrics.jsonl two layers' max logits: the layer
-    ``top_layer[trial]`` (default 0) holds the record's max logit, the other a third of it."""
+    ``top_layer[trial]`` (default 0) holds the record's max logit, the other a third of it;
+    and two heads per layer, the first holding the layer's."""
     for path in sorted(run_dir.glob("trials/*/**/metrics.jsonl")):  # trials/<n>/[seed<s>/]
         top = (top_layer or {}).get(int(path.relative_to(run_dir).parts[1]), 0)
         recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -32,6 +35,7 @@ def _with_layers(run_dir: Path, top_layer: dict[int, int] | None = None) -> None
             layers = [r["max_logit"] / 3] * 2
             layers[top] = r["max_logit"]
             r["max_logit_per_layer"] = layers
+            r["max_logit_per_head"] = [[v, v / 2] for v in layers]  # two heads, the first leads
         path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
 
 
@@ -205,3 +209,29 @@ def test_per_layer_logits_drawn_when_the_metrics_have_them(finished: Path) -> No
     assert "(plots/max_logit_layers.png)" in text
     assert ("the last rung it reached): layer 0 in 4 of 5 runs (trials 0, 1, 2, 3); "
             "layer 1 in 1 of 5 runs (trial 4).") in text
+
+
+@pytest.mark.slow
+def test_per_head_logits_drawn_at_the_end_of_the_stability_rung(finished: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    # Rule: without per-head probes there is no heatmap, and no note.
+    assert _heads_figure(Figure, rp.load_run(finished)) is None
+    # Trial 0's stability rung records 2 layers x 3 heads; its last probe is the one drawn.
+    grid = [[1.0, 2.0, 3.0], [4.0, 5.0, 60.0]]
+    stability = finished / "trials/0/stability"
+    stability.mkdir(parents=True, exist_ok=True)
+    recs = [{"step": 10, "max_logit_per_head": [[0.0] * 3] * 2}, {"step": 20, "max_logit_per_head": grid},
+            {"step": 21, "val_loss": 3.0}]
+    (stability / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    run = rp.load_run(finished)
+    assert head_logits(run.run_dir, run.trials[0]) == ("stability rung", 20, grid)
+    fig = _heads_figure(Figure, run)
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    # Rule: one heatmap per run with per-head values, layers down, heads across, their values.
+    assert len(panels) == 1 and "(trial 0, stability rung step 20)" in panels[0].get_title()
+    assert panels[0].get_images()[0].get_array().tolist() == grid
+    files = rp.write_report(finished)
+    assert files.plots["max_logit_heads"].read_bytes()[:8] == PNG
+    assert "(plots/max_logit_heads.png)" in files.report.read_text()

@@ -17,6 +17,7 @@ from typing import Any, get_args
 
 from geosearch.util.checks import MAX_STEPS, SEED, Range, shown
 from geosearch.util.errors import ConfigError
+from geosearch.rules.roles import rules_for_roles
 from geosearch.search.horizon.pruner import ARG_LIMITS
 from geosearch.search.space.sections import (
     Budget,
@@ -134,6 +135,18 @@ class SchemaReader:
         """Record a section's own error under the section's key path ``prefix``."""
         key = f"{prefix}.{e.key}" if e.key else prefix
         self.error(key, e.problem, e.allowed)
+
+    def role_rules(self, rules: Any, geometries: Any) -> Any:
+        """The rules a space whose ``geometries`` name a role (``attn_qk``) uses: a stacked
+        rule set's per-matrix twin (:func:`geosearch.rules.roles.rules_for_roles`); None, with
+        the problem recorded, when the rules cannot cut Q from K."""
+        if rules is None or not isinstance(geometries, Mapping):
+            return rules
+        try:
+            return rules_for_roles(rules, [str(k) for k in geometries])
+        except ConfigError as e:
+            self.rekey(e, "geometries")
+            return None
 
     def mapping(self, value: Any, key: str, allowed: Sequence[str]) -> dict[str, Any]:
         """``value`` as a dict (None = empty); unknown keys are problems."""

@@ -16,9 +16,9 @@ optional but ``version`` and ``geometries``::
                                   #   split, layout} as in assignment files; default: the
                                   #   model's rule set (nanogpt for the presets, gpt2 for
                                   #   hf:gpt2, llama for hf:llama; py: models must name one)
-    geometries:                   # one Optuna categorical per key: a module type of the
-      attn: [stiefel, dgram]      #   rules, or a family shorthand (attn, mlp) covering its
-      mlp: [stiefel, dgram]       #   types; every module type covered exactly once
+    geometries:                   # one Optuna categorical per key: a module type, a role
+      attn: [stiefel, dgram]      #   (attn_qk, attn_vo: geosearch.rules.roles) or a family
+      mlp: [stiefel, dgram]       #   (attn, mlp) covering its types; each type covered once
     hyperparams:                  # optional continuous parameters, log-uniform [low, high]
       spectral_lr: [0.005, 0.05]  #   or per geometry: {stiefel: [..], dgram: [..]}
       lr: [1.0e-4, 3.0e-3]        #   AdamW lr (embeddings, head, norms, adamw types)
@@ -89,6 +89,7 @@ from geosearch.rules.modules import (
     rule_from_mapping,
     rule_set_names,
 )
+from geosearch.rules.roles import role_problem, role_types
 from geosearch.proxy.config import LIMITS as TRAIN_LIMITS
 from geosearch.proxy.config import OPTIMIZER_FIELDS, TrainConfig
 from geosearch.search.records import STEP_FACTOR
@@ -174,8 +175,7 @@ def dump_space(space: Any, keys: Iterable[str] = TOP_KEYS) -> dict[str, Any]:
 
 
 def _dump_rules(rules: Any) -> Any:
-    return rules if isinstance(rules, str) else [
-        rule_to_mapping(r) for r in rules]
+    return rules if isinstance(rules, str) else [rule_to_mapping(r) for r in rules]
 
 
 def _dump_hyperparams(space: Any) -> dict[str, Any]:
@@ -234,6 +234,8 @@ class _Parser(SchemaReader, Generic[Space]):
             rules = None if model_wrong else self.model_rules(top.get("proxy"))
         else:
             rules = self.rules(top["rules"])
+        if "geometries" in redo:  # a role (attn_qk) on nanogpt: nanogpt_split
+            rules = self.role_rules(rules, top.get("geometries"))
         geometries = read("geometries", self.geometries, top.get("geometries"), rules)
         hyperparams = read("hyperparams", self.hyperparams, top.get("hyperparams"), geometries,
                            proxy)
@@ -334,12 +336,14 @@ class _Parser(SchemaReader, Generic[Space]):
             return {}
         # Without valid rules the keys cannot be checked; the geometries still are.
         rule_list = get_rule_set(rules) if isinstance(rules, str) else rules or ()
-        families, types = family_types(rule_list), module_types(rule_list)
+        types = module_types(rule_list)
+        families = {**role_types(rule_list), **family_types(rule_list)}  # keys for several types
         out: dict[str, tuple[str, ...]] = {}
         for k, v in value.items():
             key = f"geometries.{k}"
             if types and k not in types and k not in families:
-                self.error(key, f"unknown module type {k!r}", [*families, *types])
+                self.error(key, f"unknown module type {k!r}{role_problem(rule_list, k)}",
+                           [*families, *types])
             choices = self._choices(key, v, known)
             if choices is not None:
                 out[str(k)] = choices

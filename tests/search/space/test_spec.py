@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 # ---------------------------------------------------------------------- shipped spaces
 def test_shipped_spaces_load_by_name():
     # Rule: every shipped space loads by name and the names are listed.
-    assert space_names() == ["default", "full", "llama", "moe", "paper"]
+    assert space_names() == ["default", "full", "llama", "moe", "paper", "roles"]
     default, paper, full = load_space("default"), load_space("paper"), load_space("full")
     # Rule: default and paper are attention x MLP over {stiefel, dgram}, searched exhaustively;
     # paper also at each assignment's own step (a grid around the study's shared one, halved).
@@ -80,12 +80,35 @@ def test_moe_space():
     assert moe.proxy.model_args["num_local_experts"] == 4
 
 
+def test_roles_space():
+    from geosearch.search.space.plan import plan_study
+
+    roles, default = load_space("roles"), load_space("default")
+    # Rule: roles.yaml is QK x VO x MLP over {stiefel, dgram}: 8 points, one categorical per role.
+    both = ["stiefel", "dgram"]
+    assert roles.categorical_choices() == {f"geometry.{k}": both for k in ("attn_qk", "attn_vo", "mlp")}
+    assert roles.grid_size() == 8 and roles.sampler_type() == "grid"
+    # Rule: the model's rules with Q, K and V apart; default's proxy, stability rung and baselines.
+    assert (roles.rules, roles.rules_from_model) == ("nanogpt_split", True)
+    assert roles.proxy == default.proxy and roles.baselines == default.baselines
+    plan, base = plan_study(roles), plan_study(default)
+    assert plan.stability == base.stability and plan.stability is not None
+    assert "8 assignments" in plan.header_lines()[1]
+    # Rule: another model's rules follow, their Q/K/V apart too (gpt2 -> gpt2_split).
+    assert apply_overrides(roles, model="hf:gpt2").rules == "gpt2_split"
+    # Rule: a role on rules that cannot cut Q from K is one problem naming the key.
+    with pytest.raises(SearchSpaceError, match="geometries.attn_qk") as e:
+        SearchSpace.from_dict({"version": 1, "rules": "deepseek", "geometries": {
+            "attn_qk": "stiefel", "attn_vo": "dgram", "mlp": "dgram"}}, source="x.yaml")
+    assert "role 'attn_qk' stands for attn_q, attn_k" in str(e.value)
+
+
 def needs_models(name: str) -> None:
     if name in ("llama", "moe"):
         pytest.importorskip("transformers", reason="llama.yaml's proxy is hf:llama (Hugging Face transformers)")
 
 
-@pytest.mark.parametrize("name", ["default", "paper", "full", "llama", "moe"])
+@pytest.mark.parametrize("name", ["default", "paper", "full", "llama", "moe", "roles"])
 def test_repo_search_spaces_are_the_shipped_files(name):
     needs_models(name)
     repo_file = REPO / "search_spaces" / f"{name}.yaml"
@@ -98,7 +121,7 @@ def test_repo_search_spaces_are_the_shipped_files(name):
     assert load_space(repo_file).to_dict() == load_space(name).to_dict()
 
 
-@pytest.mark.parametrize("name", ["default", "paper", "full", "llama", "moe"])
+@pytest.mark.parametrize("name", ["default", "paper", "full", "llama", "moe", "roles"])
 def test_to_dict_round_trips(name):
     needs_models(name)
     s = load_space(name)
