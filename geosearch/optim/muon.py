@@ -208,8 +208,9 @@ class ManifoldMuon(torch.optim.Optimizer):
     def _step_batches(self, batches: list[tuple[Manifold, dict[str, Any], list, list]]) -> None:
         """Step each batch once: sharded weights (and DDP's, with ``replicas``) by one owner
         rank per batch, which sends the results (:mod:`geosearch.optim.sharded`). Every rank
-        computes all its batches first, then the results are sent: a broadcast right after
-        each batch would make each rank wait for the other's, one batch at a time. Batches
+        computes all its batches first, then the results are sent, one broadcast per owner
+        (:func:`~geosearch.optim.sharded.share_all`): a broadcast right after each batch would
+        make each rank wait for the other's, one batch at a time. Batches
         are not cut into parts per rank: a batch stepped whole by its owner gives one
         process's numbers exactly, and a cut one moves the dual solver's weights (a changed
         summation order, beyond 1e-5 within 5 steps in tests/optim/test_fsdp.py)."""
@@ -217,9 +218,11 @@ class ManifoldMuon(torch.optim.Optimizer):
         for (manifold, step, members, _), owner in zip(batches, plan):
             if sharded.is_mine(owner):
                 grouped.step_batch(manifold, members, step)
+        sends: list = []  # (tensor, owner), sent in one broadcast per owner
         for (manifold, step, members, _), owner in zip(batches, plan):
             if owner is not None:
-                grouped.share_batch(manifold, members, step, lambda t, o=owner: sharded.share(t, o))
+                grouped.share_batch(manifold, members, step, lambda t, o=owner: sends.append((t, o)))
+        sharded.share_all(sends)
 
     def _momentum(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
         """Update each parameter's momentum buffer; return the Nesterov (or plain) momenta.
