@@ -213,7 +213,19 @@ class ManifoldMuon(torch.optim.Optimizer):
         make each rank wait for the other's, one batch at a time. Batches
         are not cut into parts per rank: a batch stepped whole by its owner gives one
         process's numbers exactly, and a cut one moves the dual solver's weights (a changed
-        summation order, beyond 1e-5 within 5 steps in tests/optim/test_fsdp.py)."""
+        summation order, beyond 1e-5 within 5 steps in tests/optim/test_fsdp.py, and through
+        the next gradients a changed weight anywhere in the model does the same). So only
+        when every batch takes the ``project`` solver (which keeps one process's numbers to
+        about 1e-6 at any batch size) is each batch cut into one part per rank, so that a
+        model with few batches (every layer's matrices of one shape) keeps every rank busy."""
+        cut_all = all(step["solver"] == "project" for _, step, _, _ in batches)
+        parts = []
+        for manifold, step, members, params in batches:
+            size = sharded.ranks(params, self.replicas)[1] if cut_all else 1
+            cut = -(-len(members) // min(size, len(members)))
+            parts += [(manifold, step, members[i:i + cut], params[i:i + cut])
+                      for i in range(0, len(members), cut)]
+        batches = parts
         plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches], self.replicas)
         for (manifold, step, members, _), owner in zip(batches, plan):
             if sharded.is_mine(owner):
