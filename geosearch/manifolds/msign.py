@@ -120,6 +120,12 @@ def _fma(C: Tensor, A: Tensor, B: Tensor, beta: float, alpha: float = 1.0) -> Te
     return beta * C + alpha * (A @ B)
 
 
+def _mm(A: Tensor, B: Tensor) -> Tensor:
+    """``A @ B``; for 3-D operands ``bmm`` itself (one operation where ``@`` dispatches a few
+    reshapes around it: on a GPU each is a launch)."""
+    return torch.bmm(A, B) if A.ndim == 3 and B.ndim == 3 else A @ B
+
+
 def _svd_sign(G: Tensor) -> Tensor:
     """U·sign(Σ)·Vᵀ in float64: singular values at rounding level map to 0, like NS does."""
     X = G.to(torch.float64)
@@ -174,7 +180,7 @@ def msign(G: Tensor, steps: int = 5, exact: bool = False, bf16: bool = False,
         X = X.mT
     X = X / (torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True) * schedule.margin + 1e-30)
     for a, b, c in schedule.triples(steps):
-        A = X @ X.mT  # (.., k, k), k = min(m, n)
+        A = _mm(X, X.mT)  # (.., k, k), k = min(m, n)
         B = _fma(A, A, A, beta=b, alpha=c)  # bA + cA²
         X = _fma(X, B, X, beta=a)  # aX + bX³ + cX⁵
     if tall:
@@ -194,16 +200,15 @@ def _far(Y: Tensor, steps: int) -> Tensor:
     if m < _GRAM_ROWS * n:
         return msign(Y, steps=steps).to(Y.dtype)
     schedule = NS_COEFFICIENTS["polar_express"]
-    M = Y.mT @ Y
-    scale = torch.diagonal(M, dim1=-2, dim2=-1).sum(-1)[..., None, None]  # ‖Y‖_F², as msign
-    scale = scale.sqrt() * schedule.margin + 1e-30
-    eye = torch.eye(n, dtype=Y.dtype, device=Y.device).expand_as(M)
-    R, S = eye / scale, M / scale.square()
+    M = _mm(Y.mT, Y)
+    scale = torch.linalg.vector_norm(Y, dim=(-2, -1), keepdim=True) * schedule.margin + 1e-30
+    eye = torch.eye(n, dtype=Y.dtype, device=Y.device)
+    R, S = None, M / scale.square()
     for a, b, c in schedule.triples(steps):
         P = _fma(torch.add(eye, S, alpha=b / a), S, S, beta=a, alpha=c)  # a + bS + cS²
-        R = R @ P
-        S = P @ (S @ P)
-    return Y @ R
+        R = P if R is None else _mm(R, P)
+        S = _mm(P, _mm(S, P))
+    return Y / scale if R is None else _mm(Y, R / scale)
 
 
 def gram_error(X: Tensor) -> Tensor:
