@@ -722,7 +722,8 @@ def ranks_worker(args) -> int:
     model = GPT(config)
     if world > 1:
         model = DistributedDataParallel(model)
-    opt = build_optimizer(model, Assignment.parse(RANKS_ASSIGNMENT), verbose=False)
+    opt = build_optimizer(model, Assignment.parse(RANKS_ASSIGNMENT), verbose=False,
+                          ddp_owner_steps=not args.every_rank)
     import geosearch.optim.grouped as grouped
 
     computing, step_batch = [0.0], grouped.step_batch
@@ -761,34 +762,37 @@ def ranks_main(args) -> int:
     import sys
 
     rows = {}
-    for n in (1, 2):
+    runs = {"1": (1, []), "2, owner steps": (2, []), "2, every rank all": (2, ["--every-rank"])}
+    for label, (n, extra) in runs.items():
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or 1)}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                str(n), __file__, "--ranks-worker", "--models", args.models[0], "--steps",
-               str(args.steps), "--warmup", str(args.warmup)]
+               str(args.steps), "--warmup", str(args.warmup), *extra]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RANKS ")), None)
         if proc.returncode != 0 or line is None:
             print(proc.stderr[-2000:])
             return 1
-        rows[n] = json.loads(line.removeprefix("RANKS "))
-        print(f"  {n} rank(s): " + ", ".join(f"{ms:.1f} ({c:.1f})" for ms, c in rows[n]) + " ms",
-              flush=True)
-    one, two = rows[1][0][0], max(ms for ms, _ in rows[2])
-    c_one, c_two = rows[1][0][1], max(c for _, c in rows[2])
+        rows[label] = json.loads(line.removeprefix("RANKS "))
+        print(f"  {label} rank(s): " + ", ".join(f"{ms:.1f} ({c:.1f})" for ms, c in rows[label])
+              + " ms", flush=True)
+    one, c_one = rows["1"][0]
     header = (
         f"# Optimizer time per rank under DDP ({args.models[0]}, {RANKS_ASSIGNMENT})\n\n"
         f"{datetime.datetime.now().isoformat(timespec='seconds')}; gloo on CPU, "
         f"{args.threads or 1} thread(s) per rank; torch {torch.__version__}; median `opt.step()` "
         f"over {args.steps - args.warmup} steps after {args.warmup}; with two ranks each steps "
-        "its share of the matrices and receives the rest (broadcast); its own steps: the time in "
-        "the grouped step's batches it computes (the rest: momentum, gathers, broadcasts, waits)."
+        "its share of the matrices (`ddp_owner_steps=True`: project-solver batches cut into one "
+        "part per rank) and receives the rest (one broadcast per owner), or (every rank all) "
+        "steps every matrix itself, build_optimizer's default; its own steps: the time in "
+        "the grouped step's batches it computes (the rest: momentum, AdamW, broadcasts, waits)."
         "\n\n")
     lines = ["| ranks | optimizer ms per rank | slowest / one rank | of which its own steps, ms "
-             "| slowest / one rank |", "|---|---|---|---|---|",
-             f"| 1 | {one:.1f} | 1.00 | {c_one:.1f} | 1.00 |",
-             f"| 2 | {', '.join(f'{ms:.1f}' for ms, _ in rows[2])} | {two / one:.2f} | "
-             f"{', '.join(f'{c:.1f}' for _, c in rows[2])} | {c_two / c_one:.2f} |"]
+             "| slowest / one rank |", "|---|---|---|---|---|"]
+    for label, row in rows.items():
+        two, c_two = max(ms for ms, _ in row), max(c for _, c in row)
+        lines.append(f"| {label} | {', '.join(f'{ms:.1f}' for ms, _ in row)} | {two / one:.2f} | "
+                     f"{', '.join(f'{c:.1f}' for _, c in row)} | {c_two / c_one:.2f} |")
     out = args.out or Path(__file__).parent / "results" / "optimizer_ranks.md"
     publish(header + "\n".join(lines) + "\n", out)
     return 0
@@ -824,6 +828,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the optimizer's ms per rank under DDP, 1 against 2 gloo ranks (--models, "
                              "--steps, --warmup, --threads per rank)")
     parser.add_argument("--ranks-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--every-rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=2000,
                         help="--retraction, --order, --ranks: steps")
     parser.add_argument("--models", nargs="+", default=["mini", "small"],

@@ -101,9 +101,10 @@ def cost(members: list[Member]) -> float:
 
 def share_batch(manifold: Manifold, members: list[Member], step: dict[str, Any],
                 send: Callable[[Tensor], None]) -> None:
-    """After the owner rank stepped a batch: ``send`` (a broadcast from the owner) each new
-    weight, and with the dual solver each residual and (Gram geometries) dual variable, so
-    every rank holds what the owner computed. Other ranks receive into fresh buffers."""
+    """After the owner rank stepped a batch: ``send`` (the owner's value to every rank, at
+    once or when the step's sends are flushed) each new weight, and with the dual solver
+    each residual and (Gram geometries) dual variable, so every rank holds what the owner
+    computed. Other ranks receive into fresh buffers."""
     for m in members:
         send(m.weight)
         if step["solver"] != "dual":

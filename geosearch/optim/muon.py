@@ -211,18 +211,33 @@ class ManifoldMuon(torch.optim.Optimizer):
     def _step_batches(self, batches: list[tuple[Manifold, dict[str, Any], list, list]]) -> None:
         """Step each batch once: sharded weights (and DDP's, with ``replicas``) by one owner
         rank per batch, which sends the results (:mod:`geosearch.optim.sharded`). Every rank
-        computes all its batches first, then the results are sent: a broadcast right after
-        each batch would make each rank wait for the other's, one batch at a time. Batches
+        computes all its batches first, then the results are sent, one broadcast per owner
+        (:func:`~geosearch.optim.sharded.share_all`): a broadcast right after each batch would
+        make each rank wait for the other's, one batch at a time. Batches
         are not cut into parts per rank: a batch stepped whole by its owner gives one
         process's numbers exactly, and a cut one moves the dual solver's weights (a changed
-        summation order, beyond 1e-5 within 5 steps in tests/optim/test_fsdp.py)."""
+        summation order, beyond 1e-5 within 5 steps in tests/optim/test_fsdp.py, and through
+        the next gradients a changed weight anywhere in the model does the same). So only
+        when every batch takes the ``project`` solver (which keeps one process's numbers to
+        about 1e-6 at any batch size) is each batch cut into one part per rank, so that a
+        model with few batches (every layer's matrices of one shape) keeps every rank busy."""
+        cut_all = all(step["solver"] == "project" for _, step, _, _ in batches)
+        parts = []
+        for manifold, step, members, params in batches:
+            size = sharded.ranks(params, self.replicas)[1] if cut_all else 1
+            cut = -(-len(members) // min(size, len(members)))
+            parts += [(manifold, step, members[i:i + cut], params[i:i + cut])
+                      for i in range(0, len(members), cut)]
+        batches = parts
         plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches], self.replicas)
         for (manifold, step, members, _), owner in zip(batches, plan):
             if sharded.is_mine(owner):
                 grouped.step_batch(manifold, members, step)
+        sends: list = []  # (tensor, owner), sent in one broadcast per owner
         for (manifold, step, members, _), owner in zip(batches, plan):
             if owner is not None:
-                grouped.share_batch(manifold, members, step, lambda t, o=owner: sharded.share(t, o))
+                grouped.share_batch(manifold, members, step, lambda t, o=owner: sends.append((t, o)))
+        sharded.share_all(sends)
 
     def _momentum(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
         """Update each parameter's momentum buffer; return the Nesterov (or plain) momenta.

@@ -11,11 +11,12 @@ its momentum (:func:`whole`), steps the whole matrix, and each rank keeps its ow
 update, keep the local part). The step of each batch of matrices
 (:mod:`geosearch.optim.grouped`) is computed **once**, by one owner rank (:func:`owners`:
 each batch to the least loaded rank so far, in an order every rank shares), which sends
-the new matrices (and the dual variables and residuals) to the others (:func:`share`, a
-broadcast). A batch is stepped by its owner exactly as one process steps it, so sharded
+the new matrices (and the dual variables and residuals) to the others (:func:`share_all`:
+one broadcast per owner of all it computed, flattened into one buffer). A batch is stepped by its owner exactly as one process steps it, so sharded
 training gives one process's numbers. Per matrix and step that costs two all-gathers of
 the weight's size (the weight and its Nesterov momentum; FSDP2 itself gathers the weight
-once for the forward pass and, by default, once more for the backward) and one broadcast,
+once for the forward pass and, by default, once more for the backward) and its part of a
+broadcast,
 and the whole matrices of one weight in memory (what training it unsharded needs).
 
 Under DDP every rank holds every weight whole and the same gradient (all-reduced), so
@@ -42,7 +43,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["is_sharded", "layout_problem", "whole", "write_back", "any_rank", "ranks", "owners",
-           "is_mine", "share", "SUPPORTED"]
+           "is_mine", "share", "share_all", "SUPPORTED"]
 
 SUPPORTED = "a 1-D device mesh with a Shard or Replicate placement (FSDP2's fully_shard on one mesh dimension)"
 """The sharded layouts manifold Muon steps, in words (for messages)."""
@@ -156,3 +157,23 @@ def share(t: Tensor, owner: tuple[int, object]) -> None:
     dist.broadcast(buf, src=dist.get_global_rank(group, rank), group=group)
     if buf is not t:
         t.copy_(buf)
+
+
+def share_all(sends: list[tuple[Tensor, tuple[int, object]]]) -> None:
+    """:func:`share` for many tensors: ``(tensor, owner)`` pairs, listed in the same order on
+    every rank. The tensors of one owner (and dtype and device) travel flattened in one
+    buffer, so a step costs one broadcast per owner instead of one per matrix (each a
+    round trip of its own, which on two CPU ranks cost more than the compute it saved)."""
+    import torch.distributed as dist
+
+    buckets: dict[tuple, list[Tensor]] = {}
+    for t, owner in sends:
+        buckets.setdefault((owner, t.dtype, t.device), []).append(t)
+    for ((rank, group), _, _), tensors in buckets.items():
+        mine = dist.get_rank(group) == rank
+        flat = torch.cat([t.reshape(-1) for t in tensors])  # a receiver's content is overwritten
+        dist.broadcast(flat, src=dist.get_global_rank(group, rank), group=group)
+        if mine:
+            continue
+        for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.copy_(part.view(t.shape))

@@ -196,3 +196,31 @@ def test_polar_fixed_polishes_a_stepped_point_to_rounding_in_two_iterations():
     assert float(gram_error(polar_fixed(X.mT, 2)).max()) < 2e-6
     far = torch.randn(48, 16, generator=gen)
     assert float(gram_error(polar_fixed(far, 2, far=8))) < 2e-6
+
+
+@pytest.mark.parametrize("shape", [(3, 96, 16), (2, 40, 20), (1, 30, 16)])
+def test_far_iterations_on_the_gram_matrix_equal_msign(shape):
+    from geosearch.manifolds.msign import _GRAM_ROWS, _far
+
+    gen = torch.Generator().manual_seed(11)
+    m, n = shape[-2:]
+    # spread singular values (column norms 1 to 50, as DGram weights have)
+    Q = torch.linalg.qr(torch.randn(*shape, dtype=torch.float64, generator=gen))[0]
+    Y = Q * torch.logspace(0, 1.7, n, dtype=torch.float64) @ polar(
+        torch.randn(n, n, dtype=torch.float64, generator=gen))
+    # Rule: tall matrices take the Gram form, and it is msign's map to float64 rounding.
+    assert (m >= _GRAM_ROWS * n) == (shape != (1, 30, 16))
+    assert torch.allclose(_far(Y, 8), msign(Y.float(), steps=8).double(), atol=2e-6)
+    assert (_far(Y, 8) - _svd_polar_ref(Y)).abs().max() < 5e-2  # 8 iterations: not converged yet
+    # Rule: polar and polar_fixed reach the polar factor from it (float32: to ~1e-6).
+    for out in (polar(Y.float()), polar_fixed(Y.float(), 2, far=8)):
+        assert float(gram_error(out).max()) < 2e-6
+        assert (out.double() - _svd_polar_ref(Y)).abs().max() < 2e-5
+    # Rule: in float64 the Gram form iterates in float64 (msign in float32): float64 accuracy.
+    tol = 1e-10 if m >= _GRAM_ROWS * n else 1e-5
+    assert (polar(Y) - _svd_polar_ref(Y)).abs().max() < tol
+
+
+def _svd_polar_ref(Y: torch.Tensor) -> torch.Tensor:
+    U, _, Vh = torch.linalg.svd(Y, full_matrices=False)
+    return U @ Vh

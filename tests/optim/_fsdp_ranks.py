@@ -32,6 +32,8 @@ STEPS, RESUME_AT = 5, 3
 # fused Q/K/V weight mixes three geometries.
 ASSIGN = ("attn_q=stiefel,attn_k=dgram,attn_v=euclidean,attn_out=adamw,mlp_in=dgram,mlp_out=stiefel,"
           "mlp_in.solver=dual,mlp_in.warm_start=true,mlp_in.dual_steps=5")
+# the same with the project solver everywhere: batches are then cut into one part per rank
+ASSIGN_PROJECT = ASSIGN.split(",mlp_in.solver")[0]
 SETTINGS = dict(spectral_lr=0.05, lr=1e-2)  # large steps, so that the weights move visibly
 DUAL = "transformer.h.{}.mlp.c_fc.weight"  # the warm-started dual variables, per layer
 
@@ -41,8 +43,8 @@ def make_model(seed: int = 0) -> nn.Module:
     return GPT(make_config("tiny", n_embd=21, n_head=3, vocab_size=255, block_size=16, bias=False))
 
 
-def optimizer(model: nn.Module, **kwargs) -> ManifoldMuon:
-    return build_optimizer(model, Assignment.parse(ASSIGN, "nanogpt_split"), verbose=False,
+def optimizer(model: nn.Module, assign: str = ASSIGN, **kwargs) -> ManifoldMuon:
+    return build_optimizer(model, Assignment.parse(assign, "nanogpt_split"), verbose=False,
                            **SETTINGS, **kwargs)
 
 
@@ -64,13 +66,14 @@ def duals(model: nn.Module, opt: ManifoldMuon) -> dict[str, torch.Tensor]:
 
 def counting_steps() -> list[int]:
     """Count the matrices each call of the grouped step computes (in this process, from now
-    on): a list holding the running total."""
+    on): a list holding the running total, then the number of calls."""
     import geosearch.optim.grouped as grouped
 
-    total, step_batch = [0], grouped.step_batch
+    total, step_batch = [0, 0], grouped.step_batch
 
     def counted(manifold, members, step):
         total[0] += sum(m.weight.shape[0] for m in members)
+        total[1] += 1
         return step_batch(manifold, members, step)
 
     grouped.step_batch = counted
@@ -161,6 +164,23 @@ def _ddp_run(xs: list[torch.Tensor]) -> dict:
     return {"final": final, "computed": counts, "symmetric": symmetric, "resumed": resumed}
 
 
+def _ddp_project_run(xs: list[torch.Tensor]) -> dict:
+    """DDP with the project solver everywhere: the final weights and, per rank, the
+    matrices and the calls of the grouped step it computed."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(make_model())
+    opt = optimizer(model, ASSIGN_PROJECT, ddp_owner_steps=True)
+    computed = counting_steps()
+    for x in xs:
+        train_step(model, opt, x)
+    counts = [None, None]
+    dist.all_gather_object(counts, list(computed))
+    final = {n.removeprefix("module."): p.detach().clone() for n, p in model.named_parameters()}
+    return {"final": final, "computed": counts}
+
+
 def _refused(make) -> str:
     try:
         make()
@@ -220,12 +240,13 @@ def main(out: str) -> None:
     }
     mixed = _mixed_adamw(mesh)
     ddp = _ddp_run(xs)
+    ddp_project = _ddp_project_run(xs)
     rank_replicated = [None, None]
     dist.all_gather_object(rank_replicated, replicated)
     if rank == 0:
         torch.save({"placements": placements, "start": start, "final": final, "resumed": resumed,
                     "duals": rank_duals, "replicated": rank_replicated, "mixed": mixed,
-                    "computed": rank_computed, "ddp": ddp,
+                    "computed": rank_computed, "ddp": ddp, "ddp_project": ddp_project,
                     "refused": refused}, out)
     dist.barrier()  # both ranks done before either tears gloo down
     dist.destroy_process_group()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _fsdp_ranks import RESUME_AT, batches, counting_steps, duals, make_model, optimizer, train_step
+from _fsdp_ranks import (ASSIGN_PROJECT, RESUME_AT, batches, counting_steps, duals, make_model,
+                         optimizer, train_step)
 from _torchrun import run_two
 from torch import nn
 
@@ -51,6 +52,40 @@ def one_process():
         grouped.step_batch = step_batch
     final = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {"start": start, "final": final, "duals": duals(model, opt), "computed": computed[0]}
+
+
+@pytest.fixture(scope="module")
+def one_process_project():
+    """One process with the project solver everywhere: final weights, [matrices, calls]."""
+    import geosearch.optim.grouped as grouped
+
+    model = make_model()
+    opt = optimizer(model, ASSIGN_PROJECT)
+    step_batch = grouped.step_batch
+    try:
+        computed = counting_steps()
+        for x in batches():
+            train_step(model, opt, x)
+    finally:
+        grouped.step_batch = step_batch
+    final = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {"final": final, "computed": list(computed)}
+
+
+@pytest.mark.slow
+def test_ddp_with_the_project_solver_cuts_every_batch_among_the_ranks(two_ranks,
+                                                                      one_process_project):
+    run = two_ranks["ddp_project"]
+    (m0, calls0), (m1, calls1) = run["computed"]
+    matrices, calls = one_process_project["computed"]
+    # Rule: with the project solver every batch (here every layer's two matrices of one
+    # shape and geometry) is cut into one part per rank: each rank computes half of every
+    # batch, the two together each matrix once ...
+    assert m0 + m1 == matrices and m0 == m1
+    assert calls0 + calls1 == 2 * calls
+    for name, ref in one_process_project["final"].items():
+        # ... and the weights are one process's (the project solver: to rounding).
+        torch.testing.assert_close(run["final"][name], ref, rtol=0, atol=1e-5, msg=name)
 
 
 @pytest.mark.slow
