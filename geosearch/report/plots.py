@@ -357,7 +357,7 @@ def _heads_figure(Figure, run: RunData):
     colour scale, the assignments best first, then the baselines; ``None`` without per-head
     values."""
     order = sorted(run.trials, key=lambda t: (0, t.loss.mean, t.number)
-                   if t.state == "completed" and t.loss.n else (1, 0.0, t.number))
+                   if t.status == "completed" and t.loss.n else (1, 0.0, t.number))
     shown = [(t, got) for t in order + run.baselines if (got := head_logits(run.run_dir, t))]
     if not shown:
         return None
