@@ -25,7 +25,8 @@ import optuna
 
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import check_dir
-from geosearch.search.runtime.backup import STUDY_FILE, lost_trials
+from geosearch.search.runtime.backup import STUDY_FILE
+from geosearch.search.runtime.integrity import backup_error, check_trials
 from geosearch.search.runtime.journal import check_journal_file, open_journal
 from geosearch.search.runtime.rdb import check_rdb, read_only_engine_kwargs, sqlite_file
 from geosearch.search.runtime.urls import (
@@ -47,7 +48,6 @@ __all__ = [
     "TRIALS_DIR",
     "WORKERS_DIR",
     "check_dir",
-    "lost_error",
     "make_dir",
     "open_run_study",
     "open_storage",
@@ -333,9 +333,10 @@ def open_run_study(
 ) -> optuna.Study:
     """Load the study of an existing run directory (for export, report, inspection).
 
-    Its trials are read once here: a storage that fails then, or that lacks trials the run
-    directory's backup records (:func:`~geosearch.search.runtime.backup.lost_trials`), is
-    refused with one line naming ``geosearch recover``.
+    Its trials are read once here: a storage that fails then, that lacks trials the run
+    directory's backup records, or whose trials and records disagree (a byte changed in
+    either: :func:`~geosearch.search.runtime.integrity.check_trials`), is refused with one
+    line naming the trial and ``geosearch recover``.
 
     Args:
         read_only: open the storage for reading only (:func:`open_storage`): export and
@@ -368,18 +369,10 @@ def open_run_study(
     try:
         study = optuna.load_study(study_name=study_name, storage=backend)
         dict(study.user_attrs)
-        lost = lost_trials(run_dir, study)  # reads every trial
+        check = check_trials(run_dir, study)  # reads every trial
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise storage_error(e, desc, own) from None
-    if lost:
-        raise lost_error(run_dir, desc if own is None else own_file(run_dir), lost)
+    if check:
+        raise backup_error(run_dir, desc if own is None else own_file(run_dir), check)
     return study
-
-
-def lost_error(run_dir: str | os.PathLike, desc: str, lost: list[int]) -> ConfigError:
-    """The one line refusing a storage that lacks trials the run directory's backup holds."""
-    shown = ", ".join(map(str, lost[:10])) + (f" and {len(lost) - 10} more" if len(lost) > 10 else "")
-    return ConfigError(f"{desc} lacks trials {shown}, which {TRIALS_DIR}/ records as finished (the "
-                       f"file lost them: cut short, or an older copy); `geosearch recover "
-                       f"{os.fspath(run_dir)}` rebuilds the study from its backup", source=os.fspath(run_dir))
 

@@ -46,6 +46,7 @@ from geosearch.search.runtime.liveness import (
     Owner,
     check_no_other_run,
 )
+from geosearch.search.runtime.integrity import backup_error, check_trials
 from geosearch.search.runtime.locks import CommandLock
 from geosearch.search.study.queue import done_count, done_reason, resolve_budget, top_up_queue
 from geosearch.search.stats.ranking import Ranking
@@ -66,7 +67,6 @@ from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 from geosearch.search.runtime.backup import (
     STUDY_FILE,
     TrialBackup,
-    lost_trials,
     read_study_record,
     read_trial_records,
     save_study_record,
@@ -74,7 +74,6 @@ from geosearch.search.runtime.backup import (
 from geosearch.search.runtime.storage import (
     SPACE_FILE,
     TRIALS_DIR,
-    lost_error,
     open_storage,
     own_file,
     storage_error,
@@ -214,13 +213,13 @@ def _start_study(space: SearchSpace, plan: StudyPlan, run_dir: Path,
             raise storage_error(e, desc, own) from None
     try:
         notes = bind_study(study, space, run_dir, desc, digest, plan)
-        lost = lost_trials(run_dir, study) if options.worker_index is None else []  # reads every trial
+        check = check_trials(run_dir, study) if options.worker_index is None else None  # reads every trial
     except GeosearchError:
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise storage_error(e, desc, own) from None
-    if lost:
-        raise lost_error(run_dir, desc if own is None else own_file(run_dir), lost)
+    if check:
+        raise backup_error(run_dir, desc if own is None else own_file(run_dir), check)
     return study, desc, existed, notes
 
 
