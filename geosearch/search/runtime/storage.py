@@ -25,7 +25,7 @@ import optuna
 
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import check_dir
-from geosearch.search.runtime.backup import STUDY_FILE
+from geosearch.search.runtime.backup import ARTIFACTS_DIR, STUDY_FILE
 from geosearch.search.runtime.integrity import backup_error, check_trials
 from geosearch.search.runtime.journal import check_journal_file, open_journal
 from geosearch.search.runtime.rdb import check_rdb, read_only_engine_kwargs, sqlite_file
@@ -48,6 +48,8 @@ __all__ = [
     "TRIALS_DIR",
     "WORKERS_DIR",
     "check_dir",
+    "check_outside_study",
+    "has_storage",
     "make_dir",
     "open_run_study",
     "open_storage",
@@ -134,6 +136,55 @@ def own_file(run_dir: str | os.PathLike) -> str:
     """The name of the run directory's own storage file, for messages that name the run
     directory already: ``journal.log`` when it exists, else ``study.db``."""
     return JOURNAL_FILE if (Path(run_dir) / JOURNAL_FILE).is_file() else DB_FILE
+
+
+_RESULT_FILE = "result.json"  # what a finished proxy run leaves in its folder (proxy.rundir)
+
+
+def _study_part(name: str) -> str | None:
+    """What the entry ``name`` of a run directory is to its study, when a command writing
+    there would destroy it; ``None`` for the commands' own outputs (``best_assignment.yaml``,
+    ``top/``, ``report.md``, ``plots/``)."""
+    if name.startswith((DB_FILE, JOURNAL_FILE)):  # with SQLite's -journal, -wal, a .damaged- copy
+        return "its storage"
+    parts = {STUDY_FILE: "its backup", SPACE_FILE: "its search space", TRIALS_DIR: "its trials' files",
+             WORKERS_DIR: "its workers' logs", LOCKS_DIR: "its locks", ARTIFACTS_DIR: "its artifacts"}
+    return parts.get(name)
+
+
+def check_outside_study(path: str | os.PathLike, *, source: str | None, folder: bool = False) -> None:
+    """Refuse, writing nothing, an output path that would write over a study or a finished
+    run: inside a run directory's storage, backup, space or folders (``trials/<n>/``...), or
+    inside the folder of a finished proxy run (one that holds ``result.json``) below the
+    nearest run directory above ``path`` (``folder``: ``path`` itself counts), symbolic links
+    followed.
+
+    Raises:
+        ConfigError: one line naming ``source`` (the flag, or ``None``), the path and what
+            it would write over.
+    """
+    real = Path(os.path.realpath(path))
+    shown, finished = os.fspath(path), None
+    for parent in ([real] if folder else []) + list(real.parents):
+        if not parent.is_dir():
+            continue
+        if has_storage(parent) or (parent / STUDY_FILE).is_file():  # the nearest run directory
+            rel = real.relative_to(parent).parts
+            part = _study_part(rel[0]) if rel else None
+            if part is not None:
+                raise ConfigError(f"{shown!r} would write over the study in {os.fspath(parent)} "
+                                  f"({rel[0]}: {part}); write it elsewhere", source=source)
+            break
+        if finished is None and (parent / _RESULT_FILE).is_file():
+            finished = parent
+    if finished is not None:
+        raise ConfigError(f"{shown!r} would write over the finished run in {os.fspath(finished)} "
+                          f"(it holds {_RESULT_FILE}); write it elsewhere", source=source)
+
+
+def has_storage(run_dir: str | os.PathLike) -> bool:
+    """Whether the run directory holds a storage file of its own (``study.db`` or ``journal.log``)."""
+    return any((Path(run_dir) / name).exists() for name in (DB_FILE, JOURNAL_FILE))
 
 
 def resolve_storage(

@@ -42,10 +42,7 @@ from geosearch.search.study.export import export_best, format_ranking, where_lin
 from geosearch.search.study.failures import requeue_failed
 from geosearch.search.study.options import SearchOptions
 from geosearch.search.study.failures import recover_stale, recovered_line
-from geosearch.search.runtime.liveness import (
-    Owner,
-    check_no_other_run,
-)
+from geosearch.search.runtime.liveness import Owner, check_no_other_run
 from geosearch.search.runtime.integrity import backup_error, check_trials
 from geosearch.search.runtime.locks import CommandLock
 from geosearch.search.study.queue import done_count, done_reason, resolve_budget, top_up_queue
@@ -74,6 +71,7 @@ from geosearch.search.runtime.backup import (
 from geosearch.search.runtime.storage import (
     SPACE_FILE,
     TRIALS_DIR,
+    has_storage,
     open_storage,
     own_file,
     storage_error,
@@ -339,8 +337,8 @@ def run_search(space: SearchSpace | str | os.PathLike, options: SearchOptions | 
 def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None = None) -> SearchOutcome:
     """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
     (not one of its workers) checks what would fail every trial first, then holds the
-    study's :class:`~geosearch.search.runtime.locks.CommandLock` on this machine from the
-    moment its storage opened (a bad one writes nothing) until it has concluded."""
+    study's :class:`~geosearch.search.runtime.locks.CommandLock` here from the moment its
+    storage opened (a bad one writes nothing; a new one: before it is created) until the end."""
     out = options.out or sys.stdout
     workers, worker_index = options.workers, options.worker_index
 
@@ -364,10 +362,12 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
     if worker_index is not None:
         share_cpu(workers)
     with contextlib.ExitStack() as held:
+        first = worker_index is None and not (options.study or options.storage or has_storage(run_dir))
+        lock = held.enter_context(CommandLock(run_dir, space.name)) if first else None  # one creates it
         study, desc, existed, notes = _start_study(space, plan, run_dir,
                                                    _sampler(space, options, exhaustive), options)
         if worker_index is None:
-            held.enter_context(CommandLock(run_dir, space.name))  # of two commands, one runs
+            lock = lock or held.enter_context(CommandLock(run_dir, space.name))  # of two, one runs
             check_no_other_run(run_dir, space.name, echo)  # workers of a dead command stopping
             _prepare(study, space, plan, options, run_dir, notes, echo)
             if exhaustive:
