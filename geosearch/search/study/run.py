@@ -44,7 +44,7 @@ from geosearch.search.study.options import SearchOptions
 from geosearch.search.study.failures import recover_stale, recovered_line
 from geosearch.search.runtime.liveness import Owner, check_no_other_run
 from geosearch.search.runtime.integrity import backup_error, check_trials
-from geosearch.search.runtime.locks import CommandLock
+from geosearch.search.runtime.locks import CommandLock, early_lock
 from geosearch.search.study.queue import done_count, done_reason, resolve_budget, top_up_queue
 from geosearch.search.stats.ranking import Ranking
 from geosearch.search.stats.study_ranking import rank_study
@@ -337,8 +337,8 @@ def run_search(space: SearchSpace | str | os.PathLike, options: SearchOptions | 
 def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None = None) -> SearchOutcome:
     """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
     (not one of its workers) checks what would fail every trial first, then holds the
-    study's :class:`~geosearch.search.runtime.locks.CommandLock` here from the moment its
-    storage opened (a bad one writes nothing; a new one: before it is created) until the end."""
+    study's :class:`~geosearch.search.runtime.locks.CommandLock` (``early_lock``: from before
+    a new storage is created, else from when it opened: a bad one writes nothing) to its end."""
     out = options.out or sys.stdout
     workers, worker_index = options.workers, options.worker_index
 
@@ -362,8 +362,8 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
     if worker_index is not None:
         share_cpu(workers)
     with contextlib.ExitStack() as held:
-        first = worker_index is None and not (options.study or options.storage or has_storage(run_dir))
-        lock = held.enter_context(CommandLock(run_dir, space.name)) if first else None  # one creates it
+        new = not (options.study or options.storage or has_storage(run_dir))  # one command creates it
+        lock = None if worker_index is not None else early_lock(held, run_dir, space.name, new)
         study, desc, existed, notes = _start_study(space, plan, run_dir,
                                                    _sampler(space, options, exhaustive), options)
         if worker_index is None:
