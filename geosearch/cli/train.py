@@ -114,7 +114,7 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     config = _config(config_file, fields, model_args)
     if out:  # a file there, or a directory that cannot be written: said before any work
         check_dir(out, source="--out")
-        check_outside_study(out, source="--out", folder=True)  # never over a study or a finished run
+        check_outside_study(out, source="--out", folder=True)  # not over a study or a run
     if config.log_with and not out:
         raise ConfigError("the trackers write their files under the run directory: add --out DIR",
                           source="--log-with")

@@ -48,7 +48,8 @@ def _searched(tmp: Path, kind: str) -> tuple[Path, list[str]]:
 def flipped_bytes(tmp: Path, rng: random.Random, kind: str, flips: int) -> Result:
     """One search on ``kind``, then ``flips`` times: a copy of its run directory gets one byte
     changed inside a number a completed trial stores (an attr's digit, the value), in the
-    storage or in the trial's record (alternately); export, recover, the rerun checked."""
+    storage or in the trial's record (alternately); export and recover checked each time,
+    the rerun after the first two."""
     run_dir, args = _searched(tmp, kind)
     name = KINDS[kind][0]
     before = {t.number: t.value for t in study_trials(run_dir)}
@@ -84,9 +85,10 @@ def flipped_bytes(tmp: Path, rng: random.Random, kind: str, flips: int) -> Resul
             found.append(f"flip {i}: the recovered study's values differ")
         else:
             repaired += 1
-        code, out = run([a.replace(str(tmp), str(copy)) for a in args], copy, copy / "rerun.log")
-        if code != 0 or "\ntrial " in out:
-            found.append(f"flip {i}: the rerun exited {code} or trained again")
+        if i < 2:  # the rerun after the first flip of each place: it trains nothing
+            code, out = run([a.replace(str(tmp), str(copy)) for a in args], copy, copy / "rerun.log")
+            if code != 0 or "\ntrial " in out:
+                found.append(f"flip {i}: the rerun exited {code} or trained again")
         found += [f"flip {i}: {v}" for v in violations(run_copy, before)]
         shutil.rmtree(copy, ignore_errors=True)
     return Result(f"one byte changed in {name} or a record", found, True,

@@ -48,12 +48,12 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from geosearch.util.errors import ConfigError
 from geosearch.search.records import TRIAL_DIR, json_safe
 
-__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "CHECKSUM", "FORMAT", "PROBES_FILE", "RUNG_PROBES_FILE",
-           "STUDY_FILE", "record_checksum", "record_intact",
-           "StudyRecord", "TRIAL_FILE", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
-           "read_probes_file", "read_record", "read_rung_probes", "read_study_record", "read_trial_records",
-           "record_paths", "recorded_trial", "save_study_record", "trial_record", "upload_trial_files",
-           "write_probes_file", "write_record", "write_rung_probes"]
+__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "CHECKSUM", "FORMAT", "PROBES_FILE",
+           "RUNG_PROBES_FILE", "STUDY_FILE", "StudyRecord", "TRIAL_FILE", "TrialBackup",
+           "TrialFiles", "default_store", "lost_trials", "read_probes_file", "read_record",
+           "read_rung_probes", "read_study_record", "read_trial_records", "record_checksum",
+           "record_intact", "record_paths", "recorded_trial", "save_study_record", "trial_record",
+           "upload_trial_files", "write_probes_file", "write_record", "write_rung_probes"]
 
 STUDY_FILE = "study.json"
 """``<run-dir>/study.json``: the study's name, directions, metric names, user attrs and uid."""
@@ -65,6 +65,7 @@ CHECKSUM = "sha256"
 """In ``trial.json``: the SHA-256 of the record's other fields (:func:`record_checksum`)."""
 
 _TRIALS_DIR = "trials"  # storage.TRIALS_DIR; not imported: storage imports this module
+_FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # the states of a record
 
 
 @dataclass(frozen=True)
@@ -367,7 +368,7 @@ def lost_trials(run_dir: str | os.PathLike, study: optuna.Study) -> list[int]:
             continue
         data = read_record(path)
         if (data is not None and record_intact(data) and data.get("study_uid") == record.uid
-                and data.get("number") == n and data.get("state") in ("COMPLETE", "PRUNED", "FAIL")):
+                and data.get("number") == n and data.get("state") in _FINISHED):
             lost.append(n)
     return lost
 

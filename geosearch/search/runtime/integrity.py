@@ -42,6 +42,7 @@ from geosearch.search.runtime.backup import (
 __all__ = ["TrialsCheck", "backup_error", "check_trials", "other_study_problem"]
 
 _TRIALS_DIR = "trials"  # storage.TRIALS_DIR; not imported: storage imports this module
+_FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # the states of a record
 
 
 @dataclass
@@ -122,7 +123,7 @@ def check_trials(run_dir: str | os.PathLike, study: optuna.Study) -> TrialsCheck
                 out.stored[n] = trial
             continue
         if data.get("study") != backup.name or data.get("study_uid") != backup.uid \
-                or data.get("number") != n or data.get("state") not in ("COMPLETE", "PRUNED", "FAIL"):
+                or data.get("number") != n or data.get("state") not in _FINISHED:
             continue  # an earlier study's record, or a moved one
         if not finished:
             out.lost.append(n)
@@ -135,7 +136,8 @@ def check_trials(run_dir: str | os.PathLike, study: optuna.Study) -> TrialsCheck
 
 
 def _shown(numbers: list[int]) -> str:
-    return ", ".join(map(str, numbers[:10])) + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+    more = f" and {len(numbers) - 10} more" if len(numbers) > 10 else ""
+    return ", ".join(map(str, numbers[:10])) + more
 
 
 def backup_error(run_dir: str | os.PathLike, desc: str, check: TrialsCheck) -> ConfigError:
@@ -155,9 +157,10 @@ def backup_error(run_dir: str | os.PathLike, desc: str, check: TrialsCheck) -> C
                    "rebuilds the study from its backup")
     else:
         n = check.damaged[0]
-        more = f" (and those of trials {_shown(check.damaged[1:])})" if len(check.damaged) > 1 else ""
-        problem = (f"{_TRIALS_DIR}/{n}/{TRIAL_FILE}, the backup of trial {n}, does not read or fails "
-                   f"its checksum{more}: the file was changed; {recover} rewrites it from {desc}, "
+        rest = check.damaged[1:]
+        more = f" (and those of trials {_shown(rest)})" if rest else ""
+        problem = (f"{_TRIALS_DIR}/{n}/{TRIAL_FILE}, the backup of trial {n}, does not read or "
+                   f"fails its checksum{more}: the file was changed; {recover} rewrites it from {desc}, "
                    "the intact copy")
     return ConfigError(problem, source=run)
 
@@ -169,7 +172,8 @@ def other_study_problem(run_dir: str | os.PathLike, study: StudyRecord,
     does not read), or ``trials/`` records trials (intact records), none of its name and uid.
     A rebuild from it would drop every trial."""
     if names and study.name not in names:
-        return (f"records study {study.name!r}, but the storage holds {', '.join(map(repr, names[:3]))}")
+        held = ", ".join(map(repr, names[:3]))
+        return f"records study {study.name!r}, but the storage holds {held}"
     others: set[tuple[Any, Any]] = set()
     for path in record_paths(run_dir).values():
         data = read_record(path)
@@ -181,5 +185,5 @@ def other_study_problem(run_dir: str | os.PathLike, study: StudyRecord,
     if not others:
         return None
     name, uid = sorted(others, key=str)[0]
-    return (f"records study {study.name!r} (uid {study.uid[:12]}), but the trials in {_TRIALS_DIR}/ "
-            f"are of study {str(name)[:60]!r} (uid {str(uid)[:12]})")
+    return (f"records study {study.name!r} (uid {study.uid[:12]}), but the trials in "
+            f"{_TRIALS_DIR}/ are of study {str(name)[:60]!r} (uid {str(uid)[:12]})")

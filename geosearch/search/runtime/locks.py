@@ -32,7 +32,8 @@ try:  # POSIX advisory locks
 except ImportError:  # pragma: no cover - Windows: no locks
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ASK_LOCK", "CommandLock", "asked_in", "busy_error", "dead_ask", "early_lock", "local_now",
+__all__ = ["ASK_LOCK", "CommandLock", "asked_in", "busy_error", "dead_ask", "early_lock",
+           "local_now",
            "lock_files", "lock_held", "open_lock", "read_record", "rewrite"]
 
 ASK_LOCK = "{host}.ask"
@@ -192,7 +193,8 @@ class CommandLock:
         self.close()
 
 
-def early_lock(held: contextlib.ExitStack, run_dir: Path, study_name: str, new: bool) -> CommandLock | None:
+def early_lock(held: contextlib.ExitStack, run_dir: Path, study_name: str,
+               new: bool) -> CommandLock | None:
     """A command's hold on its study before its storage is opened. ``new`` (the run
     directory has no storage yet): the :class:`CommandLock` is taken now, into ``held``, so
     that of two commands started together on one directory (one process and ``--workers``:

@@ -97,19 +97,20 @@ class Recovery:
     def lines(self) -> list[str]:
         """What the command prints."""
         name = self.storage.name
-        fixed = [f"the records of trials {_numbers(self.rewritten)} ({TRIALS_DIR}/<n>/{TRIAL_FILE}) "
-                 f"did not read or failed their checksums: rewritten from {name}, the intact copy"
+        fixed = [f"the records of trials {_numbers(self.rewritten)} "
+                 f"({TRIALS_DIR}/<n>/{TRIAL_FILE}) did not read or failed their checksums: rewritten from {name}, the intact copy"
                  ] if self.rewritten else []
         if self.problem is None:
             return fixed or [f"{self.storage} reads and holds every trial recorded in "
-                             f"{self.run_dir / TRIALS_DIR}: nothing to recover, nothing was changed"]
+                             f"{self.run_dir / TRIALS_DIR}: nothing to recover, nothing was "
+                             "changed"]
         out = [*fixed, f"{self.storage}: {self.problem}",
                f"rebuilt {name} from {self.run_dir / STUDY_FILE} and {self.recovered} trial records "
                f"({', '.join(f'{k} {v}' for k, v in self.counts.items()) or 'no trials'}); "
                f"the damaged file is kept as {self.kept}"]
         if self.from_storage:
-            out.append(f"trials {_numbers(self.from_storage)} had no record: taken from the damaged "
-                       f"{name}, which still read")
+            out.append(f"trials {_numbers(self.from_storage)} had no record: taken from the "
+                       f"damaged {name}, which still read")
         if self.placeholders:
             out.append(f"trials {_numbers(self.placeholders)} had no record ({TRIALS_DIR}/<n>/{TRIAL_FILE}): "
                        "added as placeholders that count for nothing; their points train again")
@@ -184,8 +185,8 @@ def _look(run_dir: Path, study: StudyRecord) -> _Look:
             backend = _read_only(path, Path(scratch))
             names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
             if study.name not in names:
-                return _Look(f"holds no study {study.name!r}" + (f" (only {', '.join(map(repr, names))})"
-                                                                 if names else ""), names)
+                only = f" (only {', '.join(map(repr, names))})" if names else ""
+                return _Look(f"holds no study {study.name!r}{only}", names)
             loaded = optuna.load_study(study_name=study.name, storage=backend)
             dict(loaded.user_attrs)
             check = check_trials(run_dir, loaded)
@@ -198,12 +199,13 @@ def _look(run_dir: Path, study: StudyRecord) -> _Look:
                 backend.remove_session()
     look = _Look(None, names, check, finished)
     if check.changed:
+        first = check.changed[0]
         look.problem = (f"holds trials {_numbers(check.changed)} other than their records in "
-                        f"{TRIALS_DIR}/, whose checksums hold ({check.what[check.changed[0]]} of trial "
-                        f"{check.changed[0]} differs): the stored copies were changed")
+                        f"{TRIALS_DIR}/, whose checksums hold ({check.what[first]} of trial "
+                        f"{first} differs): the stored copies were changed")
     elif check.lost:
-        look.problem = (f"lacks trials {_numbers(check.lost)}, which {TRIALS_DIR}/ records as finished "
-                        "(the file lost them: cut short, or an older copy)")
+        look.problem = (f"lacks trials {_numbers(check.lost)}, which {TRIALS_DIR}/ records as "
+                        "finished (the file lost them: cut short, or an older copy)")
     return look
 
 

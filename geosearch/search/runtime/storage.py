@@ -147,12 +147,14 @@ def _study_part(name: str) -> str | None:
     ``top/``, ``report.md``, ``plots/``)."""
     if name.startswith((DB_FILE, JOURNAL_FILE)):  # with SQLite's -journal, -wal, a .damaged- copy
         return "its storage"
-    parts = {STUDY_FILE: "its backup", SPACE_FILE: "its search space", TRIALS_DIR: "its trials' files",
-             WORKERS_DIR: "its workers' logs", LOCKS_DIR: "its locks", ARTIFACTS_DIR: "its artifacts"}
+    parts = {STUDY_FILE: "its backup", SPACE_FILE: "its search space",
+             TRIALS_DIR: "its trials' files", WORKERS_DIR: "its workers' logs",
+             LOCKS_DIR: "its locks", ARTIFACTS_DIR: "its artifacts"}
     return parts.get(name)
 
 
-def check_outside_study(path: str | os.PathLike, *, source: str | None, folder: bool = False) -> None:
+def check_outside_study(path: str | os.PathLike, *, source: str | None,
+                        folder: bool = False) -> None:
     """Refuse, writing nothing, an output path that would write over a study or a finished
     run: inside a run directory's storage, backup, space or folders (``trials/<n>/``...), or
     inside the folder of a finished proxy run (one that holds ``result.json``) below the
@@ -183,7 +185,7 @@ def check_outside_study(path: str | os.PathLike, *, source: str | None, folder: 
 
 
 def has_storage(run_dir: str | os.PathLike) -> bool:
-    """Whether the run directory holds a storage file of its own (``study.db`` or ``journal.log``)."""
+    """Whether the run directory holds a storage file of its own (``study.db``, ``journal.log``)."""
     return any((Path(run_dir) / name).exists() for name in (DB_FILE, JOURNAL_FILE))
 
 

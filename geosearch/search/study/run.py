@@ -211,7 +211,7 @@ def _start_study(space: SearchSpace, plan: StudyPlan, run_dir: Path,
             raise storage_error(e, desc, own) from None
     try:
         notes = bind_study(study, space, run_dir, desc, digest, plan)
-        check = check_trials(run_dir, study) if options.worker_index is None else None  # reads every trial
+        check = check_trials(run_dir, study) if options.worker_index is None else None  # all trials
     except GeosearchError:
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
@@ -362,7 +362,7 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
     if worker_index is not None:
         share_cpu(workers)
     with contextlib.ExitStack() as held:
-        new = not (options.study or options.storage or has_storage(run_dir))  # one command creates it
+        new = not (options.study or options.storage or has_storage(run_dir))  # one creates it
         lock = None if worker_index is not None else early_lock(held, run_dir, space.name, new)
         study, desc, existed, notes = _start_study(space, plan, run_dir,
                                                    _sampler(space, options, exhaustive), options)
