@@ -58,16 +58,24 @@ def _stored(run_dir: Path, file: str) -> dict[int, tuple[float | None, dict]]:
     with tempfile.TemporaryDirectory(prefix="flip-") as tmp:
         copy = Path(tmp) / file
         shutil.copyfile(run_dir / file, copy)
-        storage = (optuna.storages.RDBStorage(f"sqlite:///{copy}") if file == "study.db" else
-                   optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(copy))))
+        storage = (
+            optuna.storages.RDBStorage(f"sqlite:///{copy}")
+            if file == "study.db"
+            else optuna.storages.JournalStorage(
+                optuna.storages.journal.JournalFileBackend(str(copy))
+            )
+        )
         try:
             name = optuna.get_all_study_names(storage)[0]
             trials = optuna.load_study(study_name=name, storage=storage).get_trials()
         finally:
             if hasattr(storage, "remove_session"):
                 storage.remove_session()
-        return {t.number: (t.value, dict(t.user_attrs)) for t in trials
-                if t.state == optuna.trial.TrialState.COMPLETE}
+        return {
+            t.number: (t.value, dict(t.user_attrs))
+            for t in trials
+            if t.state == optuna.trial.TrialState.COMPLETE
+        }
 
 
 def _text(stored: dict) -> str:
@@ -85,7 +93,9 @@ def _numbers(value: float | None, attrs: dict, with_value: bool) -> list[tuple[s
     return out
 
 
-def _places(data: bytes, what: str, number: float, whole: object, file: str) -> list[tuple[int, int]]:
+def _places(
+    data: bytes, what: str, number: float, whole: object, file: str
+) -> list[tuple[int, int]]:
     """``(offset, how many bytes may change from there)`` of each place that may hold ``number``:
     a digit of its fraction in the text of its attr (after the attr's name), or in SQLite a
     byte of the trial value's double."""
@@ -94,7 +104,11 @@ def _places(data: bytes, what: str, number: float, whole: object, file: str) -> 
         return [(i, len(needle)) for i in _find_all(data, needle)]
     text = repr(number).encode()
     point = text.index(b".") + 1  # the digits after the point: valid JSON whatever they become
-    keys = [(what.split("'")[1], whole)] if what != "value" else [("value", number), ("values", [number])]
+    keys = (
+        [(what.split("'")[1], whole)]
+        if what != "value"
+        else [("value", number), ("values", [number])]
+    )
     out = []
     for key, value in keys:
         for start, context in _after_key(data, key, value):
@@ -137,21 +151,29 @@ def flip(run_dir: Path, file: str, rng: random.Random, only_val_losses: bool = F
         AssertionError: no place found whose change is read.
     """
     before = _stored(run_dir, file)
-    numbers = [(n, *x) for n, (value, attrs) in sorted(before.items())
-               for x in _numbers(value, attrs, with_value=file != "trial.json")]
+    numbers = [
+        (n, *x)
+        for n, (value, attrs) in sorted(before.items())
+        for x in _numbers(value, attrs, with_value=file != "trial.json")
+    ]
     if only_val_losses:
         numbers = [x for x in numbers if x[1] == "user attr 'val_losses'"]
     rng.shuffle(numbers)
     for n, what, number, whole in numbers:
-        path = run_dir / "trials" / str(n) / "trial.json" if file == "trial.json" else run_dir / file
+        path = (
+            run_dir / "trials" / str(n) / "trial.json" if file == "trial.json" else run_dir / file
+        )
         data = path.read_bytes()
         places = _places(data, what, number, whole, file)
         rng.shuffle(places)
         for offset, span in places:
             at = offset + rng.randrange(span)
-            old = data[at:at + 1]
-            new = (bytes([ord("0") + (old[0] - ord("0") + rng.randrange(1, 10)) % 10]) if old.isdigit()
-                   else bytes([old[0] ^ (1 << rng.randrange(8))]))
+            old = data[at : at + 1]
+            new = (
+                bytes([ord("0") + (old[0] - ord("0") + rng.randrange(1, 10)) % 10])
+                if old.isdigit()
+                else bytes([old[0] ^ (1 << rng.randrange(8))])
+            )
             result = Flip(path, n, what, at, old, new)
             with open(path, "r+b") as f:
                 f.seek(at)

@@ -184,13 +184,15 @@ def test_one_byte_changed_in_a_stored_value_is_refused_and_repaired_from_the_int
     run, args = copy_of(searched, kind, tmp_path)
     name = KINDS[kind][0]
     records = {p: p.read_bytes() for p in run.glob("trials/*/trial.json")}
-    changed = flip(run, name if where == "storage" else "trial.json", random.Random(0), only_val_losses=True)
+    place = name if where == "storage" else "trial.json"
+    changed = flip(run, place, random.Random(0), only_val_losses=True)
     capsys.readouterr()
     for command in (["export", str(run), "-o", str(tmp_path / "best.yaml")], args):
         assert main(command) == 2
         line = one_line(capsys, command[0])
         n = changed.trial
-        assert f"trial {n}" in line and f"trials/{n}/trial.json" in line and f"geosearch recover {run}" in line
+        assert f"trial {n}" in line and f"trials/{n}/trial.json" in line
+        assert f"geosearch recover {run}" in line
     assert not (tmp_path / "best.yaml").exists()
     assert main(["recover", str(run)]) == 0
     said = capsys.readouterr().out
@@ -198,8 +200,9 @@ def test_one_byte_changed_in_a_stored_value_is_refused_and_repaired_from_the_int
         assert f"{name}: holds trials {changed.trial} other than their records" in said
         assert f"rebuilt {name} from" in said and "4 trial records (completed 4)" in said
     else:
-        assert said.startswith(f"the records of trials {changed.trial} (trials/<n>/trial.json) did not read "
-                               f"or failed their checksums: rewritten from {name}, the intact copy")
+        assert said.startswith(f"the records of trials {changed.trial} (trials/<n>/trial.json) did "
+                               f"not read or failed their checksums: rewritten from {name}, the "
+                               "intact copy")
     assert snapshot(run) == searched[kind][3]
     assert {p: p.read_bytes() for p in run.glob("trials/*/trial.json")} == records
     assert main(["recover", str(run)]) == 0
@@ -218,6 +221,8 @@ def test_recover_refuses_the_study_json_of_another_study(searched, tmp_path, cap
     capsys.readouterr()
     assert main(["recover", str(run)]) == 2
     line = one_line(capsys, "recover")
-    assert f"{run / 'study.json'}: records study 's' (uid " in line and "the backup of another study" in line
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".locks" not in p.parts} == {
+    assert f"{run / 'study.json'}: records study 's' (uid " in line
+    assert "the backup of another study" in line
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert {p: b for p, b in after.items() if ".locks" not in p.parts} == {
         p: b for p, b in files.items() if ".locks" not in p.parts}

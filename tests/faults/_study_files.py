@@ -23,7 +23,17 @@ import sys
 import time
 from pathlib import Path
 
-from _harness import REFUSED, Result, _search_args, kill_tree, run, start, study_trials, violations, write_space
+from _harness import (
+    REFUSED,
+    Result,
+    _search_args,
+    kill_tree,
+    run,
+    start,
+    study_trials,
+    violations,
+    write_space,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _flips
 from _flips import flip  # noqa: E402
@@ -33,8 +43,11 @@ KINDS = {"sqlite": ("study.db", ["--workers", "1"]), "journal": ("journal.log", 
 
 def _files(run_dir: Path) -> dict[str, str]:
     """Every file of the run directory but its locks, by its SHA-256."""
-    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run_dir.rglob("*")) if p.is_file() and ".locks" not in p.parts}
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and ".locks" not in p.parts
+    }
 
 
 def _searched(tmp: Path, kind: str) -> tuple[Path, list[str]]:
@@ -56,25 +69,41 @@ def flipped_bytes(tmp: Path, rng: random.Random, kind: str, flips: int) -> Resul
     found, undetected, repaired, where_said = [], 0, 0, set()
     for i in range(flips):
         copy = tmp / f"copy{i}"
-        shutil.copytree(run_dir.parent.parent, copy, ignore=shutil.ignore_patterns(".locks", "copy*"))
+        shutil.copytree(
+            run_dir.parent.parent, copy, ignore=shutil.ignore_patterns(".locks", "copy*")
+        )
         run_copy = copy / "runs" / kind
         files = _files(run_copy)
         where = name if i % 2 == 0 else "trial.json"
         changed = flip(run_copy, where, rng)
-        code, out = run(["export", str(run_copy), "-o", str(copy / "best.yaml")], copy, copy / "export.log")
+        code, out = run(
+            ["export", str(run_copy), "-o", str(copy / "best.yaml")], copy, copy / "export.log"
+        )
         lines = out.strip().splitlines()
         if code == 0:
             undetected += 1
-            found.append(f"flip {i}: {changed.what} of trial {changed.trial} in {where} read as valid")
+            found.append(
+                f"flip {i}: {changed.what} of trial {changed.trial} in {where} read as valid"
+            )
             continue
-        if code != 2 or len(lines) != 1 or f"trial {changed.trial}" not in lines[0] \
-                or f"geosearch recover {run_copy}" not in lines[0]:
+        if (
+            code != 2
+            or len(lines) != 1
+            or f"trial {changed.trial}" not in lines[0]
+            or f"geosearch recover {run_copy}" not in lines[0]
+        ):
             found.append(f"flip {i}: export exited {code}: {lines[-1:]}")
         code, out = run(["recover", str(run_copy)], copy, copy / "recover.log")
         said = out.strip().splitlines()
-        intact = f"rewritten from {name}, the intact copy" if where == "trial.json" else f"rebuilt {name} from"
+        intact = (
+            f"rewritten from {name}, the intact copy"
+            if where == "trial.json"
+            else f"rebuilt {name} from"
+        )
         if code != 0 or not any(intact in line for line in said):
-            found.append(f"flip {i}: recover exited {code} without saying the intact copy: {said[:2]}")
+            found.append(
+                f"flip {i}: recover exited {code} without saying the intact copy: {said[:2]}"
+            )
             continue
         where_said.add(intact.split(",")[0])
         now = _files(run_copy)
@@ -86,13 +115,22 @@ def flipped_bytes(tmp: Path, rng: random.Random, kind: str, flips: int) -> Resul
         else:
             repaired += 1
         if i < 2:  # the rerun after the first flip of each place: it trains nothing
-            code, out = run([a.replace(str(tmp), str(copy)) for a in args], copy, copy / "rerun.log")
+            code, out = run(
+                [a.replace(str(tmp), str(copy)) for a in args], copy, copy / "rerun.log"
+            )
             if code != 0 or "\ntrial " in out:
                 found.append(f"flip {i}: the rerun exited {code} or trained again")
         found += [f"flip {i}: {v}" for v in violations(run_copy, before)]
         shutil.rmtree(copy, ignore_errors=True)
-    return Result(f"one byte changed in {name} or a record", found, True,
-                  [f"{flips} flips: {flips - undetected} refused, {repaired} repaired, {undetected} undetected"])
+    return Result(
+        f"one byte changed in {name} or a record",
+        found,
+        True,
+        [
+            f"{flips} flips: {flips - undetected} refused, {repaired} repaired, "
+            f"{undetected} undetected"
+        ],
+    )
 
 
 def overwrites(tmp: Path, rng: random.Random) -> Result:
@@ -104,12 +142,23 @@ def overwrites(tmp: Path, rng: random.Random) -> Result:
     (tmp / "done" / "result.json").write_text("{}", encoding="utf-8")
     n = rng.randrange(4)
     train = ["train", "--assign", "attn=adamw,mlp=adamw", "--model", "tiny", "--steps", "2"]
-    commands = [["export", str(run_dir), "-o", str(run_dir / f)]
-                for f in ("study.db", "study.json", "space.yaml", f"trials/{n}/trial.json", f"trials/{n}/result.json")]
-    commands += [["export", str(run_dir), "--top", "2", "-o", str(run_dir / "trials" / str(n))],
-                 ["report", str(run_dir / "trials" / str(n)), "--storage", str(run_dir / "study.db")],
-                 [*train, "--out", str(run_dir / "trials" / str(n))], [*train, "--out", str(tmp / "done")],
-                 ["export", str(run_dir), "-o", str(tmp / "done" / "result.json")]]
+    commands = [
+        ["export", str(run_dir), "-o", str(run_dir / f)]
+        for f in (
+            "study.db",
+            "study.json",
+            "space.yaml",
+            f"trials/{n}/trial.json",
+            f"trials/{n}/result.json",
+        )
+    ]
+    commands += [
+        ["export", str(run_dir), "--top", "2", "-o", str(run_dir / "trials" / str(n))],
+        ["report", str(run_dir / "trials" / str(n)), "--storage", str(run_dir / "study.db")],
+        [*train, "--out", str(run_dir / "trials" / str(n))],
+        [*train, "--out", str(tmp / "done")],
+        ["export", str(run_dir), "-o", str(tmp / "done" / "result.json")],
+    ]
     before = {**_files(run_dir), **{f"done/{k}": v for k, v in _files(tmp / "done").items()}}
     found, refused = [], 0
     for i, command in enumerate(commands):
@@ -124,8 +173,12 @@ def overwrites(tmp: Path, rng: random.Random) -> Result:
     if overwritten:
         found.append(f"files changed: {overwritten[:5]}")
     found += violations(run_dir, {t.number: t.value for t in study_trials(run_dir)})
-    return Result("outputs onto the study's files", found, True,
-                  [f"{refused} of {len(commands)} refused, {len(overwritten)} files changed"])
+    return Result(
+        "outputs onto the study's files",
+        found,
+        True,
+        [f"{refused} of {len(commands)} refused, {len(overwritten)} files changed"],
+    )
 
 
 def mixed_start(tmp: Path, rng: random.Random, runs: int) -> Result:
@@ -151,12 +204,21 @@ def mixed_start(tmp: Path, rng: random.Random, runs: int) -> Result:
             found.append(f"run {i}: study.db and journal.log side by side")
         for cmd, other, code in zip(cmds, cmds[::-1], codes):
             lines = cmd.output().strip().splitlines()
-            if code == 2 and len(lines) == 1 and REFUSED in lines[0] and f"(pid {other.pid})" in lines[0]:
+            if (
+                code == 2
+                and len(lines) == 1
+                and REFUSED in lines[0]
+                and f"(pid {other.pid})" in lines[0]
+            ):
                 refused += 1
             elif code != 0:
                 found.append(f"run {i}: a command exited {code}: {lines[-1:]}")
         if sorted(codes) != [0, 2]:
             found.append(f"run {i}: exit codes {codes}, not one 0 and one 2")
         found += [f"run {i}: {v}" for v in violations(run_dir, {}, None, [])]
-    return Result("a one-process and a --workers search started at once", found, True,
-                  [f"one command refused in {refused} of {runs} runs"])
+    return Result(
+        "a one-process and a --workers search started at once",
+        found,
+        True,
+        [f"one command refused in {refused} of {runs} runs"],
+    )

@@ -12,9 +12,12 @@ import sys
 import pytest
 from _study_files import flipped_bytes, mixed_start, overwrites
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                 reason="the processes are watched through Linux /proc")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="the processes are watched through Linux /proc"
+    ),
+]
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])

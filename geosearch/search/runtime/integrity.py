@@ -160,8 +160,8 @@ def backup_error(run_dir: str | os.PathLike, desc: str, check: TrialsCheck) -> C
         rest = check.damaged[1:]
         more = f" (and those of trials {_shown(rest)})" if rest else ""
         problem = (f"{_TRIALS_DIR}/{n}/{TRIAL_FILE}, the backup of trial {n}, does not read or "
-                   f"fails its checksum{more}: the file was changed; {recover} rewrites it from {desc}, "
-                   "the intact copy")
+                   f"fails its checksum{more}: the file was changed; {recover} rewrites it "
+                   f"from {desc}, the intact copy")
     return ConfigError(problem, source=run)
 
 

@@ -97,9 +97,9 @@ class Recovery:
     def lines(self) -> list[str]:
         """What the command prints."""
         name = self.storage.name
-        fixed = [f"the records of trials {_numbers(self.rewritten)} "
-                 f"({TRIALS_DIR}/<n>/{TRIAL_FILE}) did not read or failed their checksums: rewritten from {name}, the intact copy"
-                 ] if self.rewritten else []
+        fixed = [f"the records of trials {_numbers(self.rewritten)} ({TRIALS_DIR}/<n>/"
+                 f"{TRIAL_FILE}) did not read or failed their checksums: rewritten from {name}, "
+                 "the intact copy"] if self.rewritten else []
         if self.problem is None:
             return fixed or [f"{self.storage} reads and holds every trial recorded in "
                              f"{self.run_dir / TRIALS_DIR}: nothing to recover, nothing was "

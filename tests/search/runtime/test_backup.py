@@ -144,11 +144,12 @@ def test_records_of_another_study_or_garbled_ones_are_left_out_and_named(tmp_pat
     uid = read_study_record(tmp_path).uid
     (tmp_path / "trials" / "1" / TRIAL_FILE).write_text("{torn", encoding="utf-8")
     other = json.loads((tmp_path / "trials" / "2" / TRIAL_FILE).read_text())
-    (tmp_path / "trials" / "2" / TRIAL_FILE).write_text(json.dumps(sealed({**other, "study_uid": "old"})))
+    trials = tmp_path / "trials"
+    (trials / "2" / TRIAL_FILE).write_text(json.dumps(sealed({**other, "study_uid": "old"})))
     (tmp_path / "trials" / "7").mkdir()
-    (tmp_path / "trials" / "7" / TRIAL_FILE).write_text(json.dumps(sealed({**other, "study_uid": uid})))
+    (trials / "7" / TRIAL_FILE).write_text(json.dumps(sealed({**other, "study_uid": uid})))
     (tmp_path / "trials" / "8").mkdir()  # a digit changed in a value, the checksum kept
-    (tmp_path / "trials" / "8" / TRIAL_FILE).write_text(json.dumps({**other, "number": 8, "value": 9.5}))
+    (trials / "8" / TRIAL_FILE).write_text(json.dumps({**other, "number": 8, "value": 9.5}))
     recorded, skipped = read_trial_records(tmp_path, read_study_record(tmp_path))
     assert sorted(recorded) == [0]
     assert [s.split(": ", 1)[1] for s in skipped] == ["unreadable", "of another study ('s', uid old)",
@@ -168,7 +169,8 @@ def test_a_record_carries_the_checksum_of_its_fields(tmp_path):
     text = json.dumps(record)
     assert record_intact(json.loads(text)) and record[CHECKSUM] == record_checksum(record)
     assert '"val_losses": [3.25]' in text
-    for old, new in (('"val_losses": [3.25]', '"val_losses": [3.35]'), ('"value": 3.25', '"value": 3.26'),
+    for old, new in (('"val_losses": [3.25]', '"val_losses": [3.35]'),
+                     ('"value": 3.25', '"value": 3.26'),
                      ('"u1"', '"u2"'), (record[CHECKSUM][:8], "0" * 8)):
         assert not record_intact(json.loads(text.replace(old, new, 1))), old
     # a record of a build that kept no checksum is taken as it is

@@ -229,8 +229,10 @@ def test_an_output_inside_a_study_or_a_finished_run_is_refused(tmp_path):
     (run / "trials" / "0").mkdir(parents=True)
     (run / "study.db").write_bytes(b"")
     for inside in ("study.db", "study.db-wal", "study.db.damaged-20260101T000000", "study.json",
-                   "space.yaml", "trials/0/config.yaml", "trials/7", "workers/worker0.log", "artifacts/x"):
-        with pytest.raises(ConfigError, match=r"^-o: .* would write over the study in .*; write it elsewhere$"):
+                   "space.yaml", "trials/0/config.yaml", "trials/7", "workers/worker0.log",
+                   "artifacts/x"):
+        with pytest.raises(ConfigError,
+                           match=r"^-o: .* would write over the study in .*; write it elsewhere$"):
             check_outside_study(run / inside, source="-o")
     for own in ("best_assignment.yaml", "top/rank1-trial0.yaml", "report.md", "plots"):
         check_outside_study(run / own, source="-o")
@@ -240,7 +242,9 @@ def test_an_output_inside_a_study_or_a_finished_run_is_refused(tmp_path):
     done = tmp_path / "done"
     (done / "runs" / "t").mkdir(parents=True)
     (done / "result.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"would write over the finished run in .*done \(it holds result.json\)"):
+    finished = r"would write over the finished run in .*done \(it holds result.json\)"
+    with pytest.raises(ConfigError, match=finished):
         check_outside_study(done, source="--out", folder=True)
     (done / "runs" / "t" / "journal.log").write_text("")
-    check_outside_study(done / "runs" / "t" / "best_assignment.yaml", source="-o")  # a study inside a run's folder
+    # a study inside a run's folder: its own outputs
+    check_outside_study(done / "runs" / "t" / "best_assignment.yaml", source="-o")
