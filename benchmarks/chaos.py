@@ -3,7 +3,9 @@
     python benchmarks/chaos.py --inputs [--write]        # every bad input: its one line
     python benchmarks/chaos.py --faults 5 [--seed 0] [--only SIGKILL] [--write]
 
-``--faults N`` runs each fault scenario of ``tests/faults/_harness.py`` N times, each with
+``--faults N`` runs each fault scenario of ``tests/faults/_harness.py`` (and
+``_study_files.py``: one byte changed in a stored value, outputs onto the study's files,
+two kinds of start on one directory) N times, each with
 its own seed for the moment the fault hits, on real processes (the tiny proxy; a minute or
 so per run on a loaded 2-core machine), and prints the table fault × runs × invariant
 violations. ``--inputs`` runs every case of ``tests/faults/_bad_inputs.py`` and prints what
@@ -31,6 +33,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "faults"), str(REPO / "tests")]
 
 import _bad_inputs  # noqa: E402
 import _harness  # noqa: E402
+import _study_files  # noqa: E402
 
 DOC = REPO / "docs" / "reliability.md"
 
@@ -68,6 +71,13 @@ def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _ha
             lambda t, r: _harness.partial_point(t, "int", 2),
         "the --workers parent's SIGTERM between a trial's two parameters, journal":
             lambda t, r: _harness.partial_point(t, "parent-term", 2),
+        "one byte changed in study.db or a trial's record, 6 flips a run":
+            lambda t, r: _study_files.flipped_bytes(t, r, "sqlite", flips=6),
+        "one byte changed in journal.log or a trial's record, 6 flips a run":
+            lambda t, r: _study_files.flipped_bytes(t, r, "journal", flips=6),
+        "export -o, report, train --out onto the study's files or a finished run": _study_files.overwrites,
+        "a one-process and a --workers search started at once":
+            lambda t, r: _study_files.mixed_start(t, r, runs=1),
     }
     if url is not None:
         out["PostgreSQL connections dropped mid-trial"] = lambda t, r: _harness.dropped_connection(t, r, url)

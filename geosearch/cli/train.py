@@ -96,8 +96,9 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
 
     Raises:
         ConfigError: an unreadable config file, a bad field, an unknown module type or
-            geometry, ``rules`` with an assignment file, an ``out`` that is a file or cannot
-            be written (before anything is trained).
+            geometry, ``rules`` with an assignment file, an ``out`` that is a file, cannot
+            be written, or would write over a study's files or a finished run (before
+            anything is trained).
     """
     from geosearch.util.errors import ConfigError
     from geosearch.util.files import check_dir
@@ -108,10 +109,12 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     from geosearch.proxy.data import config_corpus
     from geosearch.proxy.trackers import check_trackers
     from geosearch.proxy.train import train
+    from geosearch.search.runtime.storage import check_outside_study
 
     config = _config(config_file, fields, model_args)
     if out:  # a file there, or a directory that cannot be written: said before any work
         check_dir(out, source="--out")
+        check_outside_study(out, source="--out", folder=True)  # not over a study or a run
     if config.log_with and not out:
         raise ConfigError("the trackers write their files under the run directory: add --out DIR",
                           source="--log-with")

@@ -45,6 +45,7 @@ from geosearch.report.analysis import (
 from geosearch.report.load import RunData, TrialRecord, load_run, read_metrics
 from geosearch.report.markdown import dashboard_paragraph, render_markdown
 from geosearch.report.plots import PLOT_NAMES, PLOTS_HINT, make_plots
+from geosearch.search.runtime.storage import check_outside_study
 from geosearch.search.study.baseline_trials import baseline_table
 from geosearch.search.study.export import study_verdict
 from geosearch.search.stats.study_ranking import rank_study
@@ -111,12 +112,14 @@ def write_report(
 
     Raises:
         ConfigError: no such run directory; ``report.md`` or ``plots/`` cannot be written
-            there (checked before the study is read); what :func:`load_run` raises. The
+            there, or would be inside a study's files or a finished run (checked before the
+            study is read); what :func:`load_run` raises. The
             storage is opened read-only: a refused report writes and changes nothing.
     """
     run_dir = Path(run_dir)
     if storage is None and not run_dir.is_dir():
         raise ConfigError("no such run directory", source=str(run_dir))
+    check_outside_study(run_dir / "report.md", source=None)  # never over a study's files
     check_out_file(run_dir / "report.md", source=None)
     if plots:
         check_dir(run_dir / "plots", source=None)

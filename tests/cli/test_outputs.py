@@ -81,3 +81,44 @@ def test_a_read_only_mount_is_one_line_for_train_export_and_report(tmp_path, cap
         # the study can still be exported elsewhere
         assert main(["export", str(run), "-o", str(tmp_path / "best.yaml")]) == 0
         assert _state(ro) == before
+
+
+@pytest.mark.slow
+def test_an_output_inside_a_study_or_a_finished_run_is_refused_before_any_work(
+        finished, tmp_path, capsys, monkeypatch):
+    # Rule: export -o, report and train --out never write over a study's storage, backup or
+    # trial folders, nor into a finished run's folder: one line naming the flag, the path
+    # and what it would write over, exit 2, nothing written (export -o study.db wrote YAML
+    # over the study and exited 0).
+    monkeypatch.chdir(tmp_path)
+    (finished / "study.json").write_text("{}")  # the backup a search writes
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "result.json").write_text("{}")  # a finished `train --out out`
+    before = _state(tmp_path)
+    run = "runs/demo"
+    train = ["train", "--assign", "attn=adamw,mlp=adamw", "--model", "tiny"]
+    for path, over in [("study.db", "study.db: its storage"),
+                       ("study.json", "study.json: its backup"),
+                       ("trials/0/trial.json", "trials: its trials' files"),
+                       ("study.db-journal", "study.db-journal: its storage")]:
+        assert main(["export", run, "-o", f"{run}/{path}"]) == 2
+        assert _one_line(capsys, "export") == (
+            f"geosearch export: error: -o: '{run}/{path}' would write over the study in {finished} "
+            f"({over}); write it elsewhere")
+    assert main(["export", run, "--top", "2", "-o", f"{run}/trials"]) == 2
+    assert "would write over the study" in _one_line(capsys, "export")
+    assert main([*train, "--out", f"{run}/trials/0"]) == 2
+    assert "--out: 'runs/demo/trials/0' would write over the study" in _one_line(capsys, "train")
+    assert main(["report", f"{run}/trials/0", "--storage", f"{run}/study.db", "--no-plots"]) == 2
+    line = _one_line(capsys, "report")
+    assert "'runs/demo/trials/0/report.md' would write over the study" in line
+    assert main([*train, "--out", "out"]) == 2
+    assert _one_line(capsys, "train") == (
+        f"geosearch train: error: --out: 'out' would write over the finished run in "
+        f"{tmp_path / 'out'} (it holds result.json); write it elsewhere")
+    assert main(["export", run, "-o", "out/result.json"]) == 2
+    assert "would write over the finished run" in _one_line(capsys, "export")
+    assert _state(tmp_path) == before
+    # its own outputs beside the study are written as before
+    assert main(["export", run, "-o", f"{run}/mine.yaml"]) == 0
+    assert (finished / "mine.yaml").is_file()

@@ -13,12 +13,14 @@ tests/search/runtime/test_rebuild.py.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
+from _flips import flip
 from _no_plots import leave_out_plots
 
 from geosearch.cli import main
@@ -172,3 +174,59 @@ def test_recover_of_what_is_not_a_run_directory_is_one_line(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(["recover", str(tmp_path / "afile")]) == 2
     assert "is a file, expected a run directory" in one_line(capsys, "recover")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("where", ["storage", "record"])
+def test_one_byte_changed_in_a_stored_value_is_refused_and_repaired_from_the_intact_copy(
+        searched, kind, where, tmp_path, capsys):
+    # Rule: a digit of a val_losses entry changed in study.db or journal.log (or in the
+    # trial's record) is never read as valid: export and the search's rerun refuse it in
+    # one line naming the trial and `geosearch recover`, which repairs the changed copy
+    # from the intact one and says which; the study is then the study before the change.
+    run, args = copy_of(searched, kind, tmp_path)
+    name = KINDS[kind][0]
+    records = {p: p.read_bytes() for p in run.glob("trials/*/trial.json")}
+    place = name if where == "storage" else "trial.json"
+    changed = flip(run, place, random.Random(0), only_val_losses=True)
+    capsys.readouterr()
+    for command in (["export", str(run), "-o", str(tmp_path / "best.yaml")], args):
+        assert main(command) == 2
+        line = one_line(capsys, command[0])
+        n = changed.trial
+        assert f"trial {n}" in line and f"trials/{n}/trial.json" in line
+        assert f"geosearch recover {run}" in line
+    assert not (tmp_path / "best.yaml").exists()
+    assert main(["recover", str(run)]) == 0
+    said = capsys.readouterr().out
+    if where == "storage":
+        assert f"{name}: holds trials {changed.trial} other than their records" in said
+        assert f"rebuilt {name} from" in said and "4 trial records (completed 4)" in said
+    else:
+        assert said.startswith(f"the records of trials {changed.trial} (trials/<n>/trial.json) did "
+                               f"not read or failed their checksums: rewritten from {name}, the "
+                               "intact copy")
+    assert snapshot(run) == searched[kind][3]
+    assert {p: p.read_bytes() for p in run.glob("trials/*/trial.json")} == records
+    assert main(["recover", str(run)]) == 0
+    assert "nothing to recover" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_recover_refuses_the_study_json_of_another_study(searched, tmp_path, capsys):
+    # Rule: a study.json of another study (another name, or the same name and another uid)
+    # would drop every trial in a rebuild: refused in one line, nothing changed.
+    run, _ = copy_of(searched, "sqlite", tmp_path)
+    damage(run / "study.db", "truncated")
+    other = searched["journal"][1] / "study.json"  # study 's' too, another uid
+    shutil.copy(other, run / "study.json")
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["recover", str(run)]) == 2
+    line = one_line(capsys, "recover")
+    assert f"{run / 'study.json'}: records study 's' (uid " in line
+    assert "the backup of another study" in line
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert {p: b for p, b in after.items() if ".locks" not in p.parts} == {
+        p: b for p, b in files.items() if ".locks" not in p.parts}

@@ -28,6 +28,7 @@ Each trial's files also go to an Optuna artifact store as artifacts of their tri
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import mimetypes
 import os
@@ -47,12 +48,12 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from geosearch.util.errors import ConfigError
 from geosearch.search.records import TRIAL_DIR, json_safe
 
-__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "PROBES_FILE", "RUNG_PROBES_FILE",
-           "STUDY_FILE",
-           "StudyRecord", "TRIAL_FILE", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
-           "read_probes_file", "read_rung_probes", "read_study_record", "read_trial_records",
-           "recorded_trial", "save_study_record", "trial_record", "upload_trial_files",
-           "write_probes_file", "write_rung_probes"]
+__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "CHECKSUM", "FORMAT", "PROBES_FILE",
+           "RUNG_PROBES_FILE", "STUDY_FILE", "StudyRecord", "TRIAL_FILE", "TrialBackup",
+           "TrialFiles", "default_store", "lost_trials", "read_probes_file", "read_record",
+           "read_rung_probes", "read_study_record", "read_trial_records", "record_checksum",
+           "record_intact", "record_paths", "recorded_trial", "save_study_record", "trial_record",
+           "upload_trial_files", "write_probes_file", "write_record", "write_rung_probes"]
 
 STUDY_FILE = "study.json"
 """``<run-dir>/study.json``: the study's name, directions, metric names, user attrs and uid."""
@@ -60,8 +61,11 @@ TRIAL_FILE = "trial.json"
 """``trials/<n>/trial.json``: trial ``n`` as the storage holds it once told."""
 FORMAT = 1
 """The version of both files' layout."""
+CHECKSUM = "sha256"
+"""In ``trial.json``: the SHA-256 of the record's other fields (:func:`record_checksum`)."""
 
 _TRIALS_DIR = "trials"  # storage.TRIALS_DIR; not imported: storage imports this module
+_FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # the states of a record
 
 
 @dataclass(frozen=True)
@@ -149,8 +153,8 @@ def _uid_of_records(run_dir: Path, study: optuna.Study) -> str | None:
     as a stored trial), for a study whose ``study.json`` was lost; ``None`` when none are."""
     starts = {t.number: t.datetime_start.isoformat() for t in study.get_trials(deepcopy=False)
               if t.datetime_start is not None}
-    for n, path in sorted(_record_paths(run_dir).items(), reverse=True):
-        data = _read_record_quietly(path)
+    for n, path in sorted(record_paths(run_dir).items(), reverse=True):
+        data = read_record(path)
         if (data is not None and data.get("study") == study.study_name and isinstance(data.get("study_uid"), str)
                 and data.get("datetime_start") is not None and data.get("datetime_start") == starts.get(n)):
             return data["study_uid"]
@@ -169,7 +173,7 @@ def trial_record(trial: FrozenTrial, study_name: str, uid: str) -> dict[str, Any
     def when(t: datetime.datetime | None) -> str | None:
         return t.isoformat() if t is not None else None
 
-    return {
+    record = {
         "format": FORMAT, "kind": "geosearch trial", "study": study_name, "study_uid": uid,
         "number": trial.number, "state": trial.state.name, "value": trial.value,
         "params": json_safe(dict(trial.params)),
@@ -180,6 +184,35 @@ def trial_record(trial: FrozenTrial, study_name: str, uid: str) -> dict[str, Any
         "datetime_start": when(trial.datetime_start),
         "datetime_complete": when(trial.datetime_complete),
     }
+    record = json.loads(json.dumps(record))  # as the file will hold it: keys strings, tuples lists
+    return {**record, CHECKSUM: record_checksum(record)}
+
+
+def write_record(run_dir: str | os.PathLike, trial: FrozenTrial, study: StudyRecord) -> Path:
+    """Write trial ``trial``'s ``trials/<n>/trial.json`` for ``study`` (whole or not at all);
+    returns its path.
+
+    Raises:
+        OSError: it could not be written.
+    """
+    path = Path(run_dir) / _TRIALS_DIR / str(trial.number) / TRIAL_FILE
+    _write_json(path, trial_record(trial, study.name, study.uid))
+    return path
+
+
+def record_checksum(data: dict[str, Any]) -> str:
+    """The SHA-256 of a ``trial.json`` record's fields but :data:`CHECKSUM` (whatever fields
+    and user attrs it holds), in their JSON text with sorted keys: a byte changed in the file
+    (a digit of a value) no longer matches it."""
+    body = {k: v for k, v in data.items() if k != CHECKSUM}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def record_intact(data: dict[str, Any]) -> bool:
+    """Whether a record read from ``trial.json`` matches its :data:`CHECKSUM` (a record
+    written before records had one is taken as it is)."""
+    return CHECKSUM not in data or data[CHECKSUM] == record_checksum(data)
 
 
 class TrialBackup:
@@ -237,7 +270,8 @@ class TrialBackup:
 
 
 # --------------------------------------------------------------------------- reading
-def _read_record_quietly(path: Path) -> dict[str, Any] | None:
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The JSON object a ``trial.json`` holds; ``None`` when it does not read as one."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -245,9 +279,9 @@ def _read_record_quietly(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _record_paths(run_dir: Path) -> dict[int, Path]:
+def record_paths(run_dir: str | os.PathLike) -> dict[int, Path]:
     """``{n: trials/<n>/trial.json}`` of the records that exist."""
-    folder = run_dir / _TRIALS_DIR
+    folder = Path(run_dir) / _TRIALS_DIR
     out = {}
     if folder.is_dir():
         for sub in folder.iterdir():
@@ -291,10 +325,13 @@ def read_trial_records(run_dir: str | os.PathLike,
     """
     trials: dict[int, FrozenTrial] = {}
     skipped: list[str] = []
-    for n, path in sorted(_record_paths(Path(run_dir)).items()):
-        data = _read_record_quietly(path)
+    for n, path in sorted(record_paths(Path(run_dir)).items()):
+        data = read_record(path)
         if data is None:
             skipped.append(f"{path}: unreadable")
+            continue
+        if not record_intact(data):
+            skipped.append(f"{path}: fails its checksum (the file was changed)")
             continue
         if data.get("study") != study.name or data.get("study_uid") != study.uid:
             skipped.append(f"{path}: of another study ({data.get('study')!r}, uid {data.get('study_uid')})")
@@ -321,7 +358,7 @@ def lost_trials(run_dir: str | os.PathLike, study: optuna.Study) -> list[int]:
     record = _read_study_quietly(run_dir)
     if record is None or record.name != study.study_name:
         return []
-    paths = _record_paths(run_dir)
+    paths = record_paths(run_dir)
     if not paths:
         return []
     stored = {t.number: t.state for t in study.get_trials(deepcopy=False)}
@@ -329,9 +366,9 @@ def lost_trials(run_dir: str | os.PathLike, study: optuna.Study) -> list[int]:
     for n, path in sorted(paths.items()):
         if n in stored and stored[n].is_finished():
             continue
-        data = _read_record_quietly(path)
-        if (data is not None and data.get("study_uid") == record.uid and data.get("number") == n
-                and data.get("state") in ("COMPLETE", "PRUNED", "FAIL")):
+        data = read_record(path)
+        if (data is not None and record_intact(data) and data.get("study_uid") == record.uid
+                and data.get("number") == n and data.get("state") in _FINISHED):
             lost.append(n)
     return lost
 

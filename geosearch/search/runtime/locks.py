@@ -13,6 +13,7 @@ no lock is taken. The rules are in ``docs/design.md`` ("Stale trials").
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -31,7 +32,8 @@ try:  # POSIX advisory locks
 except ImportError:  # pragma: no cover - Windows: no locks
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ASK_LOCK", "CommandLock", "asked_in", "busy_error", "dead_ask", "local_now",
+__all__ = ["ASK_LOCK", "CommandLock", "asked_in", "busy_error", "dead_ask", "early_lock",
+           "local_now",
            "lock_files", "lock_held", "open_lock", "read_record", "rewrite"]
 
 ASK_LOCK = "{host}.ask"
@@ -189,3 +191,27 @@ class CommandLock:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def early_lock(held: contextlib.ExitStack, run_dir: Path, study_name: str,
+               new: bool) -> CommandLock | None:
+    """A command's hold on its study before its storage is opened. ``new`` (the run
+    directory has no storage yet): the :class:`CommandLock` is taken now, into ``held``, so
+    that of two commands started together on one directory (one process and ``--workers``:
+    an SQLite file and a journal) the one refused creates no file. Else, writing nothing, a
+    command lock a live process holds is refused now, before the storage is read (the lock
+    itself is taken once it has opened).
+
+    Raises:
+        GeosearchError: another process of this machine holds it (naming its pid).
+    """
+    if new:
+        return held.enter_context(CommandLock(run_dir, study_name))
+    path = run_dir / LOCKS_DIR / _COMMAND_LOCK.format(host=socket.gethostname())
+    if fcntl is not None and lock_held(str(path)):
+        try:
+            pid = json.loads(path.read_text(encoding="utf-8") or "{}").get("pid", "unknown")
+        except (OSError, ValueError, AttributeError):
+            pid = "unknown"
+        raise busy_error(run_dir, study_name, str(pid))
+    return None

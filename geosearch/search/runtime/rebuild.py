@@ -48,10 +48,13 @@ from geosearch.search.runtime.backup import (
     STUDY_FILE,
     TRIAL_FILE,
     StudyRecord,
-    lost_trials,
     read_study_record,
     read_trial_records,
+    recorded_trial,
+    trial_record,
+    write_record,
 )
+from geosearch.search.runtime.integrity import TrialsCheck, check_trials, other_study_problem
 from geosearch.search.runtime.liveness import check_no_other_run
 from geosearch.search.runtime.locks import CommandLock
 from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE, TRIALS_DIR, open_storage
@@ -76,6 +79,8 @@ class Recovery:
         recovered: how many trials came from their records.
         placeholders: the numbers with no record, added as trials that count for nothing.
         skipped: one line per record that was left out (unreadable, another study's).
+        rewritten: records that failed their checksum, rewritten from the storage's copy.
+        from_storage: trials without a usable record, taken from the readable storage.
     """
 
     run_dir: Path
@@ -86,17 +91,26 @@ class Recovery:
     recovered: int = 0
     placeholders: list[int] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    rewritten: list[int] = field(default_factory=list)
+    from_storage: list[int] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """What the command prints."""
-        if self.problem is None:
-            return [f"{self.storage} reads and holds every trial recorded in {self.run_dir / TRIALS_DIR}: "
-                    "nothing to recover, nothing was changed"]
         name = self.storage.name
-        out = [f"{self.storage}: {self.problem}",
+        fixed = [f"the records of trials {_numbers(self.rewritten)} ({TRIALS_DIR}/<n>/"
+                 f"{TRIAL_FILE}) did not read or failed their checksums: rewritten from {name}, "
+                 "the intact copy"] if self.rewritten else []
+        if self.problem is None:
+            return fixed or [f"{self.storage} reads and holds every trial recorded in "
+                             f"{self.run_dir / TRIALS_DIR}: nothing to recover, nothing was "
+                             "changed"]
+        out = [*fixed, f"{self.storage}: {self.problem}",
                f"rebuilt {name} from {self.run_dir / STUDY_FILE} and {self.recovered} trial records "
                f"({', '.join(f'{k} {v}' for k, v in self.counts.items()) or 'no trials'}); "
                f"the damaged file is kept as {self.kept}"]
+        if self.from_storage:
+            out.append(f"trials {_numbers(self.from_storage)} had no record: taken from the "
+                       f"damaged {name}, which still read")
         if self.placeholders:
             out.append(f"trials {_numbers(self.placeholders)} had no record ({TRIALS_DIR}/<n>/{TRIAL_FILE}): "
                        "added as placeholders that count for nothing; their points train again")
@@ -151,31 +165,60 @@ def _read_only(path: Path, scratch: Path) -> optuna.storages.BaseStorage:
     return optuna.storages.RDBStorage(f"sqlite:///{uri}{query}{'&' if query else '?'}uri=true")
 
 
-def storage_problem(run_dir: str | os.PathLike, study: StudyRecord) -> str | None:
-    """What is wrong with the run directory's storage, or ``None`` when it reads, holds the
-    study of ``study.json`` and every trial its records hold. Nothing is written there."""
-    run_dir = Path(run_dir)
+@dataclass
+class _Look:
+    """What reading the storage found: the problem, the study names it holds (``None``: it
+    does not read), the comparison with the records, its finished trials."""
+
+    problem: str | None
+    names: list[str] | None = None
+    check: TrialsCheck = field(default_factory=TrialsCheck)
+    finished: dict[int, FrozenTrial] = field(default_factory=dict)
+
+
+def _look(run_dir: Path, study: StudyRecord) -> _Look:
+    """Read the run directory's storage, writing nothing there (see :func:`storage_problem`)."""
     path = _storage_file(run_dir)
     with tempfile.TemporaryDirectory(prefix="geosearch-recover-") as scratch:
-        backend = None
+        backend, names = None, None
         try:
             backend = _read_only(path, Path(scratch))
             names = [s.study_name for s in optuna.get_all_study_summaries(backend, include_best_trial=False)]
             if study.name not in names:
-                return f"holds no study {study.name!r}" + (f" (only {', '.join(map(repr, names))})" if names else "")
+                only = f" (only {', '.join(map(repr, names))})" if names else ""
+                return _Look(f"holds no study {study.name!r}{only}", names)
             loaded = optuna.load_study(study_name=study.name, storage=backend)
             dict(loaded.user_attrs)
-            lost = lost_trials(run_dir, loaded)
+            check = check_trials(run_dir, loaded)
+            finished = {t.number: t for t in loaded.get_trials() if t.state.is_finished()}
         except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            return f"cannot be read ({type(e).__name__}: {first})"
+            return _Look(f"cannot be read ({type(e).__name__}: {first})", names)
         finally:
             if hasattr(backend, "remove_session"):
                 backend.remove_session()
-    if lost:
-        return (f"lacks trials {_numbers(lost)}, which {TRIALS_DIR}/ records as finished (the file "
-                "lost them: cut short, or an older copy)")
-    return None
+    look = _Look(None, names, check, finished)
+    if check.changed:
+        first = check.changed[0]
+        look.problem = (f"holds trials {_numbers(check.changed)} other than their records in "
+                        f"{TRIALS_DIR}/, whose checksums hold ({check.what[first]} of trial "
+                        f"{first} differs): the stored copies were changed")
+    elif check.lost:
+        look.problem = (f"lacks trials {_numbers(check.lost)}, which {TRIALS_DIR}/ records as "
+                        "finished (the file lost them: cut short, or an older copy)")
+    return look
+
+
+def storage_problem(run_dir: str | os.PathLike, study: StudyRecord) -> str | None:
+    """What is wrong with the run directory's storage, or ``None`` when it reads, holds the
+    study of ``study.json`` and every trial its records hold, each equal to its record
+    (:func:`~geosearch.search.runtime.integrity.check_trials`). Nothing is written there."""
+    return _look(Path(run_dir), study).problem
+
+
+def _copy(trial: FrozenTrial) -> FrozenTrial:
+    """A finished trial of the storage as a trial to add (its record's fields)."""
+    return recorded_trial(trial_record(trial, "", ""))
 
 
 def _placeholder(run_dir: Path, number: int, kept: str) -> FrozenTrial:
@@ -255,17 +298,30 @@ def recover_run(run_dir: str | os.PathLike, *, echo: Callable[[str], None] | Non
                           "study run by geosearch before backups were kept)", source=str(run_dir))
     check_no_other_run(run_dir, study.name, echo)
     with CommandLock(run_dir, study.name):
-        outcome = Recovery(run_dir, path, problem=storage_problem(run_dir, study))
+        look = _look(run_dir, study)
+        other = other_study_problem(run_dir, study, look.names)
+        if other is not None:
+            raise ConfigError(f"{other}: the backup of another study, from which a rebuild would "
+                              f"drop every trial; put back this study's own {STUDY_FILE} (nothing "
+                              "was changed)", source=str(run_dir / STUDY_FILE))
+        outcome = Recovery(run_dir, path, problem=look.problem)
+        for n in look.check.damaged:  # the storage's copy is the intact one
+            write_record(run_dir, look.check.stored[n], study)
+            outcome.rewritten.append(n)
         if outcome.problem is None:
             return outcome
         recorded, outcome.skipped = read_trial_records(run_dir, study)
+        for n in look.check.changed:  # equal to its record: the stored copy was changed
+            look.finished.pop(n, None)
+        outcome.from_storage = sorted(set(look.finished) - set(recorded))
+        recorded.update({n: _copy(look.finished[n]) for n in outcome.from_storage})
         stamp = time.strftime("%Y%m%dT%H%M%S")
         aside = _aside(path, stamp)
         top = max(max(recorded, default=-1), _highest_folder(run_dir))
         trials = [recorded[n] if n in recorded else _placeholder(run_dir, n, aside.name)
                   for n in range(top + 1)]
         outcome.placeholders = [n for n in range(top + 1) if n not in recorded]
-        outcome.recovered = len(recorded)
+        outcome.recovered = len(recorded) - len(outcome.from_storage)
 
         temp = path.with_name(path.name + ".recovering")
         temp.unlink(missing_ok=True)  # left by a recover that was stopped: ours

@@ -25,7 +25,8 @@ import optuna
 
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import check_dir
-from geosearch.search.runtime.backup import STUDY_FILE, lost_trials
+from geosearch.search.runtime.backup import ARTIFACTS_DIR, STUDY_FILE
+from geosearch.search.runtime.integrity import backup_error, check_trials
 from geosearch.search.runtime.journal import check_journal_file, open_journal
 from geosearch.search.runtime.rdb import check_rdb, read_only_engine_kwargs, sqlite_file
 from geosearch.search.runtime.urls import (
@@ -47,7 +48,8 @@ __all__ = [
     "TRIALS_DIR",
     "WORKERS_DIR",
     "check_dir",
-    "lost_error",
+    "check_outside_study",
+    "has_storage",
     "make_dir",
     "open_run_study",
     "open_storage",
@@ -134,6 +136,57 @@ def own_file(run_dir: str | os.PathLike) -> str:
     """The name of the run directory's own storage file, for messages that name the run
     directory already: ``journal.log`` when it exists, else ``study.db``."""
     return JOURNAL_FILE if (Path(run_dir) / JOURNAL_FILE).is_file() else DB_FILE
+
+
+_RESULT_FILE = "result.json"  # what a finished proxy run leaves in its folder (proxy.rundir)
+
+
+def _study_part(name: str) -> str | None:
+    """What the entry ``name`` of a run directory is to its study, when a command writing
+    there would destroy it; ``None`` for the commands' own outputs (``best_assignment.yaml``,
+    ``top/``, ``report.md``, ``plots/``)."""
+    if name.startswith((DB_FILE, JOURNAL_FILE)):  # with SQLite's -journal, -wal, a .damaged- copy
+        return "its storage"
+    parts = {STUDY_FILE: "its backup", SPACE_FILE: "its search space",
+             TRIALS_DIR: "its trials' files", WORKERS_DIR: "its workers' logs",
+             LOCKS_DIR: "its locks", ARTIFACTS_DIR: "its artifacts"}
+    return parts.get(name)
+
+
+def check_outside_study(path: str | os.PathLike, *, source: str | None,
+                        folder: bool = False) -> None:
+    """Refuse, writing nothing, an output path that would write over a study or a finished
+    run: inside a run directory's storage, backup, space or folders (``trials/<n>/``...), or
+    inside the folder of a finished proxy run (one that holds ``result.json``) below the
+    nearest run directory above ``path`` (``folder``: ``path`` itself counts), symbolic links
+    followed.
+
+    Raises:
+        ConfigError: one line naming ``source`` (the flag, or ``None``), the path and what
+            it would write over.
+    """
+    real = Path(os.path.realpath(path))
+    shown, finished = os.fspath(path), None
+    for parent in ([real] if folder else []) + list(real.parents):
+        if not parent.is_dir():
+            continue
+        if has_storage(parent) or (parent / STUDY_FILE).is_file():  # the nearest run directory
+            rel = real.relative_to(parent).parts
+            part = _study_part(rel[0]) if rel else None
+            if part is not None:
+                raise ConfigError(f"{shown!r} would write over the study in {os.fspath(parent)} "
+                                  f"({rel[0]}: {part}); write it elsewhere", source=source)
+            break
+        if finished is None and (parent / _RESULT_FILE).is_file():
+            finished = parent
+    if finished is not None:
+        raise ConfigError(f"{shown!r} would write over the finished run in {os.fspath(finished)} "
+                          f"(it holds {_RESULT_FILE}); write it elsewhere", source=source)
+
+
+def has_storage(run_dir: str | os.PathLike) -> bool:
+    """Whether the run directory holds a storage file of its own (``study.db``, ``journal.log``)."""
+    return any((Path(run_dir) / name).exists() for name in (DB_FILE, JOURNAL_FILE))
 
 
 def resolve_storage(
@@ -333,9 +386,10 @@ def open_run_study(
 ) -> optuna.Study:
     """Load the study of an existing run directory (for export, report, inspection).
 
-    Its trials are read once here: a storage that fails then, or that lacks trials the run
-    directory's backup records (:func:`~geosearch.search.runtime.backup.lost_trials`), is
-    refused with one line naming ``geosearch recover``.
+    Its trials are read once here: a storage that fails then, that lacks trials the run
+    directory's backup records, or whose trials and records disagree (a byte changed in
+    either: :func:`~geosearch.search.runtime.integrity.check_trials`), is refused with one
+    line naming the trial and ``geosearch recover``.
 
     Args:
         read_only: open the storage for reading only (:func:`open_storage`): export and
@@ -368,18 +422,10 @@ def open_run_study(
     try:
         study = optuna.load_study(study_name=study_name, storage=backend)
         dict(study.user_attrs)
-        lost = lost_trials(run_dir, study)  # reads every trial
+        check = check_trials(run_dir, study)  # reads every trial
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise storage_error(e, desc, own) from None
-    if lost:
-        raise lost_error(run_dir, desc if own is None else own_file(run_dir), lost)
+    if check:
+        raise backup_error(run_dir, desc if own is None else own_file(run_dir), check)
     return study
-
-
-def lost_error(run_dir: str | os.PathLike, desc: str, lost: list[int]) -> ConfigError:
-    """The one line refusing a storage that lacks trials the run directory's backup holds."""
-    shown = ", ".join(map(str, lost[:10])) + (f" and {len(lost) - 10} more" if len(lost) > 10 else "")
-    return ConfigError(f"{desc} lacks trials {shown}, which {TRIALS_DIR}/ records as finished (the "
-                       f"file lost them: cut short, or an older copy); `geosearch recover "
-                       f"{os.fspath(run_dir)}` rebuilds the study from its backup", source=os.fspath(run_dir))
 

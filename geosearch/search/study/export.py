@@ -56,7 +56,7 @@ from geosearch.search.records import (
 )
 from geosearch.search.space.spec import SearchSpace, Suggestion, study_pruner
 from geosearch.search.runtime.backup import read_probes_file
-from geosearch.search.runtime.storage import BEST_FILE, TOP_DIR, open_run_study
+from geosearch.search.runtime.storage import BEST_FILE, TOP_DIR, check_outside_study, open_run_study
 from geosearch.search.horizon.reading import (
     horizon_lines,
     horizon_note,
@@ -319,14 +319,15 @@ def export_best(
     Hugging Face model.
 
     The output is checked before the study is read (:func:`geosearch.util.files.check_out_file`,
-    :func:`~geosearch.util.files.check_dir`), and the study is opened read-only: a refused export
-    writes nothing and changes nothing.
+    :func:`~geosearch.util.files.check_dir`; never inside a study's files or a finished run,
+    :func:`~geosearch.search.runtime.storage.check_outside_study`), and the study is opened
+    read-only: a refused export writes nothing and changes nothing.
 
     Raises:
         GeosearchError: no trial completed.
         ConfigError: no study in ``run_dir`` (or ``storage``), a storage that is not an
             Optuna storage; ``out`` is a directory (``top == 1``) or a file (``top > 1``),
-            or cannot be written.
+            or cannot be written, or would write over a study's files or a finished run.
     """
     run_dir = Path(run_dir)
     if top < 1:
@@ -335,6 +336,7 @@ def export_best(
     if study is None and storage is None and not run_dir.is_dir():
         raise ConfigError("no such run directory", source=str(run_dir))
     flag = "-o" if out is not None else None  # the CLI's flag (--out too)
+    check_outside_study(target, source=flag, folder=top > 1)  # never over a study's files
     if top == 1:  # checked before the study is read: nothing is written when it cannot be
         check_out_file(target, source=flag, hint=" (--top K > 1 writes one file per rank into a directory)")
     else:

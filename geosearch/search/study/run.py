@@ -42,11 +42,9 @@ from geosearch.search.study.export import export_best, format_ranking, where_lin
 from geosearch.search.study.failures import requeue_failed
 from geosearch.search.study.options import SearchOptions
 from geosearch.search.study.failures import recover_stale, recovered_line
-from geosearch.search.runtime.liveness import (
-    Owner,
-    check_no_other_run,
-)
-from geosearch.search.runtime.locks import CommandLock
+from geosearch.search.runtime.liveness import Owner, check_no_other_run
+from geosearch.search.runtime.integrity import backup_error, check_trials
+from geosearch.search.runtime.locks import CommandLock, early_lock
 from geosearch.search.study.queue import done_count, done_reason, resolve_budget, top_up_queue
 from geosearch.search.stats.ranking import Ranking
 from geosearch.search.stats.study_ranking import rank_study
@@ -66,7 +64,6 @@ from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
 from geosearch.search.runtime.backup import (
     STUDY_FILE,
     TrialBackup,
-    lost_trials,
     read_study_record,
     read_trial_records,
     save_study_record,
@@ -74,7 +71,7 @@ from geosearch.search.runtime.backup import (
 from geosearch.search.runtime.storage import (
     SPACE_FILE,
     TRIALS_DIR,
-    lost_error,
+    has_storage,
     open_storage,
     own_file,
     storage_error,
@@ -214,13 +211,13 @@ def _start_study(space: SearchSpace, plan: StudyPlan, run_dir: Path,
             raise storage_error(e, desc, own) from None
     try:
         notes = bind_study(study, space, run_dir, desc, digest, plan)
-        lost = lost_trials(run_dir, study) if options.worker_index is None else []  # reads every trial
+        check = check_trials(run_dir, study) if options.worker_index is None else None  # all trials
     except GeosearchError:
         raise
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise storage_error(e, desc, own) from None
-    if lost:
-        raise lost_error(run_dir, desc if own is None else own_file(run_dir), lost)
+    if check:
+        raise backup_error(run_dir, desc if own is None else own_file(run_dir), check)
     return study, desc, existed, notes
 
 
@@ -340,8 +337,8 @@ def run_search(space: SearchSpace | str | os.PathLike, options: SearchOptions | 
 def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None = None) -> SearchOutcome:
     """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
     (not one of its workers) checks what would fail every trial first, then holds the
-    study's :class:`~geosearch.search.runtime.locks.CommandLock` on this machine from the
-    moment its storage opened (a bad one writes nothing) until it has concluded."""
+    study's :class:`~geosearch.search.runtime.locks.CommandLock` (``early_lock``: from before
+    a new storage is created, else from when it opened: a bad one writes nothing) to its end."""
     out = options.out or sys.stdout
     workers, worker_index = options.workers, options.worker_index
 
@@ -365,10 +362,12 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
     if worker_index is not None:
         share_cpu(workers)
     with contextlib.ExitStack() as held:
+        new = not (options.study or options.storage or has_storage(run_dir))  # one creates it
+        lock = None if worker_index is not None else early_lock(held, run_dir, space.name, new)
         study, desc, existed, notes = _start_study(space, plan, run_dir,
                                                    _sampler(space, options, exhaustive), options)
         if worker_index is None:
-            held.enter_context(CommandLock(run_dir, space.name))  # of two commands, one runs
+            lock = lock or held.enter_context(CommandLock(run_dir, space.name))  # of two, one runs
             check_no_other_run(run_dir, space.name, echo)  # workers of a dead command stopping
             _prepare(study, space, plan, options, run_dir, notes, echo)
             if exhaustive:

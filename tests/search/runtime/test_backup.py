@@ -16,6 +16,7 @@ from optuna.trial import TrialState, create_trial
 
 from geosearch.util.errors import ConfigError
 from geosearch.search.runtime.backup import (
+    CHECKSUM,
     STUDY_FILE,
     TRIAL_FILE,
     TrialBackup,
@@ -23,6 +24,8 @@ from geosearch.search.runtime.backup import (
     read_probes_file,
     read_study_record,
     read_trial_records,
+    record_checksum,
+    record_intact,
     recorded_trial,
     save_study_record,
     trial_record,
@@ -141,13 +144,37 @@ def test_records_of_another_study_or_garbled_ones_are_left_out_and_named(tmp_pat
     uid = read_study_record(tmp_path).uid
     (tmp_path / "trials" / "1" / TRIAL_FILE).write_text("{torn", encoding="utf-8")
     other = json.loads((tmp_path / "trials" / "2" / TRIAL_FILE).read_text())
-    (tmp_path / "trials" / "2" / TRIAL_FILE).write_text(json.dumps({**other, "study_uid": "old"}))
+    trials = tmp_path / "trials"
+    (trials / "2" / TRIAL_FILE).write_text(json.dumps(sealed({**other, "study_uid": "old"})))
     (tmp_path / "trials" / "7").mkdir()
-    (tmp_path / "trials" / "7" / TRIAL_FILE).write_text(json.dumps({**other, "study_uid": uid}))  # number 2
+    (trials / "7" / TRIAL_FILE).write_text(json.dumps(sealed({**other, "study_uid": uid})))
+    (tmp_path / "trials" / "8").mkdir()  # a digit changed in a value, the checksum kept
+    (trials / "8" / TRIAL_FILE).write_text(json.dumps({**other, "number": 8, "value": 9.5}))
     recorded, skipped = read_trial_records(tmp_path, read_study_record(tmp_path))
     assert sorted(recorded) == [0]
     assert [s.split(": ", 1)[1] for s in skipped] == ["unreadable", "of another study ('s', uid old)",
-                                                      "records trial 2, not 7"]
+                                                      "records trial 2, not 7",
+                                                      "fails its checksum (the file was changed)"]
+
+
+def sealed(record):
+    """A record changed by hand, with its checksum made to match again."""
+    return {**record, CHECKSUM: record_checksum(record)}
+
+
+def test_a_record_carries_the_checksum_of_its_fields(tmp_path):
+    # Rule: the checksum covers every field and attr the record holds; one changed digit
+    # (in a value, an attr, the study's uid) or a changed checksum no longer matches.
+    record = trial_record(study_with_trials(tmp_path).get_trials()[0], "s", "u1")
+    text = json.dumps(record)
+    assert record_intact(json.loads(text)) and record[CHECKSUM] == record_checksum(record)
+    assert '"val_losses": [3.25]' in text
+    for old, new in (('"val_losses": [3.25]', '"val_losses": [3.35]'),
+                     ('"value": 3.25', '"value": 3.26'),
+                     ('"u1"', '"u2"'), (record[CHECKSUM][:8], "0" * 8)):
+        assert not record_intact(json.loads(text.replace(old, new, 1))), old
+    # a record of a build that kept no checksum is taken as it is
+    assert record_intact({k: v for k, v in record.items() if k != CHECKSUM})
 
 
 def test_lost_trials_are_the_recorded_ones_the_storage_lacks(tmp_path):

@@ -24,6 +24,7 @@ from geosearch.search.runtime.rdb import REQUIRED_TABLES, sqlite_tables
 from geosearch.search.runtime.storage import (
     MAX_STUDY_NAME,
     check_dir,
+    check_outside_study,
     make_dir,
     open_run_study,
     open_storage,
@@ -217,3 +218,33 @@ def test_a_foreign_database_is_byte_identical_after_export_report_and_search_ref
         # Rule: refused before anything is opened for writing: the bytes are as they were,
         # and no file appears beside them (no -journal, no run directory).
         assert _state(tmp_path) == before, argv
+
+
+def test_an_output_inside_a_study_or_a_finished_run_is_refused(tmp_path):
+    # Rule: the nearest run directory above an output path decides: its storage (and
+    # SQLite's side files, a damaged copy), backup, space and folders are refused, the
+    # commands' own outputs are not; a finished run's folder below it is refused; links
+    # are followed.
+    run = tmp_path / "runs" / "s"
+    (run / "trials" / "0").mkdir(parents=True)
+    (run / "study.db").write_bytes(b"")
+    for inside in ("study.db", "study.db-wal", "study.db.damaged-20260101T000000", "study.json",
+                   "space.yaml", "trials/0/config.yaml", "trials/7", "workers/worker0.log",
+                   "artifacts/x"):
+        with pytest.raises(ConfigError,
+                           match=r"^-o: .* would write over the study in .*; write it elsewhere$"):
+            check_outside_study(run / inside, source="-o")
+    for own in ("best_assignment.yaml", "top/rank1-trial0.yaml", "report.md", "plots"):
+        check_outside_study(run / own, source="-o")
+    (tmp_path / "link").symlink_to(run / "trials")
+    with pytest.raises(ConfigError, match="trials: its trials' files"):
+        check_outside_study(tmp_path / "link" / "0", source="--out", folder=True)
+    done = tmp_path / "done"
+    (done / "runs" / "t").mkdir(parents=True)
+    (done / "result.json").write_text("{}")
+    finished = r"would write over the finished run in .*done \(it holds result.json\)"
+    with pytest.raises(ConfigError, match=finished):
+        check_outside_study(done, source="--out", folder=True)
+    (done / "runs" / "t" / "journal.log").write_text("")
+    # a study inside a run's folder: its own outputs
+    check_outside_study(done / "runs" / "t" / "best_assignment.yaml", source="-o")
