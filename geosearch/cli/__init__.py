@@ -40,6 +40,13 @@ class _Parser(argparse.ArgumentParser):
     scripts do (``--mixed_precision``)."""
 
     dashed: set[str] = set()
+    commands: dict[str, argparse.ArgumentParser] = {}
+
+    def error(self, message: str):  # type: ignore[override]
+        """argparse's error, as one line in the project's style, nothing before it (no usage)."""
+        from geosearch.cli._args import parse_error_line
+
+        self.exit(2, f"{self.prog}: error: {parse_error_line(message, self)}\n")
 
     def add_argument(self, *names: str, **kwargs):  # type: ignore[override]
         _Parser.dashed.update(n for n in names if n.startswith("--") and "-" in n[2:])
@@ -69,13 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_, command in _COMMANDS:
         p = sub.add_parser(name, help=help_, description=help_)
         command.add(p)
+        _Parser.commands[name] = p
         p.set_defaults(_run=command.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # PYTHONIOENCODING=ascii, a C locale: Σ as \u03a3
+        if hasattr(stream, "reconfigure") and getattr(stream, "errors", None) == "strict":
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
-    args = parser.parse_args(_dashes(sys.argv[1:] if argv is None else argv))
+    args, extra = parser.parse_known_args(_dashes(sys.argv[1:] if argv is None else argv))
+    if extra:  # the first argument no flag took: one line, from the command's own parser
+        from geosearch.cli._args import unknown_argument
+
+        command = _Parser.commands.get(getattr(args, "command", None) or "", parser)
+        command.exit(2, f"{command.prog}: error: {unknown_argument(extra, command)}\n")
     if any("://" in a for a in sys.argv):  # a run's config.yaml records sys.argv
         from geosearch.search.runtime.urls import mask_argv
 

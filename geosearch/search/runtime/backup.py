@@ -44,18 +44,23 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from geosearch.util.checks import shown
 from geosearch.util.errors import ConfigError
+from geosearch.util.files import read_user_text
 from geosearch.search.records import TRIAL_DIR, json_safe
 
 __all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "PROBES_FILE", "RUNG_PROBES_FILE",
            "STUDY_FILE",
-           "StudyRecord", "TRIAL_FILE", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
+           "StudyRecord", "TRIAL_FILE", "folder_number", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
            "read_probes_file", "read_rung_probes", "read_study_record", "read_trial_records",
            "recorded_trial", "save_study_record", "trial_record", "upload_trial_files",
            "write_probes_file", "write_rung_probes"]
 
 STUDY_FILE = "study.json"
 """``<run-dir>/study.json``: the study's name, directions, metric names, user attrs and uid."""
+RECORD_LIMIT = 256 * 2**20
+"""The largest ``study.json`` or ``trial.json`` read back (a named pipe or a device there is
+refused too): 256 MiB, far above a real one (a trial's attrs are kilobytes)."""
 TRIAL_FILE = "trial.json"
 """``trials/<n>/trial.json``: trial ``n`` as the storage holds it once told."""
 FORMAT = 1
@@ -124,10 +129,11 @@ def read_study_record(run_dir: str | os.PathLike) -> StudyRecord | None:
         ConfigError: the file cannot be read or is not a study record.
     """
     path = Path(run_dir) / STUDY_FILE
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):
         return None
+    text = read_user_text(path, what="the study's backup, a JSON file", limit=RECORD_LIMIT)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read the study's backup ({type(e).__name__}: "
                           f"{str(e).splitlines()[0][:120] if str(e) else ''})", source=str(path)) from None
@@ -238,9 +244,9 @@ class TrialBackup:
 
 # --------------------------------------------------------------------------- reading
 def _read_record_quietly(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a regular file of at most RECORD_LIMIT bytes (a ConfigError is a ValueError)
+        data = json.loads(read_user_text(path, what="a trial record", limit=RECORD_LIMIT))
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -251,9 +257,18 @@ def _record_paths(run_dir: Path) -> dict[int, Path]:
     out = {}
     if folder.is_dir():
         for sub in folder.iterdir():
-            if sub.name.isdigit() and (sub / TRIAL_FILE).is_file():
-                out[int(sub.name)] = sub / TRIAL_FILE
+            n = folder_number(sub.name)
+            if n is not None and (sub / TRIAL_FILE).is_file():
+                out[n] = sub / TRIAL_FILE
     return out
+
+
+def folder_number(name: str) -> int | None:
+    """The trial number a folder of ``trials/`` is named by (``"12"``), else ``None``: only
+    ASCII digits without a leading zero name one (``"²"`` and ``"007"`` do not)."""
+    if name.isascii() and name.isdigit() and len(name) < 19 and (name == "0" or name[0] != "0"):
+        return int(name)
+    return None
 
 
 def recorded_trial(data: dict[str, Any]) -> FrozenTrial:
@@ -297,10 +312,11 @@ def read_trial_records(run_dir: str | os.PathLike,
             skipped.append(f"{path}: unreadable")
             continue
         if data.get("study") != study.name or data.get("study_uid") != study.uid:
-            skipped.append(f"{path}: of another study ({data.get('study')!r}, uid {data.get('study_uid')})")
+            skipped.append(f"{path}: of another study ({shown(data.get('study'))}, "
+                           f"uid {shown(data.get('study_uid'))})")
             continue
         if data.get("number") != n:
-            skipped.append(f"{path}: records trial {data.get('number')!r}, not {n}")
+            skipped.append(f"{path}: records trial {shown(data.get('number'))}, not {n}")
             continue
         try:
             trials[n] = recorded_trial(data)

@@ -13,7 +13,7 @@ from typing import TextIO
 
 import optuna
 
-from geosearch.util.checks import is_int
+from geosearch.util.checks import is_int, is_positive
 from geosearch.util.errors import ConfigError
 from geosearch.search.runtime.backup import ArtifactStore
 from geosearch.search.runtime.liveness import STALE_AFTER
@@ -52,7 +52,7 @@ class SearchOptions:
         retries = self.max_retries
         if not is_int(retries) or retries < 0:
             raise ConfigError(f"expected a whole number >= 0, got {retries!r}", source="--max-retries")
-        if not self.stale_after > 0:
+        if not is_positive(self.stale_after):  # NaN and inf too: a trial never taken for dead
             raise ConfigError(f"expected a positive number of seconds, got {self.stale_after}",
                               source="--stale-after")
         if self.study is not None and self.storage is not None:
