@@ -104,8 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GeosearchError as e:
         print(f"geosearch {args.command}: error: {_shown(e, args)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"geosearch {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        from geosearch.search.runtime.interrupts import OutputClosed
+
+        if isinstance(e, OutputClosed):  # `search | head`: as a Ctrl-C, said so
+            print(f"geosearch {args.command}: stopped: its output was closed (the reader of the pipe "
+                  "left); rerun the same command to resume", file=sys.stderr)
+            return 141  # 128 + SIGPIPE, as a shell reports a process a closed pipe stopped
+        print(f"geosearch {args.command}: {_interrupted(args.command)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `geosearch inspect | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -114,6 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         return _disk_full(args.command, e)
+
+
+def _interrupted(command: str) -> str:
+    """What a Ctrl-C ended, and what rerunning does: a search resumes, a run of ``train``
+    starts again from step 0."""
+    if command == "train":
+        return "interrupted; train does not resume: rerunning the same command trains from step 0"
+    return "interrupted; rerun the same command to resume"
 
 
 def _shown(e: GeosearchError, args: argparse.Namespace) -> str:

@@ -520,6 +520,13 @@ CASES: list[Case] = [
     Case("`export` without its RUN_DIR", lambda d: ["export"]),
     Case("`export RUN_DIR EXTRA` (an argument too many)", lambda d: ["export", "runs/s", "extra"]),
     Case("an unknown command", lambda d: ["serach", "--space", _space(d)]),
+    # --- what would train and keep nothing, or never end
+    Case("`--storage sqlite://` (a database in memory)", lambda d: _search(d, "--storage", "sqlite://")),
+    Case("`--storage sqlite:///:memory:`", lambda d: _search(d, "--storage", "sqlite:///:memory:")),
+    Case("`--model-arg block_size=100000` (T x T attention logits of the probes)",
+         lambda d: _search(d, "--model-arg", "block_size=100000"), volatile=True),
+    Case("`train --model-arg block_size=100000`",
+         lambda d: _train("--model-arg", "block_size=100000"), volatile=True),
 ]
 
 
