@@ -113,7 +113,7 @@ class Trackers:
         self.trackers = []
         # what the trackers print themselves (wandb's 34 lines a run, alembic's INFO lines of
         # MLflow's store) goes to the run's trackers.log; TensorBoard prints nothing
-        self.log = out / TRACKERS_LOG if set(names) - {"tensorboard"} else None
+        self.log_file = out / TRACKERS_LOG if set(names) - {"tensorboard"} else None
         self.step = 0  # the last step logged
         for name in names:
             cls = LOGGER_TYPE_TO_CLASS[name]
@@ -129,7 +129,7 @@ class Trackers:
                 tracker = cls(project, out)
             else:
                 tracker = cls(project)
-            with quiet(self.log):
+            with quiet(self.log_file):
                 tracker.start()
             self.trackers.append(tracker)
         self.hparams = hyperparameters(config, run_name)
@@ -142,7 +142,7 @@ class Trackers:
                 with open(Path(tracker.logging_dir) / "hparams.yml", "w", encoding="utf-8") as f:
                     yaml.safe_dump(self.hparams, f, sort_keys=False)
             else:
-                with quiet(self.log):
+                with quiet(self.log_file):
                     tracker.store_init_configuration(self.hparams)
 
     def log(self, metrics: dict) -> None:
@@ -160,7 +160,7 @@ class Trackers:
                 exception (Ctrl-C, the caller's callback) ends it.
             result: the run's result, as far as it got.
         """
-        with quiet(self.log):
+        with quiet(self.log_file):
             self._finish(status, result)
 
     def _finish(self, status: str, result: TrainResult) -> None:

@@ -121,8 +121,8 @@ def cap_workers(space: SearchSpace, workers: int) -> tuple[int, str | None]:
         return workers, None
     what = f"{len(gpus)} GPU{'s' if len(gpus) > 1 else ''}" if gpus and len(gpus) < cores else \
         f"{cores} core{'s' if cores > 1 else ''}"
-    return cap, (f"workers: {cap} process{'es' if cap > 1 else ''}, not the {workers} asked for: this "
-                 f"machine has {what}, which more processes would only share")
+    return cap, (f"workers: {cap} process{'es' if cap > 1 else ''}, not {workers}: this machine has "
+                 f"{what} (more processes would only share them)")
 
 
 def thread_note() -> str | None:

@@ -173,11 +173,11 @@ def test_workers_beyond_the_cores_or_the_gpus_are_cut_in_one_line(monkeypatch):
     monkeypatch.setattr(workers, "_worker_gpus", lambda s: [])
     assert workers.cap_workers(space, 2) == (2, None)
     n, line = workers.cap_workers(space, 1000)
-    assert n == 2 and line == ("workers: 2 processes, not the 1000 asked for: this machine has 2 cores, "
-                               "which more processes would only share")
+    assert n == 2 and line == ("workers: 2 processes, not 1000: this machine has 2 cores (more processes "
+                               "would only share them)")
     monkeypatch.setattr(workers, "_worker_gpus", lambda s: ["0"])  # GPU trials: one worker each
     n, line = workers.cap_workers(space, 2)
-    assert n == 1 and "this machine has 1 GPU," in line and len(line) <= 100
+    assert n == 1 and "this machine has 1 GPU (" in line and len(line) <= 100
 
 
 def test_more_torch_threads_than_free_cores_is_said_in_one_line(monkeypatch):
