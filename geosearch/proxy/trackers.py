@@ -196,12 +196,14 @@ def quiet(log: Path | None) -> Iterator[None]:
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
     try:
-        with open(log, "ab") as f:
+        with open(log, "a", encoding="utf-8") as f, contextlib.redirect_stdout(f), \
+                contextlib.redirect_stderr(f):  # Python's streams, where they are not fds 1, 2
             os.dup2(f.fileno(), 1)
             os.dup2(f.fileno(), 2)
             try:
                 yield
             finally:
+                f.flush()
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os.dup2(saved[0], 1)
