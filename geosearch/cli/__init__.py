@@ -108,8 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geosearch.search.runtime.interrupts import OutputClosed
 
         if isinstance(e, OutputClosed):  # `search | head`: as a Ctrl-C, said so
-            print(f"geosearch {args.command}: stopped: its output was closed (the reader of the pipe "
-                  "left); rerun the same command to resume", file=sys.stderr)
+            print(f"geosearch {args.command}: stopped: its output was closed (the reader of the "
+                  "pipe left); rerun the same command to resume", file=sys.stderr)
             return 141  # 128 + SIGPIPE, as a shell reports a process a closed pipe stopped
         print(f"geosearch {args.command}: {_interrupted(args.command)}", file=sys.stderr)
         return 130

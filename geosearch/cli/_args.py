@@ -58,7 +58,8 @@ def parse_error_line(message: str, parser: argparse.ArgumentParser) -> str:
     then the problem and the values it takes, one problem, no usage dump.
 
     Example:
-        >>> parse_error_line("argument --workers: invalid int value: 'x'", argparse.ArgumentParser())
+        >>> parse_error_line("argument --workers: invalid int value: 'x'",
+        ...                  argparse.ArgumentParser())
         "--workers: expected a whole number, got 'x'"
     """
     import re
@@ -68,12 +69,14 @@ def parse_error_line(message: str, parser: argparse.ArgumentParser) -> str:
     m = re.fullmatch(r"argument (\S+): invalid (\w+) value: (.*)", message, re.S)
     if m:
         flag, kind, value = m.groups()
-        return str(ConfigError(f"expected {_TYPE_WORDS.get(kind, kind)}, got {_cut(value)}", source=flag))
+        return str(ConfigError(f"expected {_TYPE_WORDS.get(kind, kind)}, got {_cut(value)}",
+                               source=flag))
     m = re.fullmatch(r"argument (\S+): invalid choice: (.*?) \(choose from (.*)\)", message, re.S)
     if m:
         flag, value, choices = m.groups()
         what = "command" if flag == "COMMAND" else "value"
-        return str(ConfigError(f"unknown {what} {_cut(value)}", source=None if flag == "COMMAND" else flag,
+        return str(ConfigError(f"unknown {what} {_cut(value)}",
+                               source=None if flag == "COMMAND" else flag,
                                allowed=[c.strip(" '") for c in choices.split(",")]))
     m = re.fullmatch(r"argument (\S+): expected one argument", message)
     if m:

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
             config_file=args.config,
             fields={f: getattr(args, f) for f in _FIELDS if getattr(args, f) is not None},
             model_args=key_values(args.model_arg, "--model-arg"), assign=args.assign,
-            assignment_file=args.assignment, rules=args.rules, out=args.out, progress=not args.quiet)
+            assignment_file=args.assignment, rules=args.rules, out=args.out,
+            progress=not args.quiet)
 
 
 def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, Any],
@@ -137,7 +138,8 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     built = build_meta_model(config.model, vocab_size=corpus.vocab_size, model_args=config.model_args)
     check_fits(built.model, config.model, check_device(config.device),
                **({"source": "--model-arg", "key": None} if model_args else named("model_args")),
-               probe_bytes=probe_logit_bytes(built.config, built.block_size, config.probe_batch_size))
+               probe_bytes=probe_logit_bytes(built.config, built.block_size,
+                                             config.probe_batch_size))
     del built
     main_process = get_accelerator(config.device, config.mixed_precision).is_main_process
     if main_process:

@@ -23,7 +23,8 @@ import torch.nn as nn
 
 from geosearch.util.errors import ConfigError
 
-__all__ = ["BYTES_PER_PARAMETER", "check_fits", "device_memory", "parameter_count", "probe_logit_bytes"]
+__all__ = ["BYTES_PER_PARAMETER", "check_fits", "device_memory", "parameter_count",
+           "probe_logit_bytes"]
 
 BYTES_PER_PARAMETER = 16
 """fp32 weight (4), gradient (4) and two optimizer moments (8): the least a training step
@@ -89,8 +90,9 @@ def check_fits(model: nn.Module, spec: str, device: str | torch.device, *, sourc
         return
     where = "this machine's memory" if torch.device(device).type == "cpu" else f"{device}'s memory"
     if need <= memory:  # the context: T x T logits per head
-        raise ConfigError(f"model {spec!r}: its attention probes hold {_bytes(probe_bytes)} of logits "
-                          f"(probe rows x heads x block_size², 4 bytes each) besides {_bytes(need)} "
+        raise ConfigError(f"model {spec!r}: its attention probes hold {_bytes(probe_bytes)} of "
+                          "logits (probe rows x heads x block_size², 4 bytes each) besides "
+                          f"{_bytes(need)} "
                           f"for its parameters, and {where} is {_bytes(memory)}; make block_size "
                           "or probe_batch_size smaller", source=source, key=key)
     raise ConfigError(f"model {spec!r} has {count:,} parameters: training them needs at least "

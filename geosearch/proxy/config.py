@@ -159,7 +159,8 @@ class TrainConfig:
                 raise ConfigError(problem + LIMIT_NOTES.get(name, ""), source=src, key=name)
             setattr(self, name, value)
         if self.warmup_steps is not None and self.warmup_steps > self.steps:
-            raise ConfigError(f"{self.warmup_steps:,} warmup steps in a run of {self.steps:,} steps; "
+            raise ConfigError(f"{self.warmup_steps:,} warmup steps in a run of {self.steps:,} "
+                              "steps; "
                               f"expected at most {self.steps:,} (null: 10% of steps)", source=src,
                               key="warmup_steps")
 

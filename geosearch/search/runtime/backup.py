@@ -51,7 +51,8 @@ from geosearch.search.records import TRIAL_DIR, json_safe
 
 __all__ = ["ARTIFACTS_DIR", "ArtifactStore", "FORMAT", "PROBES_FILE", "RUNG_PROBES_FILE",
            "STUDY_FILE",
-           "StudyRecord", "TRIAL_FILE", "folder_number", "TrialBackup", "TrialFiles", "default_store", "lost_trials",
+           "StudyRecord", "TRIAL_FILE", "TrialBackup", "TrialFiles", "default_store",
+           "folder_number", "lost_trials",
            "read_probes_file", "read_rung_probes", "read_study_record", "read_trial_records",
            "recorded_trial", "save_study_record", "trial_record", "upload_trial_files",
            "write_probes_file", "write_rung_probes"]

@@ -126,7 +126,8 @@ class sigint_honoured:
 
     def __enter__(self) -> None:
         self.active = (threading.current_thread() is threading.main_thread()
-                       and signal.getsignal(signal.SIGINT) is signal.SIG_IGN and not DEFERRED.is_set())
+                       and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+                       and not DEFERRED.is_set())
         if self.active:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 

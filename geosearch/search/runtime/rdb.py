@@ -31,8 +31,8 @@ from typing import Any
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import check_user_file
 
-__all__ = ["OPTUNA_TABLES", "REQUIRED_TABLES", "check_rdb", "in_memory", "read_only_engine_kwargs", "sqlite_file",
-           "sqlite_tables"]
+__all__ = ["OPTUNA_TABLES", "REQUIRED_TABLES", "check_rdb", "in_memory", "read_only_engine_kwargs",
+           "sqlite_file", "sqlite_tables"]
 
 OPTUNA_TABLES = frozenset({
     "alembic_version", "studies", "study_directions", "study_system_attributes",
@@ -78,7 +78,8 @@ def in_memory(url: str) -> bool:
     except ArgumentError:
         return False
     database = parsed.database or ""
-    return database in ("", ":memory:") or parsed.query.get("mode") == "memory" or "mode=memory" in database
+    return (database in ("", ":memory:") or parsed.query.get("mode") == "memory"
+            or "mode=memory" in database)
 
 
 def _ro_uri(path: Path) -> str:

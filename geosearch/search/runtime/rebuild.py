@@ -202,7 +202,8 @@ lack both."""
 def _trial_folders(run_dir: Path, recorded: dict[int, FrozenTrial]) -> tuple[list[int], list[str]]:
     """The numbers of the trial folders of ``trials/`` without a record, and one note per
     stray entry left out: a name that is no trial number (``trials/²``), a file, an empty
-    folder numbered past every record, a number past the study's trials by more than :data:`STRAY_SLACK` (an empty
+    folder numbered past every record, a number past the study's trials by more than
+    :data:`STRAY_SLACK` (an empty
     ``trials/3000000`` would otherwise add three million placeholders)."""
     folder = run_dir / TRIALS_DIR
     numbers: list[int] = []
@@ -222,8 +223,8 @@ def _trial_folders(run_dir: Path, recorded: dict[int, FrozenTrial]) -> tuple[lis
         else:
             notes.append(f"{entry}: {why}, ignored")
     bound = len(recorded) + len(numbers) + STRAY_SLACK
-    notes += [f"{folder / str(n)}: numbered past the study's {bound - STRAY_SLACK} trials by more than "
-              f"{STRAY_SLACK}, ignored" for n in numbers if n >= bound]
+    notes += [f"{folder / str(n)}: numbered past the study's {bound - STRAY_SLACK} trials by "
+              f"more than {STRAY_SLACK}, ignored" for n in numbers if n >= bound]
     return [n for n in numbers if n < bound], notes
 
 

@@ -42,8 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE, SPACE_FILE, WORKERS_DIR
 from geosearch.search.runtime.urls import hide_secrets
 
-__all__ = ["auto_workers", "cap_workers", "choose_workers", "cpu_cores", "follow_parent", "run_workers", "share_cpu",
-           "sigterm_as_ctrl_c", "thread_note"]
+__all__ = ["auto_workers", "cap_workers", "choose_workers", "cpu_cores", "follow_parent",
+           "run_workers", "share_cpu", "sigterm_as_ctrl_c", "thread_note"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STOP_WAIT = 60.0  # seconds the workers get to record an interrupted trial
@@ -121,8 +121,8 @@ def cap_workers(space: SearchSpace, workers: int) -> tuple[int, str | None]:
         return workers, None
     what = f"{len(gpus)} GPU{'s' if len(gpus) > 1 else ''}" if gpus and len(gpus) < cores else \
         f"{cores} core{'s' if cores > 1 else ''}"
-    return cap, (f"workers: {cap} process{'es' if cap > 1 else ''}, not {workers}: this machine has "
-                 f"{what} (more processes would only share them)")
+    return cap, (f"workers: {cap} process{'es' if cap > 1 else ''}, not {workers}: this machine "
+                 f"has {what} (more processes would only share them)")
 
 
 def thread_note() -> str | None:
@@ -139,8 +139,8 @@ def thread_note() -> str | None:
     free = max(1, int(cores - load + 0.5))
     if threads <= free:
         return None
-    return (f"note: torch runs {threads} threads, but about {free} of this machine's {cores} cores are "
-            f"free (load {load:.1f}); OMP_NUM_THREADS={free} sets its threads")
+    return (f"note: torch runs {threads} threads, but about {free} of this machine's {cores} "
+            f"cores are free (load {load:.1f}); OMP_NUM_THREADS={free} sets its threads")
 
 
 def share_cpu(workers: int) -> None:

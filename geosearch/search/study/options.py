@@ -57,9 +57,10 @@ class SearchOptions:
             raise ConfigError(f"expected a positive number of seconds, got {self.stale_after}",
                               source="--stale-after")
         if isinstance(self.storage, str) and in_memory(self.storage):
-            raise ConfigError(f"{shown(self.storage)} is a database in memory, lost when this process "
-                              "ends (and unseen by workers): a search would train and keep nothing; "
-                              "name a file (sqlite:///runs/study.db) or a server", source="--storage")
+            raise ConfigError(f"{shown(self.storage)} is a database in memory, lost when this "
+                              "process ends (and unseen by workers): a search would train and "
+                              "keep nothing; name a file (sqlite:///runs/study.db) or a server",
+                              source="--storage")
         if self.study is not None and self.storage is not None:
             raise ConfigError("pass either a study (which has its storage) or a storage, not both",
                               source="run_search", key="storage")

@@ -315,7 +315,8 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
     corpus.check_block_size(built.block_size)
     check_fits(built.model, proxy.model, device, source=where, key="proxy.model_args",
-               probe_bytes=probe_logit_bytes(built.config, built.block_size, proxy.probe_batch_size))
+               probe_bytes=probe_logit_bytes(built.config, built.block_size,
+                                             proxy.probe_batch_size))
     if not check_logits(built, corpus.vocab_size, source=where, key="proxy.model") \
             and proxy.model.startswith(PY_PREFIX):  # its forward needs real tensors
         real = build_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
