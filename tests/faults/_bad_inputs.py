@@ -487,7 +487,8 @@ CASES: list[Case] = [
          lambda d: ["inspect", "--model", "py:" + _user_model(d, "def make_model(:\n") + ":make_model"],
          volatile=True),
     # --- a meta.pkl that a message must not print whole, a run directory's own files
-    Case("token directory whose `meta.pkl` holds a list shared 80 levels deep (2**80 items printed)",
+    Case("token directory whose `meta.pkl` holds a list shared 80 levels deep "
+         "(2**80 items printed)",
          lambda d: _train("--data", _bare_tokens(d, _shared_list_pickle()))),
     Case("the same `meta.pkl`, to `search`",
          lambda d: _search(d, "--data", _bare_tokens(d, _shared_list_pickle()))),
@@ -499,7 +500,8 @@ CASES: list[Case] = [
          lambda d: _train("--data", _bare_tokens(d, _nested_list_pickle()))),
     Case("`recover` of a run directory whose `study.json` is a named pipe (FIFO)", _recover_fifo),
     # --- values that were accepted and ignored, clamped or kept for ever
-    Case("`--vocab-size 300` on the built-in text (bytes: 256)", lambda d: _search(d, "--vocab-size", "300")),
+    Case("`--vocab-size 300` on the built-in text (bytes: 256)",
+         lambda d: _search(d, "--vocab-size", "300")),
     Case("`train --vocab-size 300` on the built-in text", lambda d: _train("--vocab-size", "300")),
     Case("`--set proxy.warmup_steps=1000000` on a 4-step proxy",
          lambda d: _search(d, "--set", "proxy.warmup_steps=1000000")),
@@ -515,13 +517,15 @@ CASES: list[Case] = [
     Case("`--workers` without its value", lambda d: _search(d, "--workers")),
     Case("`--wokers 2` (a misspelt flag)", lambda d: _search(d, "--wokers", "2")),
     Case("`--bogus`, an unknown flag", lambda d: _search(d, "--bogus")),
-    Case("`--workers x --bogus` (two problems: the first is said)", lambda d: _search(d, "--workers", "x", "--bogus")),
+    Case("`--workers x --bogus` (two problems: the first is said)",
+         lambda d: _search(d, "--workers", "x", "--bogus")),
     Case("`--steps` of 80 digits", lambda d: _search(d, "--steps", "9" * 80)),
     Case("`export` without its RUN_DIR", lambda d: ["export"]),
     Case("`export RUN_DIR EXTRA` (an argument too many)", lambda d: ["export", "runs/s", "extra"]),
     Case("an unknown command", lambda d: ["serach", "--space", _space(d)]),
     # --- what would train and keep nothing, or never end
-    Case("`--storage sqlite://` (a database in memory)", lambda d: _search(d, "--storage", "sqlite://")),
+    Case("`--storage sqlite://` (a database in memory)",
+         lambda d: _search(d, "--storage", "sqlite://")),
     Case("`--storage sqlite:///:memory:`", lambda d: _search(d, "--storage", "sqlite:///:memory:")),
     Case("`--model-arg block_size=100000` (T x T attention logits of the probes)",
          lambda d: _search(d, "--model-arg", "block_size=100000"), volatile=True),

@@ -62,7 +62,9 @@ def test_the_probes_attention_logits_count_with_the_context_length(monkeypatch):
     monkeypatch.setattr(memory, "device_memory", lambda device: need + probes)
     check_fits(long.model, "tiny", "cpu", source=None, key=None, probe_bytes=probes)  # fits exactly
     monkeypatch.setattr(memory, "device_memory", lambda device: need + probes - 1)
-    with pytest.raises(ConfigError, match=r"s.yaml: proxy.model_args: model 'tiny': its attention probes "
-                                          r"hold 80.0 GB of logits .* make block_size or probe_batch_size"):
-        check_fits(long.model, "tiny", "cpu", source="s.yaml", key="proxy.model_args", probe_bytes=probes)
+    with pytest.raises(ConfigError, match=r"s.yaml: proxy.model_args: model 'tiny': its attention "
+                                          r"probes hold 80.0 GB of logits .* make block_size or "
+                                          r"probe_batch_size"):
+        check_fits(long.model, "tiny", "cpu", source="s.yaml", key="proxy.model_args",
+                   probe_bytes=probes)
     assert memory.probe_logit_bytes({}, 10, rows=2) == 4 * 2 * 1 * 100  # no head count: one head

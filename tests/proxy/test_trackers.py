@@ -277,10 +277,12 @@ def test_sigterm_of_train_ends_its_tensorboard_session_and_says_what_a_rerun_doe
 
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "geosearch", "train", "--assign", "attn=adamw,mlp=adamw", "--model", "tiny",
+        [sys.executable, "-m", "geosearch", "train", "--assign", "attn=adamw,mlp=adamw",
+         "--model", "tiny",
          "--device", "cpu", "--steps", "100000", "--batch-size", "2", "--eval-every", "5",
          "--log-with", "tensorboard", "--out", str(out), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (out / "metrics.jsonl").is_file():
         time.sleep(0.2)
@@ -288,9 +290,11 @@ def test_sigterm_of_train_ends_its_tensorboard_session_and_says_what_a_rerun_doe
     proc.send_signal(signal.SIGTERM)  # what timeout, SLURM and docker stop send
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == (
-        "geosearch train: interrupted; train does not resume: rerunning the same command trains from step 0")
+        "geosearch train: interrupted; train does not resume: rerunning the same command trains "
+        "from step 0")
     metrics, hparams, end = _hparams_session(out / "tensorboard")
-    assert hparams["status"] == "interrupted" and end == "STATUS_UNKNOWN" and "final/val_loss" in metrics
+    assert hparams["status"] == "interrupted" and end == "STATUS_UNKNOWN"
+    assert "final/val_loss" in metrics
 
 
 @pytest.mark.slow
@@ -313,9 +317,11 @@ def test_what_a_tracker_prints_goes_to_the_runs_trackers_log(monkeypatch, tmp_pa
     monkeypatch.setattr(sys.modules["mlflow"], "end_run", loud_end)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run = tmp_path / "run"
-    train(_tiny(steps=2, log_with="mlflow"), MIXED_A, out_dir=run, project="s", run_name="trial 0 seed 0")
+    train(_tiny(steps=2, log_with="mlflow"), MIXED_A, out_dir=run, project="s",
+          run_name="trial 0 seed 0")
     terminal = capfd.readouterr()
-    assert "alembic" not in terminal.out + terminal.err and "wandb" not in terminal.out + terminal.err
+    shown = terminal.out + terminal.err
+    assert "alembic" not in shown and "wandb" not in shown
     log = (run / trackers_mod.TRACKERS_LOG).read_text()
     assert "Context impl SQLiteImpl" in log and "wandb: Tracking run" in log and "View run" in log
     assert calls[-1] == ("end_run", "FINISHED")

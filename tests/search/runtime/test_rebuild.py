@@ -234,7 +234,8 @@ def test_stray_entries_of_trials_are_left_out_with_a_note(fake, tmp_path):
     assert outcome.placeholders == [] and outcome.recovered == 5
     assert [t.number for t in open_run_study(run).get_trials()] == [0, 1, 2, 3, 4]
     notes = [line for line in outcome.lines() if line.startswith("left out: ")]
-    assert sorted(n.split(": ")[1].rsplit("/", 1)[1] for n in notes) == ["007", "3000000", "90000", "notes.txt", "²"]
+    names = sorted(n.split(": ")[1].rsplit("/", 1)[1] for n in notes)
+    assert names == ["007", "3000000", "90000", "notes.txt", "²"]
     assert any("numbered past the study's" in n for n in notes)
 
 
@@ -245,5 +246,6 @@ def test_a_study_json_that_is_a_named_pipe_is_refused_not_waited_on(fake, tmp_pa
     (run / STUDY_FILE).unlink()
     os.mkfifo(run / STUDY_FILE)
     truncate(run / "study.db")
-    with pytest.raises(ConfigError, match=r"study.json: is a named pipe \(FIFO\), expected the study's backup"):
+    with pytest.raises(ConfigError,
+                       match=r"study.json: is a named pipe \(FIFO\), expected the study's backup"):
         recover_run(run)
