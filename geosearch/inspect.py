@@ -203,7 +203,7 @@ def inspect_model(model: str | None = None, *, model_args: Mapping[str, Any] | N
                           "or --space FILE", source="inspect")
     args = dict(searched.proxy.model_args) if searched is not None and model is None else {}
     args.update(model_args or {})
-    spec = model or searched.proxy.model
+    spec = model if model is not None else searched.proxy.model
     rule_seq, rules_name = _given_rules(rules, searched, model)
     built = build_meta_model(spec, vocab_size=256, model_args=args, for_data=False)
     fitting = fitting_rule_sets(built.model)

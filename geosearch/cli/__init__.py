@@ -40,6 +40,13 @@ class _Parser(argparse.ArgumentParser):
     scripts do (``--mixed_precision``)."""
 
     dashed: set[str] = set()
+    commands: dict[str, argparse.ArgumentParser] = {}
+
+    def error(self, message: str):  # type: ignore[override]
+        """argparse's error, as one line in the project's style, nothing before it (no usage)."""
+        from geosearch.cli._args import parse_error_line
+
+        self.exit(2, f"{self.prog}: error: {parse_error_line(message, self)}\n")
 
     def add_argument(self, *names: str, **kwargs):  # type: ignore[override]
         _Parser.dashed.update(n for n in names if n.startswith("--") and "-" in n[2:])
@@ -69,13 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_, command in _COMMANDS:
         p = sub.add_parser(name, help=help_, description=help_)
         command.add(p)
+        _Parser.commands[name] = p
         p.set_defaults(_run=command.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # PYTHONIOENCODING=ascii, a C locale: Σ as \u03a3
+        if hasattr(stream, "reconfigure") and getattr(stream, "errors", None) == "strict":
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
-    args = parser.parse_args(_dashes(sys.argv[1:] if argv is None else argv))
+    args, extra = parser.parse_known_args(_dashes(sys.argv[1:] if argv is None else argv))
+    if extra:  # the first argument no flag took: one line, from the command's own parser
+        from geosearch.cli._args import unknown_argument
+
+        command = _Parser.commands.get(getattr(args, "command", None) or "", parser)
+        command.exit(2, f"{command.prog}: error: {unknown_argument(extra, command)}\n")
     if any("://" in a for a in sys.argv):  # a run's config.yaml records sys.argv
         from geosearch.search.runtime.urls import mask_argv
 
@@ -88,8 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GeosearchError as e:
         print(f"geosearch {args.command}: error: {_shown(e, args)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"geosearch {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        from geosearch.search.runtime.interrupts import OutputClosed
+
+        if isinstance(e, OutputClosed):  # `search | head`: as a Ctrl-C, said so
+            print(f"geosearch {args.command}: stopped: its output was closed (the reader of the "
+                  "pipe left); rerun the same command to resume", file=sys.stderr)
+            return 141  # 128 + SIGPIPE, as a shell reports a process a closed pipe stopped
+        print(f"geosearch {args.command}: {_interrupted(args.command)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `geosearch inspect | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -98,6 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         return _disk_full(args.command, e)
+
+
+def _interrupted(command: str) -> str:
+    """What a Ctrl-C ended, and what rerunning does: a search resumes, a run of ``train``
+    starts again from step 0."""
+    if command == "train":
+        return "interrupted; train does not resume: rerunning the same command trains from step 0"
+    return "interrupted; rerun the same command to resume"
 
 
 def _shown(e: GeosearchError, args: argparse.Namespace) -> str:

@@ -47,3 +47,64 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-with", metavar="TRACKER[,TRACKER]",
                    help="log each run's records to Accelerate trackers (tensorboard, wandb, mlflow, "
                         "...), offline, under the run directory")
+
+
+# --------------------------------------------------------------------------- argparse's errors
+_TYPE_WORDS = {"int": "a whole number", "float": "a number"}
+
+
+def parse_error_line(message: str, parser: argparse.ArgumentParser) -> str:
+    """One of argparse's error messages said as the project's errors are: the flag first,
+    then the problem and the values it takes, one problem, no usage dump.
+
+    Example:
+        >>> parse_error_line("argument --workers: invalid int value: 'x'",
+        ...                  argparse.ArgumentParser())
+        "--workers: expected a whole number, got 'x'"
+    """
+    import re
+
+    from geosearch.util.errors import ConfigError
+
+    m = re.fullmatch(r"argument (\S+): invalid (\w+) value: (.*)", message, re.S)
+    if m:
+        flag, kind, value = m.groups()
+        return str(ConfigError(f"expected {_TYPE_WORDS.get(kind, kind)}, got {_cut(value)}",
+                               source=flag))
+    m = re.fullmatch(r"argument (\S+): invalid choice: (.*?) \(choose from (.*)\)", message, re.S)
+    if m:
+        flag, value, choices = m.groups()
+        what = "command" if flag == "COMMAND" else "value"
+        return str(ConfigError(f"unknown {what} {_cut(value)}",
+                               source=None if flag == "COMMAND" else flag,
+                               allowed=[c.strip(" '") for c in choices.split(",")]))
+    m = re.fullmatch(r"argument (\S+): expected one argument", message)
+    if m:
+        return f"{m.group(1)}: expected a value after it"
+    m = re.fullmatch(r"the following arguments are required: (.*)", message)
+    if m:
+        return f"{m.group(1).split(',')[0].strip()}: missing; see {parser.prog} --help"
+    return _cut(" ".join(message.split()), 300)
+
+
+def unknown_argument(extra: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """The line for the first of the arguments argparse did not recognise: an unknown flag
+    (with the flag meant, when one is close) or an argument too many."""
+    import difflib
+
+    from geosearch.util.errors import ConfigError
+
+    first = extra[0]
+    if not first.startswith("-") or first == "-":
+        return f"unexpected argument {_cut(repr(first))}; see {parser.prog} --help"
+    name = first.partition("=")[0]
+    flags = [s for a in parser._actions if a.help != argparse.SUPPRESS
+             for s in a.option_strings if s.startswith("--") and s != "--help"]
+    close = difflib.get_close_matches(name, flags, n=1)
+    if close:
+        return f"{_cut(name)}: unknown flag; did you mean {close[0]}? (see {parser.prog} --help)"
+    return str(ConfigError("unknown flag", source=_cut(name), allowed=flags))
+
+
+def _cut(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

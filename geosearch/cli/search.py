@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     import optuna
 
     from geosearch.search.runtime.distributed import leave_together
+    from geosearch.search.runtime.interrupts import output_guard
     from geosearch.search.runtime.storage import check_dir
     from geosearch.search.runtime.urls import redact
     from geosearch.search.runtime.workers import follow_parent, sigterm_as_ctrl_c
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             check_trackers(space.proxy.log_with, source="--log-with", key=None)
     try:
         # a SIGTERM'd search records its trial as interrupted, like Ctrl-C
-        with sigterm_as_ctrl_c():
+        with sigterm_as_ctrl_c(), output_guard():  # `search | head` ends as a Ctrl-C
             outcome = run_search(space, SearchOptions(
                 runs_dir=args.runs_dir, storage=args.storage, export=False, workers=args.workers,
                 worker_index=args.worker_index, max_retries=args.max_retries,

@@ -68,11 +68,15 @@ _FIELDS = ("model", "data", "tokenizer", "vocab_size", "steps", "batch_size", "l
 
 
 def run(args: argparse.Namespace) -> int:
-    return train_once(
-        config_file=args.config,
-        fields={f: getattr(args, f) for f in _FIELDS if getattr(args, f) is not None},
-        model_args=key_values(args.model_arg, "--model-arg"), assign=args.assign,
-        assignment_file=args.assignment, rules=args.rules, out=args.out, progress=not args.quiet)
+    from geosearch.search.runtime.workers import sigterm_as_ctrl_c
+
+    with sigterm_as_ctrl_c():  # SIGTERM (timeout, SLURM, docker stop) ends the trackers' runs too
+        return train_once(
+            config_file=args.config,
+            fields={f: getattr(args, f) for f in _FIELDS if getattr(args, f) is not None},
+            model_args=key_values(args.model_arg, "--model-arg"), assign=args.assign,
+            assignment_file=args.assignment, rules=args.rules, out=args.out,
+            progress=not args.quiet)
 
 
 def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, Any],
@@ -102,7 +106,7 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     """
     from geosearch.util.errors import ConfigError
     from geosearch.util.files import check_dir
-    from geosearch.models.memory import check_fits
+    from geosearch.models.memory import check_fits, probe_logit_bytes
     from geosearch.models.zoo import build_meta_model
     from geosearch.proxy.accelerator import check_device
     from geosearch.proxy.accelerator import get_accelerator
@@ -110,6 +114,7 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     from geosearch.proxy.trackers import check_trackers
     from geosearch.proxy.train import train
     from geosearch.search.runtime.storage import check_outside_study
+    from geosearch.search.runtime.workers import thread_note
 
     config = _config(config_file, fields, model_args)
     if out:  # a file there, or a directory that cannot be written: said before any work
@@ -135,12 +140,17 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     # a model too large for this machine is one line, not an allocator's traceback
     built = build_meta_model(config.model, vocab_size=corpus.vocab_size, model_args=config.model_args)
     check_fits(built.model, config.model, check_device(config.device),
-               **({"source": "--model-arg", "key": None} if model_args else named("model_args")))
+               **({"source": "--model-arg", "key": None} if model_args else named("model_args")),
+               probe_bytes=probe_logit_bytes(built.config, built.block_size,
+                                             config.probe_batch_size))
     del built
     main_process = get_accelerator(config.device, config.mixed_precision).is_main_process
     if main_process:
         print(f"training {config.model} with {source}: "
               + ", ".join(f"{t}={g}" for t, g in assignment.resolve().items()), file=sys.stderr)
+        note = thread_note() if check_device(config.device) == "cpu" else None
+        if note:
+            print(note, file=sys.stderr)
     result = train(config, assignment, out_dir=out, progress=progress)
     if not main_process:
         return 0 if result.status == "completed" else 1

@@ -158,6 +158,11 @@ class TrainConfig:
             if problem is not None:
                 raise ConfigError(problem + LIMIT_NOTES.get(name, ""), source=src, key=name)
             setattr(self, name, value)
+        if self.warmup_steps is not None and self.warmup_steps > self.steps:
+            raise ConfigError(f"{self.warmup_steps:,} warmup steps in a run of {self.steps:,} "
+                              "steps; "
+                              f"expected at most {self.steps:,} (null: 10% of steps)", source=src,
+                              key="warmup_steps")
 
     def _check_optimizer_fields(self, src: str) -> None:
         """Check the optimizer settings that are fields of their own; keep their checked values."""
@@ -213,7 +218,7 @@ class TrainConfig:
     def resolved(self) -> TrainConfig:
         """A copy with every default that depends on other fields filled in."""
         warmup = self.steps // 10 if self.warmup_steps is None else self.warmup_steps
-        return dataclasses.replace(self, warmup_steps=min(warmup, self.steps))
+        return dataclasses.replace(self, warmup_steps=warmup)
 
     def optimizer_settings(self) -> dict[str, Any]:
         """The global optimizer settings of the run (``build_optimizer`` keywords, an

@@ -210,6 +210,7 @@ def load_corpus(
                           source="load_corpus", key="val_fraction")
     tok = Tokenizer.load(tokenizer) if tokenizer is not None else None
     if path is None:
+        _check_text_vocab(vocab_size, tok, "the built-in text (the standard library's sources)")
         corpus = _load_stdlib(val_fraction, max_bytes, tok)
     else:
         p = Path(path).expanduser()
@@ -223,12 +224,7 @@ def load_corpus(
         if p.is_dir() and any((p / name).exists() for name in TOKEN_FILES):
             corpus = _load_tokens(p, vocab_size, tok, model_vocab_size)
         else:
-            if tok is None and vocab_size not in (None, 256):
-                raise ConfigError(f"text is read as bytes (vocab 256) but vocab_size={vocab_size}",
-                                  source=str(p), key="vocab_size")
-            if tok is not None and vocab_size not in (None, tok.vocab_size):
-                raise ConfigError(f"text is encoded by {tok.path} (vocab {tok.vocab_size}) but "
-                                  f"vocab_size={vocab_size}", source=str(p), key="vocab_size")
+            _check_text_vocab(vocab_size, tok, str(p))
             corpus = _load_text(p, val_fraction, tok)
     if block_size is not None:
         corpus.check_block_size(block_size)
@@ -281,6 +277,17 @@ def get_batch(
 
 
 # --------------------------------------------------------------------------- sources
+def _check_text_vocab(vocab_size: int | None, tok: Tokenizer | None, source: str) -> None:
+    """Refuse a ``vocab_size`` that is not the text's: 256 for bytes, the tokenizer's."""
+    if tok is None and vocab_size not in (None, 256):
+        raise ConfigError(f"text is read as bytes (vocab 256) but vocab_size={vocab_size}; give "
+                          "256 or none, or --tokenizer FILE for another vocabulary", source=source,
+                          key="vocab_size")
+    if tok is not None and vocab_size not in (None, tok.vocab_size):
+        raise ConfigError(f"text is encoded by {tok.path} (vocab {tok.vocab_size}) but "
+                          f"vocab_size={vocab_size}", source=source, key="vocab_size")
+
+
 def _load_stdlib(val_fraction: float, max_bytes: int, tok: Tokenizer | None) -> Corpus:
     root = Path(sysconfig.get_paths()["stdlib"])
     key = ("stdlib", str(root), val_fraction, max_bytes, tok and tok.stamp())

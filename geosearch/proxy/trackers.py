@@ -21,10 +21,13 @@ session in the run's own event directory (:func:`write_hparams`), which Accelera
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +50,8 @@ PER_LAYER = {"max_logit_per_layer": "max_logit", "raw_max_logit_per_layer": "raw
 FINAL = ("final/val_loss", "final/best_val_loss", "final/max_logit", "final/min_entropy",
          "final/step", "final/step_ms", "final/tokens_per_s")
 """The final metrics every run's HParams session lists (:func:`final_metrics`)."""
+TRACKERS_LOG = "trackers.log"
+"""The file in the run directory that gets what the trackers print (all but TensorBoard)."""
 MLFLOW_STORE = "mlflow.db"
 """MLflow's SQLite store in the store directory, unless ``MLFLOW_TRACKING_URI`` is set."""
 _PACKAGE = {"tensorboard": "tensorboard"}  # the import a tracker needs, where not its name
@@ -106,6 +111,9 @@ class Trackers:
 
         out = Path(out_dir)
         self.trackers = []
+        # what the trackers print themselves (wandb's 34 lines a run, alembic's INFO lines of
+        # MLflow's store) goes to the run's trackers.log; TensorBoard prints nothing
+        self.log_file = out / TRACKERS_LOG if set(names) - {"tensorboard"} else None
         self.step = 0  # the last step logged
         for name in names:
             cls = LOGGER_TYPE_TO_CLASS[name]
@@ -121,7 +129,8 @@ class Trackers:
                 tracker = cls(project, out)
             else:
                 tracker = cls(project)
-            tracker.start()
+            with quiet(self.log_file):
+                tracker.start()
             self.trackers.append(tracker)
         self.hparams = hyperparameters(config, run_name)
         for tracker in self.trackers:
@@ -133,7 +142,8 @@ class Trackers:
                 with open(Path(tracker.logging_dir) / "hparams.yml", "w", encoding="utf-8") as f:
                     yaml.safe_dump(self.hparams, f, sort_keys=False)
             else:
-                tracker.store_init_configuration(self.hparams)
+                with quiet(self.log_file):
+                    tracker.store_init_configuration(self.hparams)
 
     def log(self, metrics: dict) -> None:
         """Log one metrics record's measured values (:func:`scalars`)."""
@@ -150,6 +160,10 @@ class Trackers:
                 exception (Ctrl-C, the caller's callback) ends it.
             result: the run's result, as far as it got.
         """
+        with quiet(self.log_file):
+            self._finish(status, result)
+
+    def _finish(self, status: str, result: TrainResult) -> None:
         final = final_metrics(result)
         step = int(final.get("final/step", self.step))
         try:
@@ -168,6 +182,35 @@ class Trackers:
                     mlflow.end_run(status=_MLFLOW_STATUS.get(status, "FINISHED"))
                 else:
                     tracker.finish()
+
+
+@contextlib.contextmanager
+def quiet(log: Path | None) -> Iterator[None]:
+    """Send what is written to this process's stdout and stderr (file descriptors 1 and 2:
+    a tracker's own prints, its logging, a helper process it starts now) to ``log`` in this
+    block; ``None``: nothing changes."""
+    if log is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(log, "a", encoding="utf-8") as f, contextlib.redirect_stdout(f), \
+                contextlib.redirect_stderr(f):  # Python's streams, where they are not fds 1, 2
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+            try:
+                yield
+            finally:
+                f.flush()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        for fd in saved:
+            os.close(fd)
 
 
 def scalars(metrics: dict) -> dict[str, float]:

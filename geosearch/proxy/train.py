@@ -51,7 +51,7 @@ from geosearch.proxy.qkclip import QKClip
 from geosearch.proxy.rundir import Progress, RunWriter, describe_run
 from geosearch.proxy.trackers import Trackers, check_trackers
 from geosearch.models.lm import lm_loss
-from geosearch.models.memory import check_fits
+from geosearch.models.memory import check_fits, probe_logit_bytes
 from geosearch.models.zoo import build_meta_model, build_model, check_logits
 
 __all__ = ["VAL_SEED", "train"]
@@ -163,7 +163,9 @@ class _Run:
             self.corpus = config_corpus(config)
             # too large for the device: one line before any memory is taken
             meta = build_meta_model(config.model, vocab_size=self.corpus.vocab_size, model_args=config.model_args)
-            check_fits(meta.model, config.model, accelerator.device, source="TrainConfig", key="model_args")
+            probe = probe_logit_bytes(meta.config, meta.block_size, config.probe_batch_size)
+            check_fits(meta.model, config.model, accelerator.device, source="TrainConfig",
+                       key="model_args", probe_bytes=probe)
             del meta
             # preset, hf:gpt2, hf:llama or py:module:factory; checks vocab_size >= the corpus's
             self.built = build_model(config.model, vocab_size=self.corpus.vocab_size, block_size=None,

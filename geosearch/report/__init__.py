@@ -144,5 +144,6 @@ def write_report(
                            baselines=baseline_table(run.study, ranking),
                            verdict=study_verdict(run.study, ranking, run.run_dir))
     report = run.run_dir / "report.md"
+    report.parent.mkdir(parents=True, exist_ok=True)  # a new directory for --storage's report
     report.write_text(text, encoding="utf-8")
     return ReportFiles(report, written, note)

@@ -175,13 +175,74 @@ def _num(x: float) -> str:
 
 
 def shown(value: Any, limit: int = 60) -> str:
-    """``repr(value)`` for a message, cut to ``limit`` characters; a value nested too deep
-    for ``repr`` (as a pickle may build) is named by its type."""
+    """``repr(value)`` for a message, cut to ``limit`` characters, in time and memory bounded by
+    ``limit`` whatever the value: a container is walked to :data:`_SHOWN_DEPTH` levels and
+    stops once ``limit`` characters are out (a pickle of 500 bytes can hold a list that
+    contains itself 80 levels deep, whose full repr has 2**80 items), a string or bytes is
+    cut before its repr, and a whole number too long for ``repr`` (over 4,300 digits) is
+    named by its length.
+
+    Example:
+        >>> shown(["uint16"]), shown(10**5000), shown("a" * 100, 12)
+        ("['uint16']", 'a whole number of about 5,001 digits', "'aaaaaaaa...")
+    """
+    parts: list[str] = []
+    room = [limit + 1]  # characters still wanted: one more than fits says "cut"
+
+    def out(text: str) -> None:
+        parts.append(text[: room[0]])
+        room[0] -= len(parts[-1])
+        if room[0] <= 0:
+            raise _Full
+
+    def walk(v: Any, depth: int, path: set[int]) -> None:
+        brackets = _BRACKETS.get(type(v))
+        if brackets is None:
+            out(_scalar(v, room[0]))
+            return
+        if id(v) in path or depth >= _SHOWN_DEPTH:
+            out(brackets[0] + "..." + brackets[1])
+            return
+        out(brackets[0] if v or not isinstance(v, (set, frozenset)) else f"{type(v).__name__}(")
+        items = v.items() if isinstance(v, dict) else v
+        for i, item in enumerate(items):
+            if i:
+                out(", ")
+            if isinstance(v, dict):
+                walk(item[0], depth + 1, path | {id(v)})
+                out(": ")
+                item = item[1]
+            walk(item, depth + 1, path | {id(v)})
+        out("," + brackets[1] if isinstance(v, tuple) and len(v) == 1 else
+            brackets[1] if v or not isinstance(v, (set, frozenset)) else ")")
+
     try:
-        text = repr(value)
-    except RecursionError:
-        return f"a deeply nested {type(value).__name__}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        walk(value, 0, set())
+    except _Full:
+        pass
+    text = "".join(parts)
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+class _Full(Exception):
+    """:func:`shown` has its ``limit``: stop walking."""
+
+
+_SHOWN_DEPTH = 20
+"""The levels of a container :func:`shown` walks into; deeper ones show as ``[...]``."""
+_BRACKETS = {list: "[]", tuple: "()", dict: "{}", set: "{}", frozenset: "{}"}
+
+
+def _scalar(v: Any, room: int) -> str:
+    """The repr of a value :func:`shown` does not walk into, at most about ``room`` characters."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 10_000:
+        return f"a whole number of about {int(v.bit_length() * 0.30103) + 1:,} digits"
+    if isinstance(v, (str, bytes)) and len(v) > room:
+        v = v[:room]
+    try:
+        return repr(v)
+    except Exception:  # noqa: BLE001 - a value whose repr fails is named by its type
+        return f"a {type(v).__name__}"
 
 
 MAX_STEPS = 10_000_000

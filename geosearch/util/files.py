@@ -184,6 +184,8 @@ def check_dir(path: str | os.PathLike, *, source: str | None) -> None:
     Raises:
         ConfigError: naming ``source`` (the flag, or ``None``) and the path.
     """
+    if not os.fspath(path):  # Path("") is the working directory: say what was given
+        raise ConfigError("an empty path, expected a directory", source=source)
     p = Path(path)
     while not p.exists():
         if p.is_symlink():  # a dangling link

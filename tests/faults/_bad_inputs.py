@@ -74,8 +74,11 @@ class Outcome:
             out.append(f"exit code {self.code}, not 2")
         if len(lines) != 1:
             out.append(f"{len(lines)} lines on stderr, not 1")
-        elif not lines[0].startswith(f"geosearch {command}: error: "):
+        elif not lines[0].startswith(f"geosearch {command}: error: " if command in _commands()
+                                     else "geosearch: error: "):
             out.append("the line does not start with 'geosearch <command>: error:'")
+        if self.stdout.strip():
+            out.append("output before the error")
         if any(len(ln) > MAX_LINE for ln in lines):
             out.append(f"a line longer than {MAX_LINE} characters")
         if "Traceback" in self.stderr:
@@ -85,6 +88,12 @@ class Outcome:
         if self.changed:
             out.append("wrote " + ", ".join(self.changed[:3]))
         return out
+
+
+def _commands() -> list[str]:
+    from geosearch.cli import _COMMANDS
+
+    return [name for name, _, _ in _COMMANDS]
 
 
 def _space(d: Path, file: str = "s.yaml", **extra) -> str:
@@ -149,6 +158,38 @@ def _bare_tokens(d: Path, meta_pkl: bytes | None = None, name: str = "tok") -> s
     if meta_pkl is not None:
         (d / name / "meta.pkl").write_bytes(meta_pkl)
     return name
+
+
+def _shared_list_pickle() -> bytes:
+    """A 510-byte ``meta.pkl`` whose ``vocab_size`` is a list holding one list twice, 80
+    levels deep: its full repr has 2**80 items (a message that calls ``repr()`` on it hangs)."""
+    x: list = []
+    for _ in range(80):
+        x = [x, x]
+    return pickle.dumps({"vocab_size": x})
+
+
+def _long_int_pickle(key: str) -> bytes:
+    """A ``meta.pkl`` whose ``key`` is a whole number of 5,001 digits (``repr()`` refuses
+    more than 4,300); written by hand, as ``pickle.dumps`` would need ``repr`` too."""
+    n = 10**5000
+    body = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    name = key.encode()
+    return (b"\x80\x02}X" + len(name).to_bytes(4, "little") + name
+            + b"\x8b" + len(body).to_bytes(4, "little") + body + b"s.")
+
+
+def _nested_list_pickle(depth: int = 200_000) -> bytes:
+    """A ``meta.pkl`` whose ``vocab_size`` is a list nested ``depth`` levels deep."""
+    return (b"\x80\x02}X\x0a\x00\x00\x00vocab_size" + b"]" * depth + b"a" * (depth - 1) + b"s.")
+
+
+def _recover_fifo(d: Path) -> list[str]:
+    """A run directory whose ``study.json`` is a named pipe (``recover`` read it, waiting for
+    a writer for ever)."""
+    _existing_study(d)
+    _fifo(d, "runs/s/study.json")
+    return ["recover", "runs/s"]
 
 
 class _RunsACommand:
@@ -445,6 +486,51 @@ CASES: list[Case] = [
     Case("`inspect --model py:` module with a syntax error",
          lambda d: ["inspect", "--model", "py:" + _user_model(d, "def make_model(:\n") + ":make_model"],
          volatile=True),
+    # --- a meta.pkl that a message must not print whole, a run directory's own files
+    Case("token directory whose `meta.pkl` holds a list shared 80 levels deep "
+         "(2**80 items printed)",
+         lambda d: _train("--data", _bare_tokens(d, _shared_list_pickle()))),
+    Case("the same `meta.pkl`, to `search`",
+         lambda d: _search(d, "--data", _bare_tokens(d, _shared_list_pickle()))),
+    Case("token directory whose `meta.pkl` has a `vocab_size` of 5,001 digits",
+         lambda d: _train("--data", _bare_tokens(d, _long_int_pickle("vocab_size")))),
+    Case("token directory whose `meta.pkl` has a `dtype` of 5,001 digits",
+         lambda d: _train("--data", _bare_tokens(d, _long_int_pickle("dtype")))),
+    Case("token directory whose `meta.pkl` has a `vocab_size` nested 200,000 lists deep",
+         lambda d: _train("--data", _bare_tokens(d, _nested_list_pickle()))),
+    Case("`recover` of a run directory whose `study.json` is a named pipe (FIFO)", _recover_fifo),
+    # --- values that were accepted and ignored, clamped or kept for ever
+    Case("`--vocab-size 300` on the built-in text (bytes: 256)",
+         lambda d: _search(d, "--vocab-size", "300")),
+    Case("`train --vocab-size 300` on the built-in text", lambda d: _train("--vocab-size", "300")),
+    Case("`--set proxy.warmup_steps=1000000` on a 4-step proxy",
+         lambda d: _search(d, "--set", "proxy.warmup_steps=1000000")),
+    Case("`train --config` with `warmup_steps: 1000000` and `steps: 20`",
+         lambda d: _train("--config", _file(d, "c.yaml", "steps: 20\nwarmup_steps: 1000000\n"))),
+    Case("`--stale-after inf`", lambda d: _search(d, "--stale-after", "inf")),
+    Case("`--stale-after nan`", lambda d: _search(d, "--stale-after", "nan")),
+    Case("`--runs-dir ''` (an empty path)", lambda d: _search(d)[:-1] + [""]),
+    Case("`inspect --model ''`", lambda d: ["inspect", "--model", ""]),
+    # --- argparse's own errors: one line, the flag and what it takes, the first problem only
+    Case("`--workers x`", lambda d: _search(d, "--workers", "x")),
+    Case("`--timeout 1e` (not a number)", lambda d: _search(d, "--timeout", "1e")),
+    Case("`--workers` without its value", lambda d: _search(d, "--workers")),
+    Case("`--wokers 2` (a misspelt flag)", lambda d: _search(d, "--wokers", "2")),
+    Case("`--bogus`, an unknown flag", lambda d: _search(d, "--bogus")),
+    Case("`--workers x --bogus` (two problems: the first is said)",
+         lambda d: _search(d, "--workers", "x", "--bogus")),
+    Case("`--steps` of 80 digits", lambda d: _search(d, "--steps", "9" * 80)),
+    Case("`export` without its RUN_DIR", lambda d: ["export"]),
+    Case("`export RUN_DIR EXTRA` (an argument too many)", lambda d: ["export", "runs/s", "extra"]),
+    Case("an unknown command", lambda d: ["serach", "--space", _space(d)]),
+    # --- what would train and keep nothing, or never end
+    Case("`--storage sqlite://` (a database in memory)",
+         lambda d: _search(d, "--storage", "sqlite://")),
+    Case("`--storage sqlite:///:memory:`", lambda d: _search(d, "--storage", "sqlite:///:memory:")),
+    Case("`--model-arg block_size=100000` (T x T attention logits of the probes)",
+         lambda d: _search(d, "--model-arg", "block_size=100000"), volatile=True),
+    Case("`train --model-arg block_size=100000`",
+         lambda d: _train("--model-arg", "block_size=100000"), volatile=True),
 ]
 
 

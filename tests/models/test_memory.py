@@ -52,3 +52,19 @@ def test_a_model_that_fits_passes_and_an_unknown_memory_is_not_judged(monkeypatc
         check_fits(tiny.model, "tiny", torch.device("cpu"), source=None, key=None)
     monkeypatch.setattr(memory, "device_memory", lambda device: None)
     check_fits(tiny.model, "tiny", "mps", source=None, key=None)
+
+
+def test_the_probes_attention_logits_count_with_the_context_length(monkeypatch):
+    long = build_meta_model("tiny", vocab_size=256, model_args={"block_size": 100_000})
+    probes = memory.probe_logit_bytes(long.config, long.block_size, rows=1)
+    assert probes == 4 * 1 * long.config["n_head"] * 100_000**2  # 80 GB: one layer's logits
+    need = parameter_count(long.model) * BYTES_PER_PARAMETER
+    monkeypatch.setattr(memory, "device_memory", lambda device: need + probes)
+    check_fits(long.model, "tiny", "cpu", source=None, key=None, probe_bytes=probes)  # fits exactly
+    monkeypatch.setattr(memory, "device_memory", lambda device: need + probes - 1)
+    with pytest.raises(ConfigError, match=r"s.yaml: proxy.model_args: model 'tiny': its attention "
+                                          r"probes hold 80.0 GB of logits .* make block_size or "
+                                          r"probe_batch_size"):
+        check_fits(long.model, "tiny", "cpu", source="s.yaml", key="proxy.model_args",
+                   probe_bytes=probes)
+    assert memory.probe_logit_bytes({}, 10, rows=2) == 4 * 2 * 1 * 100  # no head count: one head

@@ -268,3 +268,62 @@ def test_search_takes_the_training_flags(monkeypatch):
         main(["search"])
     assert (seen["proxy"].mixed_precision, seen["proxy"].grad_accum, seen["proxy"].compile,
             seen["proxy"].log_with) == (None, 1, False, [])
+
+
+@pytest.mark.slow
+def test_sigterm_of_train_ends_its_tensorboard_session_and_says_what_a_rerun_does(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "geosearch", "train", "--assign", "attn=adamw,mlp=adamw",
+         "--model", "tiny",
+         "--device", "cpu", "--steps", "100000", "--batch-size", "2", "--eval-every", "5",
+         "--log-with", "tensorboard", "--out", str(out), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out / "metrics.jsonl").is_file():
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # what timeout, SLURM and docker stop send
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == (
+        "geosearch train: interrupted; train does not resume: rerunning the same command trains "
+        "from step 0")
+    metrics, hparams, end = _hparams_session(out / "tensorboard")
+    assert hparams["status"] == "interrupted" and end == "STATUS_UNKNOWN"
+    assert "final/val_loss" in metrics
+
+
+@pytest.mark.slow
+def test_what_a_tracker_prints_goes_to_the_runs_trackers_log(monkeypatch, tmp_path, capfd):
+    import os
+
+    calls = _fake_mlflow(monkeypatch)
+    start_run, end_run = sys.modules["mlflow"].start_run, sys.modules["mlflow"].end_run
+
+    def loud_start(**kw):  # as alembic's INFO lines of a new store, and wandb's banner
+        print("INFO  [alembic.runtime.migration] Context impl SQLiteImpl.")
+        os.write(2, b"wandb: Tracking run with wandb version 0.19\n")
+        return start_run(**kw)
+
+    def loud_end(status="FINISHED"):
+        print("View run trial 0 seed 0")
+        return end_run(status)
+
+    monkeypatch.setattr(sys.modules["mlflow"], "start_run", loud_start)
+    monkeypatch.setattr(sys.modules["mlflow"], "end_run", loud_end)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = tmp_path / "run"
+    train(_tiny(steps=2, log_with="mlflow"), MIXED_A, out_dir=run, project="s",
+          run_name="trial 0 seed 0")
+    terminal = capfd.readouterr()
+    shown = terminal.out + terminal.err
+    assert "alembic" not in shown and "wandb" not in shown
+    log = (run / trackers_mod.TRACKERS_LOG).read_text()
+    assert "Context impl SQLiteImpl" in log and "wandb: Tracking run" in log and "View run" in log
+    assert calls[-1] == ("end_run", "FINISHED")

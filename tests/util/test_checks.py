@@ -98,3 +98,23 @@ def test_a_whole_range_is_bounded_and_decimal_reading_is_the_callers_choice():
     # Rule: the settings catalog reads decimals strictly ("1_000" is no decimal literal).
     assert Range(0).check("1_000") == (1000.0, None)
     assert Range(0).check("1_000", read=parse_decimal)[1] == "expected a number >= 0, got '1_000'"
+
+
+def test_shown_is_bounded_whatever_the_value():
+    from geosearch.util.checks import shown
+
+    shared: list = []
+    for _ in range(80):  # 2**80 items in a full repr: must not hang
+        shared = [shared, shared]
+    assert shown(shared).startswith("[[[[") and len(shown(shared)) == 60
+    itself: list = []
+    itself.append(itself)
+    assert shown(itself) == "[[...]]"  # as repr() says it
+    assert shown(10**5000) == "a whole number of about 5,001 digits"  # repr() refuses it
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert shown(deep) == "[" * 21 + "..." + "]" * 21
+    value = {"a": (1,), "b": set(), "c": {1}, "d": "x" * 10}
+    assert shown(value, 100) == repr(value)  # what fits is repr's
+    assert shown("y" * 1000, 12) == "'yyyyyyyy..."

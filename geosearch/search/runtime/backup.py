@@ -45,18 +45,24 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from geosearch.util.checks import shown
 from geosearch.util.errors import ConfigError
+from geosearch.util.files import read_user_text
 from geosearch.search.records import TRIAL_DIR, json_safe
 
 __all__ = ["ARTIFACTS_DIR", "ArtifactStore", "CHECKSUM", "FORMAT", "PROBES_FILE",
            "RUNG_PROBES_FILE", "STUDY_FILE", "StudyRecord", "TRIAL_FILE", "TrialBackup",
-           "TrialFiles", "default_store", "lost_trials", "read_probes_file", "read_record",
-           "read_rung_probes", "read_study_record", "read_trial_records", "record_checksum",
-           "record_intact", "record_paths", "recorded_trial", "save_study_record", "trial_record",
-           "upload_trial_files", "write_probes_file", "write_record", "write_rung_probes"]
+           "TrialFiles", "default_store", "folder_number", "lost_trials", "read_probes_file",
+           "read_record", "read_rung_probes", "read_study_record", "read_trial_records",
+           "record_checksum", "record_intact", "record_paths", "recorded_trial",
+           "save_study_record", "trial_record", "upload_trial_files", "write_probes_file",
+           "write_record", "write_rung_probes"]
 
 STUDY_FILE = "study.json"
 """``<run-dir>/study.json``: the study's name, directions, metric names, user attrs and uid."""
+RECORD_LIMIT = 256 * 2**20
+"""The largest ``study.json`` or ``trial.json`` read back (a named pipe or a device there is
+refused too): 256 MiB, far above a real one (a trial's attrs are kilobytes)."""
 TRIAL_FILE = "trial.json"
 """``trials/<n>/trial.json``: trial ``n`` as the storage holds it once told."""
 FORMAT = 1
@@ -128,10 +134,11 @@ def read_study_record(run_dir: str | os.PathLike) -> StudyRecord | None:
         ConfigError: the file cannot be read or is not a study record.
     """
     path = Path(run_dir) / STUDY_FILE
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):
         return None
+    text = read_user_text(path, what="the study's backup, a JSON file", limit=RECORD_LIMIT)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read the study's backup ({type(e).__name__}: "
                           f"{str(e).splitlines()[0][:120] if str(e) else ''})", source=str(path)) from None
@@ -272,9 +279,9 @@ class TrialBackup:
 # --------------------------------------------------------------------------- reading
 def read_record(path: Path) -> dict[str, Any] | None:
     """The JSON object a ``trial.json`` holds; ``None`` when it does not read as one."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a regular file of at most RECORD_LIMIT bytes (a ConfigError is a ValueError)
+        data = json.loads(read_user_text(path, what="a trial record", limit=RECORD_LIMIT))
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -285,9 +292,18 @@ def record_paths(run_dir: str | os.PathLike) -> dict[int, Path]:
     out = {}
     if folder.is_dir():
         for sub in folder.iterdir():
-            if sub.name.isdigit() and (sub / TRIAL_FILE).is_file():
-                out[int(sub.name)] = sub / TRIAL_FILE
+            n = folder_number(sub.name)
+            if n is not None and (sub / TRIAL_FILE).is_file():
+                out[n] = sub / TRIAL_FILE
     return out
+
+
+def folder_number(name: str) -> int | None:
+    """The trial number a folder of ``trials/`` is named by (``"12"``), else ``None``: only
+    ASCII digits without a leading zero name one (``"²"`` and ``"007"`` do not)."""
+    if name.isascii() and name.isdigit() and len(name) < 19 and (name == "0" or name[0] != "0"):
+        return int(name)
+    return None
 
 
 def recorded_trial(data: dict[str, Any]) -> FrozenTrial:
@@ -334,10 +350,11 @@ def read_trial_records(run_dir: str | os.PathLike,
             skipped.append(f"{path}: fails its checksum (the file was changed)")
             continue
         if data.get("study") != study.name or data.get("study_uid") != study.uid:
-            skipped.append(f"{path}: of another study ({data.get('study')!r}, uid {data.get('study_uid')})")
+            skipped.append(f"{path}: of another study ({shown(data.get('study'))}, "
+                           f"uid {shown(data.get('study_uid'))})")
             continue
         if data.get("number") != n:
-            skipped.append(f"{path}: records trial {data.get('number')!r}, not {n}")
+            skipped.append(f"{path}: records trial {shown(data.get('number'))}, not {n}")
             continue
         try:
             trials[n] = recorded_trial(data)

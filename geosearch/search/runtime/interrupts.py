@@ -5,17 +5,23 @@ that Python swallowed in a callback of its own, so that the trainer's callback c
 it again; :class:`sigint_deferred` ignores SIGINT while the loop records an interrupted
 trial (``torchrun`` sends every rank a second one); :class:`signals_held` holds SIGINT and
 SIGTERM for the length of a storage write and delivers them after it, so that a signal
-never lands inside a lock's release. All act in the main thread only.
+never lands inside a lock's release; :class:`sigint_honoured` gives SIGINT back its
+KeyboardInterrupt in a process that started with it ignored (a shell script's ``cmd &``);
+:class:`output_guard` takes a stdout whose reader left (``search | head``) as a Ctrl-C
+(:class:`OutputClosed`). All act in the main thread only.
 How an interrupted trial is recorded is in ``docs/design.md`` ("Trial outcomes").
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+from typing import Any, TextIO
 
-__all__ = ["CTRL_C", "DEFERRED", "ctrl_c_latch", "sigint_deferred", "signals_held"]
+__all__ = ["CTRL_C", "DEFERRED", "OutputClosed", "ctrl_c_latch", "output_guard", "sigint_deferred",
+           "sigint_honoured", "signals_held"]
 
 CTRL_C = threading.Event()
 """Set by a Ctrl-C while a :class:`ctrl_c_latch` is active; cleared when it ends."""
@@ -109,3 +115,72 @@ class signals_held:
         signals_held._depth -= 1
         if self.caught:
             signal.raise_signal(self.caught[0])
+
+
+class sigint_honoured:
+    """Take SIGINT as Ctrl-C (KeyboardInterrupt) in this block, also in a process that
+    started with SIGINT ignored: a shell script starts a background job (``cmd &``) so, and
+    Python then installs no handler. The ``--workers`` parent runs no trial loop (whose
+    latch installs one), so ``kill -INT`` of it went unheard; its workers are stopped as on
+    a Ctrl-C now. A handler already in place is left as it is."""
+
+    def __enter__(self) -> None:
+        self.active = (threading.current_thread() is threading.main_thread()
+                       and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+                       and not DEFERRED.is_set())
+        if self.active:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class OutputClosed(KeyboardInterrupt):
+    """The reader of the command's stdout left (``geosearch search | head -5``): the search
+    stops as on a Ctrl-C (its trial recorded interrupted, the study resumable) and says so
+    on stderr."""
+
+
+class output_guard:
+    """Wrap ``sys.stdout`` in this block so that a write or flush that finds its reader gone
+    (``BrokenPipeError``: Python ignores SIGPIPE) raises :class:`OutputClosed` once, with
+    stdout then pointed at ``os.devnull`` so that nothing later (Python's own flush at exit)
+    fails on it. Before, ``search | head`` ended with exit 0 in mid-search."""
+
+    def __enter__(self) -> None:
+        self.stream = sys.stdout
+        sys.stdout = _Guarded(self.stream)  # type: ignore[assignment]
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout = self.stream
+
+
+class _Guarded:
+    def __init__(self, stream: TextIO) -> None:
+        self._stream, self._closed = stream, False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            return self._reader_left()
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_left()
+
+    def _reader_left(self) -> int:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError):
+            pass
+        if self._closed:
+            return 0
+        self._closed = True
+        raise OutputClosed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

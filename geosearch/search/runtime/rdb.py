@@ -31,8 +31,8 @@ from typing import Any
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import check_user_file
 
-__all__ = ["OPTUNA_TABLES", "REQUIRED_TABLES", "check_rdb", "read_only_engine_kwargs", "sqlite_file",
-           "sqlite_tables"]
+__all__ = ["OPTUNA_TABLES", "REQUIRED_TABLES", "check_rdb", "in_memory", "read_only_engine_kwargs",
+           "sqlite_file", "sqlite_tables"]
 
 OPTUNA_TABLES = frozenset({
     "alembic_version", "studies", "study_directions", "study_system_attributes",
@@ -63,6 +63,23 @@ def sqlite_file(url: str) -> Path | None:
     if not database or database == ":memory:" or "uri" in parsed.query:
         return None
     return Path(database)
+
+
+def in_memory(url: str) -> bool:
+    """Whether ``url`` is an SQLite database in memory (``sqlite://``, ``sqlite:///:memory:``,
+    ``mode=memory``): it is lost when the process ends, and no other process can see it."""
+    if not url.startswith("sqlite:"):
+        return False
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return False
+    database = parsed.database or ""
+    return (database in ("", ":memory:") or parsed.query.get("mode") == "memory"
+            or "mode=memory" in database)
 
 
 def _ro_uri(path: Path) -> str:

@@ -48,6 +48,7 @@ from geosearch.search.runtime.backup import (
     STUDY_FILE,
     TRIAL_FILE,
     StudyRecord,
+    folder_number,
     read_study_record,
     read_trial_records,
     recorded_trial,
@@ -234,11 +235,40 @@ def _placeholder(run_dir: Path, number: int, kept: str) -> FrozenTrial:
     return create_trial(state=TrialState.FAIL, user_attrs=attrs)
 
 
-def _highest_folder(run_dir: Path) -> int:
+STRAY_SLACK = 1000
+"""How far past the count of records and trial folders a trial folder's number may lie: the
+trials of a study are numbered 0, 1, ... and each one told has a record, each one that
+trained a folder, so only trials asked and never started (one per process that died then)
+lack both."""
+
+
+def _trial_folders(run_dir: Path, recorded: dict[int, FrozenTrial]) -> tuple[list[int], list[str]]:
+    """The numbers of the trial folders of ``trials/`` without a record, and one note per
+    stray entry left out: a name that is no trial number (``trials/²``), a file, an empty
+    folder numbered past every record, a number past the study's trials by more than
+    :data:`STRAY_SLACK` (an empty
+    ``trials/3000000`` would otherwise add three million placeholders)."""
     folder = run_dir / TRIALS_DIR
-    numbers = [int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_dir()] \
-        if folder.is_dir() else []
-    return max(numbers, default=-1)
+    numbers: list[int] = []
+    notes: list[str] = []
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    last = max(recorded, default=-1)
+    for entry in entries:
+        n = folder_number(entry.name)
+        if n is not None and n in recorded:
+            continue
+        why = ("its name is not a trial number" if n is None else
+               "not a folder" if not entry.is_dir() or entry.is_symlink() else
+               "an empty folder past the last record" if n > last and not any(entry.iterdir())
+               else None)
+        if why is None:
+            numbers.append(n)  # type: ignore[arg-type]
+        else:
+            notes.append(f"{entry}: {why}, ignored")
+    bound = len(recorded) + len(numbers) + STRAY_SLACK
+    notes += [f"{folder / str(n)}: numbered past the study's {bound - STRAY_SLACK} trials by "
+              f"more than {STRAY_SLACK}, ignored" for n in numbers if n >= bound]
+    return [n for n in numbers if n < bound], notes
 
 
 def _aside(path: Path, stamp: str) -> Path:
@@ -317,7 +347,9 @@ def recover_run(run_dir: str | os.PathLike, *, echo: Callable[[str], None] | Non
         recorded.update({n: _copy(look.finished[n]) for n in outcome.from_storage})
         stamp = time.strftime("%Y%m%dT%H%M%S")
         aside = _aside(path, stamp)
-        top = max(max(recorded, default=-1), _highest_folder(run_dir))
+        folders, stray = _trial_folders(run_dir, recorded)
+        outcome.skipped += stray
+        top = max(max(recorded, default=-1), max(folders, default=-1))
         trials = [recorded[n] if n in recorded else _placeholder(run_dir, n, aside.name)
                   for n in range(top + 1)]
         outcome.placeholders = [n for n in range(top + 1) if n not in recorded]

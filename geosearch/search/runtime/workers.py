@@ -34,7 +34,7 @@ from optuna.trial import FrozenTrial
 
 from geosearch.util.errors import GeosearchError
 from geosearch.search.runtime.distributed import launch_world
-from geosearch.search.runtime.interrupts import DEFERRED
+from geosearch.search.runtime.interrupts import DEFERRED, sigint_honoured
 from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER, Owner
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,8 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE, SPACE_FILE, WORKERS_DIR
 from geosearch.search.runtime.urls import hide_secrets
 
-__all__ = ["auto_workers", "choose_workers", "cpu_cores", "follow_parent", "run_workers", "share_cpu",
-           "sigterm_as_ctrl_c"]
+__all__ = ["auto_workers", "cap_workers", "choose_workers", "cpu_cores", "follow_parent",
+           "run_workers", "share_cpu", "sigterm_as_ctrl_c", "thread_note"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STOP_WAIT = 60.0  # seconds the workers get to record an interrupted trial
@@ -105,8 +105,42 @@ def auto_workers(space: SearchSpace, run_dir: Path, storage: object,
         why = f"a study one process started, in {DB_FILE}"
     elif storage is not None and storage.startswith("sqlite:"):
         why = "an SQLite storage"
-    return choose_workers(cpu_cores(), points, threads=os.environ.get("OMP_NUM_THREADS"),
-                          gpus=bool(_worker_gpus(space)), one_process=why)
+    n, line = choose_workers(cpu_cores(), points, threads=os.environ.get("OMP_NUM_THREADS"),
+                             gpus=bool(_worker_gpus(space)), one_process=why)
+    note = thread_note() if n == 1 else None  # one process on every thread of a loaded machine
+    return n, line if note is None else f"{line}\n{note}"
+
+
+def cap_workers(space: SearchSpace, workers: int) -> tuple[int, str | None]:
+    """``--workers`` capped by this machine: its cores (each worker needs one), and its GPUs
+    when the trials run on GPUs (a worker takes one); the line that says so, or ``None``
+    when ``workers`` fits (``--workers 1000`` on 2 cores started 241 processes before)."""
+    gpus, cores = _worker_gpus(space), cpu_cores()
+    cap = min(cores, len(gpus)) if gpus else cores
+    if workers <= cap:
+        return workers, None
+    what = f"{len(gpus)} GPU{'s' if len(gpus) > 1 else ''}" if gpus and len(gpus) < cores else \
+        f"{cores} core{'s' if cores > 1 else ''}"
+    return cap, (f"workers: {cap} process{'es' if cap > 1 else ''}, not {workers}: this machine "
+                 f"has {what} (more processes would only share them)")
+
+
+def thread_note() -> str | None:
+    """One line when torch's threads exceed the cores other processes leave free (the
+    1-minute load average): on a loaded machine each thread waits for a core, and a step
+    took 50x its idle time; ``None`` when they fit, or the load cannot be read."""
+    import torch
+
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not POSIX
+        return None
+    threads, cores = torch.get_num_threads(), cpu_cores()
+    free = max(1, int(cores - load + 0.5))
+    if threads <= free:
+        return None
+    return (f"note: torch runs {threads} threads, but about {free} of this machine's {cores} "
+            f"cores are free (load {load:.1f}); OMP_NUM_THREADS={free} sets its threads")
 
 
 def share_cpu(workers: int) -> None:
@@ -225,19 +259,20 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
     procs: list[tuple[int, subprocess.Popen, Path]] = []
     threads = _cpu_share(workers)
     owner = Owner(run_dir)  # a later command sees this run as live until the workers are done
-    try:
-        for i in range(workers):
-            env = _worker_env(i, gpus, secret_env, threads)
-            log = logs / f"worker{i}.log"
-            procs.append((i, _start_worker(i, cmd, env, log, procs), log))
-        where = "GPUs " + ", ".join(gpus[:workers]) if gpus else f"{threads} CPU threads each"
-        echo(f"started {workers} workers ({where}); logs in {logs}")
-        _hand_on_trials(study, procs, on_trial)
-    except BaseException:
-        _stop(procs)
-        raise
-    finally:
-        owner.close()
+    with sigint_honoured():  # a background job's ignored SIGINT stops the workers too
+        try:
+            for i in range(workers):
+                env = _worker_env(i, gpus, secret_env, threads)
+                log = logs / f"worker{i}.log"
+                procs.append((i, _start_worker(i, cmd, env, log, procs), log))
+            where = "GPUs " + ", ".join(gpus[:workers]) if gpus else f"{threads} CPU threads each"
+            echo(f"started {workers} workers ({where}); logs in {logs}")
+            _hand_on_trials(study, procs, on_trial)
+        except BaseException:
+            _stop(procs)
+            raise
+        finally:
+            owner.close()
     _check_exits(procs)
     return f"all {workers} workers finished"
 

@@ -75,7 +75,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from geosearch.assignment import geometry_names
-from geosearch.util.checks import Range, parse_number, shown
+from geosearch.util.checks import MAX_STEPS, Range, parse_number, shown
 from geosearch.rules.rule import rule_to_mapping
 from geosearch.util.errors import ConfigError
 from geosearch.optim import settings as optim_settings
@@ -460,8 +460,8 @@ class _Parser(SchemaReader, Generic[Space]):
         for k, v in d.items():  # one at a time, so that every bad key is reported
             if k == "optimizer_args":
                 continue  # checked key by key below
-            try:
-                TrainConfig.from_dict({k: v})
+            try:  # the warmup against the most steps: the whole proxy is checked below
+                TrainConfig.from_dict({k: v, "steps": MAX_STEPS} if k == "warmup_steps" else {k: v})
             except ConfigError as e:
                 self.error(f"proxy.{k}", e.problem, e.allowed)
         model, model_args = d.get("model", TrainConfig.model), d.get("model_args") or {}

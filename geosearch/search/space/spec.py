@@ -45,6 +45,7 @@ from geosearch.search.space.sections import (
     SamplerType,
 )
 from geosearch.search.space.horizon import LadderSpec, TargetSpec
+from geosearch.search.space.reader import SearchSpaceError
 from geosearch.search.space.schema import TOP_KEYS, dump_space, parse_space
 from geosearch.util.yaml_io import parse_value, parse_yaml
 
@@ -429,7 +430,18 @@ def apply_overrides(
                                   "mapping", source=source, key=key)
             node = child
         node[last] = value
-    return parse_space(SearchSpace, d, source, keep=space)
+    return _parse_overridden(d, source, space)
+
+
+def _parse_overridden(d: dict[str, Any], source: str, space: SearchSpace) -> SearchSpace:
+    """The space with its overrides; of several problems the first in the schema's order is
+    said (flags on a command line: one problem at a time, one line)."""
+    try:
+        return parse_space(SearchSpace, d, source, keep=space)
+    except SearchSpaceError as e:
+        if len(e.problems) < 2:
+            raise
+        raise SearchSpaceError(e.problems[:1], source) from None
 
 
 def _range_text(r: LogRange) -> str:

@@ -13,9 +13,10 @@ from typing import TextIO
 
 import optuna
 
-from geosearch.util.checks import is_int
+from geosearch.util.checks import is_int, is_positive, shown
 from geosearch.util.errors import ConfigError
 from geosearch.search.runtime.backup import ArtifactStore
+from geosearch.search.runtime.rdb import in_memory
 from geosearch.search.runtime.liveness import STALE_AFTER
 from geosearch.search.study.failures import DEFAULT_MAX_RETRIES
 
@@ -52,9 +53,14 @@ class SearchOptions:
         retries = self.max_retries
         if not is_int(retries) or retries < 0:
             raise ConfigError(f"expected a whole number >= 0, got {retries!r}", source="--max-retries")
-        if not self.stale_after > 0:
+        if not is_positive(self.stale_after):  # NaN and inf too: a trial never taken for dead
             raise ConfigError(f"expected a positive number of seconds, got {self.stale_after}",
                               source="--stale-after")
+        if isinstance(self.storage, str) and in_memory(self.storage):
+            raise ConfigError(f"{shown(self.storage)} is a database in memory, lost when this "
+                              "process ends (and unseen by workers): a search would train and "
+                              "keep nothing; name a file (sqlite:///runs/study.db) or a server",
+                              source="--storage")
         if self.study is not None and self.storage is not None:
             raise ConfigError("pass either a study (which has its storage) or a storage, not both",
                               source="run_search", key="storage")

@@ -302,7 +302,7 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     from geosearch.proxy.data import config_corpus
     from geosearch.proxy.trackers import check_trackers
     from geosearch.models.specs import PY_PREFIX
-    from geosearch.models.memory import check_fits
+    from geosearch.models.memory import check_fits, probe_logit_bytes
     from geosearch.models.zoo import build_meta_model, build_model, check_logits
 
     proxy = space.proxy
@@ -314,7 +314,9 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     corpus = config_corpus(proxy)
     built = build_meta_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)
     corpus.check_block_size(built.block_size)
-    check_fits(built.model, proxy.model, device, source=where, key="proxy.model_args")
+    check_fits(built.model, proxy.model, device, source=where, key="proxy.model_args",
+               probe_bytes=probe_logit_bytes(built.config, built.block_size,
+                                             proxy.probe_batch_size))
     if not check_logits(built, corpus.vocab_size, source=where, key="proxy.model") \
             and proxy.model.startswith(PY_PREFIX):  # its forward needs real tensors
         real = build_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)

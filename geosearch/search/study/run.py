@@ -78,7 +78,7 @@ from geosearch.search.runtime.storage import (
 )
 from geosearch.search.space.plan import StudyPlan, plan_study
 from geosearch.search.study.trial_loop import Searcher
-from geosearch.search.runtime.workers import auto_workers, run_workers, share_cpu
+from geosearch.search.runtime.workers import auto_workers, cap_workers, run_workers, share_cpu
 
 __all__ = ["METRIC_NAME", "SearchOutcome", "bind_study", "run_search", "write_space_file"]
 
@@ -256,11 +256,11 @@ def run_search(space: SearchSpace | str | os.PathLike, options: SearchOptions | 
         runs_dir: parent of the run directory ``<runs_dir>/<space.name>``.
         storage: an Optuna storage URL, a journal file path or an
             ``optuna.storages.BaseStorage`` instead of the run directory's own.
-        workers: processes on this machine; more than one starts that many worker
-            processes (``python -m geosearch search ... --worker-index i``), each on its
-            own GPU when there are GPUs, else on a share of the CPU threads; this process
-            then only watches and prints. ``None``: the command's default
-            (:func:`~geosearch.search.runtime.workers.auto_workers`, named in a line).
+        workers: processes on this machine, at most its cores (GPUs: one each;
+            :func:`~geosearch.search.runtime.workers.cap_workers` says a cut in a line);
+            more than one starts worker processes (``python -m geosearch search ...
+            --worker-index i``), each on a GPU or a share of the CPU threads, this process
+            only watching. ``None``: :func:`~geosearch.search.runtime.workers.auto_workers`.
         worker_index: set in those worker processes (not by users).
         stale_after: seconds without a heartbeat after which a trial of a worker on
             another host is taken as dead (its worker writes one every
@@ -358,7 +358,9 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
                                        or options.artifact_store)
         workers, note = auto_workers(space, run_dir, options.storage, budget if exhaustive else None) \
             if local else (1, None)
-        options = dataclasses.replace(options, workers=workers)
+    elif worker_index is None and group is None:  # --workers N: at most the cores (GPUs)
+        workers, note = cap_workers(space, workers)
+    options = dataclasses.replace(options, workers=workers)
     if worker_index is not None:
         share_cpu(workers)
     with contextlib.ExitStack() as held:

@@ -12,7 +12,15 @@ import sys
 
 import pytest
 
-from geosearch.search.runtime.interrupts import CTRL_C, ctrl_c_latch, sigint_deferred, signals_held
+from geosearch.search.runtime.interrupts import (
+    CTRL_C,
+    OutputClosed,
+    ctrl_c_latch,
+    output_guard,
+    sigint_deferred,
+    sigint_honoured,
+    signals_held,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to itself")
 
@@ -94,3 +102,28 @@ def test_a_ctrl_c_python_ignores_in_its_own_callback_is_kept_without_a_traceback
     obj = RaisesWhenCollected(ValueError)
     del obj
     assert shown == [ValueError, ValueError]  # the hook is back
+
+
+def test_an_ignored_sigint_is_a_ctrl_c_again_inside_the_block_only():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell script's `cmd &` starts it
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with sigint_honoured():
+                _send_sigint_and_wait()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        _send_sigint_and_wait()  # ignored again after the block
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_stdout_whose_reader_left_raises_output_closed_once(monkeypatch):
+    read, write = os.pipe()
+    os.close(read)  # `search | head`: head has exited
+    stream = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", stream)
+    with pytest.raises(OutputClosed):  # a KeyboardInterrupt: the search stops as on Ctrl-C
+        with output_guard():
+            print("trial 0 ...", flush=True)
+    assert sys.stdout is stream and isinstance(OutputClosed(), KeyboardInterrupt)
+    print("after", flush=True)  # stdout now goes to os.devnull: Python's flush at exit passes
+    stream.close()

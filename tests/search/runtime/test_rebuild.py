@@ -217,3 +217,35 @@ def test_what_is_not_a_run_directory_with_a_backup_is_one_line(fake, tmp_path):
     (run / "journal.log").touch()
     with pytest.raises(ConfigError, match="holds both study.db and journal.log"):
         recover_run(run)
+
+
+@pytest.mark.slow
+def test_stray_entries_of_trials_are_left_out_with_a_note(fake, tmp_path):
+    search(space(), tmp_path)
+    run = tmp_path / "runs" / "t"
+    (run / "trials" / "²").mkdir()  # str.isdigit() says yes, int() refuses it
+    (run / "trials" / "3000000").mkdir()  # empty: would add three million placeholders
+    (run / "trials" / "007").mkdir()
+    (run / "trials" / "notes.txt").write_text("mine\n", encoding="utf-8")
+    (run / "trials" / "90000").mkdir()  # holds a file, but far past the study's 5 trials
+    (run / "trials" / "90000" / "metrics.jsonl").write_text("{}\n", encoding="utf-8")
+    truncate(run / "study.db")
+    outcome = recover_run(run)
+    assert outcome.placeholders == [] and outcome.recovered == 5
+    assert [t.number for t in open_run_study(run).get_trials()] == [0, 1, 2, 3, 4]
+    notes = [line for line in outcome.lines() if line.startswith("left out: ")]
+    names = sorted(n.split(": ")[1].rsplit("/", 1)[1] for n in notes)
+    assert names == ["007", "3000000", "90000", "notes.txt", "²"]
+    assert any("numbered past the study's" in n for n in notes)
+
+
+@pytest.mark.slow
+def test_a_study_json_that_is_a_named_pipe_is_refused_not_waited_on(fake, tmp_path):
+    search(space(), tmp_path)
+    run = tmp_path / "runs" / "t"
+    (run / STUDY_FILE).unlink()
+    os.mkfifo(run / STUDY_FILE)
+    truncate(run / "study.db")
+    with pytest.raises(ConfigError,
+                       match=r"study.json: is a named pipe \(FIFO\), expected the study's backup"):
+        recover_run(run)

@@ -164,3 +164,29 @@ def test_a_rerun_finds_the_storage_its_study_was_started_in(tmp_path, monkeypatc
     assert n == 2 and resolve_storage(run_dir, None, workers=n).endswith(JOURNAL_FILE)
     # an SQLite URL given with --storage: one process
     assert auto_workers(space, run_dir, "sqlite:///x.db", 4)[0] == 1
+
+
+# --------------------------------------------------------------------------- the cap
+def test_workers_beyond_the_cores_or_the_gpus_are_cut_in_one_line(monkeypatch):
+    space = make_space({"attn": ["adamw"], "mlp": ["adamw"]})
+    monkeypatch.setattr(workers, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(workers, "_worker_gpus", lambda s: [])
+    assert workers.cap_workers(space, 2) == (2, None)
+    n, line = workers.cap_workers(space, 1000)
+    assert n == 2 and line == ("workers: 2 processes, not 1000: this machine has 2 cores (more "
+                               "processes would only share them)")
+    monkeypatch.setattr(workers, "_worker_gpus", lambda s: ["0"])  # GPU trials: one worker each
+    n, line = workers.cap_workers(space, 2)
+    assert n == 1 and "this machine has 1 GPU (" in line and len(line) <= 100
+
+
+def test_more_torch_threads_than_free_cores_is_said_in_one_line(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(workers, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.0, 1.0))  # another job holds 2 cores
+    assert workers.thread_note() == ("note: torch runs 2 threads, but about 1 of this machine's 2 "
+                                     "cores are free (load 1.9); OMP_NUM_THREADS=1 sets its threads")
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 1.0, 1.0))
+    assert workers.thread_note() is None
