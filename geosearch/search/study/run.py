@@ -39,9 +39,8 @@ from geosearch.proxy.train import train
 from geosearch.search.runtime.backup import TrialFiles, default_store
 from geosearch.search.runtime.distributed import RankGroup, follow, launch_world
 from geosearch.search.study.export import export_best, format_ranking, where_line
-from geosearch.search.study.failures import requeue_failed
+from geosearch.search.study.failures import recover_stale, recovered_line, requeue_failed
 from geosearch.search.study.options import SearchOptions
-from geosearch.search.study.failures import recover_stale, recovered_line
 from geosearch.search.runtime.liveness import Owner, check_no_other_run
 from geosearch.search.runtime.integrity import backup_error, check_trials
 from geosearch.search.runtime.locks import CommandLock, early_lock
@@ -49,15 +48,8 @@ from geosearch.search.study.queue import done_count, done_reason, resolve_budget
 from geosearch.search.stats.ranking import Ranking
 from geosearch.search.stats.study_ranking import rank_study
 from geosearch.search.stats.trials import trial_line
-from geosearch.search.records import (
-    DATA_DIGEST,
-    GEOSEARCH_VERSION,
-    NOT_RUN,
-    PROXY,
-    RULES,
-    SPACE,
-    trial_status,
-)
+from geosearch.search.records import (DATA_DIGEST, GEOSEARCH_VERSION, NOT_RUN, PROXY, RULES,
+                                      SPACE, trial_status)
 from geosearch.search.study.resume import data_digest, preflight
 from geosearch.search.study.resume import check_data, check_identity
 from geosearch.search.space.spec import SearchSpace, apply_overrides, load_space
