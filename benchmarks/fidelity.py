@@ -132,7 +132,7 @@ from geosearch.search.stats.trials import trial_label
 from geosearch.search.horizon.reading import study_reading
 from geosearch.search.horizon.target import probe_sum_eta
 from geosearch.search.horizon.probes import TrialProbes
-from geosearch.search.runtime.backup import read_probes_file, read_rung_probes
+from geosearch.search.records import read_probes_file, read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 
 DATA = Path(__file__).parent / "data" / "fidelity"

@@ -47,7 +47,7 @@ from geosearch.search.records import (
     TARGET_SUM_ETA,
     TRIAL_DIR,
 )
-from geosearch.search.runtime.backup import read_rung_probes
+from geosearch.search.records import read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 
 RULES = ("pruner", "logit law", "σ route", "peak phase")

@@ -18,7 +18,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from geosearch.search.runtime.backup import write_probes_file, write_rung_probes
+from geosearch.search.records import write_probes_file, write_rung_probes
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

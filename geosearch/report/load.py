@@ -54,7 +54,7 @@ from geosearch.search.records import (
     SEED_OF,
     trial_status,
 )
-from geosearch.search.runtime.backup import read_probes_file, read_rung_probes
+from geosearch.search.records import read_probes_file, read_rung_probes
 from geosearch.search.runtime.storage import open_run_study, resolve_storage
 from geosearch.search.runtime.urls import mask_url
 from geosearch.search.horizon.reading import rung_means, study_reading

@@ -10,6 +10,8 @@ study needs no trainer. The meaning of each attr, and the outcomes, are in
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -27,7 +29,8 @@ __all__ = [
     "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS", "PEAK_MAX_LOGIT", "STABILITY_PEAK_LOGIT",
     "COMPLETED", "UNSTABLE", "PRUNED", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING", "DUPLICATE",
     "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
-    "is_extra", "json_safe", "trial_status",
+    "PROBES_FILE", "RUNG_PROBES_FILE", "is_extra", "json_safe", "read_probes_file",
+    "read_rung_probes", "trial_status", "write_probes_file", "write_rung_probes",
 ]
 
 # --------------------------------------------------------------------------- trial params
@@ -170,3 +173,49 @@ def json_safe(v: Any) -> Any:
     if isinstance(v, dict):
         return {str(k): json_safe(x) for k, x in v.items()}
     return v
+
+
+# --------------------------------------------------------------------------- probe files
+RUNG_PROBES_FILE = "rung_probes.json"
+"""A trained trial's probe rows per rung reached (its first seed's), in its folder: the
+report's max logit against Σ η. Kept as a file, not a user attr."""
+
+PROBES_FILE = "probes.json"
+"""A trained trial's ``probe_history`` and ``stability_probes`` rows, in its folder: what
+the pruner judged and the outlook reads. A file, not user attrs, so that a trial's attrs
+fit a screen (they keep the last and peak max logit)."""
+
+
+def write_probes_file(trial_dir: Path, rows: dict[str, list[dict]]) -> None:
+    """Write ``rows`` (name -> probe rows) to the trial's :data:`PROBES_FILE`."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / PROBES_FILE).write_text(json.dumps(json_safe(rows)), encoding="utf-8")
+
+
+def read_probes_file(run_dir: Path, trial: FrozenTrial) -> dict[str, Any]:
+    """The :data:`PROBES_FILE` of ``trial`` (in its ``trial_dir`` under ``run_dir``,
+    :func:`write_probes_file`); ``{}`` when the file is missing or does not read as a dict."""
+    trial_dir = Path(run_dir) / str(trial.user_attrs.get(TRIAL_DIR) or f"trials/{trial.number}")
+    try:
+        rows = json.loads((trial_dir / PROBES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return rows if isinstance(rows, dict) else {}
+
+
+def write_rung_probes(trial_dir: Path, rungs: list[list[dict]]) -> None:
+    """Write ``rungs`` (per rung, the probe rows) to the trial's :data:`RUNG_PROBES_FILE`."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / RUNG_PROBES_FILE).write_text(json.dumps(json_safe(rungs)), encoding="utf-8")
+
+
+def read_rung_probes(trial_dir: Path) -> list[list[dict]]:
+    """The trial's probe rows per rung (:func:`write_rung_probes`); ``[]`` when the file is
+    missing or does not read as a list of lists of rows."""
+    try:
+        rungs = json.loads((trial_dir / RUNG_PROBES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(rungs, list):
+        return []
+    return [[r for r in rung if isinstance(r, dict)] for rung in rungs if isinstance(rung, list)]

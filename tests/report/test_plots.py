@@ -13,7 +13,7 @@ from optuna.trial import create_trial
 
 from geosearch import report as rp
 from geosearch.report.analysis import head_logits
-from geosearch.search.runtime.backup import write_rung_probes
+from geosearch.search.records import write_rung_probes
 from geosearch.report.plots import (
     _heads_figure,
     _horizon_figure,

@@ -110,7 +110,7 @@ def stability_rows(study: optuna.Study, numbers: Iterable[int], pruner: LogitGro
         probes_of: Where a trial's probe rows are (a mapping with ``probe_history`` and
             ``stability_probes``): the search keeps them in the trial's ``probes.json``
             (``functools.partial(read_probes_file, run_dir)``,
-            :func:`geosearch.search.runtime.backup.read_probes_file`); ``None``: its user
+            :func:`geosearch.search.records.read_probes_file`); ``None``: its user
             attrs (a study built by hand).
     """
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}

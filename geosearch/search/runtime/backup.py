@@ -48,15 +48,15 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from geosearch.util.checks import shown
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import read_user_text
-from geosearch.search.records import TRIAL_DIR, json_safe
+from geosearch.search.records import json_safe
 
-__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "CHECKSUM", "FORMAT", "PROBES_FILE",
-           "RUNG_PROBES_FILE", "STUDY_FILE", "StudyRecord", "TRIAL_FILE", "TrialBackup",
-           "TrialFiles", "default_store", "folder_number", "lost_trials", "read_probes_file",
-           "read_record", "read_rung_probes", "read_study_record", "read_trial_records",
+__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "CHECKSUM", "FORMAT",
+           "STUDY_FILE", "StudyRecord", "TRIAL_FILE", "TrialBackup",
+           "TrialFiles", "default_store", "folder_number", "lost_trials",
+           "read_record", "read_study_record", "read_trial_records",
            "record_checksum", "record_intact", "record_paths", "recorded_trial",
-           "save_study_record", "trial_record", "upload_trial_files", "write_probes_file",
-           "write_record", "write_rung_probes"]
+           "save_study_record", "trial_record", "upload_trial_files",
+           "write_record"]
 
 STUDY_FILE = "study.json"
 """``<run-dir>/study.json``: the study's name, directions, metric names, user attrs and uid."""
@@ -461,48 +461,3 @@ class TrialFiles:
         except Exception as e:  # noqa: BLE001 - a store that is down must not fail the trial
             self.echo(f"warning: trial {trial.number}'s files were not stored as artifacts "
                       f"({type(e).__name__}: {e}); they are in {trial_dir}")
-
-
-RUNG_PROBES_FILE = "rung_probes.json"
-"""A trained trial's probe rows per rung reached (its first seed's), in its folder: the
-report's max logit against Σ η. Kept as a file, not a user attr."""
-
-PROBES_FILE = "probes.json"
-"""A trained trial's ``probe_history`` and ``stability_probes`` rows, in its folder: what
-the pruner judged and the outlook reads. A file, not user attrs, so that a trial's attrs
-fit a screen (they keep the last and peak max logit)."""
-
-
-def write_probes_file(trial_dir: Path, rows: dict[str, list[dict]]) -> None:
-    """Write ``rows`` (name -> probe rows) to the trial's :data:`PROBES_FILE`."""
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    (trial_dir / PROBES_FILE).write_text(json.dumps(json_safe(rows)), encoding="utf-8")
-
-
-def read_probes_file(run_dir: Path, trial: FrozenTrial) -> dict[str, Any]:
-    """The :data:`PROBES_FILE` of ``trial`` (in its ``trial_dir`` under ``run_dir``,
-    :func:`write_probes_file`); ``{}`` when the file is missing or does not read as a dict."""
-    trial_dir = Path(run_dir) / str(trial.user_attrs.get(TRIAL_DIR) or f"trials/{trial.number}")
-    try:
-        rows = json.loads((trial_dir / PROBES_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return rows if isinstance(rows, dict) else {}
-
-
-def write_rung_probes(trial_dir: Path, rungs: list[list[dict]]) -> None:
-    """Write ``rungs`` (per rung, the probe rows) to the trial's :data:`RUNG_PROBES_FILE`."""
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    (trial_dir / RUNG_PROBES_FILE).write_text(json.dumps(json_safe(rungs)), encoding="utf-8")
-
-
-def read_rung_probes(trial_dir: Path) -> list[list[dict]]:
-    """The trial's probe rows per rung (:func:`write_rung_probes`); ``[]`` when the file is
-    missing or does not read as a list of lists of rows."""
-    try:
-        rungs = json.loads((trial_dir / RUNG_PROBES_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    if not isinstance(rungs, list):
-        return []
-    return [[r for r in rung if isinstance(r, dict)] for rung in rungs if isinstance(rung, list)]

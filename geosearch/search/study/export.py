@@ -55,7 +55,7 @@ from geosearch.search.records import (
     trial_status,
 )
 from geosearch.search.space.spec import SearchSpace, Suggestion, study_pruner
-from geosearch.search.runtime.backup import read_probes_file
+from geosearch.search.records import read_probes_file
 from geosearch.search.runtime.storage import BEST_FILE, TOP_DIR, check_outside_study, open_run_study
 from geosearch.search.horizon.reading import (
     horizon_lines,

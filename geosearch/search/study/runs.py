@@ -41,7 +41,7 @@ from geosearch.search.records import (
     TOKENS_PER_S,
     json_safe,
 )
-from geosearch.search.runtime.backup import write_probes_file, write_rung_probes
+from geosearch.search.records import write_probes_file, write_rung_probes
 from geosearch.search.runtime.interrupts import CTRL_C
 from geosearch.search.runtime.liveness import Heartbeat, TrialLost
 from geosearch.search.space.plan import StudyPlan

@@ -15,7 +15,7 @@ from geosearch.search.horizon.forecast import schedule_sum_eta
 from geosearch.search.horizon.outlook import stability_lines, stability_record, stability_rows
 from geosearch.search.space.spec import study_pruner
 from geosearch.search.horizon.pruner import LogitGrowthPruner
-from geosearch.search.runtime.backup import read_probes_file
+from geosearch.search.records import read_probes_file
 from geosearch.search.runtime.storage import open_run_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -20,7 +20,7 @@ from geosearch.util.errors import ConfigError
 from geosearch.search.horizon.forecast import schedule_sum_eta, schedule_sum_eta2
 from geosearch.search.space.reader import SearchSpaceError
 from geosearch.search.space.spec import apply_overrides, load_space
-from geosearch.search.runtime.backup import read_probes_file, read_rung_probes
+from geosearch.search.records import read_probes_file, read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.study.export import format_ranking
 from geosearch.search.study.run import run_search

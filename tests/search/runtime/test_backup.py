@@ -15,22 +15,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState, create_trial
 
 from geosearch.util.errors import ConfigError
-from geosearch.search.runtime.backup import (
-    CHECKSUM,
-    STUDY_FILE,
-    TRIAL_FILE,
-    TrialBackup,
-    lost_trials,
-    read_probes_file,
-    read_study_record,
-    read_trial_records,
-    record_checksum,
-    record_intact,
-    recorded_trial,
-    save_study_record,
-    trial_record,
-    write_probes_file,
-)
+from geosearch.search.runtime.backup import CHECKSUM, STUDY_FILE, TRIAL_FILE, TrialBackup, lost_trials, read_study_record, read_trial_records, record_checksum, record_intact, recorded_trial, save_study_record, trial_record
+from geosearch.search.records import read_probes_file, write_probes_file
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -16,7 +16,7 @@ from geosearch.search.study.extras import queue_extras
 from geosearch.search.study.queue import done_count, enqueue
 from geosearch.search.records import SEED_OF, SEEDS
 from geosearch.search.study.export import export_best
-from geosearch.search.runtime.backup import read_probes_file
+from geosearch.search.records import read_probes_file
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.space.plan import plan_study
 

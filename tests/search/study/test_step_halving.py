@@ -25,7 +25,7 @@ from geosearch.search.records import (
     trial_status,
 )
 from geosearch.search.horizon.outlook import stability_rows
-from geosearch.search.runtime.backup import read_probes_file
+from geosearch.search.records import read_probes_file
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.space.spec import study_pruner
 from geosearch.search.stats.study_ranking import rank_study

@@ -23,7 +23,7 @@ from geosearch.util.errors import GeosearchError
 from geosearch.proxy.config import TrainResult
 from geosearch.search.study import trial_loop
 from geosearch.search.study.queue import done_count
-from geosearch.search.runtime.backup import read_probes_file
+from geosearch.search.records import read_probes_file
 from geosearch.search.runtime.storage import open_run_study
 
 pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
