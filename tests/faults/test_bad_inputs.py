@@ -39,6 +39,9 @@ def test_the_table_in_docs_is_the_one_the_cases_print(tmp_path):
             continue
         if case is not None and case.volatile:  # a library's words: the start must agree
             doc_row, new_row = (re.sub(r"\(.*", "", r) for r in (doc_row, new_row))
+        # the installed transformers' version is named by some rows: any checked one will do
+        doc_row, new_row = (re.sub(r"transformers \d+\.\d+\.\d+", "transformers X.Y.Z", r)
+                            for r in (doc_row, new_row))
         assert doc_row == new_row
 
 
