@@ -180,6 +180,8 @@ class HorizonReading:
     extrapolated: bool = False
     forecast_order: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    rule: str | None = None
+    """Which order ranked, in words (set for a ladder of branches: the verdict says it)."""
 
     @property
     def stable(self) -> bool:

@@ -12,6 +12,8 @@ from optuna.trial import TrialState
 from geosearch.assignment import Assignment
 from geosearch.proxy.state import state_path
 from geosearch.proxy.train import train
+from geosearch.search.horizon.reading import study_reading
+from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.space.plan import plan_study
 from geosearch.search.space.spec import Suggestion
 from geosearch.search.study.runs import rung_run, trunk_dir
@@ -46,3 +48,7 @@ def test_a_search_with_branches_ranks_completed_runs_off_one_trunk(tmp_path):
                                              cooldown_steps=4), Assignment.parse("attn=stiefel,mlp=adamw")
     scratch = train(config, assignment)
     assert t.value == pytest.approx(scratch.final_val_loss, rel=1e-6, abs=1e-6)
+    # the reading says which order ranked; two branches are too few for the curve law
+    reading = study_reading(open_run_study(tmp_path / "runs" / "t"))
+    assert reading.rule.startswith("the longest completed branch (Σ η")
+    assert "curve law: needs 3 branches a seed (ladder.rungs >= 3); not fitted" in reading.lines
