@@ -194,5 +194,9 @@ def probe_sum_eta(config: TrainConfig, assignment: Assignment) -> Callable[[int]
     peaks = [o["lr"] for t, o in assignment.resolve_options().items() if t in QK_TYPES and "lr" in o]
     peak = float(max(peaks)) if peaks else config.spectral_lr
     warmup = config.resolved().warmup_steps
+    if config.cooldown_steps is not None:  # warmup-stable-decay: a trunk or a branch
+        return lambda step: wsd_sum_eta(min(step, config.steps), steps=config.steps, peak=peak,
+                                        warmup_steps=warmup, cooldown_steps=config.cooldown_steps,
+                                        min_lr_ratio=config.min_lr_ratio)
     return lambda step: schedule_sum_eta(min(step, config.steps), steps=config.steps, peak=peak,
                                          warmup_steps=warmup, min_lr_ratio=config.min_lr_ratio)

@@ -13,6 +13,7 @@ from geosearch.assignment import Assignment
 from geosearch.proxy.state import state_path
 from geosearch.proxy.train import train
 from geosearch.search.horizon.reading import study_reading
+from geosearch.search.horizon.target import probe_sum_eta
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.space.plan import plan_study
 from geosearch.search.space.spec import Suggestion
@@ -28,9 +29,13 @@ def test_branch_rungs_are_planned_with_the_trunk_and_their_cooldowns_counted():
     # the trunk to step 16 and the two cooldowns: 22 steps an assignment (2 assignments)
     assert plan.least_steps == 2 * 22
     assert "branched off one constant-step run" in plan.header_lines()[0]
-    suggestion = Suggestion({"attn": "adamw", "mlp": "adamw"}, {}, {}, space.rules)
+    suggestion = Suggestion({"attn": "stiefel", "mlp": "adamw"}, {}, {}, space.rules)
     config, _ = rung_run(space, suggestion, 0, plan.rungs[1])
     assert (config.steps, config.cooldown_steps, config.warmup_steps) == (20, 4, 1)
+    # its probes' Σ η is the warmup-stable-decay schedule's, the same as the rung's
+    assert probe_sum_eta(config, suggestion.assignment())(20) == pytest.approx(plan.rungs[1].sum_eta)
+    assert probe_sum_eta(config, suggestion.assignment())(16) == pytest.approx(
+        sum(config.lr_factor(t) for t in range(16)) * config.spectral_lr)
 
 
 @pytest.mark.slow
