@@ -444,7 +444,8 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
         publish(text, out)
     row = {"setting": setting_name(model, eta, model_args), "truth_best": PAPER[truth_best],
            "search_best": PAPER[search_best], "spearman": round(rho_all, 4),
-           "stability": list(decisions), "left": len(keys), "from": f"fidelity.py --compare {run_dir}"}
+           "stability": list(decisions), "left": len(keys),
+           "from": f"fidelity.py --compare {run_dir}"}
     record_search(row)
     print(f"{SEARCHES}: row {row['setting']!r} written (--track-record scores it)")
 
@@ -634,8 +635,8 @@ def right_null(rows: list[dict]) -> dict:
                              "null": "a random order of the assignments each search kept"}
 
     return {"winner": null(cw), "rho": null(cr), "beside": {
-        "no_run_rule": {"winner": rule["winner"][0], "spearman": rule["rho"][0], "of": scored["settings"],
-                        "stability": rule["decisions"]},
+        "no_run_rule": {"winner": rule["winner"][0], "spearman": rule["rho"][0],
+                        "of": scored["settings"], "stability": rule["decisions"]},
         "constant_rule_stability": scored["constant_decisions"]}}
 
 

@@ -47,10 +47,11 @@ at 1 and 2 match the long runs' except where a run peaks within ±25% of the thr
 at 3 and 4 the search names the long runs' best (all-DGram) but reaches Spearman ≥ 0.8 at
 one of the two at most (``small``'s own 400-step order had 0.40); (d) the search beats the
 no-run rule on winners over the four together, not on Spearman. Commands (each piece under
-15 minutes on an idle 2-core machine but the ``small`` long runs, about 9 minutes each)::
+15 minutes on an idle 2-core machine but the ``small`` long runs, about 9 minutes each, one
+assignment ``A`` a piece)::
 
     python benchmarks/fidelity.py --truth --model mini --eta 0.04 --steps 2000 --seeds 0 1
-    python benchmarks/fidelity.py --truth --model small --eta 0.04 --steps 2000 --seeds 0 --only A  # each A
+    python benchmarks/fidelity.py --truth --model small --eta 0.04 --steps 2000 --seeds 0 --only A
     geosearch search --model mini --set proxy.spectral_lr=0.04 --study fid-mini-0.04
     geosearch search --model mini --target-model small --study fid-mini-for-small
     geosearch search --model tiny --target-model mini --study fid-tiny-for-mini
@@ -72,8 +73,12 @@ from pathlib import Path
 
 from geosearch.search.horizon.ladder import spearman
 
-ALL_DGRAM, S_D, D_S, ALL_STIEFEL = ("attn=dgram,mlp=dgram", "attn=stiefel,mlp=dgram",
-                                    "attn=dgram,mlp=stiefel", "attn=stiefel,mlp=stiefel")
+ALL_DGRAM, S_D, D_S, ALL_STIEFEL = (
+    "attn=dgram,mlp=dgram",
+    "attn=stiefel,mlp=dgram",
+    "attn=dgram,mlp=stiefel",
+    "attn=stiefel,mlp=stiefel",
+)
 FOUR = (ALL_STIEFEL, S_D, D_S, ALL_DGRAM)
 RHO_AT = 0.8
 NEW_SETTINGS = ("mini 0.04", "small 0.04", "mini 0.02 target small", "tiny 0.02 target mini")
@@ -147,7 +152,9 @@ def parse_setting(name: str) -> tuple[str, float, dict]:
     return m.group(2), float(m.group(3)), args
 
 
-def score(rows: Sequence[dict], truths: Mapping[str, tuple[dict[str, float], dict[str, bool]]]) -> dict:
+def score(
+    rows: Sequence[dict], truths: Mapping[str, tuple[dict[str, float], dict[str, bool]]]
+) -> dict:
     """The search, the no-run rule and the constant rule over ``rows`` (searches.json's),
     with ``truths``: setting -> (the long runs' mean final loss per assignment, whether any
     of its long runs crossed the threshold). Rows without a truth are left out."""
@@ -169,23 +176,43 @@ def score(rows: Sequence[dict], truths: Mapping[str, tuple[dict[str, float], dic
         rule_rho = rho_all(order, unstable, mean)
         rule_dec = sum(no_run_crosses(eta, a) == above[a] for a in FOUR)
         s_hits, s_of = row["stability"]
-        for name, won, rho, hit, of in (("search", _label(best) == row["search_best"], row["spearman"], s_hits, s_of),
-                                        ("rule", order[0] == best, rule_rho, rule_dec, 4)):
+        for name, won, rho, hit, of in (
+            ("search", _label(best) == row["search_best"], row["spearman"], s_hits, s_of),
+            ("rule", order[0] == best, rule_rho, rule_dec, 4),
+        ):
             t = tally[name]
             t[0] += won
             t[1] += rho >= RHO_AT - 1e-9
             t[2] += hit
             t[3] += of
         decisions += [above[a] for a in FOUR]
-        table.append({"setting": row["setting"], "truth_best": _label(best), "search_best": row["search_best"],
-                      "rule_best": _label(order[0]), "search_rho": row["spearman"], "rule_rho": rule_rho,
-                      "search_decisions": f"{s_hits} of {s_of}", "rule_decisions": f"{rule_dec} of 4",
-                      "left": left, "chance_winner": w, "chance_rho": r})
+        table.append(
+            {
+                "setting": row["setting"],
+                "truth_best": _label(best),
+                "search_best": row["search_best"],
+                "rule_best": _label(order[0]),
+                "search_rho": row["spearman"],
+                "rule_rho": rule_rho,
+                "search_decisions": f"{s_hits} of {s_of}",
+                "rule_decisions": f"{rule_dec} of 4",
+                "left": left,
+                "chance_winner": w,
+                "chance_rho": r,
+            }
+        )
     n = len(table)
-    out = {"rows": table, "settings": n, "constant_decisions": [constant_rule(decisions), len(decisions)]}
+    out = {
+        "rows": table,
+        "settings": n,
+        "constant_decisions": [constant_rule(decisions), len(decisions)],
+    }
     for name, (won, rho, hit, of) in tally.items():
-        out[name] = {"winner": [won, n, tail(won, chance_w)], "rho": [rho, n, tail(rho, chance_r)],
-                     "decisions": [hit, of]}
+        out[name] = {
+            "winner": [won, n, tail(won, chance_w)],
+            "rho": [rho, n, tail(rho, chance_r)],
+            "decisions": [hit, of],
+        }
     return out
 
 
@@ -199,8 +226,12 @@ def _kept(row: dict, mean: Mapping[str, float], left: int) -> list[str]:
     raise ValueError(f"{row['setting']}: left {left} is not 2 or 4; name the kept assignments")
 
 
-LABELS = {ALL_STIEFEL: "all-Stiefel", S_D: "Stiefel-attn + DGram-MLP", D_S: "DGram-attn + Stiefel-MLP",
-          ALL_DGRAM: "all-DGram"}
+LABELS = {
+    ALL_STIEFEL: "all-Stiefel",
+    S_D: "Stiefel-attn + DGram-MLP",
+    D_S: "DGram-attn + Stiefel-MLP",
+    ALL_DGRAM: "all-DGram",
+}
 
 
 def _label(assign: str) -> str:
@@ -209,21 +240,35 @@ def _label(assign: str) -> str:
 
 def lines(result: dict) -> list[str]:
     """The scored table and its tallies, as markdown."""
-    out = ["| setting | long runs' best | search / rule best | search ρ | rule ρ | decisions search / rule "
-           "| left | chance: winner, ρ ≥ 0.8 |", "|---|---|---|---:|---:|---|---:|---|"]
+    out = [
+        "| setting | long runs' best | search / rule best | search ρ | rule ρ "
+        "| decisions search / rule "
+        "| left | chance: winner, ρ ≥ 0.8 |",
+        "|---|---|---|---:|---:|---|---:|---|",
+    ]
     for r in result["rows"]:
-        mark = ("✓" if r["search_best"] == r["truth_best"] else "✗", "✓" if r["rule_best"] == r["truth_best"] else "✗")
-        out.append(f"| {r['setting']} | {r['truth_best']} | {r['search_best']} {mark[0]} / {r['rule_best']} "
-                   f"{mark[1]} | {r['search_rho']:.2f} | {r['rule_rho']:.2f} | {r['search_decisions']} / "
-                   f"{r['rule_decisions']} | {r['left']} | {r['chance_winner']:.2f}, {r['chance_rho']:.2f} |")
+        mark = (
+            "✓" if r["search_best"] == r["truth_best"] else "✗",
+            "✓" if r["rule_best"] == r["truth_best"] else "✗",
+        )
+        out.append(
+            f"| {r['setting']} | {r['truth_best']} | {r['search_best']} {mark[0]} / "
+            f"{r['rule_best']} "
+            f"{mark[1]} | {r['search_rho']:.2f} | {r['rule_rho']:.2f} | {r['search_decisions']} / "
+            f"{r['rule_decisions']} | {r['left']} | "
+            f"{r['chance_winner']:.2f}, {r['chance_rho']:.2f} |"
+        )
     n = result["settings"]
     out.append("")
     for name in ("search", "rule"):
         s = result[name]
-        out.append(f"- {'The search' if name == 'search' else 'The no-run rule'}: best named at "
-                   f"{s['winner'][0]} of {n} (p = {s['winner'][2]:.3g} under the right null), ρ ≥ 0.8 at "
-                   f"{s['rho'][0]} of {n} (p = {s['rho'][2]:.3g}), stability decisions {s['decisions'][0]} of "
-                   f"{s['decisions'][1]}.")
+        out.append(
+            f"- {'The search' if name == 'search' else 'The no-run rule'}: best named at "
+            f"{s['winner'][0]} of {n} (p = {s['winner'][2]:.3g} under the right null), ρ ≥ 0.8 at "
+            f"{s['rho'][0]} of {n} (p = {s['rho'][2]:.3g}), stability decisions "
+            f"{s['decisions'][0]} of "
+            f"{s['decisions'][1]}."
+        )
     c = result["constant_decisions"]
     out.append(f"- The better constant rule: {c[0]} of {c[1]} stability decisions.")
     return out
@@ -241,17 +286,27 @@ def stored_truths(rows: Sequence[dict]) -> dict[str, tuple[dict[str, float], dic
         if not all(any(r["status"] == "completed" for r in truth[a]) for a in FOUR):
             continue
         threshold = 10.0 * model_logit_scale(model, args)
-        mean = {a: statistics.fmean(r["final_val_loss"] for r in truth[a] if r["status"] == "completed")
-                for a in FOUR}
-        above = {a: any(p["max_logit"] is not None and p["max_logit"] > threshold
-                        for r in truth[a] for p in r["probes"]) for a in FOUR}
+        mean = {
+            a: statistics.fmean(r["final_val_loss"] for r in truth[a] if r["status"] == "completed")
+            for a in FOUR
+        }
+        above = {
+            a: any(
+                p["max_logit"] is not None and p["max_logit"] > threshold
+                for r in truth[a]
+                for p in r["probes"]
+            )
+            for a in FOUR
+        }
         out[row["setting"]] = (mean, above)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--searches", type=Path, default=Path(__file__).parent / "data" / "searches.json")
+    p.add_argument(
+        "--searches", type=Path, default=Path(__file__).parent / "data" / "searches.json"
+    )
     p.add_argument("--out", type=Path, help="also write the table to this file")
     args = p.parse_args(argv)
     rows = json.loads(args.searches.read_text(encoding="utf-8"))["settings"]

@@ -156,7 +156,8 @@ def show(out: Path | None) -> None:
             for assign in PAPER:
                 for seed in (0, 1):
                     config = stability_config(model, eta, steps, seed, args)
-                    rec = next((r for r in stored if r["assign"] == assign and same_run(r["config"], config)), None)
+                    rec = next((r for r in stored
+                                if r["assign"] == assign and same_run(r["config"], config)), None)
                     long = next((r for r in truth[assign] if r["config"]["seed"] == seed), None)
                     if rec is None or long is None:
                         continue
@@ -189,12 +190,14 @@ def show(out: Path | None) -> None:
              "| rung steps | attention | cases | within ×2 | no growth within ×2 (where stored) | decisions equal "
              "| a constant rule's decisions | the no-run rule's | false alarms |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for (steps, dgram), (n, ok, own_ok, own_n, decided, false, above, rule) in sorted(tally.items(), reverse=True):
+    for (steps, dgram), counts in sorted(tally.items(), reverse=True):
+        n, ok, own_ok, own_n, decided, false, above, rule = counts
         lines.append(f"| {steps} | {'DGram' if dgram else 'Stiefel'} | {n} | {ok} | {own_ok} of {own_n} | {decided} "
                      f"| {max(above, n - above)} | {rule} | {false} |")
     lines += ["", "A constant rule: the better of 'always above' and 'always below' the threshold for that "
-              "attention geometry (the decisions a rule that ignores the run gets right). The no-run rule: "
-              "DGram attention crosses iff η >= 0.05, Stiefel never (benchmarks/no_run_rules.py)."]
+              "attention geometry (the decisions a rule that ignores the run gets right). The "
+              "no-run rule: DGram attention crosses iff η >= 0.05, Stiefel never "
+              "(benchmarks/no_run_rules.py)."]
     text = "\n".join(lines)
     if out is not None:
         publish(text, out)

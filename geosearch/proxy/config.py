@@ -210,7 +210,8 @@ class TrainConfig:
             raise ConfigError(f"must be true or false but got {self.compile!r}", source=src,
                               key="compile")
         self.log_with = _tracker_names(self.log_with, src)
-        warmup = self.steps // 10 if self.warmup_steps is None else min(self.warmup_steps, self.steps)
+        warmup = self.steps // 10 if self.warmup_steps is None else self.warmup_steps
+        warmup = min(warmup, self.steps)
         if self.cooldown_steps is not None and self.cooldown_steps > self.steps - warmup:
             raise ConfigError(f"expected at most steps - warmup ({self.steps - warmup}), got "
                               f"{self.cooldown_steps}: the cooldown follows the warmup", source=src,
@@ -237,7 +238,9 @@ class TrainConfig:
             return (step + 1) / warmup
         if cool is not None:
             start = total - cool
-            return 1.0 if step < start or not cool else 1 - (1 - floor) * min(1.0, (step - start + 1) / cool)
+            if step < start or not cool:
+                return 1.0
+            return 1 - (1 - floor) * min(1.0, (step - start + 1) / cool)
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 

@@ -25,16 +25,40 @@ import torch
 from geosearch.util.errors import ConfigError
 from geosearch.proxy.config import TrainConfig
 
-__all__ = ["LAST", "STATES_DIR", "load_state", "restore_state", "save_state", "start_state", "state_path",
-           "wanted"]
+__all__ = [
+    "LAST",
+    "STATES_DIR",
+    "load_state",
+    "restore_state",
+    "save_state",
+    "start_state",
+    "state_path",
+    "wanted",
+]
 
 STATES_DIR = "states"
 LAST = "last.pt"
 """A run's own latest state in ``states/`` (saved at each evaluation by a run that keeps
 states); a rerun into the same folder resumes from it."""
-_SAME = ("model", "model_args", "data", "tokenizer", "vocab_size", "batch_size", "lr", "spectral_lr",
-         "weight_decay", "betas", "momentum", "solver", "optimizer_args", "grad_clip", "qk_clip",
-         "seed", "grad_accum")
+_SAME = (
+    "model",
+    "model_args",
+    "data",
+    "tokenizer",
+    "vocab_size",
+    "batch_size",
+    "lr",
+    "spectral_lr",
+    "weight_decay",
+    "betas",
+    "momentum",
+    "solver",
+    "optimizer_args",
+    "grad_clip",
+    "qk_clip",
+    "seed",
+    "grad_accum",
+)
 """The fields two runs share when one takes up the other's state (besides the schedule)."""
 
 
@@ -52,10 +76,14 @@ def save_state(path: Path, run: Any, step: int, history: list[dict]) -> None:
     """Write the state of ``run`` (the trainer's ``_Run``) after ``step`` steps to ``path``."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     blob = {
-        "step": step, "identity": _identity(run.config),
+        "step": step,
+        "identity": _identity(run.config),
         "factors": [run.config.lr_factor(t) for t in range(step)],
-        "model": run.raw_model.state_dict(), "optimizer": run.raw_optimizer.state_dict(),
-        "generator": run.generator.get_state(), "torch_rng": torch.get_rng_state(), "cuda_rng": cuda,
+        "model": run.raw_model.state_dict(),
+        "optimizer": run.raw_optimizer.state_dict(),
+        "generator": run.generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": cuda,
         "history": history,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,17 +104,27 @@ def load_state(path: Path, config: TrainConfig) -> dict[str, Any]:
     mine = _identity(config)
     for key, value in blob["identity"].items():
         if mine.get(key) != value:
-            raise ConfigError(f"the state is of another run ({key} {value!r}, this run's "
-                              f"{mine.get(key)!r})", source=str(path), key=key)
+            raise ConfigError(
+                f"the state is of another run ({key} {value!r}, this run's {mine.get(key)!r})",
+                source=str(path),
+                key=key,
+            )
     step = blob["step"]
     if step > config.steps:
-        raise ConfigError(f"the state is at step {step}, past this run's {config.steps}",
-                          source=str(path), key="steps")
+        raise ConfigError(
+            f"the state is at step {step}, past this run's {config.steps}",
+            source=str(path),
+            key="steps",
+        )
     for t, f in enumerate(blob["factors"]):
         if abs(config.lr_factor(t) - f) > 1e-12:
-            raise ConfigError(f"this run's schedule differs from the state's at step {t + 1} "
-                              f"({config.lr_factor(t):.6g} against {f:.6g}): only the cooldown may "
-                              "follow the state", source=str(path), key="cooldown_steps")
+            raise ConfigError(
+                f"this run's schedule differs from the state's at step {t + 1} "
+                f"({config.lr_factor(t):.6g} against {f:.6g}): only the cooldown may "
+                "follow the state",
+                source=str(path),
+                key="cooldown_steps",
+            )
     return blob
 
 
@@ -106,8 +144,9 @@ def restore_state(run: Any, blob: dict[str, Any]) -> tuple[int, list[dict]]:
     return step, list(blob["history"])
 
 
-def start_state(out_dir: str | os.PathLike | None, start_from: str | os.PathLike | None,
-                config: TrainConfig) -> dict[str, Any] | None:
+def start_state(
+    out_dir: str | os.PathLike | None, start_from: str | os.PathLike | None, config: TrainConfig
+) -> dict[str, Any] | None:
     """The state a run starts from: the later of its own latest (a rerun of a killed run)
     and ``start_from`` (a trunk's), else ``None`` (from scratch).
 
@@ -117,7 +156,9 @@ def start_state(out_dir: str | os.PathLike | None, start_from: str | os.PathLike
     if start_from is not None and not Path(start_from).is_file():
         raise ConfigError("no such state: the trunk did not reach it", source=str(start_from))
     own = state_path(out_dir) if out_dir is not None else None
-    found = [load_state(p, config) for p in (own, start_from) if p is not None and Path(p).is_file()]
+    found = [
+        load_state(p, config) for p in (own, start_from) if p is not None and Path(p).is_file()
+    ]
     return max(found, key=lambda b: b["step"], default=None)
 
 

@@ -309,7 +309,8 @@ class _Run:
             self.writer.write_result(result)
         return result
 
-    def keep_states(self, step: int, history: list[dict], save_at: tuple[int, ...], keep: bool) -> None:
+    def keep_states(self, step: int, history: list[dict], save_at: tuple[int, ...],
+                    keep: bool) -> None:
         """Save the states wanted after ``step`` (:func:`~geosearch.proxy.state.wanted`), rank 0."""
         if self.writer is None:
             return

@@ -18,8 +18,20 @@ MIXED = Assignment.parse("attn=stiefel,mlp=dgram")
 
 
 def tiny(**kw) -> TrainConfig:
-    base = dict(model="tiny", steps=24, batch_size=4, eval_every=6, eval_batches=1, probe_every=6,
-                probe_batch_size=2, lr=3e-3, device="cpu", seed=3, warmup_steps=4, cooldown_steps=8)
+    base = dict(
+        model="tiny",
+        steps=24,
+        batch_size=4,
+        eval_every=6,
+        eval_batches=1,
+        probe_every=6,
+        probe_batch_size=2,
+        lr=3e-3,
+        device="cpu",
+        seed=3,
+        warmup_steps=4,
+        cooldown_steps=8,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -40,9 +52,13 @@ def test_a_branch_equals_the_run_trained_from_scratch(tmp_path):
     scratch = train(tiny(), MIXED)
     # the trunk: constant step after the warmup, its state saved where the branch's
     # cooldown starts (step 16), run on past it
-    trunk = train(tiny(steps=20, cooldown_steps=0), MIXED, out_dir=tmp_path / "trunk", save_at=(16,))
+    trunk = train(
+        tiny(steps=20, cooldown_steps=0), MIXED, out_dir=tmp_path / "trunk", save_at=(16,)
+    )
     assert trunk.status == "completed" and state_path(tmp_path / "trunk", 16).is_file()
-    branch = train(tiny(), MIXED, out_dir=tmp_path / "branch", start_from=state_path(tmp_path / "trunk", 16))
+    branch = train(
+        tiny(), MIXED, out_dir=tmp_path / "branch", start_from=state_path(tmp_path / "trunk", 16)
+    )
     assert branch.status == "completed"
     assert branch.final_val_loss == pytest.approx(scratch.final_val_loss, rel=1e-6, abs=1e-6)
     assert [m["step"] for m in branch.history] == [m["step"] for m in scratch.history]
@@ -52,12 +68,19 @@ def test_a_branch_equals_the_run_trained_from_scratch(tmp_path):
             assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-6, abs=1e-6)
     # a state of another run is refused, naming the field
     with pytest.raises(ConfigError, match="seed"):
-        train(tiny(seed=4), MIXED, out_dir=tmp_path / "other", start_from=state_path(tmp_path / "trunk", 16))
+        train(
+            tiny(seed=4),
+            MIXED,
+            out_dir=tmp_path / "other",
+            start_from=state_path(tmp_path / "trunk", 16),
+        )
 
 
 @pytest.mark.slow
 def test_a_branch_killed_mid_cooldown_resumes_on_its_own(tmp_path):
-    trunk = train(tiny(steps=16, cooldown_steps=0), MIXED, out_dir=tmp_path / "trunk", save_at=(16,))
+    trunk = train(
+        tiny(steps=16, cooldown_steps=0), MIXED, out_dir=tmp_path / "trunk", save_at=(16,)
+    )
     start = state_path(tmp_path / "trunk", 16)
     whole = train(tiny(), MIXED, out_dir=tmp_path / "whole", start_from=start)
 
@@ -69,8 +92,13 @@ def test_a_branch_killed_mid_cooldown_resumes_on_its_own(tmp_path):
         train(tiny(), MIXED, out_dir=tmp_path / "killed", start_from=start, callback=kill)
     assert state_path(tmp_path / "killed").is_file()  # its own state at step 18
     seen = []
-    resumed = train(tiny(), MIXED, out_dir=tmp_path / "killed", start_from=start,
-                    callback=lambda step, m: seen.append(step))
+    resumed = train(
+        tiny(),
+        MIXED,
+        out_dir=tmp_path / "killed",
+        start_from=start,
+        callback=lambda step, m: seen.append(step),
+    )
     assert trunk.status == resumed.status == "completed"
     assert seen == [24]  # from its own state at step 18, not the trunk's at 16
     assert math.isclose(resumed.final_val_loss, whole.final_val_loss, rel_tol=1e-6, abs_tol=1e-6)

@@ -30,7 +30,15 @@ from dataclasses import dataclass
 
 from geosearch.search.stats.scores import t_quantile
 
-__all__ = ["LAW_RANKS", "LawFit", "LawForecast", "fit_law", "forecast_law", "law_forecast", "ranking_rule"]
+__all__ = [
+    "LAW_RANKS",
+    "LawFit",
+    "LawForecast",
+    "fit_law",
+    "forecast_law",
+    "law_forecast",
+    "ranking_rule",
+]
 
 LAW_RANKS = False
 """Whether the law's forecast ranks instead of the longest completed branch: ``False``
@@ -53,7 +61,7 @@ class LawFit:
 
     def at(self, s: float) -> float:
         """The law at Σ η ``s``."""
-        return self.l_inf + self.a * s ** -self.alpha
+        return self.l_inf + self.a * s**-self.alpha
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,11 @@ def _linear(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, flo
 def fit_law(sum_eta: Sequence[float], losses: Sequence[float]) -> LawFit | None:
     """The law fitted to (Σ η, completed loss) points; ``None`` with fewer than 3 finite
     points at distinct positive Σ η."""
-    pts = sorted((float(s), float(y)) for s, y in zip(sum_eta, losses)
-                 if s > 0 and math.isfinite(s) and math.isfinite(y))
+    pts = sorted(
+        (float(s), float(y))
+        for s, y in zip(sum_eta, losses)
+        if s > 0 and math.isfinite(s) and math.isfinite(y)
+    )
     if len({s for s, _ in pts}) < 3:
         return None
     ss, ys = [s for s, _ in pts], [y for _, y in pts]
@@ -104,7 +115,7 @@ def fit_law(sum_eta: Sequence[float], losses: Sequence[float]) -> LawFit | None:
         c, d = b - g * (b - a), a + g * (b - a)
         a, b = (a, d) if sse(c) <= sse(d) else (c, b)
     alpha = math.exp((a + b) / 2)
-    l_inf, amp, err = _linear([s ** -alpha for s in ss], ys)
+    l_inf, amp, err = _linear([s**-alpha for s in ss], ys)
     return LawFit(l_inf, amp, alpha, err, len(pts), tuple(pts))
 
 
@@ -119,7 +130,7 @@ def forecast_law(fit: LawFit, sum_eta: float, level: float = LEVEL) -> LawForeca
     s2 = fit.sse / dof
 
     def grad(s: float) -> list[float]:
-        p = s ** -fit.alpha
+        p = s**-fit.alpha
         return [1.0, p, -fit.a * p * math.log(s)]
 
     rows = [grad(s) for s, _ in fit.points]
@@ -140,19 +151,25 @@ def _inverse3(m: list[list[float]]) -> list[list[float]] | None:
     scale = max(abs(x) for row in m for x in row) ** 3
     if not scale or abs(det) <= 1e-12 * scale:
         return None
-    adj = [[e * i - f * h, c * h - b * i, b * f - c * e],
-           [f * g - d * i, a * i - c * g, c * d - a * f],
-           [d * h - e * g, b * g - a * h, a * e - b * d]]
+    adj = [
+        [e * i - f * h, c * h - b * i, b * f - c * e],
+        [f * g - d * i, a * i - c * g, c * d - a * f],
+        [d * h - e * g, b * g - a * h, a * e - b * d],
+    ]
     return [[x / det for x in row] for row in adj]
 
 
-def law_forecast(per_seed: Sequence[Sequence[tuple[float, float]]], sum_eta: float,
-                 level: float = LEVEL) -> LawForecast | None:
+def law_forecast(
+    per_seed: Sequence[Sequence[tuple[float, float]]], sum_eta: float, level: float = LEVEL
+) -> LawForecast | None:
     """One assignment's forecast at ``sum_eta`` from each seed's (Σ η, completed loss)
     points: the mean of the seeds' fits, with the t interval of that mean over two or more
     seeds, else the one fit's own interval; ``None`` when no seed has 3 points."""
-    fits = [f for f in (fit_law([s for s, _ in pts], [y for _, y in pts]) for pts in per_seed)
-            if f is not None]
+    fits = [
+        f
+        for f in (fit_law([s for s, _ in pts], [y for _, y in pts]) for pts in per_seed)
+        if f is not None
+    ]
     if not fits:
         return None
     if len(fits) == 1:
@@ -171,5 +188,7 @@ def ranking_rule(top_sum_eta: float, target_sum_eta: float, branches: bool) -> s
     shown beside it (:data:`LAW_RANKS` is ``False``: ranking on it waits for the benchmark)."""
     if not branches:
         return f"the top rung's completed runs (Σ η {top_sum_eta:.3g})"
-    return (f"the longest completed branch (Σ η {top_sum_eta:.3g}); the curve law at "
-            f"Σ η {target_sum_eta:.3g} is not benchmarked")
+    return (
+        f"the longest completed branch (Σ η {top_sum_eta:.3g}); the curve law at "
+        f"Σ η {target_sum_eta:.3g} is not benchmarked"
+    )

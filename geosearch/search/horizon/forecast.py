@@ -124,11 +124,13 @@ def wsd_sum_eta(step: int, *, steps: int, peak: float, warmup_steps: int, cooldo
     its ``k``-th step; in closed form.
 
     Example:
-        >>> wsd_sum_eta(100, steps=100, peak=1.0, warmup_steps=10, cooldown_steps=20, min_lr_ratio=0.0)
+        >>> wsd_sum_eta(100, steps=100, peak=1.0, warmup_steps=10, cooldown_steps=20,
+        ...             min_lr_ratio=0.0)
         85.0
     """
     if not (isinstance(steps, int) and steps >= 1 and isinstance(step, int) and 0 <= step <= steps):
-        raise ValueError(f"need 0 <= step <= steps, steps >= 1; got step={step!r}, steps={steps!r}.")
+        raise ValueError(f"need 0 <= step <= steps, steps >= 1; got step={step!r}, "
+                         f"steps={steps!r}.")
     if not 0 <= warmup_steps + cooldown_steps <= steps:
         raise ValueError(f"warmup_steps + cooldown_steps must be within steps ({steps}) but got "
                          f"{warmup_steps} + {cooldown_steps}.")

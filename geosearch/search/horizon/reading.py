@@ -17,7 +17,8 @@ from geosearch.search.horizon.target import ladder_record
 from geosearch.search.stats.trials import trial_label
 from geosearch.search.records import LADDER, RUNG_LOSSES, TARGET, is_extra
 
-__all__ = ["horizon_lines", "horizon_note", "horizon_verdict", "law_lines", "reading_record", "rung_means",
+__all__ = ["horizon_lines", "horizon_note", "horizon_verdict", "law_lines", "reading_record",
+           "rung_means",
            "study_reading"]
 
 

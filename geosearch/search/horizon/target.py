@@ -36,7 +36,8 @@ from geosearch.search.horizon.probes import QK_TYPES
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment
 
-__all__ = ["Target", "branch_warmup", "ladder_record", "plan_branches", "plan_rungs", "probe_sum_eta", "resolve_target", "run_steps", "rung_seeds",
+__all__ = ["Target", "branch_warmup", "ladder_record", "plan_branches",
+           "plan_rungs", "probe_sum_eta", "resolve_target", "run_steps", "rung_seeds",
            "run_sum_eta", "run_sum_eta2", "takes_spectral_qk", "warmup_share"]
 
 
@@ -145,9 +146,11 @@ def plan_branches(proxy: TrainConfig, ladder: LadderFields, target_sum_eta: floa
                            min_lr_ratio=proxy.min_lr_ratio)
 
     if proxy.steps - warmup < 1 or not proxy.spectral_lr > 0:
-        return [Rung(0, proxy.steps, proxy.spectral_lr, run_sum_eta(proxy, proxy.steps, proxy.spectral_lr))]
-    rungs = plan_ladder(proxy.steps, proxy.spectral_lr, target_sum_eta, rungs=ladder.rungs, schedule_sum=unit,
-                        max_spectral_lr=proxy.spectral_lr, max_steps=ladder.max_steps or proxy.steps)
+        base = run_sum_eta(proxy, proxy.steps, proxy.spectral_lr)
+        return [Rung(0, proxy.steps, proxy.spectral_lr, base)]
+    rungs = plan_ladder(proxy.steps, proxy.spectral_lr, target_sum_eta, rungs=ladder.rungs,
+                        schedule_sum=unit, max_spectral_lr=proxy.spectral_lr,
+                        max_steps=ladder.max_steps or proxy.steps)
     return [dataclasses.replace(r, cooldown=cooldown(r.steps)) for r in rungs]
 
 
@@ -166,7 +169,8 @@ def run_steps(rungs: Sequence[Rung]) -> int:
     """Steps one seed trains over ``rungs`` (the ones it trains): each run's steps; of
     branches (``ladder.branches``) the trunk to the last branch point and every cooldown."""
     branches = [r for r in rungs if r.cooldown is not None]
-    trunk = max((r.branch_point for r in branches), default=0) + sum(r.cooldown or 0 for r in branches)
+    trunk = max((r.branch_point for r in branches), default=0)
+    trunk += sum(r.cooldown or 0 for r in branches)
     return trunk + sum(r.steps for r in rungs if r.cooldown is None)
 
 

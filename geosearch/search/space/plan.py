@@ -195,7 +195,8 @@ def _halving_cost(space: SearchSpace, rungs: Sequence[Rung], points: int,
     for name in space.baselines:
         own = baseline_rungs(name, rungs)
         stab = 0 if BASELINES[name].rung0_only else stability
-        b_full = sum(run_steps([r for r in own if s in rung_seeds(range(seeds), r, rungs[-1], lower)])
+        b_full = sum(run_steps([r for r in own
+                                if s in rung_seeds(range(seeds), r, rungs[-1], lower)])
                      for s in range(seeds))
         b = b_full + (factors - 1) * run_steps(own) + stab
         total += b

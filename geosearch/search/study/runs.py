@@ -21,7 +21,12 @@ from geosearch.proxy.config import TrainConfig, TrainResult
 from geosearch.proxy.state import state_path
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.horizon.stability import STABILITY_RUNG, stability_clock, stability_skip
-from geosearch.search.horizon.target import branch_warmup, probe_sum_eta, takes_spectral_qk, warmup_share
+from geosearch.search.horizon.target import (
+    branch_warmup,
+    probe_sum_eta,
+    takes_spectral_qk,
+    warmup_share,
+)
 from geosearch.search.horizon.probes import TrialProbes, probe_row
 from geosearch.search.horizon.pruner import prune_verdict
 from geosearch.search.records import (
@@ -124,8 +129,9 @@ class TrialRuns:
                 config, assignment = rung_run(self.space, suggestion, r, rung)
                 start: dict[str, Any] = {}
                 if rung.cooldown is not None:  # a branch: the trunk to its branch point first
-                    trunk, start = self.trunk(trial, config, assignment, rung, rungs, trial_dir, seed,
-                                              len(seeds), heartbeat, stability, trunk_rows.setdefault(seed, []))
+                    rows_so_far = trunk_rows.setdefault(seed, [])
+                    trunk, start = self.trunk(trial, config, assignment, rung, rungs, trial_dir,
+                                              seed, len(seeds), heartbeat, stability, rows_so_far)
                     if trunk is not None:
                         results[-1].append(trunk)
                         probes[-1].append(list(trunk_rows[seed]))
@@ -142,8 +148,8 @@ class TrialRuns:
                 name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
                 results[-1].append(self.train(
                     config, assignment, callback=callback, out_dir=out_dir,
-                    project=self.study.study_name, run_name=f"{name} seed {seed}", store_dir=self.run_dir,
-                    **start))
+                    project=self.study.study_name, run_name=f"{name} seed {seed}",
+                    store_dir=self.run_dir, **start))
                 probes[-1].append(rows)
                 if results[-1][-1].status != "completed":  # TrainResult.status
                     return results, probes
@@ -169,7 +175,8 @@ class TrialRuns:
                                 probe_sum_eta(trunk_config, assignment), heartbeat, report=False,
                                 judge=judge, on_prune=self.on_prune)
         result = self.train(trunk_config, assignment, callback=callback, out_dir=here,
-                            project=self.study.study_name, run_name=f"trial {trial.number} trunk seed {seed}",
+                            project=self.study.study_name,
+                            run_name=f"trial {trial.number} trunk seed {seed}",
                             store_dir=self.run_dir, save_at=(rung.branch_point,),
                             start_from=state_path(here, max(done)) if done else None)
         return (None if result.status == "completed" else result), start
@@ -188,8 +195,9 @@ def rung_run(space: SearchSpace, suggestion: Suggestion, repeat: int,
     warmup stretched with them) and multiplies every spectral step of the trial (the
     searched ones too) by the rung's over the proxy's."""
     if rung.cooldown is not None:  # a branch (ladder.branches): the proxy's step and warmup
-        config = dataclasses.replace(space.train_config(suggestion, repeat=repeat), steps=rung.steps,
-                                     warmup_steps=branch_warmup(space.proxy), cooldown_steps=rung.cooldown)
+        config = dataclasses.replace(space.train_config(suggestion, repeat=repeat),
+                                     steps=rung.steps, warmup_steps=branch_warmup(space.proxy),
+                                     cooldown_steps=rung.cooldown)
         return config, suggestion.assignment()
     if rung.index == 0:
         return space.train_config(suggestion, repeat=repeat), suggestion.assignment()

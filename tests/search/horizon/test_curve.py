@@ -13,7 +13,7 @@ SUMS = [1.5, 3.0, 4.5, 7.0, 11.0, 16.0]
 
 
 def law(s, l_inf=2.1, a=1.4, alpha=0.7):
-    return l_inf + a * s ** -alpha
+    return l_inf + a * s**-alpha
 
 
 @pytest.mark.parametrize("params", [(2.1, 1.4, 0.7), (3.0, 0.5, 0.25), (1.2, 4.0, 1.8)])
@@ -52,4 +52,7 @@ def test_seeds_combine_into_the_t_interval_of_their_mean():
 def test_the_rule_says_which_order_ranked():
     assert ranking_rule(4.4, 21.8, False) == "the top rung's completed runs (Σ η 4.4)"
     text = ranking_rule(8.8, 21.8, True)
-    assert text == "the longest completed branch (Σ η 8.8); the curve law at Σ η 21.8 is not benchmarked"
+    assert (
+        text
+        == "the longest completed branch (Σ η 8.8); the curve law at Σ η 21.8 is not benchmarked"
+    )

@@ -26,7 +26,9 @@ def test_chance_under_the_right_null_is_per_setting_and_its_tail_is_poisson_bino
     assert r.chances(order, list(r.FOUR)) == pytest.approx((1 / 4, 1 / 6))
     # two left: the right winner and ρ >= 0.8 over all four (the pruned tied last) are one event
     assert r.chances(order, [r.ALL_STIEFEL, r.S_D]) == pytest.approx((1 / 2, 1 / 2))
-    assert r.rho_all([r.S_D, r.ALL_STIEFEL], [r.D_S, r.ALL_DGRAM], order) == pytest.approx(4.5 / 22.5 ** 0.5)
+    assert r.rho_all([r.S_D, r.ALL_STIEFEL], [r.D_S, r.ALL_DGRAM], order) == pytest.approx(
+        4.5 / 22.5**0.5
+    )
     assert r.rho_all([r.ALL_STIEFEL, r.S_D], [r.D_S, r.ALL_DGRAM], order) < 0.8
     # 3 settings of four and 5 of two: 7 of 8 winners, 6 of 8 ρ >= 0.8
     assert r.tail(7, [1 / 4] * 3 + [1 / 2] * 5) == pytest.approx(0.00732421875)
@@ -48,14 +50,35 @@ def test_the_rules_and_the_scores_on_a_hand_made_table(rules):
     low = {r.ALL_DGRAM: 1.0, r.S_D: 2.0, r.D_S: 3.0, r.ALL_STIEFEL: 4.0}
     high = {r.S_D: 1.0, r.ALL_STIEFEL: 2.0, r.D_S: 3.0, r.ALL_DGRAM: 4.0}
     below = dict.fromkeys(r.FOUR, False)
-    truths = {"tiny 0.02": (low, below),
-              "tiny 0.05": (high, below | {r.ALL_DGRAM: True, r.D_S: True}),
-              "small 0.05": (high, below | {r.ALL_DGRAM: True})}  # one DGram-attention run stays below
-    rows = [{"setting": "tiny 0.02", "search_best": "all-DGram", "spearman": 0.8, "stability": [4, 4], "left": 4},
-            {"setting": "tiny 0.05", "search_best": "all-Stiefel", "spearman": 0.74, "stability": [4, 4], "left": 2},
-            {"setting": "small 0.05", "search_best": "Stiefel-attn + DGram-MLP", "spearman": 0.95,
-             "stability": [3, 4], "left": 2},
-            {"setting": "mini 0.02", "search_best": "all-DGram", "spearman": 1.0, "stability": [4, 4]}]  # no truth
+    truths = {
+        "tiny 0.02": (low, below),
+        "tiny 0.05": (high, below | {r.ALL_DGRAM: True, r.D_S: True}),
+        "small 0.05": (high, below | {r.ALL_DGRAM: True}),
+    }  # one DGram-attention run stays below
+    rows = [
+        {
+            "setting": "tiny 0.02",
+            "search_best": "all-DGram",
+            "spearman": 0.8,
+            "stability": [4, 4],
+            "left": 4,
+        },
+        {
+            "setting": "tiny 0.05",
+            "search_best": "all-Stiefel",
+            "spearman": 0.74,
+            "stability": [4, 4],
+            "left": 2,
+        },
+        {
+            "setting": "small 0.05",
+            "search_best": "Stiefel-attn + DGram-MLP",
+            "spearman": 0.95,
+            "stability": [3, 4],
+            "left": 2,
+        },
+        {"setting": "mini 0.02", "search_best": "all-DGram", "spearman": 1.0, "stability": [4, 4]},
+    ]  # no truth
     s = r.score(rows, truths)
     assert s["settings"] == 3
     assert s["search"]["winner"][:2] == [2, 3] and s["search"]["rho"][:2] == [2, 3]

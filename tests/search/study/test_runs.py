@@ -33,15 +33,21 @@ def test_branch_rungs_are_planned_with_the_trunk_and_their_cooldowns_counted():
     config, _ = rung_run(space, suggestion, 0, plan.rungs[1])
     assert (config.steps, config.cooldown_steps, config.warmup_steps) == (20, 4, 1)
     # its probes' Σ η is the warmup-stable-decay schedule's, the same as the rung's
-    assert probe_sum_eta(config, suggestion.assignment())(20) == pytest.approx(plan.rungs[1].sum_eta)
+    assert probe_sum_eta(config, suggestion.assignment())(20) == pytest.approx(
+        plan.rungs[1].sum_eta
+    )
     assert probe_sum_eta(config, suggestion.assignment())(16) == pytest.approx(
-        sum(config.lr_factor(t) for t in range(16)) * config.spectral_lr)
+        sum(config.lr_factor(t) for t in range(16)) * config.spectral_lr
+    )
 
 
 @pytest.mark.slow
 def test_a_search_with_branches_ranks_completed_runs_off_one_trunk(tmp_path):
-    space = make_space(geometries={"attn": ["adamw", "stiefel"], "mlp": ["adamw"]}, ladder=BRANCHES,
-                       target={"steps": 40})
+    space = make_space(
+        geometries={"attn": ["adamw", "stiefel"], "mlp": ["adamw"]},
+        ladder=BRANCHES,
+        target={"steps": 40},
+    )
     out = search(space, tmp_path)
     assert out.counts == {"completed": 2}
     t = next(t for t in trials_of(tmp_path) if t.params["geometry.attn"] == "stiefel")
@@ -49,8 +55,10 @@ def test_a_search_with_branches_ranks_completed_runs_off_one_trunk(tmp_path):
     here = trunk_dir(tmp_path / "runs" / "t" / "trials" / str(t.number), 0, 1)
     assert state_path(here, 8).is_file() and state_path(here, 16).is_file()
     # the top rung's loss is that of the 20-step warmup-stable-decay run from scratch
-    config, assignment = dataclasses.replace(space.proxy.resolved(), steps=20, warmup_steps=1,
-                                             cooldown_steps=4), Assignment.parse("attn=stiefel,mlp=adamw")
+    config, assignment = (
+        dataclasses.replace(space.proxy.resolved(), steps=20, warmup_steps=1, cooldown_steps=4),
+        Assignment.parse("attn=stiefel,mlp=adamw"),
+    )
     scratch = train(config, assignment)
     assert t.value == pytest.approx(scratch.final_val_loss, rel=1e-6, abs=1e-6)
     # the reading says which order ranked; two branches are too few for the curve law
