@@ -507,7 +507,8 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
         publish(text, out)
     row = {"setting": setting_name(model, eta, model_args), "truth_best": PAPER[truth_best],
            "search_best": PAPER[search_best], "spearman": round(rho_all, 4),
-           "stability": list(decisions), "from": f"fidelity.py --compare {run_dir}"}
+           "stability": list(decisions), "left": len(keys),
+           "from": f"fidelity.py --compare {run_dir}"}
     record_search(row)
     print(f"{SEARCHES}: row {row['setting']!r} written (--track-record scores it)")
 
@@ -669,16 +670,40 @@ def track_record(steps: int = 2000, short: int = 400, searches: Path = SEARCHES)
     winner = sum(r["truth_best"] == r["search_best"] for r in rows)
     rho = sum(r["spearman"] >= 0.8 for r in rows)
     same, of = (sum(r["stability"][i] for r in rows) for i in (0, 1))
+    nulls = right_null(rows)
     return {
         "written_by": f"python benchmarks/fidelity.py --track-record "
                       f"(--steps {steps}, short {short})",
         "order": {"at": ORDER_AT, "far": tally[True], "near": tally[False], "short_steps": short,
                   "long_steps": steps},
         "search": {"long_steps": steps, "settings": [r["setting"] for r in rows],
-                   "winner": _tally(winner, len(rows), 1 / 4),
-                   "spearman": {"at": 0.8, **_tally(rho, len(rows), 1 / 6)},
-                   "stability": {"hits": same, "of": of}},
+                   "winner": _tally(winner, len(rows), 1 / 4) | nulls["winner"](winner),
+                   "spearman": {"at": 0.8, **_tally(rho, len(rows), 1 / 6), **nulls["rho"](rho)},
+                   "stability": {"hits": same, "of": of}, **nulls["beside"]},
     }
+
+
+def right_null(rows: list[dict]) -> dict:
+    """The chance of each tally under the right null (a random order of the assignments each
+    search kept, ``left``: ``no_run_rules.chances``; the p-value its Poisson-binomial tail),
+    and the no-run rule's and the better constant rule's tallies beside the search's
+    (``no_run_rules.score`` on the stored long runs), for :func:`track_record`."""
+    import no_run_rules as nr
+
+    scored = nr.score(rows, nr.stored_truths(rows))
+    cw = [r["chance_winner"] for r in scored["rows"]]
+    cr = [r["chance_rho"] for r in scored["rows"]]
+    rule = scored["rule"]
+
+    def null(chances: list[float]):
+        return lambda hits: {"chance": round(sum(chances) / len(chances), 6),
+                             "p": float(f"{nr.tail(hits, chances):.3g}"),
+                             "null": "a random order of the assignments each search kept"}
+
+    return {"winner": null(cw), "rho": null(cr), "beside": {
+        "no_run_rule": {"winner": rule["winner"][0], "spearman": rule["rho"][0],
+                        "of": scored["settings"], "stability": rule["decisions"]},
+        "constant_rule_stability": scored["constant_decisions"]}}
 
 
 def write_track_record(steps: int, short: int) -> None:

@@ -10,6 +10,7 @@ check live in :class:`TrainConfig` (the fields), :data:`LIMITS` (the ranges of i
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ LIMITS: dict[str, Range] = {
     "batch_size": Range(1, 100_000, whole=True),
     "warmup_steps": Range(0, MAX_STEPS, whole=True, null=True),
     "min_lr_ratio": Range(0, 1),
+    "cooldown_steps": Range(0, MAX_STEPS, whole=True, null=True),
     "grad_clip": Range(0),
     "qk_clip": Range(0, open_low=True, null=True),
     "eval_every": STEPS,
@@ -105,6 +107,11 @@ class TrainConfig:
     """Linear warmup steps; None = 10% of ``steps``."""
     min_lr_ratio: float = 0.1
     """Both learning rates decay along a cosine to this fraction of their peak."""
+    cooldown_steps: int | None = None
+    """None: warmup, then the cosine. A number: warmup, then constant at the peak, then a
+    linear cooldown over this many last steps to ``min_lr_ratio`` (warmup-stable-decay: a
+    run's state before its cooldown is the same for every length, so a cooldown branched
+    off one constant-step run completes a run of that length: ``ladder.branches``)."""
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 = no clipping (the norm is still measured)."""
     qk_clip: float | None = None
@@ -208,6 +215,12 @@ class TrainConfig:
             raise ConfigError(f"must be true or false but got {self.compile!r}", source=src,
                               key="compile")
         self.log_with = _tracker_names(self.log_with, src)
+        warmup = self.steps // 10 if self.warmup_steps is None else self.warmup_steps
+        warmup = min(warmup, self.steps)
+        if self.cooldown_steps is not None and self.cooldown_steps > self.steps - warmup:
+            raise ConfigError(f"expected at most steps - warmup ({self.steps - warmup}), got "
+                              f"{self.cooldown_steps}: the cooldown follows the warmup", source=src,
+                              key="cooldown_steps")
         if self.data is not None and not isinstance(self.data, (str, os.PathLike)):
             raise ConfigError(f"must be a path or null but got {self.data!r}", source=src,
                               key="data")
@@ -219,6 +232,22 @@ class TrainConfig:
         """A copy with every default that depends on other fields filled in."""
         warmup = self.steps // 10 if self.warmup_steps is None else self.warmup_steps
         return dataclasses.replace(self, warmup_steps=warmup)
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of the peak learning rates after ``step`` optimizer steps (the
+        trainer's schedule): the linear warmup, then the cosine, or with ``cooldown_steps``
+        the constant peak and the linear cooldown, whose last step is at ``min_lr_ratio``."""
+        total, floor, cool = self.steps, self.min_lr_ratio, self.cooldown_steps
+        warmup = min(total // 10 if self.warmup_steps is None else self.warmup_steps, total)
+        if step < warmup:
+            return (step + 1) / warmup
+        if cool is not None:
+            start = total - cool
+            if step < start or not cool:
+                return 1.0
+            return 1 - (1 - floor) * min(1.0, (step - start + 1) / cool)
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     def optimizer_settings(self) -> dict[str, Any]:
         """The global optimizer settings of the run (``build_optimizer`` keywords, an

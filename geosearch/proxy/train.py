@@ -49,6 +49,7 @@ from geosearch.proxy.data import config_corpus, get_batch
 from geosearch.proxy.probes import WeightProbe, attention_stats
 from geosearch.proxy.qkclip import QKClip
 from geosearch.proxy.rundir import Progress, RunWriter, describe_run
+from geosearch.proxy.state import restore_state, save_state, start_state, state_path, wanted
 from geosearch.proxy.trackers import Trackers, check_trackers
 from geosearch.models.lm import lm_loss
 from geosearch.models.memory import check_fits, probe_logit_bytes
@@ -77,6 +78,8 @@ def train(
     project: str = "geosearch",
     run_name: str | None = None,
     store_dir: str | os.PathLike | None = None,
+    start_from: str | os.PathLike | None = None,
+    save_at: tuple[int, ...] = (),
 ) -> TrainResult:
     """Train the proxy once with ``assignment`` and report as it goes.
 
@@ -97,6 +100,11 @@ def train(
             name of ``out_dir``.
         store_dir: where a tracker store shared by the project's runs lives (MLflow's
             ``mlflow.db``): the search passes its study's directory; None = ``out_dir``.
+        start_from: a state another run saved (:mod:`geosearch.proxy.state`: a trunk's, at
+            the start of this run's cooldown) to train on from; its records come first.
+        save_at: steps after which to save the state in ``out_dir/states`` (a trunk's
+            branch points). With either, the run keeps its own latest state at each
+            evaluation and, rerun into ``out_dir``, resumes from it.
 
     Returns:
         The :class:`TrainResult`. Instabilities and errors inside the loop are reported
@@ -122,7 +130,9 @@ def train(
     try:
         run = _Run(config, assignment, accelerator, out_dir,
                    tracking=(project, run_name or Path(out_dir or "run").name), store_dir=store_dir)
-        return run.run(callback, progress)
+        keep = (start_from is not None or bool(save_at)) and out_dir is not None
+        start = start_state(out_dir, start_from, config) if keep or start_from is not None else None
+        return run.run(callback, progress, start=start, save_at=save_at if keep else (), keep=keep)
     finally:
         # The run's model and optimizer are unreachable now; free_memory drops Accelerate's
         # references too, runs gc.collect() and empties the CUDA cache: the next run of
@@ -219,12 +229,8 @@ class _Run:
             if self.writer and config.log_with else None
 
     def lr_factor(self, step: int) -> float:
-        """Multiplier of the peak lr after ``step`` optimizer steps: warmup, then cosine."""
-        warmup, total, floor = self.config.warmup_steps, self.config.steps, self.config.min_lr_ratio
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        """Multiplier of the peak lr after ``step`` optimizer steps (TrainConfig.lr_factor)."""
+        return self.config.lr_factor(step)
 
     def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's contiguous rows of a global batch, on the device: (B, T) -> (B/N, T)."""
@@ -236,7 +242,8 @@ class _Run:
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     # ----------------------------------------------------------------------- loop
-    def run(self, callback: Callback | None, progress: bool) -> TrainResult:
+    def run(self, callback: Callback | None, progress: bool, *, start: dict | None = None,
+            save_at: tuple[int, ...] = (), keep: bool = False) -> TrainResult:
         cfg, acc = self.config, self.accelerator
         fp16 = cfg.mixed_precision == "fp16"
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
@@ -248,9 +255,12 @@ class _Run:
         status, reason, stop_step = "completed", None, None
         ended = None  # "interrupted" when an exception leaves the loop
         step = 0
+        if start is not None:  # a trunk's state, or this run's own (a rerun)
+            step, history = restore_state(self, start)
+        first = step + 1
         self.model.train()
         try:
-            for step in range(1, cfg.steps + 1):
+            for step in range(first, cfg.steps + 1):
                 t0 = time.perf_counter()
                 train_loss, gnorm = self.train_step(max_norm)
                 lr = cfg.lr * self.lr_factor(step - 1)
@@ -269,6 +279,7 @@ class _Run:
                 step_s.append(time.perf_counter() - t0)
                 bar.step(train_loss)
                 if not (do_eval or do_probe):
+                    self.keep_states(step, history, save_at, keep=False)
                     continue
 
                 interval_s = sum(step_s[-since_record:]) / since_record  # mean since last record
@@ -282,6 +293,7 @@ class _Run:
                 if stop:
                     status, reason, stop_step = "unstable", stop, step
                     break
+                self.keep_states(step, history, save_at, keep=keep and do_eval)
         except (KeyboardInterrupt, GeosearchError):
             ended = "interrupted"
             raise
@@ -298,6 +310,14 @@ class _Run:
         if self.writer:
             self.writer.write_result(result)
         return result
+
+    def keep_states(self, step: int, history: list[dict], save_at: tuple[int, ...],
+                    keep: bool) -> None:
+        """Save the states wanted after ``step`` (:func:`~geosearch.proxy.state.wanted`), rank 0."""
+        if self.writer is None:
+            return
+        for at in wanted(step, save_at, keep, True):
+            save_state(state_path(self.writer.dir, at), self, step, history)
 
     def train_step(self, max_norm: float) -> tuple[float, float]:
         """One step's batch, forward/backward and gradient clip: the global mean loss and grad norm."""

@@ -34,6 +34,7 @@ __all__ = [
     "forecast_max_logit",
     "schedule_sum_eta",
     "schedule_sum_eta2",
+    "wsd_sum_eta",
     "stability_lr",
     "short_logit",
     "stiefel_logit_bound",
@@ -113,6 +114,34 @@ def schedule_sum_eta2(step: int, *, steps: int, peak: float, warmup_steps: int |
         a, b = (1 + min_lr_ratio) / 2, (1 - min_lr_ratio) / 2
         total += m * (a * a + b * b / 2) + 2 * a * b * _cos_sum(m, theta) + b * b / 2 * _cos_sum(m, 2 * theta)
     return peak * peak * total
+
+
+def wsd_sum_eta(step: int, *, steps: int, peak: float, warmup_steps: int, cooldown_steps: int,
+                min_lr_ratio: float = 0.1) -> float:
+    """Σ η after ``step`` optimizer steps of a warmup-stable-decay run
+    (``TrainConfig.cooldown_steps``): ``f(s) = (s + 1)/warmup`` in the warmup, 1 until the
+    cooldown's start ``steps − cooldown_steps``, then ``1 − (1 − r)(k + 1)/cooldown_steps`` at
+    its ``k``-th step; in closed form.
+
+    Example:
+        >>> wsd_sum_eta(100, steps=100, peak=1.0, warmup_steps=10, cooldown_steps=20,
+        ...             min_lr_ratio=0.0)
+        85.0
+    """
+    if not (isinstance(steps, int) and steps >= 1 and isinstance(step, int) and 0 <= step <= steps):
+        raise ValueError(f"need 0 <= step <= steps, steps >= 1; got step={step!r}, "
+                         f"steps={steps!r}.")
+    if not 0 <= warmup_steps + cooldown_steps <= steps:
+        raise ValueError(f"warmup_steps + cooldown_steps must be within steps ({steps}) but got "
+                         f"{warmup_steps} + {cooldown_steps}.")
+    w, start = warmup_steps, steps - cooldown_steps
+    j = min(step, w)
+    total = j * (j + 1) / (2 * w) if j else 0.0
+    total += max(0, min(step, start) - w)
+    m = max(0, step - start)
+    if m:
+        total += m - (1 - min_lr_ratio) * m * (m + 1) / (2 * cooldown_steps)
+    return peak * total
 
 
 def _cos_sum(m: int, theta: float) -> float:

@@ -34,6 +34,15 @@ class Rung:
     steps: int
     spectral_lr: float
     sum_eta: float
+    cooldown: int | None = None
+    """``None``: a run of its own on the proxy's schedule shape. A number: a branch
+    (``ladder.branches``), the last ``cooldown`` steps of a warmup-stable-decay run whose
+    first ``steps − cooldown`` are the trunk's, shared with the lower rungs."""
+
+    @property
+    def branch_point(self) -> int:
+        """The trunk's step where this branch's cooldown starts (a run of its own: 0)."""
+        return 0 if self.cooldown is None else self.steps - self.cooldown
 
 
 def plan_ladder(
@@ -171,6 +180,8 @@ class HorizonReading:
     extrapolated: bool = False
     forecast_order: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    rule: str | None = None
+    """Which order ranked, in words (set for a ladder of branches: the verdict says it)."""
 
     @property
     def stable(self) -> bool:

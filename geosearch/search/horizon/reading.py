@@ -11,12 +11,14 @@ import optuna
 from optuna.trial import TrialState
 
 from geosearch.util.checks import is_number
+from geosearch.search.horizon.curve import law_forecast, ranking_rule
 from geosearch.search.horizon.ladder import HorizonReading, Rung, read_ladder
 from geosearch.search.horizon.target import ladder_record
 from geosearch.search.stats.trials import trial_label
 from geosearch.search.records import LADDER, RUNG_LOSSES, TARGET, is_extra
 
-__all__ = ["horizon_lines", "horizon_note", "horizon_verdict", "reading_record", "rung_means",
+__all__ = ["horizon_lines", "horizon_note", "horizon_verdict", "law_lines", "reading_record",
+           "rung_means",
            "study_reading"]
 
 
@@ -51,7 +53,31 @@ def study_reading(study: optuna.Study) -> HorizonReading | None:
             label = trial_label(t)
             losses[label if label not in losses else f"{label} (trial {t.number})"] = means
     reading = read_ladder(rungs, losses, float(target["sum_eta"]))
+    if rungs[-1].cooldown is not None:  # branches: the law's forecast, and which order ranked
+        reading.rule = ranking_rule(rungs[-1].sum_eta, reading.target_sum_eta, branches=True)
+        reading.lines.extend(law_lines(study, rungs, reading.target_sum_eta))
     return reading if len(rungs) > 1 or reading.extrapolated else None
+
+
+def law_lines(study: optuna.Study, rungs: list[Rung], target_sum_eta: float) -> list[str]:
+    """The curve law's forecast at the target for each completed trial
+    (:func:`~geosearch.search.horizon.curve.law_forecast`, fitted per seed to its branches'
+    completed losses), best first; a line saying why when no trial has three branches."""
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        value = t.user_attrs.get(RUNG_LOSSES)
+        if is_extra(t) or rung_means(value) is None:
+            continue
+        seeds = max((len(v) for v in value), default=0)
+        per_seed = [[(r.sum_eta, float(v[j])) for r, v in zip(rungs, value)
+                     if j < len(v) and is_number(v[j])] for j in range(seeds)]
+        f = law_forecast(per_seed, target_sum_eta)
+        if f is not None:
+            out.append((f.value, f"{trial_label(t)}: {f.text()}"))
+    if not out:
+        return ["curve law: needs 3 branches a seed (ladder.rungs >= 3); not fitted"]
+    return ["curve law L∞ + A·Σ η^−α, fitted per seed to the branches, at your target (90% "
+            "interval; not ranked on):", *(f"  {line}" for _, line in sorted(out))]
 
 
 def horizon_note(reading: HorizonReading | None) -> str | None:
@@ -101,4 +127,5 @@ def reading_record(reading: HorizonReading) -> dict[str, Any]:
         "stable": reading.stable and len(reading.rungs) > 1,
         "extrapolated": reading.extrapolated,
         "lines": list(reading.lines),
+        **({"ranked_by": reading.rule} if reading.rule else {}),
     }

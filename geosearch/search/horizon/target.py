@@ -29,14 +29,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from geosearch.optim.settings import ADAMW
 from geosearch.proxy.config import TrainConfig
-from geosearch.search.horizon.forecast import schedule_sum_eta, schedule_sum_eta2
+from geosearch.search.horizon.forecast import schedule_sum_eta, schedule_sum_eta2, wsd_sum_eta
 from geosearch.search.horizon.ladder import Rung, plan_ladder
 from geosearch.search.horizon.probes import QK_TYPES
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment
 
-__all__ = ["Target", "ladder_record", "plan_rungs", "probe_sum_eta", "resolve_target", "rung_seeds",
+__all__ = ["Target", "branch_warmup", "ladder_record", "plan_branches",
+           "plan_rungs", "probe_sum_eta", "resolve_target", "run_steps", "rung_seeds",
            "run_sum_eta", "run_sum_eta2", "takes_spectral_qk", "warmup_share"]
 
 
@@ -55,6 +56,7 @@ class LadderFields(Protocol):
     rungs: int
     max_spectral_lr: float | None
     max_steps: int | None
+    # with branches (``branches``, ``cooldown``): read where present (plan_branches)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ def plan_rungs(proxy: TrainConfig, ladder: LadderFields, target_sum_eta: float) 
     (:func:`~geosearch.search.horizon.ladder.plan_ladder` on the proxy's schedule shape); the
     proxy run alone when it takes no spectral step."""
     base = Rung(0, proxy.steps, proxy.spectral_lr, run_sum_eta(proxy, proxy.steps, proxy.spectral_lr))
+    if getattr(ladder, "branches", False):
+        return plan_branches(proxy, ladder, target_sum_eta)
     if ladder.rungs == 1 or not (base.sum_eta > 0 and target_sum_eta > 0):
         return [base]
     return plan_ladder(proxy.steps, proxy.spectral_lr, target_sum_eta, rungs=ladder.rungs,
@@ -118,15 +122,62 @@ def plan_rungs(proxy: TrainConfig, ladder: LadderFields, target_sum_eta: float) 
                        max_steps=ladder.max_steps or proxy.steps)
 
 
+def plan_branches(proxy: TrainConfig, ladder: LadderFields, target_sum_eta: float) -> list[Rung]:
+    """The ladder as branches off one trunk (``ladder.branches``): rungs of growing length
+    at the proxy's step, spaced evenly in log Σ η from the proxy's steps up to the target
+    or ``ladder.max_steps`` (:func:`~geosearch.search.horizon.ladder.plan_ladder`), each a
+    warmup-stable-decay run (:func:`branch_warmup`, its last ``ladder.cooldown`` share a
+    cooldown). Rung 0 is the proxy's length on that schedule.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> proxy = TrainConfig(steps=400, spectral_lr=0.02)
+        >>> ladder = SimpleNamespace(rungs=3, max_spectral_lr=None, max_steps=2000, cooldown=0.2)
+        >>> [(r.steps, r.cooldown, r.branch_point) for r in plan_branches(proxy, ladder, 40.0)]
+        [(400, 80, 320), (934, 187, 747), (2000, 400, 1600)]
+    """
+    share, warmup = float(getattr(ladder, "cooldown", 0.2)), branch_warmup(proxy)
+
+    def cooldown(n: int) -> int:
+        return min(max(1, round(share * n)), n - warmup)
+
+    def unit(n: int) -> float:
+        return wsd_sum_eta(n, steps=n, peak=1.0, warmup_steps=warmup, cooldown_steps=cooldown(n),
+                           min_lr_ratio=proxy.min_lr_ratio)
+
+    if proxy.steps - warmup < 1 or not proxy.spectral_lr > 0:
+        base = run_sum_eta(proxy, proxy.steps, proxy.spectral_lr)
+        return [Rung(0, proxy.steps, proxy.spectral_lr, base)]
+    rungs = plan_ladder(proxy.steps, proxy.spectral_lr, target_sum_eta, rungs=ladder.rungs,
+                        schedule_sum=unit, max_spectral_lr=proxy.spectral_lr,
+                        max_steps=ladder.max_steps or proxy.steps)
+    return [dataclasses.replace(r, cooldown=cooldown(r.steps)) for r in rungs]
+
+
+def branch_warmup(proxy: TrainConfig) -> int:
+    """The warmup of every branch and of the trunk: the proxy run's, whatever their length."""
+    return proxy.resolved().warmup_steps
+
+
 def rung_seeds(seeds: Sequence[int], rung: Rung, top: Rung, lower: int | None) -> list[int]:
     """The seeds a trial trains at ``rung``: all of ``seeds`` at the ladder's ``top`` rung,
     the first ``lower`` below it (``None``: all)."""
     return list(seeds) if rung.index >= top.index or lower is None else list(seeds[:lower])
 
 
+def run_steps(rungs: Sequence[Rung]) -> int:
+    """Steps one seed trains over ``rungs`` (the ones it trains): each run's steps; of
+    branches (``ladder.branches``) the trunk to the last branch point and every cooldown."""
+    branches = [r for r in rungs if r.cooldown is not None]
+    trunk = max((r.branch_point for r in branches), default=0)
+    trunk += sum(r.cooldown or 0 for r in branches)
+    return trunk + sum(r.steps for r in rungs if r.cooldown is None)
+
+
 def ladder_record(rungs: Sequence[Rung]) -> list[dict[str, Any]]:
     """The rungs as a study records them (``ladder``)."""
-    return [dataclasses.asdict(r) for r in rungs]
+    return [{k: v for k, v in dataclasses.asdict(r).items() if k != "cooldown" or v is not None}
+            for r in rungs]
 
 
 def takes_spectral_qk(assignment: Assignment) -> bool:
@@ -147,5 +198,9 @@ def probe_sum_eta(config: TrainConfig, assignment: Assignment) -> Callable[[int]
     peaks = [o["lr"] for t, o in assignment.resolve_options().items() if t in QK_TYPES and "lr" in o]
     peak = float(max(peaks)) if peaks else config.spectral_lr
     warmup = config.resolved().warmup_steps
+    if config.cooldown_steps is not None:  # warmup-stable-decay: a trunk or a branch
+        return lambda step: wsd_sum_eta(min(step, config.steps), steps=config.steps, peak=peak,
+                                        warmup_steps=warmup, cooldown_steps=config.cooldown_steps,
+                                        min_lr_ratio=config.min_lr_ratio)
     return lambda step: schedule_sum_eta(min(step, config.steps), steps=config.steps, peak=peak,
                                          warmup_steps=warmup, min_lr_ratio=config.min_lr_ratio)

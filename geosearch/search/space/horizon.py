@@ -65,8 +65,19 @@ class LadderSpec:
     *measure* the attention logits at the target; ``None``: no stability rung (the pruner forecasts in
     Σ η instead). Its loss is not ranked."""
 
+    branches: bool = False
+    """Trunk and branches: each seed of a trial trains one run at the proxy's step, constant
+    after the warmup (the trunk), and each rung is a cooldown branched off it
+    (:mod:`geosearch.proxy.state`): a completed warmup-stable-decay run of the rung's length
+    at the cost of its cooldown; rungs reach Σ η by steps only. ``False``: each rung is a
+    run of its own on the proxy's schedule."""
+    cooldown: float = 0.2
+    """With ``branches``: each branch's cooldown as a share of its steps."""
+
     def __post_init__(self) -> None:
         _check_fields(self, LADDER_LIMITS)
+        if not isinstance(self.branches, bool):
+            raise ConfigError(f"expected true or false, got {self.branches!r}", key="branches")
 
 
 TARGET_LIMITS: dict[str, Range] = {
@@ -81,6 +92,7 @@ LADDER_LIMITS: dict[str, Range] = {
     "max_steps": dataclasses.replace(STEPS, null=True),
     "lower_seeds": Range(1, 100, whole=True, null=True),
     "stability_steps": dataclasses.replace(STEPS, null=True),
+    "cooldown": Range(0, 1, open_low=True, open_high=True),
 }
 """The numbers of ``ladder:`` -> their ranges (a rung is trained: at most
 :data:`~geosearch.util.checks.MAX_STEPS` steps)."""

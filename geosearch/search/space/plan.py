@@ -27,6 +27,7 @@ from geosearch.search.horizon.target import (
     ladder_record,
     plan_rungs,
     resolve_target,
+    run_steps,
     rung_seeds,
 )
 from geosearch.search.records import LADDER, STABILITY, TARGET
@@ -116,6 +117,9 @@ def _target_line(space: SearchSpace, t: Target, rungs: Sequence[Rung],
                   f"> proxy.steps {space.proxy.steps} ranks closer to it)")
     else:
         ladder = "1 rung, the proxy run (ladder.rungs >= 2 ranks closer to it)"
+    if rungs[-1].cooldown is not None:
+        ladder += (f", each a cooldown ({space.ladder.cooldown:.0%} of its steps) branched off one "
+                   f"constant-step run, the trunk, to {rungs[-1].branch_point} steps")
     if stab is not None:
         ladder += stability_clause(stab)
     return (f"  target: {t.steps} steps at spectral_lr {t.spectral_lr:g}, model {t.model}: "
@@ -135,7 +139,8 @@ def _cost(space: SearchSpace, rungs: Sequence[Rung]) -> tuple[str, int | None, i
     lower = space.ladder.lower_seeds
 
     def steps(own: Sequence[Rung]) -> int:  # one trial's, each rung with its seeds
-        return sum(r.steps * len(rung_seeds(range(seeds), r, rungs[-1], lower)) for r in own)
+        return sum(run_steps([r for r in own if s in rung_seeds(range(seeds), r, rungs[-1], lower)])
+                   for s in range(seeds))
 
     stability = space.ladder.stability_steps or 0  # the stability rung: one seed, before the ladder
     if space.hyperparams.step_grid and space.hyperparams.step_halving and points != math.inf:
@@ -155,7 +160,7 @@ def _cost(space: SearchSpace, rungs: Sequence[Rung]) -> tuple[str, int | None, i
     if runs:
         grid = f", each at the {factors} steps of the grid" if factors > 1 else ""
         parts.append(f"baselines (reported, never exported{grid}) {', '.join(runs)}")
-    extra = max(0, (space.max_repeats or seeds) - seeds) * rungs[-1].steps
+    extra = max(0, (space.max_repeats or seeds) - seeds) * run_steps(rungs[-1:])
     if not known:
         total = f"{each:,} steps an assignment + {fixed:,}"
         worst = f" (+{extra:,} an assignment with adaptive seeds)" if extra else ""
@@ -176,9 +181,10 @@ def _halving_cost(space: SearchSpace, rungs: Sequence[Rung], points: int,
     factors = len(baseline_factors(space.hyperparams.step_grid))
     assignments = math.ceil(points / factors)
     seeds, lower = space.repeats, space.ladder.lower_seeds
-    full = sum(r.steps * len(rung_seeds(range(seeds), r, rungs[-1], lower)) for r in rungs)
-    one = sum(r.steps for r in rungs)  # a point's first seed, every rung
-    promote = (seeds - 1) * rungs[-1].steps
+    full = sum(run_steps([r for r in rungs if s in rung_seeds(range(seeds), r, rungs[-1], lower)])
+               for s in range(seeds))
+    one = run_steps(rungs)  # a point's first seed, every rung
+    promote = (seeds - 1) * run_steps(rungs[-1:])
     parts = [f"{assignments} points at the shared step x {seeds} seed(s) ({full:,} steps each)",
              f"{points - assignments} at the other steps x 1 seed ({one:,} each)"]
     if stability:
@@ -189,10 +195,12 @@ def _halving_cost(space: SearchSpace, rungs: Sequence[Rung], points: int,
     for name in space.baselines:
         own = baseline_rungs(name, rungs)
         stab = 0 if BASELINES[name].rung0_only else stability
-        b_full = sum(r.steps * len(rung_seeds(range(seeds), r, rungs[-1], lower)) for r in own)
-        b = b_full + (factors - 1) * sum(r.steps for r in own) + stab
+        b_full = sum(run_steps([r for r in own
+                                if s in rung_seeds(range(seeds), r, rungs[-1], lower)])
+                     for s in range(seeds))
+        b = b_full + (factors - 1) * run_steps(own) + stab
         total += b
-        best += (seeds - 1) * own[-1].steps
+        best += (seeds - 1) * run_steps(own[-1:])
         spare += (factors - 1) * stab
         runs.append(f"{name} {b:,}")
     if runs:
@@ -204,7 +212,7 @@ def _halving_cost(space: SearchSpace, rungs: Sequence[Rung], points: int,
                     f"seed(s) at the top rung)")
     if spare:
         more.append(f"+ up to {spare:,} where a larger step fails the stability rung")
-    extra = max(0, (space.max_repeats or seeds) - seeds) * rungs[-1].steps
+    extra = max(0, (space.max_repeats or seeds) - seeds) * run_steps(rungs[-1:])
     if extra:
         more.append(f"+ up to {assignments * extra:,} with adaptive seeds (max_repeats {space.max_repeats}, "
                     "at the top rung)")

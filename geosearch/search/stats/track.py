@@ -31,17 +31,27 @@ def track_record() -> dict[str, Any]:
 
 
 def track_text(record: dict[str, Any] | None = None) -> str:
-    """The search's record in one sentence, from :func:`track_record`."""
+    """The search's record in one sentence, from :func:`track_record`: its tallies, their
+    chance under the benchmark's null (a random order of the assignments each search kept),
+    and, where recorded, what a rule that needs no run got at the same settings."""
     s = (record or track_record())["search"]
     w, r, st = s["winner"], s["spearman"], s["stability"]
-    return (
+    null = "1 in the assignments it kept" if "null" in w else "1 in 4 each"
+    text = (
         f"in the benchmark the default search named the {s['long_steps']:,}-step runs' best at "
         f"{w['hits']} of {w['of']} settings (95% interval {w['low']:.2f}-{w['high']:.2f}; chance "
-        f"1 in 4 each, p = {w['p']:.2g} for {w['hits']} or more), ordered the four with Spearman "
+        f"{null}, p = {w['p']:.2g} for {w['hits']} or more), ordered the four with Spearman "
         f">= {r['at']:g} at {r['hits']} of {r['of']} ({r['low']:.2f}-{r['high']:.2f}; "
-        f"chance 1 in 6, p = {r['p']:.2g}) and made {st['hits']} of {st['of']} stability "
+        f"p = {r['p']:.2g}) and made {st['hits']} of {st['of']} stability "
         "decisions as the long runs did"
     )
+    rule, const = s.get("no_run_rule"), s.get("constant_rule_stability")
+    if rule:
+        text += (f"; a rule that needs no run got {rule['winner']}, {rule['spearman']} and "
+                 f"{rule['stability'][0]} of {rule['stability'][1]}")
+    if const:
+        text += f" (a constant rule: {const[0]} of {const[1]} decisions)"
+    return text
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,9 @@ class Verdict:
     order_note: str | None
     sentence: str
     track: dict[str, Any]
+    ranked_by: str | None = None
+    """Which order ranked, in words, where the ladder says (branches: the longest branch's
+    or the curve law's); ``None``: the ranked rung's, unsaid."""
 
 
 def verdict_of(
@@ -164,6 +167,7 @@ def verdict_of(
     target_sum_eta: float | None = None,
     order_measured: bool | None = None,
     order_note: str | None = None,
+    ranked_by: str | None = None,
 ) -> Verdict:
     """The :class:`Verdict` of ``ranking`` (its rows, pairs, effects and sensitivity as
     they are) with what the study layer read beside it."""
@@ -224,6 +228,7 @@ def verdict_of(
         order_note=order_note,
         sentence=sentence,
         track=track_record(),
+        ranked_by=ranked_by,
     )
 
 
@@ -241,8 +246,10 @@ def _test_words(c: Any) -> str:
 def verdict_lines(v: Verdict) -> list[str]:
     """The four lines under the ranked table, each at most :data:`WIDTH` columns: the
     winner and how sure; stability at the target; against the baselines; the order at the
-    target (the fifth, where the files are, is the caller's)."""
-    lines = [_sure_line(v), _stability_line(v), _baselines_line(v), _order_line(v)]
+    target; then, where the ladder says it, which order ranked (``ranked_by``). The line on
+    where the files are is the caller's."""
+    lines = [_sure_line(v), _stability_line(v), _baselines_line(v), _order_line(v),
+             None if v.ranked_by is None else f"ranked by {v.ranked_by}"]
     return [clip(line) for line in lines if line]
 
 
@@ -334,6 +341,8 @@ def verdict_record(v: Verdict) -> dict[str, Any]:
     """The fields as ``best_assignment.yaml`` stores them (YAML-safe; no prose but the
     effects' and pairs' own short texts)."""
     record = asdict(v)
+    if record.get("ranked_by") is None:
+        record.pop("ranked_by", None)
     record.pop("sentence")
     record["within_noise"] = list(v.within_noise)
     record["track"] = {

@@ -107,7 +107,8 @@ def study_verdict(study: optuna.Study, ranking: Ranking | None = None,
         ratio_to=cost.name,
         ranked_sum_eta=reading.rungs[-1].sum_eta if reading and reading.rungs else None,
         target_sum_eta=target.get("sum_eta") if isinstance(target, dict) else None,
-        order_measured=None if reading is None else note is None, order_note=note)
+        order_measured=None if reading is None else note is None, order_note=note,
+        ranked_by=None if reading is None else reading.rule)
 
 
 def _stability_at(row: Any, unstable: bool) -> StabilityAt:

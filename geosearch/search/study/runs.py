@@ -18,9 +18,15 @@ import optuna
 from geosearch.assignment import Assignment
 from geosearch.util.checks import finite_or_none
 from geosearch.proxy.config import TrainConfig, TrainResult
+from geosearch.proxy.state import state_path
 from geosearch.search.horizon.ladder import Rung
 from geosearch.search.horizon.stability import STABILITY_RUNG, stability_clock, stability_skip
-from geosearch.search.horizon.target import probe_sum_eta, takes_spectral_qk, warmup_share
+from geosearch.search.horizon.target import (
+    branch_warmup,
+    probe_sum_eta,
+    takes_spectral_qk,
+    warmup_share,
+)
 from geosearch.search.horizon.probes import TrialProbes, probe_row
 from geosearch.search.horizon.pruner import prune_verdict
 from geosearch.search.records import (
@@ -113,13 +119,23 @@ class TrialRuns:
         """
         results: list[list[TrainResult]] = []
         probes: list[list[list[dict]]] = []
+        trunk_rows: dict[int, list[dict]] = {}  # each seed's trunk's probes so far (branches)
         for rung in rungs:
             results.append([])
             probes.append([])
             for seed in self.plan.rung_seeds(seeds, rung):
                 r = seed - self.space.proxy.seed  # the repeat: a seed trial's may be past repeats
                 config, assignment = rung_run(self.space, suggestion, r, rung)
-                rows: list[dict] = []
+                start: dict[str, Any] = {}
+                if rung.cooldown is not None:  # a branch: the trunk to its branch point first
+                    rows_so_far = trunk_rows.setdefault(seed, [])
+                    trunk, start = self.trunk(trial, config, assignment, rung, rungs, trial_dir,
+                                              seed, len(seeds), heartbeat, stability, rows_so_far)
+                    if trunk is not None:
+                        results[-1].append(trunk)
+                        probes[-1].append(list(trunk_rows[seed]))
+                        return results, probes
+                rows: list[dict] = list(trunk_rows.get(seed, []))
                 live = TrialProbes(rows, stability)
                 judge = rung.spectral_lr <= self.plan.target.spectral_lr * (1 + 1e-9)
                 callback = run_callback(self.study, trial, live, probe_sum_eta(config, assignment),
@@ -131,11 +147,44 @@ class TrialRuns:
                 name = f"trial {trial.number}" + (f" rung {rung.index}" if len(rungs) > 1 else "")
                 results[-1].append(self.train(
                     config, assignment, callback=callback, out_dir=out_dir,
-                    project=self.study.study_name, run_name=f"{name} seed {seed}", store_dir=self.run_dir))
+                    project=self.study.study_name, run_name=f"{name} seed {seed}",
+                    store_dir=self.run_dir, **start))
                 probes[-1].append(rows)
                 if results[-1][-1].status != "completed":  # TrainResult.status
                     return results, probes
         return results, probes
+
+
+    def trunk(self, trial: optuna.Trial, config: TrainConfig, assignment: Assignment, rung: Rung,
+              rungs: list[Rung], trial_dir: Path, seed: int, seeds: int, heartbeat: Heartbeat,
+              stability: list[dict], rows: list[dict]) -> tuple[TrainResult | None, dict[str, Any]]:
+        """Train one seed's trunk (``ladder.branches``) on from its latest saved branch point
+        to ``rung``'s, saving its state there; its probes are appended to ``rows`` and the
+        pruner judges them as the rung's. Returns the trunk's result when it did not complete
+        (the rung then ends there), and the branch's ``train`` keywords (its start)."""
+        here = trunk_dir(trial_dir, seed, seeds)
+        start = {"start_from": state_path(here, rung.branch_point)}
+        if start["start_from"].is_file():
+            return None, start
+        done = [r.branch_point for r in rungs if r.branch_point < rung.branch_point
+                and state_path(here, r.branch_point).is_file()]
+        trunk_config = dataclasses.replace(config, steps=rung.branch_point, cooldown_steps=0)
+        judge = rung.spectral_lr <= self.plan.target.spectral_lr * (1 + 1e-9)
+        callback = run_callback(self.study, trial, TrialProbes(rows, stability),
+                                probe_sum_eta(trunk_config, assignment), heartbeat, report=False,
+                                judge=judge, on_prune=self.on_prune)
+        result = self.train(trunk_config, assignment, callback=callback, out_dir=here,
+                            project=self.study.study_name,
+                            run_name=f"trial {trial.number} trunk seed {seed}",
+                            store_dir=self.run_dir, save_at=(rung.branch_point,),
+                            start_from=state_path(here, max(done)) if done else None)
+        return (None if result.status == "completed" else result), start
+
+
+def trunk_dir(trial_dir: Path, seed: int, seeds: int) -> Path:
+    """``trials/<n>/trunk[/seed<s>]``: one seed's trunk (``ladder.branches``) and its states."""
+    out = trial_dir / "trunk"
+    return out if seeds == 1 else out / f"seed{seed}"
 
 
 def rung_run(space: SearchSpace, suggestion: Suggestion, repeat: int,
@@ -144,6 +193,11 @@ def rung_run(space: SearchSpace, suggestion: Suggestion, repeat: int,
     the space makes it; a higher rung (or the stability rung) takes the rung's steps (the
     warmup stretched with them) and multiplies every spectral step of the trial (the
     searched ones too) by the rung's over the proxy's."""
+    if rung.cooldown is not None:  # a branch (ladder.branches): the proxy's step and warmup
+        config = dataclasses.replace(space.train_config(suggestion, repeat=repeat),
+                                     steps=rung.steps, warmup_steps=branch_warmup(space.proxy),
+                                     cooldown_steps=rung.cooldown)
+        return config, suggestion.assignment()
     if rung.index == 0:
         return space.train_config(suggestion, repeat=repeat), suggestion.assignment()
     factor = rung.spectral_lr / space.proxy.spectral_lr

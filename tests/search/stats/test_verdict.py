@@ -84,3 +84,18 @@ def test_four_lines_each_within_100_columns_and_the_record_is_fields():
     assert yaml.safe_load(yaml.safe_dump(record)) == record and "sentence" not in record
     assert record["baselines"][0]["delta"] == -0.1 and record["stability"][0]["crossed_at"] == 1340
     assert record["track"]["search"]["winner"] == track_record()["search"]["winner"]
+
+
+def test_the_verdict_says_which_rule_ranked_where_the_ladder_says_it():
+    from geosearch.search.horizon.curve import ranking_rule
+
+    r = _ranking()
+    plain = verdict_of(r, sentence=r.verdict, order_measured=True)
+    assert not any(line.startswith("ranked by") for line in verdict_lines(plain))
+    assert "ranked_by" not in verdict_record(plain)
+    rule = ranking_rule(8.8, 21.8, branches=True)
+    v = verdict_of(r, sentence=r.verdict, order_measured=True, ranked_by=rule)
+    lines = verdict_lines(v)
+    assert lines[-1] == f"ranked by {rule}" and len(lines[-1]) <= WIDTH
+    assert "longest completed branch (Σ η 8.8); the curve law" in lines[-1]
+    assert verdict_record(v)["ranked_by"] == rule
