@@ -36,7 +36,8 @@ def track_text(record: dict[str, Any] | None = None) -> str:
     and, where recorded, what a rule that needs no run got at the same settings."""
     s = (record or track_record())["search"]
     w, r, st = s["winner"], s["spearman"], s["stability"]
-    null = "1 in the assignments it kept" if "null" in w else "1 in 4 each"
+    null = (f"{w['chance']:.2f}, 1 in the assignments each search kept" if "null" in w
+            else "1 in 4 each")
     text = (
         f"in the benchmark the default search named the {s['long_steps']:,}-step runs' best at "
         f"{w['hits']} of {w['of']} settings (95% interval {w['low']:.2f}-{w['high']:.2f}; chance "
