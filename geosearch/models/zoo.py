@@ -49,6 +49,7 @@ from torch import nn
 from geosearch.util.checks import is_int
 from geosearch.util.errors import ConfigError, GeosearchError, SettingsError
 from geosearch.models.hf_configs import (
+    LEFT_OUT,
     SIZE_FIELDS,
     HFSource,
     check_heads,
@@ -276,7 +277,15 @@ def _plan_kind(spec: Any, vocab_size: int, block_size: int | None, model_args: d
     if spec in PRESETS:
         return _plan_preset(spec, vocab_size, block_size, model_args)
     if spec.startswith(HF_PREFIX):
-        return _plan_hf(spec, vocab_size, block_size, model_args, for_data)
+        try:
+            return _plan_hf(spec, vocab_size, block_size, model_args, for_data)
+        except GeosearchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the family's own config code, as one line
+            why = LEFT_OUT.get(spec[len(HF_PREFIX):])
+            note = " (so `geosearch inspect --models` leaves it out)" if why else ""
+            raise ConfigError(f"model {spec!r} cannot be configured: {one_line(e)}{note}",
+                              source=_SOURCE, key="model") from None
     if spec.startswith(PY_PREFIX):
         return plan_py(spec, vocab_size, block_size, model_args)
     raise ConfigError(f"unknown model {spec!r}", source=_SOURCE, key="model", allowed=model_spec_names())

@@ -613,3 +613,20 @@ def test_bad_user_factories(user_model):
         build_model("py:_user_model:not_a_model", vocab_size=256, block_size=T, model_args={})
     with pytest.raises(ConfigError, match="no file"):
         check_model_spec("py:/nonexistent/m.py:make")
+
+
+def test_a_config_class_that_raises_at_its_defaults_is_one_line_naming_the_model(monkeypatch):
+    """transformers' own config code (a validator, a per-layer attribute read) raising while
+    geosearch reads a type's defaults is a ConfigError naming the spec, not a traceback."""
+    pytest.importorskip("transformers")
+    import geosearch.models.zoo as zoo
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("validate_architecture: hidden_size_per_layer_input must be 0\nmore")
+
+    monkeypatch.setattr(zoo, "hf_source", boom)
+    with pytest.raises(ConfigError) as e:
+        zoo.build_meta_model("hf:mistral", vocab_size=256)
+    text = str(e.value)
+    assert "'hf:mistral' cannot be configured: RuntimeError: validate_architecture" in text
+    assert "\n" not in text and e.value.key == "model"
