@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = _Parser.commands.get(getattr(args, "command", None) or "", parser)
         command.exit(2, f"{command.prog}: error: {unknown_argument(extra, command)}\n")
     if any("://" in a for a in sys.argv):  # a run's config.yaml records sys.argv
-        from geosearch.search.runtime.urls import mask_argv
+        from geosearch.util.urls import mask_argv
 
         sys.argv[:] = mask_argv(sys.argv)
     if not hasattr(args, "_run"):
@@ -136,7 +136,7 @@ def _shown(e: GeosearchError, args: argparse.Namespace) -> str:
     storage = getattr(args, "storage", None)
     if not storage or "://" not in storage:
         return str(e)
-    from geosearch.search.runtime.urls import redact
+    from geosearch.util.urls import redact
 
     return redact(str(e), storage)
 

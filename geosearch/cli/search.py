@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from geosearch.search.runtime.distributed import leave_together
     from geosearch.search.runtime.interrupts import output_guard
     from geosearch.search.runtime.storage import check_dir
-    from geosearch.search.runtime.urls import redact
+    from geosearch.util.urls import redact
     from geosearch.search.runtime.workers import follow_parent, sigterm_as_ctrl_c
     from geosearch.search.study.options import SearchOptions
     from geosearch.search.study.run import run_search
@@ -193,7 +193,7 @@ def _report_after_search(run_dir: Path, study_name: str, storage: str | None):
     The study is already saved: a report that fails costs one warning line, not the search.
     """
     from geosearch.report import write_report
-    from geosearch.search.runtime.urls import redact
+    from geosearch.util.urls import redact
 
     try:
         files = write_report(run_dir, study_name=study_name, storage=storage)

@@ -56,7 +56,7 @@ from geosearch.search.records import (
 )
 from geosearch.search.records import read_probes_file, read_rung_probes
 from geosearch.search.runtime.storage import open_run_study, resolve_storage
-from geosearch.search.runtime.urls import mask_url
+from geosearch.util.urls import mask_url
 from geosearch.search.horizon.reading import rung_means, study_reading
 
 __all__ = ["RunData", "TrialRecord", "as_finite", "load_run", "mean_finite", "read_metrics"]

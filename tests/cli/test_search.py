@@ -137,7 +137,7 @@ def _storage_error(kind: str, text: str) -> Exception:
 def test_a_storage_error_quoting_the_secret_shows_it_masked(kind, worker, monkeypatch, tmp_path, capsys):
     import geosearch.search.study.run
 
-    from geosearch.search.runtime.urls import STORAGE_ENV, mask_url
+    from geosearch.util.urls import STORAGE_ENV, mask_url
 
     form = FORMS[-2]  # a password with / : @ %
     url = form.url(ABSENT)

@@ -20,7 +20,7 @@ from _harness import alive, run, start, wait_until, worker_pids, write_space
 from _secret_urls import ABSENT, FORMS, RAW_AT, SecretUrl
 
 from geosearch.search.runtime import storage as storage_module
-from geosearch.search.runtime.urls import STORAGE_ENV, mask_url
+from geosearch.util.urls import STORAGE_ENV, mask_url
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 FULL = [f for f in FORMS if f.form in ("all", "query")]

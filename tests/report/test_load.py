@@ -18,7 +18,7 @@ from optuna.trial import TrialState, create_trial
 from geosearch import report as rp
 from geosearch.cli import main
 from geosearch.util.errors import GeosearchError
-from geosearch.search.runtime.urls import mask_url
+from geosearch.util.urls import mask_url
 
 REPO = Path(__file__).resolve().parents[2]
 

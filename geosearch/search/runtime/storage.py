@@ -6,7 +6,7 @@ Optuna journal file (``journal.log``, several workers), or any storage URL given
 picks the storage a run directory uses, opens it (with the retries that processes racing
 to create one need) and loads its study for export, report and inspection; it checks
 study names (a safe alphabet and length, since each names a directory); a storage URL's
-secrets are kept out of what it says by :mod:`geosearch.search.runtime.urls`. Torch-free. The layout of a run directory is in
+secrets are kept out of what it says by :mod:`geosearch.util.urls`. Torch-free. The layout of a run directory is in
 ``docs/design.md`` ("The study").
 """
 
@@ -29,7 +29,7 @@ from geosearch.search.runtime.backup import ARTIFACTS_DIR, STUDY_FILE
 from geosearch.search.runtime.integrity import backup_error, check_trials
 from geosearch.search.runtime.journal import check_journal_file, open_journal
 from geosearch.search.runtime.rdb import check_rdb, read_only_engine_kwargs, sqlite_file
-from geosearch.search.runtime.urls import (
+from geosearch.util.urls import (
     mask_url,
     raw_at_in_password,
     redact,
@@ -231,7 +231,7 @@ def open_storage(
     Args:
         run_dir: ``<runs-dir>/<study>``.
         storage: an Optuna RDB URL (``sqlite:///...``, ``postgresql://...``; its masked
-            form opens the full URL of :data:`~geosearch.search.runtime.urls.STORAGE_ENV`, see :func:`~geosearch.search.runtime.urls.storage_url`) or the
+            form opens the full URL of :data:`~geosearch.util.urls.STORAGE_ENV`, see :func:`~geosearch.util.urls.storage_url`) or the
             path of a journal file; ``None`` = the run directory's ``journal.log`` or ``study.db``,
             whichever exists, else a new one (journal for several workers, SQLite for one).
         workers: processes that will share it (picks the kind of a new storage).
@@ -241,7 +241,7 @@ def open_storage(
             for reading (nothing is created or written); implies ``create=False``.
 
     Returns:
-        The storage and a description for messages (the URL masked by :func:`~geosearch.search.runtime.urls.mask_url`,
+        The storage and a description for messages (the URL masked by :func:`~geosearch.util.urls.mask_url`,
         or ``"journal file PATH"``).
 
     Raises:

@@ -40,7 +40,7 @@ from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER, Owner
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
 from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE, SPACE_FILE, WORKERS_DIR
-from geosearch.search.runtime.urls import hide_secrets
+from geosearch.util.urls import hide_secrets
 
 __all__ = ["auto_workers", "cap_workers", "choose_workers", "cpu_cores", "follow_parent",
            "run_workers", "share_cpu", "sigterm_as_ctrl_c", "thread_note"]

@@ -30,7 +30,7 @@ from geosearch.search.runtime.storage import (
     open_storage,
     study_name_problem,
 )
-from geosearch.search.runtime.urls import STORAGE_ENV, mask_url, raw_at_in_password
+from geosearch.util.urls import STORAGE_ENV, mask_url, raw_at_in_password
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from _secret_urls import ABSENT, FORMS
 from geosearch.search.runtime.liveness import PARENT_ENV, STALE_AFTER
-from geosearch.search.runtime.urls import STORAGE_ENV, mask_url
+from geosearch.util.urls import STORAGE_ENV, mask_url
 from _search_helpers import make_space
 
 from geosearch.search.runtime import workers

@@ -1,4 +1,4 @@
-"""Tests of geosearch.search.runtime.urls: a storage URL's secrets masked in every form, in
+"""Tests of geosearch.util.urls: a storage URL's secrets masked in every form, in
 messages and command lines, and handed to a worker through its environment.
 
 The secrets end to end (a search, its files, its workers' command lines) are in
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from _secret_urls import ABSENT, FORMS, RAW_AT
 
-from geosearch.search.runtime.urls import (
+from geosearch.util.urls import (
     STORAGE_ENV,
     hide_secrets,
     mask_argv,
