@@ -373,8 +373,9 @@ LEFT_OUT: dict[str, str] = {
 @functools.lru_cache(maxsize=None)
 def kind_problem(model_type: str) -> str | None:
     """Why ``model_type`` is not a decoder-only model with attention, or None when it is:
-    an encoder-decoder (its config says ``is_encoder_decoder``), or a state-space or
-    recurrent model (its config has no attention heads)."""
+    an encoder-decoder (its config says ``is_encoder_decoder``), a composite of several
+    stacks (heads only in sub-configs, e.g. ``blt``), or a state-space or recurrent model
+    (its config has no attention heads)."""
     from transformers import CONFIG_MAPPING
 
     try:
@@ -389,6 +390,10 @@ def kind_problem(model_type: str) -> str | None:
     except Exception:  # noqa: BLE001 - a per-layer attribute (heads differ by layer)
         return None
     if heads is None:
+        inner = sorted(k for k, v in config.to_dict().items()
+                       if isinstance(v, dict) and v.get("num_attention_heads") is not None)
+        if inner:  # a byte-latent or other composite model: several stacks, none the text one
+            return f"attention only in its sub-models ({', '.join(inner)}), not one decoder stack"
         return "a state-space or recurrent model: no attention heads"
     return None
 

@@ -229,3 +229,16 @@ def test_every_listed_type_builds_runs_probes_and_steps(hf):
     sweep = _sweep()
     failed = [r for r in map(sweep.check_family, listed_types()) if not r.ok]
     assert not failed, "\n".join(f"{r.model_type}: {r.stage}: {r.reason}" for r in failed)
+
+
+def test_a_composite_model_is_not_called_state_space():
+    """BLT keeps its heads in four sub-configs: not a model without attention."""
+    transformers = pytest.importorskip("transformers")
+    from geosearch.models.hf_configs import kind_problem
+
+    if "blt" not in transformers.CONFIG_MAPPING or "mamba" not in transformers.CONFIG_MAPPING:
+        pytest.skip("this transformers has no blt or mamba")
+    assert kind_problem("blt").startswith("attention only in its sub-models (")
+    assert "global_config" in kind_problem("blt")
+    assert kind_problem("mamba") == "a state-space or recurrent model: no attention heads"
+    assert kind_problem("llama") is None
