@@ -138,7 +138,7 @@ def test_records_of_another_study_or_garbled_ones_are_left_out_and_named(tmp_pat
     (trials / "8" / TRIAL_FILE).write_text(json.dumps({**other, "number": 8, "value": 9.5}))
     recorded, skipped = read_trial_records(tmp_path, read_study_record(tmp_path))
     assert sorted(recorded) == [0]
-    assert [s.split(": ", 1)[1] for s in skipped] == ["unreadable", "of another study ('s', uid old)",
+    assert [s.split(": ", 1)[1] for s in skipped] == ["unreadable", "of another study ('s', uid 'old')",
                                                       "records trial 2, not 7",
                                                       "fails its checksum (the file was changed)"]
 
