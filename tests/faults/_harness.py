@@ -407,6 +407,21 @@ REFUSED = "is being run by another process on this machine"
 """What the command refused by a live run of its study says (``locks.busy_error``)."""
 
 
+def start_two(first: list[str], second: list[str], tmp: Path, name: str,
+              rng: random.Random) -> tuple[list[Command], list[int]]:
+    """Start two commands a seeded 0-50 ms apart (logs ``<name>-a.log``, ``<name>-b.log``),
+    wait for both and leave no process behind: (the commands, their exit codes)."""
+    pair = [start(first, tmp, tmp / f"{name}-a.log")]
+    time.sleep(rng.uniform(0.0, 0.05))
+    pair.append(start(second, tmp, tmp / f"{name}-b.log"))
+    try:
+        codes = [cmd.wait() for cmd in pair]
+    finally:
+        for cmd in pair:
+            kill_tree(cmd.pid)
+    return pair, codes
+
+
 def simultaneous(tmp: Path, rng: random.Random, runs: int, workers: int = 1) -> Result:
     """Two ``geosearch search`` commands of one new study started at the same instant (a
     seeded 0-50 ms apart), ``runs`` times (SQLite, or ``workers`` > 1: a journal): one
@@ -417,14 +432,7 @@ def simultaneous(tmp: Path, rng: random.Random, runs: int, workers: int = 1) -> 
     for i in range(runs):
         name = f"sim{i}"
         args = _search_args(write_space(tmp, name), *(["--workers", str(workers)] if workers > 1 else []))
-        pair = [start(args, tmp, tmp / f"{name}-a.log")]
-        time.sleep(rng.uniform(0.0, 0.05))
-        pair.append(start(args, tmp, tmp / f"{name}-b.log"))
-        try:
-            codes = [cmd.wait() for cmd in pair]
-        finally:
-            for cmd in pair:
-                kill_tree(cmd.pid)
+        pair, codes = start_two(args, args, tmp, name, rng)
         run_dir = tmp / "runs" / name
         owners = {(t.user_attrs.get("worker") or {}).get("pid") for t in study_trials(run_dir)} - {None}
         if len(owners) > workers:

@@ -20,16 +20,14 @@ import hashlib
 import random
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from _harness import (
     REFUSED,
     Result,
     _search_args,
-    kill_tree,
     run,
-    start,
+    start_two,
     study_trials,
     violations,
     write_space,
@@ -191,14 +189,7 @@ def mixed_start(tmp: Path, rng: random.Random, runs: int) -> Result:
         space = write_space(tmp, name)
         pair = [_search_args(space, "--workers", "1"), _search_args(space, "--workers", "2")]
         rng.shuffle(pair)
-        cmds = [start(pair[0], tmp, tmp / f"{name}-a.log")]
-        time.sleep(rng.uniform(0.0, 0.05))
-        cmds.append(start(pair[1], tmp, tmp / f"{name}-b.log"))
-        try:
-            codes = [cmd.wait() for cmd in cmds]
-        finally:
-            for cmd in cmds:
-                kill_tree(cmd.pid)
+        cmds, codes = start_two(pair[0], pair[1], tmp, name, rng)
         run_dir = tmp / "runs" / name
         if (run_dir / "study.db").exists() and (run_dir / "journal.log").exists():
             found.append(f"run {i}: study.db and journal.log side by side")

@@ -36,12 +36,13 @@ def two_ranks(tmp_path_factory):
     return torch.load(out, weights_only=False)
 
 
-@pytest.fixture(scope="module")
-def one_process():
+def _trained_in_one_process(*assign):
+    """Train the model in this process, counting the batched steps: (start weights, final
+    weights, model, optimizer, [matrices, calls])."""
     import geosearch.optim.grouped as grouped
 
     model = make_model()
-    opt = optimizer(model)
+    opt = optimizer(model, *assign)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     step_batch = grouped.step_batch
     try:
@@ -51,24 +52,19 @@ def one_process():
     finally:
         grouped.step_batch = step_batch
     final = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return start, final, model, opt, computed
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    start, final, model, opt, computed = _trained_in_one_process()
     return {"start": start, "final": final, "duals": duals(model, opt), "computed": computed[0]}
 
 
 @pytest.fixture(scope="module")
 def one_process_project():
     """One process with the project solver everywhere: final weights, [matrices, calls]."""
-    import geosearch.optim.grouped as grouped
-
-    model = make_model()
-    opt = optimizer(model, ASSIGN_PROJECT)
-    step_batch = grouped.step_batch
-    try:
-        computed = counting_steps()
-        for x in batches():
-            train_step(model, opt, x)
-    finally:
-        grouped.step_batch = step_batch
-    final = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _, final, _, _, computed = _trained_in_one_process(ASSIGN_PROJECT)
     return {"final": final, "computed": list(computed)}
 
 
