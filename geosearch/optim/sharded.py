@@ -169,11 +169,13 @@ def share_all(sends: list[tuple[Tensor, tuple[int, object]]]) -> None:
     buckets: dict[tuple, list[Tensor]] = {}
     for t, owner in sends:
         buckets.setdefault((owner, t.dtype, t.device), []).append(t)
-    for ((rank, group), _, _), tensors in buckets.items():
+    for ((rank, group), dtype, device), tensors in buckets.items():
         mine = dist.get_rank(group) == rank
-        flat = torch.cat([t.reshape(-1) for t in tensors])  # a receiver's content is overwritten
+        sizes = [t.numel() for t in tensors]
+        flat = (torch.cat([t.reshape(-1) for t in tensors]) if mine
+                else torch.empty(sum(sizes), dtype=dtype, device=device))
         dist.broadcast(flat, src=dist.get_global_rank(group, rank), group=group)
         if mine:
             continue
-        for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        for t, part in zip(tensors, flat.split(sizes)):
             t.copy_(part.view(t.shape))
