@@ -50,9 +50,9 @@ from geosearch.util.errors import ConfigError
 from geosearch.util.files import read_user_text
 from geosearch.search.records import json_safe
 
-__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "CHECKSUM", "FORMAT",
-           "STUDY_FILE", "StudyRecord", "TRIAL_FILE", "TrialBackup",
-           "TrialFiles", "default_store", "folder_number", "lost_trials",
+__all__ = ["ARTIFACTS_DIR", "ArtifactStore", "CHECKSUM", "FINISHED_STATES", "FORMAT",
+           "STUDY_FILE", "StudyRecord", "TRIAL_FILE", "TRIALS_DIR", "TrialBackup",
+           "TrialFiles", "default_store", "folder_number",
            "read_record", "read_study_record", "read_trial_records",
            "record_checksum", "record_intact", "record_paths", "recorded_trial",
            "save_study_record", "trial_record", "upload_trial_files",
@@ -70,8 +70,10 @@ FORMAT = 1
 CHECKSUM = "sha256"
 """In ``trial.json``: the SHA-256 of the record's other fields (:func:`record_checksum`)."""
 
-_TRIALS_DIR = "trials"  # storage.TRIALS_DIR; not imported: storage imports this module
-_FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # the states of a record
+TRIALS_DIR = "trials"
+"""``trials/<n>/``: config, metrics (and per-seed folders) of trial ``n``, and its record."""
+FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
+"""The states a record holds (a trial's record is written once it is told)."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,7 @@ def write_record(run_dir: str | os.PathLike, trial: FrozenTrial, study: StudyRec
     Raises:
         OSError: it could not be written.
     """
-    path = Path(run_dir) / _TRIALS_DIR / str(trial.number) / TRIAL_FILE
+    path = Path(run_dir) / TRIALS_DIR / str(trial.number) / TRIAL_FILE
     _write_json(path, trial_record(trial, study.name, study.uid))
     return path
 
@@ -255,7 +257,7 @@ class TrialBackup:
                             if t.state.is_finished() and not self._path(t.number).is_file()])
 
     def _path(self, number: int) -> Path:
-        return self.run_dir / _TRIALS_DIR / str(number) / TRIAL_FILE
+        return self.run_dir / TRIALS_DIR / str(number) / TRIAL_FILE
 
     def _write(self, study: optuna.Study, trials: list[FrozenTrial]) -> None:
         trials = [t for t in trials if t.state.is_finished()]
@@ -288,7 +290,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 
 def record_paths(run_dir: str | os.PathLike) -> dict[int, Path]:
     """``{n: trials/<n>/trial.json}`` of the records that exist."""
-    folder = Path(run_dir) / _TRIALS_DIR
+    folder = Path(run_dir) / TRIALS_DIR
     out = {}
     if folder.is_dir():
         for sub in folder.iterdir():
@@ -361,33 +363,6 @@ def read_trial_records(run_dir: str | os.PathLike,
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             skipped.append(f"{path}: {type(e).__name__}: {e}"[:300])
     return trials, skipped
-
-
-def lost_trials(run_dir: str | os.PathLike, study: optuna.Study) -> list[int]:
-    """The trials that ``trials/`` records as finished for this study (same name and uid as
-    ``study.json``) but that ``study``'s storage lacks or holds unfinished: a storage that
-    lost them (a journal cut short, an older copy of the file). ``[]`` without a backup.
-
-    The records are listed before the storage is read, so a trial told meanwhile (its
-    record is written after its ``tell``) is never taken for lost.
-    """
-    run_dir = Path(run_dir)
-    record = _read_study_quietly(run_dir)
-    if record is None or record.name != study.study_name:
-        return []
-    paths = record_paths(run_dir)
-    if not paths:
-        return []
-    stored = {t.number: t.state for t in study.get_trials(deepcopy=False)}
-    lost = []
-    for n, path in sorted(paths.items()):
-        if n in stored and stored[n].is_finished():
-            continue
-        data = read_record(path)
-        if (data is not None and record_intact(data) and data.get("study_uid") == record.uid
-                and data.get("number") == n and data.get("state") in _FINISHED):
-            lost.append(n)
-    return lost
 
 
 ARTIFACTS_DIR = "artifacts"

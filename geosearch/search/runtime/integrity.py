@@ -30,7 +30,9 @@ from optuna.trial import FrozenTrial
 from geosearch.util.errors import ConfigError
 from geosearch.search.runtime.backup import (
     CHECKSUM,
+    FINISHED_STATES,
     TRIAL_FILE,
+    TRIALS_DIR,
     StudyRecord,
     read_record,
     read_study_record,
@@ -40,9 +42,6 @@ from geosearch.search.runtime.backup import (
 )
 
 __all__ = ["TrialsCheck", "backup_error", "check_trials", "other_study_problem"]
-
-_TRIALS_DIR = "trials"  # storage.TRIALS_DIR; not imported: storage imports this module
-_FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # the states of a record
 
 
 @dataclass
@@ -123,7 +122,7 @@ def check_trials(run_dir: str | os.PathLike, study: optuna.Study) -> TrialsCheck
                 out.stored[n] = trial
             continue
         if data.get("study") != backup.name or data.get("study_uid") != backup.uid \
-                or data.get("number") != n or data.get("state") not in _FINISHED:
+                or data.get("number") != n or data.get("state") not in FINISHED_STATES:
             continue  # an earlier study's record, or a moved one
         if not finished:
             out.lost.append(n)
@@ -148,18 +147,18 @@ def backup_error(run_dir: str | os.PathLike, desc: str, check: TrialsCheck) -> C
     if check.changed:
         n = check.changed[0]
         more = f" (and trials {_shown(check.changed[1:])})" if len(check.changed) > 1 else ""
-        problem = (f"{desc} holds trial {n} other than its backup {_TRIALS_DIR}/{n}/{TRIAL_FILE}, "
+        problem = (f"{desc} holds trial {n} other than its backup {TRIALS_DIR}/{n}/{TRIAL_FILE}, "
                    f"whose checksum holds ({check.what[n]} differs){more}: the stored copy was "
                    f"changed; {recover} repairs it from the intact copy")
     elif check.lost:
-        problem = (f"{desc} lacks trials {_shown(check.lost)}, which {_TRIALS_DIR}/ records as "
+        problem = (f"{desc} lacks trials {_shown(check.lost)}, which {TRIALS_DIR}/ records as "
                    f"finished (the file lost them: cut short, or an older copy); {recover} "
                    "rebuilds the study from its backup")
     else:
         n = check.damaged[0]
         rest = check.damaged[1:]
         more = f" (and those of trials {_shown(rest)})" if rest else ""
-        problem = (f"{_TRIALS_DIR}/{n}/{TRIAL_FILE}, the backup of trial {n}, does not read or "
+        problem = (f"{TRIALS_DIR}/{n}/{TRIAL_FILE}, the backup of trial {n}, does not read or "
                    f"fails its checksum{more}: the file was changed; {recover} rewrites it "
                    f"from {desc}, the intact copy")
     return ConfigError(problem, source=run)
@@ -186,4 +185,4 @@ def other_study_problem(run_dir: str | os.PathLike, study: StudyRecord,
         return None
     name, uid = sorted(others, key=str)[0]
     return (f"records study {study.name!r} (uid {study.uid[:12]}), but the trials in "
-            f"{_TRIALS_DIR}/ are of study {str(name)[:60]!r} (uid {str(uid)[:12]})")
+            f"{TRIALS_DIR}/ are of study {str(name)[:60]!r} (uid {str(uid)[:12]})")

@@ -47,6 +47,7 @@ from geosearch.search.records import (
 from geosearch.search.runtime.backup import (
     STUDY_FILE,
     TRIAL_FILE,
+    TRIALS_DIR,
     StudyRecord,
     folder_number,
     read_study_record,
@@ -58,7 +59,7 @@ from geosearch.search.runtime.backup import (
 from geosearch.search.runtime.integrity import TrialsCheck, check_trials, other_study_problem
 from geosearch.search.runtime.liveness import check_no_other_run
 from geosearch.search.runtime.locks import CommandLock
-from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE, TRIALS_DIR, open_storage
+from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE, open_storage
 
 __all__ = ["DAMAGED_SUFFIX", "Recovery", "recover_run", "storage_problem"]
 

@@ -25,7 +25,7 @@ import optuna
 
 from geosearch.util.errors import ConfigError
 from geosearch.util.files import check_dir
-from geosearch.search.runtime.backup import ARTIFACTS_DIR, STUDY_FILE
+from geosearch.search.runtime.backup import ARTIFACTS_DIR, STUDY_FILE, TRIALS_DIR
 from geosearch.search.runtime.integrity import backup_error, check_trials
 from geosearch.search.runtime.journal import check_journal_file, open_journal
 from geosearch.search.runtime.rdb import check_rdb, read_only_engine_kwargs, sqlite_file
@@ -45,7 +45,6 @@ __all__ = [
     "SPACE_FILE",
     "TOP_DIR",
     "TRACEBACK_FILE",
-    "TRIALS_DIR",
     "WORKERS_DIR",
     "check_dir",
     "check_outside_study",
@@ -68,8 +67,6 @@ BEST_FILE = "best_assignment.yaml"
 """The exported winner (``load_assignment`` / ``build_optimizer`` read it)."""
 SPACE_FILE = "space.yaml"
 """The resolved search space the study runs."""
-TRIALS_DIR = "trials"
-"""``trials/<n>/``: config, metrics (and per-seed folders) of trial ``n``."""
 TRACEBACK_FILE = "traceback.txt"
 """In a failed trial's folder: the traceback of its exception."""
 LOCKS_DIR = ".locks"

@@ -97,7 +97,8 @@ from geosearch.search.records import (
 from geosearch.search.study.runs import TrialRuns, run_attrs, store_probes, stopped_attrs
 from geosearch.search.space.plan import StudyPlan, plan_study
 from geosearch.search.space.spec import SearchSpace, Suggestion
-from geosearch.search.runtime.storage import TRACEBACK_FILE, TRIALS_DIR
+from geosearch.search.runtime.backup import TRIALS_DIR
+from geosearch.search.runtime.storage import TRACEBACK_FILE
 from geosearch.search.horizon.scale import model_logit_scale
 from geosearch.search.horizon.stability import stability_prefix
 

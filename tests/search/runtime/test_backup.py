@@ -15,7 +15,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState, create_trial
 
 from geosearch.util.errors import ConfigError
-from geosearch.search.runtime.backup import CHECKSUM, STUDY_FILE, TRIAL_FILE, TrialBackup, lost_trials, read_study_record, read_trial_records, record_checksum, record_intact, recorded_trial, save_study_record, trial_record
+from geosearch.search.runtime.integrity import check_trials
+from geosearch.search.runtime.backup import CHECKSUM, STUDY_FILE, TRIAL_FILE, TrialBackup, read_study_record, read_trial_records, record_checksum, record_intact, recorded_trial, save_study_record, trial_record
 from geosearch.search.records import read_probes_file, write_probes_file
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -167,14 +168,14 @@ def test_lost_trials_are_the_recorded_ones_the_storage_lacks(tmp_path):
     study = study_with_trials(tmp_path)
     save_study_record(tmp_path, study, new=True)
     TrialBackup(tmp_path).sync(study)
-    assert lost_trials(tmp_path, study) == []
+    assert check_trials(tmp_path, study).lost == []
     # an older copy of the storage: the same study before its last two trials were told
     older = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'older.db'}")
     older.add_trial(study.trials[0])
-    assert lost_trials(tmp_path, older) == [1, 2]
+    assert check_trials(tmp_path, older).lost == [1, 2]
     # records of an earlier study of the same name (another uid) are not this one's
     save_study_record(tmp_path, older, new=True)
-    assert lost_trials(tmp_path, older) == []
+    assert check_trials(tmp_path, older).lost == []
 
 
 def test_a_lost_study_json_is_written_again_with_the_uid_of_the_studys_records(tmp_path):
