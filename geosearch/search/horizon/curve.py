@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,12 +83,8 @@ class LawForecast:
 
 
 def _linear(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
-    """Least squares ``y = c + a·x``: (c, a, sse)."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
-    c = my - a * mx
+    """Least squares ``y = c + a·x`` (``xs`` not all equal): (c, a, sse)."""
+    a, c = statistics.linear_regression(xs, ys)
     return c, a, sum((y - c - a * x) ** 2 for x, y in zip(xs, ys))
 
 

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -427,12 +428,11 @@ class _LogFit:
             return None
         y = [math.log(v) for v in values]
         n = len(x)
-        mx, my = sum(x) / n, sum(y) / n
+        mx = sum(x) / n
         sxx = sum((a - mx) ** 2 for a in x)
         if not sxx > 0:
             return None
-        slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
-        intercept = my - slope * mx
+        slope, intercept = statistics.linear_regression(x, y)
         rss = sum((b - intercept - slope * a) ** 2 for a, b in zip(x, y))
         return cls(slope, intercept, math.sqrt(rss / (n - 2)), n, mx, sxx)
 
