@@ -316,7 +316,8 @@ def _capturing_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
                          attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
                          **kwargs: Any) -> Any:
     """The geosearch attention function: hand ``query``, ``key`` (heads repeated for
-    grouped-query attention), ``scaling``, ``softcap`` and the mask over, then run the kernel."""
+    grouped-query attention), ``scaling``, ``softcap`` and the mask (where it lets queries
+    see keys, and what it adds to the logits) over, then run the kernel."""
     state = module.__dict__.get(_STATE)
     if state is not None and query.size(-2) == key.size(-2):  # self-attention over the layer's tokens
         capture, i = state
@@ -325,8 +326,10 @@ def _capturing_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
             B, nkv, T, hd = k.shape
             k = k[:, :, None].expand(B, nkv, q.size(1) // nkv, T, hd).reshape(B, q.size(1), T, hd)
         softcap = kwargs.get("softcap")
+        T = q.size(-2)
         capture.take(i, LayerQK(q, k, float(q.size(-1) ** -0.5 if scaling is None else scaling),
-                                None if softcap is None else float(softcap), _allowed(attention_mask, q.size(-2))))
+                                None if softcap is None else float(softcap),
+                                _allowed(attention_mask, T), _bias(attention_mask, T)))
     return _kernel(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
@@ -339,6 +342,16 @@ def _allowed(mask: Any, T: int) -> torch.Tensor | None:
     if mask.dtype == torch.bool:
         return mask.detach()
     return mask.detach() > torch.finfo(mask.dtype).min / 2
+
+
+def _bias(mask: Any, T: int) -> torch.Tensor | None:
+    """A 4-D (B, 1 or nh, T, T) additive attention mask as the kernel adds it to the
+    logits (0 or a position bias where keys are seen, ALiBi's in Falcon); None for any
+    other mask."""
+    if (not isinstance(mask, torch.Tensor) or mask.dim() != 4 or tuple(mask.shape[-2:]) != (T, T)
+            or not mask.is_floating_point()):
+        return None
+    return mask.detach()
 
 
 # gpt2: hooks on the fused c_attn output (B, T, 3C) ------------------------------------------

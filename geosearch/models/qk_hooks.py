@@ -42,6 +42,9 @@ class LayerQK(NamedTuple):
             before its softmax (Gemma 2); None = no cap.
         allowed: where the kernel's attention mask lets a query see a key, (B or 1, nh or
             1, T, T) booleans (a sliding window, say); None = the plain causal mask.
+        bias: an additive (float) mask the kernel adds to the (capped) logits, (B or 1, nh
+            or 1, T, T): 0 where a plain mask allows, a position bias where the family puts
+            one there (Falcon's ALiBi from ``transformers`` 5.25); None = a boolean mask or none.
     """
 
     q: torch.Tensor
@@ -49,6 +52,7 @@ class LayerQK(NamedTuple):
     scale: float
     softcap: float | None = None
     allowed: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
 
 
 def _is_gpt2(m: nn.Module) -> bool:

@@ -10,9 +10,12 @@ Two measurements, both cheap enough to run every few training steps:
   - ``max_logit``: the largest logit over heads, sequences and causal (query, key)
     pairs; future positions, which the softmax never sees, are excluded. Signed max, as
     in Wortsman et al. 2023 (max logits ≳ 1e3 degrade the loss, ≳ 1e4 diverge). Each
-    head's own is kept too (``max_logit_per_head``), to show which heads grow.
+    head's own is kept too (``max_logit_per_head``), to show which heads grow. A position
+    bias the kernel adds to the logits (ALiBi's, in Falcon) is not part of it: it is fixed
+    by position, not learned, and defined only up to a constant per query row.
   - attention entropy, in nats, of each causal softmax row ``H_i = -Σ_{j≤i} p_ij ln p_ij``
-    (at most ``ln(i+1)``). Row 0 attends to a single key and always has H = 0, so it is
+    (at most ``ln(i+1)``), of the softmax the kernel computes (position bias included).
+    Row 0 attends to a single key and always has H = 0, so it is
     left out. Each head's entropy is its mean over rows 1..T-1 and the batch;
     ``min_entropy`` is the smallest head entropy (one head collapsing onto single keys,
     Zhai et al. 2023) and ``mean_entropy`` the mean over heads (= over heads and rows).
@@ -77,7 +80,8 @@ def recording_qk(model: nn.Module) -> Iterator[list[CausalSelfAttention]]:
 
 
 def causal_logits(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, *,
-                  softcap: float | None = None, allowed: torch.Tensor | None = None) -> torch.Tensor:
+                  softcap: float | None = None, allowed: torch.Tensor | None = None,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """Attention logits q·kᵀ/√hs in float32 with the future masked to -inf.
 
     Args:
@@ -86,6 +90,8 @@ def causal_logits(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, 
         softcap: the kernel's soft cap: logits ``softcap·tanh(z / softcap)``; None = none.
         allowed: (B or 1, nh or 1, T, T) booleans, where the kernel's mask lets a query see
             a key; pairs it forbids are masked too. None = causal only.
+        bias: (B or 1, nh or 1, T, T) added after the cap, as the kernel adds its float
+            mask (ALiBi's position bias); None = none.
 
     Returns:
         (B, nh, T, T); entry [b, h, i, j] is the logit of query i for key j, -inf for j > i
@@ -96,6 +102,8 @@ def causal_logits(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, 
     z = z / math.sqrt(hs) if scale is None else z * scale
     if softcap is not None:
         z = softcap * torch.tanh(z / softcap)
+    if bias is not None:
+        z = z + bias.float()
     masked = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T, T) j > i
     if allowed is not None:
         masked = masked | ~allowed  # (B or 1, nh or 1, T, T)
@@ -116,30 +124,32 @@ def row_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def layer_attention_stats(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, *,
-                          softcap: float | None = None,
-                          allowed: torch.Tensor | None = None) -> tuple[float, float, float]:
+                          softcap: float | None = None, allowed: torch.Tensor | None = None,
+                          bias: torch.Tensor | None = None) -> tuple[float, float, float]:
     """``(max_logit, min_entropy, mean_entropy)`` of one layer (definitions in the module
-    doc), of the logits as the kernel's softmax sees them (soft-capped when ``softcap``).
+    doc): the max of ``scale·q·kᵀ`` (soft-capped when ``softcap``), the entropies of the
+    softmax the kernel computes (``bias`` added).
 
     Args:
         q, k: (B, nh, T, hs) with T ≥ 2.
-        scale, softcap, allowed: as :func:`causal_logits`.
+        scale, softcap, allowed, bias: as :func:`causal_logits`.
     """
     heads, min_entropy, mean_entropy = head_attention_stats(q, k, scale, softcap=softcap,
-                                                            allowed=allowed)
+                                                            allowed=allowed, bias=bias)
     return max(heads, key=_nan_first), min_entropy, mean_entropy
 
 
 def head_attention_stats(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, *,
-                         softcap: float | None = None,
-                         allowed: torch.Tensor | None = None) -> tuple[list[float], float, float]:
+                         softcap: float | None = None, allowed: torch.Tensor | None = None,
+                         bias: torch.Tensor | None = None) -> tuple[list[float], float, float]:
     """``(max logit of each head, min_entropy, mean_entropy)`` of one layer: as
     :func:`layer_attention_stats`, whose ``max_logit`` is the largest of the heads'."""
     if q.size(-2) < 2:
         raise ValueError("attention entropy needs sequences of at least 2 tokens")
     z = causal_logits(q, k, scale, softcap=softcap, allowed=allowed)  # (B, nh, T, T)
     max_logit = z.amax(dim=(0, 2, 3))  # (nh,) masked entries are -inf, never the max
-    head_entropy = row_entropy(z)[..., 1:].mean(dim=(0, 2))  # (nh,) rows 1..T-1, batch
+    seen = z if bias is None else z + bias.float()  # what the softmax gets; -inf stays -inf
+    head_entropy = row_entropy(seen)[..., 1:].mean(dim=(0, 2))  # (nh,) rows 1..T-1, batch
     return max_logit.tolist(), head_entropy.min().item(), head_entropy.mean().item()
 
 
@@ -164,11 +174,12 @@ def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str | None = "
         (lists, layer order), ``max_logit_per_head`` (a list per layer, one value per
         query head: the layer's max logit is their largest), and ``max_logit`` (max over
         layers), ``min_entropy`` (min over layers), ``mean_entropy`` (mean over layers), as
-        floats, of the logits the
-        kernel's softmax sees. A model that soft-caps its logits (Gemma 2) has them capped
-        here too, and gets ``raw_max_logit_per_layer`` and ``raw_max_logit``: the largest
-        logits before the cap (what grows when the capped ones saturate). A diverged model
-        gives NaN/inf values, which the pruner treats as unstable.
+        floats: the max of ``scale·q·kᵀ`` and the entropies of the kernel's softmax (an
+        additive position bias in those only, see the module doc). A model that soft-caps
+        its logits (Gemma 2) has them capped here too, and gets ``raw_max_logit_per_layer``
+        and ``raw_max_logit``: the largest logits before the cap (what grows when the capped
+        ones saturate). A diverged model gives NaN/inf values, which the pruner treats as
+        unstable.
     """
     from geosearch.models.qk import qk_capture
 
@@ -178,7 +189,7 @@ def attention_stats(model: nn.Module, x: torch.Tensor, qk_source: str | None = "
 
     def reduce(i: int, t: LayerQK) -> None:
         heads, lo, mean = head_attention_stats(t.q, t.k, t.scale, softcap=t.softcap,
-                                               allowed=t.allowed)
+                                               allowed=t.allowed, bias=t.bias)
         per_layer[i], per_head[i] = (max(heads, key=_nan_first), lo, mean), heads
         if t.softcap is not None:
             raw[i] = causal_logits(t.q, t.k, t.scale, allowed=t.allowed).amax().item()

@@ -275,6 +275,80 @@ def test_falcon_is_captured_from_transformers_5_25_and_said_why_not_before(layou
     _check_equal_to_kernel_inputs("hf:falcon", layers, recorder)
 
 
+def _falcon_by_hand(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer of a multi-query Falcon with ALiBi, from its own weights: the logits
+    ``q·kᵀ/√hd`` (B, nh, T, T) and ALiBi's bias (nh, 1, T): ``slope_h · j / √hd`` for key
+    j, slopes ``2^(-8h/nh)`` (h = 1..nh), the future masked out of neither."""
+    inputs: list[torch.Tensor] = []
+    attentions = [block.self_attention for block in model.transformer.h]
+    hooks = [m.register_forward_pre_hook(lambda _m, a: inputs.append(a[0])) for m in attentions]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for m, h in zip(attentions, inputs):
+        nh, hd = m.num_heads, m.head_dim
+        qkv = m.query_key_value
+        fused = nn.functional.linear(h, qkv.weight, qkv.bias).unflatten(-1, (nh + 2, hd))  # Q|K|V
+        q, k = fused[:, :, :nh].transpose(1, 2), fused[:, :, nh:nh + 1].transpose(1, 2)
+        z = (q @ k.transpose(-2, -1)) / hd ** 0.5  # (B, nh, T, T), the one key head shared
+        slopes = 2.0 ** (-8.0 * torch.arange(1, nh + 1) / nh)  # (nh,)
+        out.append((z, (slopes[:, None, None] * torch.arange(T)) / hd ** 0.5))  # (nh, 1, T)
+    return out
+
+
+def test_falcon_alibi_probe_measures_q_k_and_the_softmax_the_model_computes():
+    transformers = pytest.importorskip("transformers", reason=HF_REASON)
+    from packaging.version import Version
+
+    from geosearch.models.zoo import build_model
+
+    args = dict(FALCON["multi_query"], alibi=True, attn_implementation="eager")
+    torch.manual_seed(0)
+    built = build_model("hf:falcon", vocab_size=256, block_size=T, model_args=args)
+    if Version(transformers.__version__) < Version("5.25"):  # its own attention classes
+        # Rule: before 5.25 Falcon (ALiBi too) computes its logits itself: no source, and why.
+        assert built.qk_source is None
+        reason = why_no_qk_source(built.model)
+        assert "computes the attention logits inside its own forward" in reason
+        return
+    model, x = built.model.eval(), _batch()
+    assert built.qk_source == "attention_interface" and model.config.alibi
+    with torch.no_grad():
+        probs = model(x, output_attentions=True).attentions  # per layer (B, nh, T, T)
+    stats = attention_stats(model, x, built.qk_source)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    for i, ((z, bias), p) in enumerate(zip(_falcon_by_hand(model, x), probs)):
+        # The hand-made bias is ALiBi's as Falcon adds it: softmax(q·k + bias) is the model's own.
+        seen = (z + bias).masked_fill(future, float("-inf"))
+        torch.testing.assert_close(torch.softmax(seen, -1), p.float(), rtol=1e-4, atol=1e-6)
+        # Rule: the max logit is the scaled q·k of the model's own q and k, ALiBi's bias
+        # left out (with it the max would be larger: the bias is positive and grows with j) ...
+        plain = z.masked_fill(future, float("-inf"))
+        assert stats["max_logit_per_layer"][i] == pytest.approx(plain.amax().item(), rel=1e-5)
+        heads = plain.amax(dim=(0, 2, 3)).tolist()
+        assert stats["max_logit_per_head"][i] == pytest.approx(heads, rel=1e-5)
+        assert seen.amax().item() > plain.amax().item() + 0.1
+        # ... and the entropies are those of the softmax the model computes, bias included.
+        head_entropy = torch.special.entr(p.float()).sum(-1)[..., 1:].mean(dim=(0, 2))  # (nh,)
+        lo, mean = head_entropy.min().item(), head_entropy.mean().item()
+        assert stats["min_entropy_per_layer"][i] == pytest.approx(lo, rel=1e-5)
+        assert stats["mean_entropy_per_layer"][i] == pytest.approx(mean, rel=1e-5)
+        without = torch.special.entr(torch.softmax(plain, -1)).sum(-1)[..., 1:].mean(dim=(0, 2))
+        assert abs(without.mean().item() - mean) > 1e-3  # the bias matters
+    # Rule: sdpa gets the same bias in its float mask: the same statistics.
+    sdpa = build_model("hf:falcon", vocab_size=256, block_size=T,
+                       model_args=dict(args, attn_implementation="sdpa"))
+    sdpa.model.load_state_dict(model.state_dict())
+    other = attention_stats(sdpa.model, x, sdpa.qk_source)
+    assert other["max_logit_per_layer"] == pytest.approx(stats["max_logit_per_layer"], rel=1e-5)
+    entropies = stats["mean_entropy_per_layer"]
+    assert other["mean_entropy_per_layer"] == pytest.approx(entropies, rel=1e-5)
+
+
 # --------------------------------------------------------------------------- older transformers
 @pytest.fixture
 def old_transformers(monkeypatch):
@@ -449,4 +523,4 @@ def test_detection_and_errors():
     with pytest.raises(ValueError, match="unknown qk source 'bert'"):
         attention_layers(model, "bert")
     assert QK_SOURCES == ("nanogpt", "attention_interface", "gpt2", "llama")
-    assert LayerQK._fields == ("q", "k", "scale", "softcap", "allowed")
+    assert LayerQK._fields == ("q", "k", "scale", "softcap", "allowed", "bias")
