@@ -369,13 +369,19 @@ LEFT_OUT: dict[str, str] = {
 }
 """Model type -> why it does not work end to end at its default size (from the sweep)."""
 
+COMPOSITES: dict[str, str] = {
+    "blt": ("a byte-latent transformer (a byte encoder, a global transformer over byte patches, "
+            "a byte decoder and an entropy patcher)"),
+}
+"""What a composite model type is, where the names of its sub-models do not say it."""
+
 
 @functools.lru_cache(maxsize=None)
 def kind_problem(model_type: str) -> str | None:
     """Why ``model_type`` is not a decoder-only model with attention, or None when it is:
     an encoder-decoder (its config says ``is_encoder_decoder``), a composite of several
-    stacks (heads only in sub-configs, e.g. ``blt``), or a state-space or recurrent model
-    (its config has no attention heads)."""
+    stacks (heads only in sub-configs; :data:`COMPOSITES` names the kind, e.g. ``blt``), or
+    a state-space or recurrent model (its config has no attention heads at all)."""
     from transformers import CONFIG_MAPPING
 
     try:
@@ -393,7 +399,8 @@ def kind_problem(model_type: str) -> str | None:
         inner = sorted(k for k, v in config.to_dict().items()
                        if isinstance(v, dict) and v.get("num_attention_heads") is not None)
         if inner:  # a byte-latent or other composite model: several stacks, none the text one
-            return f"attention only in its sub-models ({', '.join(inner)}), not one decoder stack"
+            where = f"attention only in its sub-models ({', '.join(inner)}), not one decoder stack"
+            return f"{COMPOSITES.get(model_type, 'a composite model')}: {where}"
         return "a state-space or recurrent model: no attention heads"
     return None
 

@@ -238,7 +238,9 @@ def test_a_composite_model_is_not_called_state_space():
 
     if "blt" not in transformers.CONFIG_MAPPING or "mamba" not in transformers.CONFIG_MAPPING:
         pytest.skip("this transformers has no blt or mamba")
-    assert kind_problem("blt").startswith("attention only in its sub-models (")
-    assert "global_config" in kind_problem("blt")
+    # Rule: the reason says what it is: a byte-latent transformer, attention in its sub-models.
+    assert kind_problem("blt").startswith("a byte-latent transformer (a byte encoder, a global ")
+    assert "attention only in its sub-models (" in kind_problem("blt")
+    assert "global_config" in kind_problem("blt") and "state-space" not in kind_problem("blt")
     assert kind_problem("mamba") == "a state-space or recurrent model: no attention heads"
     assert kind_problem("llama") is None
