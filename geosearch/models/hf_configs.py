@@ -340,7 +340,8 @@ LEFT_OUT: dict[str, str] = {
     "gemma4_unified": "takes over 60 s to build or run at its default size",
     "gemma4_unified_assistant": "fails at its first forward at this size (inputs_embeds and shared_kv_states cannot be None)",
     "git": "1 hidden weight no name rule recognises (e.g. git.visual_projection.visual_projection.weight)",
-    "got_ocr2": "49 hidden weights no name rule recognises (e.g. model.vision_tower.layers.attn.rel_pos_h)",
+    "got_ocr2": ("49 hidden weights no name rule recognises "
+                 "(e.g. model.vision_tower.layers.attn.rel_pos_h)"),
     "hy_v4": "9 hidden weights no name rule recognises (e.g. model.layers.attn_hc.fn)",
     "inkling2_loop_text": "15 hidden weights no name rule recognises (e.g. model.layers.self_attn.q_proj.norm.scale)",
     "inkling2_text": "15 hidden weights no name rule recognises (e.g. model.layers.self_attn.q_proj.norm.scale)",
