@@ -783,7 +783,7 @@ def ranks_main(args) -> int:
         f"{args.threads or 1} thread(s) per rank; torch {torch.__version__}; median `opt.step()` "
         f"over {args.steps - args.warmup} steps after {args.warmup}; with two ranks each steps "
         "its share of the matrices (`ddp_owner_steps=True`: project-solver batches cut into one "
-        "part per rank) and receives the rest (one broadcast per owner), or (every rank all) "
+        "run of about equal arithmetic per rank) and receives the rest (one broadcast per owner), or (every rank all) "
         "steps every matrix itself, build_optimizer's default; its own steps: the time in "
         "the grouped step's batches it computes (the rest: momentum, AdamW, broadcasts, waits)."
         "\n\n")

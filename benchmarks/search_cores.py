@@ -8,7 +8,8 @@ Runs the same search twice, from scratch, in fresh run directories, and times ea
   grid of at least as many points as cores: one single-thread worker per core; its header
   line says what it chose).
 
-Then it checks that both reached the same verdict (the ``verdict:`` line, winner included) and that every point got the same value in both (a trial's value is its
+Then it checks that both reached the same verdict (:func:`decisions`: the order, each row's
+judgment, the winner, the stability line; not their figures) and that every point got the same value in both (a trial's value is its
 seeds' mean validation loss: the processes change where it runs, not what it measures).
 
 Run it on an idle machine: the point is wall time, and a loaded machine times the load.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,7 +64,25 @@ def run(label: str, flags: list[str], args: argparse.Namespace, root: Path) -> d
     verdict = first("verdict:")
     return {"seconds": seconds, "workers": first("workers:") if not flags else "--workers 1",
             "verdict": verdict, "winner": verdict.split(" (trial")[0].removeprefix("verdict: "),
-            "values": values}
+            "values": values, "decisions": decisions(lines)}
+
+
+def decisions(lines: list[str]) -> tuple:
+    """What the verdict decides, without its figures: the ranked order with each row's
+    judgment (best, worse, within noise), the verdict's kind and winner, and the stability
+    line with its numbers masked. Two searches whose values differ in the last digits (torch's
+    threads sum in another order) reach the same verdict when these agree."""
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("rank ")), len(lines))
+    rows = []
+    for ln in lines[start + 1:]:
+        if not ln[:4].strip().isdigit():
+            break
+        cells = re.split(r"\s{2,}", ln.strip())
+        rows.append((cells[2], re.sub(r"[-+]?\d[\d.,]*", "#", cells[-1])))
+    verdict = next((ln for ln in lines if ln.startswith("verdict:")), "")
+    stability = next((ln for ln in lines if ln.startswith("stability at your target:")), "")
+    return (tuple(rows), verdict.split(",")[0].split(" (trial")[0],
+            re.sub(r"\d[\d.,]*", "#", stability))
 
 
 def main() -> None:
@@ -86,12 +106,13 @@ def main() -> None:
     text = "\n".join([
         f"Machine: {header}", "", f"Space: {args.space} {' '.join(args.set)}", "", *rows, "",
         f"default / one process: {default['seconds'] / one['seconds']:.2f}x the wall time",
-        f"same verdict: {one['verdict'] == default['verdict']}; same winner: "
+        f"same verdict (order, judgments, winner, stability): "
+        f"{one['decisions'] == default['decisions']}; same winner: "
         f"{one['winner'] == default['winner']}; every point's value equal: {same_values} "
         f"({len(one['values'])} points; largest difference {gap:.2e}: torch's threads may sum "
         "in another order)", ""])
     publish(text, args.out)
-    if one["verdict"] != default["verdict"]:
+    if one["decisions"] != default["decisions"]:
         sys.exit("the two searches disagree")
 
 

@@ -219,17 +219,13 @@ class ManifoldMuon(torch.optim.Optimizer):
         summation order, beyond 1e-5 within 5 steps in tests/optim/test_fsdp.py, and through
         the next gradients a changed weight anywhere in the model does the same). So only
         when every batch takes the ``project`` solver (which keeps one process's numbers to
-        about 1e-6 at any batch size) is each batch cut into one part per rank, so that a
-        model with few batches (every layer's matrices of one shape) keeps every rank busy."""
-        cut_all = all(step["solver"] == "project" for _, step, _, _ in batches)
-        parts = []
-        for manifold, step, members, params in batches:
-            size = sharded.ranks(params, self.replicas)[1] if cut_all else 1
-            cut = -(-len(members) // min(size, len(members)))
-            parts += [(manifold, step, members[i:i + cut], params[i:i + cut])
-                      for i in range(0, len(members), cut)]
-        batches = parts
-        plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches], self.replicas)
+        about 1e-6 at any batch size) are the batches cut among the ranks
+        (:meth:`_divided`), so that a model with few batches (every layer's matrices of one
+        shape) keeps every rank busy."""
+        if all(step["solver"] == "project" for _, step, _, _ in batches):
+            batches, plan = self._divided(batches)
+        else:
+            plan = sharded.owners([(ps, grouped.cost(ms)) for _, _, ms, ps in batches], self.replicas)
         for (manifold, step, members, _), owner in zip(batches, plan):
             if sharded.is_mine(owner):
                 grouped.step_batch(manifold, members, step)
@@ -238,6 +234,27 @@ class ManifoldMuon(torch.optim.Optimizer):
             if owner is not None:
                 grouped.share_batch(manifold, members, step, lambda t, o=owner: sends.append((t, o)))
         sharded.share_all(sends)
+
+    def _divided(self, batches: list) -> tuple[list, list]:
+        """The ``project`` solver's batches cut among the ranks of their process group
+        (:func:`~geosearch.optim.sharded.divide`: about equal arithmetic per rank, few
+        pieces), with each piece's owner."""
+        groups: dict[object, tuple[int, list[int]]] = {}
+        for i, (_, _, _, params) in enumerate(batches):
+            group, size = sharded.ranks(params, self.replicas)
+            groups.setdefault(group, (size, []))[1].append(i)
+        pieces: dict[int, list] = {}
+        for group, (size, idx) in groups.items():
+            if size < 2:
+                pieces.update((i, [(batches[i], None)]) for i in idx)
+                continue
+            costs = [[grouped.cost([m]) for m in batches[i][2]] for i in idx]
+            for i, cuts in zip(idx, sharded.divide(costs, size)):
+                manifold, step, members, params = batches[i]
+                pieces[i] = [((manifold, step, members[a:b], params[a:b]), (rank, group))
+                             for a, b, rank in cuts]
+        flat = [piece for i in range(len(batches)) for piece in pieces[i]]
+        return [b for b, _ in flat], [o for _, o in flat]
 
     def _momentum(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
         """Update each parameter's momentum buffer; return the Nesterov (or plain) momenta.

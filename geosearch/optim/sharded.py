@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["is_sharded", "layout_problem", "whole", "write_back", "any_rank", "ranks", "owners",
-           "is_mine", "share", "share_all", "SUPPORTED"]
+           "divide", "is_mine", "share", "share_all", "SUPPORTED"]
 
 SUPPORTED = "a 1-D device mesh with a Shard or Replicate placement (FSDP2's fully_shard on one mesh dimension)"
 """The sharded layouts manifold Muon steps, in words (for messages)."""
@@ -136,6 +136,33 @@ def owners(batches: list[tuple[list[Tensor], float]],
         owner = min(range(size), key=loads.__getitem__)
         loads[owner] += cost
         out.append((owner, group))
+    return out
+
+
+def divide(costs: list[list[float]], size: int) -> list[list[tuple[int, int, int]]]:
+    """Cut a list of batches (each its members' costs, in an order every rank shares) into
+    ``size`` contiguous runs of about equal cost, one per rank: for each batch its pieces
+    ``(start, stop, rank)`` over its members. A batch is cut only where a run ends, so each
+    rank gets about ``1/size`` of the arithmetic and few pieces (a piece's step launches
+    about as many operations as a whole batch's: cutting every batch in ``size`` parts
+    leaves each rank every batch's operations).
+
+    >>> divide([[4.0, 4.0, 4.0, 4.0], [1.0, 1.0], [2.0, 2.0]], 2)
+    [[(0, 3, 0), (3, 4, 1)], [(0, 2, 1)], [(0, 2, 1)]]
+    """
+    total = sum(map(sum, costs)) or 1.0
+    out, done, rank = [], 0.0, 0
+    for members in costs:
+        pieces, start = [], 0
+        for i, c in enumerate(members):
+            # a run ends where the cost so far passes the rank's share (at a member's middle)
+            while rank < size - 1 and done + c / 2 >= (rank + 1) * total / size:
+                if i > start:
+                    pieces.append((start, i, rank))
+                start, rank = i, rank + 1
+            done += c
+        pieces.append((start, len(members), rank))
+        out.append(pieces)
     return out
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _fsdp_ranks import (ASSIGN_PROJECT, RESUME_AT, batches, counting_steps, duals, make_model,
-                         optimizer, train_step)
+from _fsdp_ranks import (ASSIGN_PROJECT, RESUME_AT, STEPS, batches, counting_steps, duals,
+                         make_model, optimizer, train_step)
 from _torchrun import run_two
 from torch import nn
 
@@ -74,11 +74,11 @@ def test_ddp_with_the_project_solver_cuts_every_batch_among_the_ranks(two_ranks,
     run = two_ranks["ddp_project"]
     (m0, calls0), (m1, calls1) = run["computed"]
     matrices, calls = one_process_project["computed"]
-    # Rule: with the project solver every batch (here every layer's two matrices of one
-    # shape and geometry) is cut into one part per rank: each rank computes half of every
-    # batch, the two together each matrix once ...
-    assert m0 + m1 == matrices and m0 == m1
-    assert calls0 + calls1 == 2 * calls
+    # Rule: with the project solver the batches (here every layer's two matrices of one
+    # shape and geometry) are cut into two runs of about equal arithmetic, one per rank: the
+    # two together compute each matrix once, each a part, with one batch a step cut at most
+    assert m0 + m1 == matrices and m0 > 0 and m1 > 0
+    assert calls <= calls0 + calls1 <= calls + STEPS
     for name, ref in one_process_project["final"].items():
         # ... and the weights are one process's (the project solver: to rounding).
         torch.testing.assert_close(run["final"][name], ref, rtol=0, atol=1e-5, msg=name)
