@@ -27,7 +27,7 @@ from geosearch.search.horizon.target import (
     takes_spectral_qk,
     warmup_share,
 )
-from geosearch.search.horizon.probes import TrialProbes, probe_row
+from geosearch.search.horizon.probe_rows import TrialProbes, probe_row
 from geosearch.search.horizon.pruner import prune_verdict
 from geosearch.search.records import (
     PEAK_MAX_LOGIT,
