@@ -106,7 +106,7 @@ from geosearch.proxy.train import train
 from geosearch.rules.modules import get_rule_set, rule_set_names
 from geosearch.search.horizon.forecast import forecast_max_logit
 from geosearch.search.horizon.ladder import spearman
-from geosearch.search.horizon.probes import QK_TYPES
+from geosearch.search.horizon.probe_rows import QK_TYPES
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.stats.ranking import rank_scores
 from geosearch.search.stats.study_ranking import rank_study
@@ -131,7 +131,7 @@ from geosearch.search.stats.scores import Point, Score
 from geosearch.search.stats.trials import trial_label
 from geosearch.search.horizon.reading import study_reading
 from geosearch.search.horizon.target import probe_sum_eta
-from geosearch.search.horizon.probes import TrialProbes
+from geosearch.search.horizon.probe_rows import TrialProbes
 from geosearch.search.records import read_probes_file, read_rung_probes
 from geosearch.search.runtime.storage import open_run_study
 

@@ -36,7 +36,7 @@ import optuna
 from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
 from fidelity import PAPER, _final_logit, _paper_key, load_truth
 from geosearch.search.horizon.forecast import forecast_max_logit
-from geosearch.search.horizon.probes import QK_TYPES
+from geosearch.search.horizon.probe_rows import QK_TYPES
 from geosearch.search.horizon.pruner import DEFAULT_WINDOW, LogitGrowthPruner
 from geosearch.search.records import (
     ASSIGNMENT,

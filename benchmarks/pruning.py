@@ -68,7 +68,7 @@ from _common import machine, publish  # benchmarks/ is on sys.path when a script
 from geosearch.proxy.config import TrainConfig
 from geosearch.proxy.train import train
 from geosearch.search.horizon.forecast import schedule_sum_eta, stiefel_logit_bound
-from geosearch.search.horizon.probes import probe_row
+from geosearch.search.horizon.probe_rows import probe_row
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.records import (
     BUDGET_STEPS,

@@ -77,9 +77,7 @@ def add(
         "trial_dir": f"trials/{number}",
     }
     if losses is not None:
-        mean = sum(losses) / len(losses)
-        std = (sum((v - mean) ** 2 for v in losses) / (len(losses) - 1)) ** 0.5 if len(losses) > 1 else None
-        ua.update(val_losses=losses, val_loss_mean=mean, val_loss_std=std, seeds=list(range(len(losses))))
+        ua.update(val_losses=losses, seeds=list(range(len(losses))))
     if losses is not None and "ladder" in study.user_attrs:
         # rung 0 is 0.5 higher, more so for stiefel attention: the rungs' order differs
         rung0 = [v + 0.5 + (0.3 if attn == "stiefel" else 0.0) for v in losses]

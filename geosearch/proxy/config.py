@@ -371,7 +371,7 @@ class TrainResult:
     @property
     def probe_history(self) -> list[dict]:
         """The probed steps only, with the keys of the logit-growth pruner's rows but Σ η
-        (which the search adds from the schedule: ``geosearch.search.horizon.probes.probe_row``)."""
+        (which the search adds from the schedule: ``geosearch.search.horizon.probe_rows.probe_row``)."""
         return [{k: m.get(k) for k in ("step", "max_logit", "min_entropy", "train_loss", "sigma_max")}
                 for m in self.history if m.get("max_logit") is not None]
 

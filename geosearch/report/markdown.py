@@ -21,7 +21,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from geosearch.report.analysis import CostTable, Importance, pareto_trials, peak_layers, stability_table
+from geosearch.report.analysis import (CostTable, Importance, pareto_trials, peak_layers,
+                                       stability_table)
 from geosearch.report.load import RunData, TrialRecord
 from geosearch.report.plots import PLOT_NAMES
 from geosearch.search.study.baseline_trials import BaselineTable
@@ -77,8 +78,9 @@ def dashboard_paragraph(run_dir: str | Path = "runs/<study>", storage: str | Non
         "Every run directory is an ordinary Optuna storage, so "
         "[optuna-dashboard](https://github.com/optuna/optuna-dashboard) can browse the same "
         "study, also while the search runs: optimisation history, parameter importances, "
-        "intermediate values, every trial's user attrs (`assignment`, `prune_reason`, "
-        "`val_loss_std`, ...) and, with `--artifact-dir`, its files. Install it with `pip install 'geosearch[dashboard]'`, then run\n\n"
+        "intermediate values, every trial's user attrs (`assignment`, `val_losses`, "
+        "`prune_reason`, ...) and, with `--artifact-dir`, its files. Install it with "
+        "`pip install 'geosearch[dashboard]'`, then run\n\n"
         f"```bash\n{commands}```\n\n"
         "and open http://127.0.0.1:8080. A study kept in PostgreSQL opens the same way with "
         "its `postgresql://...` URL."
@@ -201,12 +203,13 @@ def _md_stability(run: RunData) -> list[str]:
     lines = ["## Stability at your target", ""]
     measured = [r for r in run.stability if r.measured is not None]
     if measured:
-        lines.append("The largest attention logit of each completed run's stability rung: a run of the "
-                     "proxy that ends at your target's Σ η² (logit growth follows Σ η², not Σ η, across "
-                     "step sizes), so it *measures* the logits your run reaches instead of forecasting "
-                     "them (docs/design.md, \"The stability rung\"). In the target model's logits; a run "
-                     "that went above the threshold was pruned as unstable at the target (see the "
-                     "unstable trials), and the step where your run would cross it is given.")
+        lines.append("The largest attention logit of each completed run's stability rung: a run "
+                     "of the proxy that ends at your target's Σ η² (logit growth follows Σ η², not "
+                     "Σ η, across step sizes), so it *measures* the logits your run reaches instead "
+                     "of forecasting them (docs/design.md, \"The stability rung\"). In the target "
+                     "model's logits; a run that went above the threshold was pruned as unstable at "
+                     "the target (see the unstable trials), and the step where your run would cross "
+                     "it is given.")
         return lines + [""] + _table(
             ["trial", "assignment", "max logit at the end", "peak", "threshold", "verdict"],
             [[r.number, r.label, short_logit(r.measured.final), short_logit(r.measured.peak),

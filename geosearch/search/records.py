@@ -2,10 +2,10 @@
 
 Every user attr the search writes and every reader of a run directory uses the constants
 below instead of string literals; each is defined once, named as its attr upper-cased
-(``VAL_LOSS_MEAN = "val_loss_mean"``). :func:`trial_status` turns a trial into one word of
-its outcome (:func:`geosearch.search.stats.trials.trial_line` is the line the search prints). Torch-free: reading a
-study needs no trainer. The meaning of each attr, and the outcomes, are in
-``docs/design.md`` ("The study").
+(``VAL_LOSSES = "val_losses"``). :func:`trial_status` turns a trial into one word of
+its outcome (:func:`geosearch.search.stats.trials.trial_line` is the line the search
+prints). Torch-free: reading a study needs no trainer. The meaning of each attr, and the
+outcomes, are in ``docs/design.md`` ("The study").
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ from optuna.trial import FrozenTrial, TrialState
 
 __all__ = [
     "ASSIGNMENT", "BUDGET_STEPS", "DUPLICATE_OF", "FAILURE_KIND", "FAIL_REASON",
-    "DATA_DIGEST", "GEOSEARCH_VERSION", "HEARTBEAT", "LADDER", "LOGIT_SCALE", "MAX_LOGIT", "MEAN_STEP_MS",
-    "NUM_PROCESSES", "PROBE_HISTORY", "PROXY", "PRUNED_RUNG", "PRUNED_SEED", "PRUNE_REASON",
-    "QUEUED", "QUEUED_PARAMS", "RETRIES", "RETRY_OF", "RULES", "RUNG_LOSSES", "RUNG_PROBES", "SEEDS",
+    "DATA_DIGEST", "GEOSEARCH_VERSION", "HEARTBEAT", "LADDER", "LOGIT_SCALE", "MAX_LOGIT",
+    "MEAN_STEP_MS", "NUM_PROCESSES", "PROBE_HISTORY", "PROXY", "PRUNED_RUNG", "PRUNED_SEED",
+    "PRUNE_REASON", "QUEUED", "QUEUED_PARAMS", "RETRIES", "RETRY_OF", "RULES", "RUNG_LOSSES",
+    "RUNG_PROBES", "SEEDS",
     "SPACE", "STATUS", "STEP_FACTOR", "STOP_STEP", "TARGET", "TARGET_LOGIT_SCALE",
     "TARGET_STEPS", "TARGET_SUM_ETA", "TOKENS_PER_S", "TRIAL_DIR", "VAL_LOSSES",
-    "VAL_LOSS_MEAN", "VAL_LOSS_STD", "WORKER", "SEED_OF", "BASELINE", "RUNG_INDICES",
+    "WORKER", "SEED_OF", "BASELINE", "RUNG_INDICES",
     "STABILITY", "STABILITY_RUN", "STABILITY_PROBES", "STABILITY_PASSED_AT", "STABILITY_FROM",
-    "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS", "PEAK_MAX_LOGIT", "STABILITY_PEAK_LOGIT",
-    "COMPLETED", "UNSTABLE", "PRUNED", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING", "DUPLICATE",
-    "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
+    "STUDY_ATTRS", "TRIAL_ATTRS", "PROBE_FIELDS",
+    "COMPLETED", "UNSTABLE", "PRUNED", "FAILED", "INTERRUPTED", "RETRIED", "RUNNING", "WAITING",
+    "DUPLICATE", "SKIPPED", "STATUSES", "STATE_WORDS", "NOT_RUN", "FINISHED",
     "PROBES_FILE", "RUNG_PROBES_FILE", "is_extra", "json_safe", "read_probes_file",
     "read_rung_probes", "trial_status", "write_probes_file", "write_rung_probes",
 ]
@@ -48,7 +49,8 @@ PROXY = "proxy"
 TARGET = "target"
 LADDER = "ladder"
 STABILITY = "stability"  # the stability rung, or None (docs/design.md, "The stability rung")
-DATA_DIGEST = "data_digest"  # the data's and tokenizer's SHA-256 (geosearch.proxy.data.Corpus.digest)
+# the data's and tokenizer's SHA-256 (geosearch.proxy.data.Corpus.digest)
+DATA_DIGEST = "data_digest"
 STUDY_ATTRS = (SPACE, GEOSEARCH_VERSION, RULES, PROXY, TARGET, LADDER, STABILITY, DATA_DIGEST)
 
 # --------------------------------------------------------------------------- trial attrs
@@ -61,30 +63,30 @@ NUM_PROCESSES = "num_processes"
 STATUS = "status"
 PRUNE_REASON = "prune_reason"
 FAIL_REASON = "fail_reason"
-FAILURE_KIND = "failure_kind"  # environment / settings / assignment (geosearch.search.study.failures)
+# environment / settings / assignment (geosearch.search.study.failures)
+FAILURE_KIND = "failure_kind"
 RETRIES = "retries"  # environment failures of the point, in a row, before this trial
 STOP_STEP = "stop_step"
 PRUNED_SEED = "pruned_seed"
-VAL_LOSSES = "val_losses"
-VAL_LOSS_MEAN = "val_loss_mean"
-VAL_LOSS_STD = "val_loss_std"
+VAL_LOSSES = "val_losses"  # their mean is the trial's value; no attr holds it or their spread
 MEAN_STEP_MS = "mean_step_ms"
 TOKENS_PER_S = "tokens_per_s"
-MAX_LOGIT = "max_logit"  # the last probed; the rows are in the trial's probes.json
-PEAK_MAX_LOGIT = "peak_max_logit"  # the largest of probe_history's rows
+MAX_LOGIT = "max_logit"  # the last probed; the rows (and their peak) are in probes.json
 # the target and the ladder (docs/design.md, "Horizon")
 TARGET_SUM_ETA = "target_sum_eta"
 TARGET_STEPS = "target_steps"
 LOGIT_SCALE = "logit_scale"
 TARGET_LOGIT_SCALE = "target_logit_scale"
 RUNG_LOSSES = "rung_losses"
-RUNG_PROBES = "rung_probes"  # per rung, the first seed's rows: the trial's rung_probes.json, no attr
+# per rung, the first seed's rows: the trial's rung_probes.json, no attr
+RUNG_PROBES = "rung_probes"
 PRUNED_RUNG = "pruned_rung"
 STABILITY_RUN = "stability_run"  # true while the stability rung trains: judged at the target
 STABILITY_PROBES = "stability_probes"  # the stability rung's rows (probes.json, no attr)
-STABILITY_PEAK_LOGIT = "stability_peak_logit"  # the largest of stability_probes' rows
-STABILITY_PASSED_AT = "stability_passed_at"  # the step factor whose stability rung this trial passed
-STABILITY_FROM = "stability_from"  # step halving: the trial at a larger step whose pass stands for this one
+# the step factor whose stability rung this trial passed
+STABILITY_PASSED_AT = "stability_passed_at"
+# step halving: the trial at a larger step whose pass stands for this one
+STABILITY_FROM = "stability_from"
 # bookkeeping
 WORKER = "worker"
 HEARTBEAT = "heartbeat"
@@ -98,16 +100,16 @@ BASELINE = "baseline"
 RUNG_INDICES = "rung_indices"
 TRIAL_ATTRS = (ASSIGNMENT, BUDGET_STEPS, SEEDS, TRIAL_DIR, PROBE_HISTORY,
                NUM_PROCESSES, STATUS, PRUNE_REASON, FAIL_REASON, STOP_STEP, PRUNED_SEED,
-               VAL_LOSSES, VAL_LOSS_MEAN, VAL_LOSS_STD, MEAN_STEP_MS, TOKENS_PER_S, MAX_LOGIT,
+               VAL_LOSSES, MEAN_STEP_MS, TOKENS_PER_S, MAX_LOGIT,
                TARGET_SUM_ETA, TARGET_STEPS, LOGIT_SCALE, TARGET_LOGIT_SCALE,
                RUNG_LOSSES, PRUNED_RUNG, WORKER, HEARTBEAT, QUEUED, QUEUED_PARAMS,
                RETRY_OF, DUPLICATE_OF, FAILURE_KIND, RETRIES, SEED_OF, BASELINE, RUNG_INDICES,
                STABILITY_RUN, STABILITY_PROBES, STABILITY_PASSED_AT, STABILITY_FROM,
-               STEP_FACTOR, PEAK_MAX_LOGIT, STABILITY_PEAK_LOGIT)
+               STEP_FACTOR)
 
 PROBE_FIELDS = ("step", "max_logit", "min_entropy", "train_loss", "sigma_max", "sum_eta")
 """The keys of one ``probe_history`` row: metrics of the proxy run at a probe step, and Σ η
-after that step (``geosearch.search.horizon.probes.probe_row`` builds one)."""
+after that step (``geosearch.search.horizon.probe_rows.probe_row`` builds one)."""
 
 # --------------------------------------------------------------------------- outcomes
 COMPLETED = "completed"
@@ -120,7 +122,8 @@ RUNNING = "running"
 WAITING = "waiting"
 DUPLICATE = "duplicate"
 SKIPPED = "skipped"
-STATUSES = (COMPLETED, UNSTABLE, PRUNED, FAILED, INTERRUPTED, RETRIED, RUNNING, WAITING, DUPLICATE, SKIPPED)
+STATUSES = (COMPLETED, UNSTABLE, PRUNED, FAILED, INTERRUPTED, RETRIED, RUNNING, WAITING,
+            DUPLICATE, SKIPPED)
 STATE_WORDS = {TrialState.COMPLETE: COMPLETED, TrialState.PRUNED: UNSTABLE,
                TrialState.RUNNING: RUNNING, TrialState.WAITING: WAITING}
 """The outcome word of a trial in each Optuna state but FAIL (whose word is in ``status``)."""
@@ -133,10 +136,11 @@ FINISHED = (COMPLETED, UNSTABLE, PRUNED, FAILED)
 def trial_status(trial: FrozenTrial) -> str:
     """What became of a trial, in one word (see "Trial outcomes" in ``docs/design.md``).
 
-    ``completed``, ``unstable`` (pruned as unstable), ``pruned`` (by a loss pruner), ``failed``, ``interrupted`` (a FAIL trial whose
-    worker died or was stopped: its point is queued again), ``retried`` (a failure of the
-    environment whose point is queued again), ``duplicate`` or ``skipped``
-    (FAIL bookkeeping trials that never trained), ``running`` or ``waiting`` (queued).
+    ``completed``, ``unstable`` (pruned as unstable), ``pruned`` (by a loss pruner),
+    ``failed``, ``interrupted`` (a FAIL trial whose worker died or was stopped: its point
+    is queued again), ``retried`` (a failure of the environment whose point is queued
+    again), ``duplicate`` or ``skipped`` (FAIL bookkeeping trials that never trained),
+    ``running`` or ``waiting`` (queued).
     """
     ua = trial.user_attrs
     if trial.state == TrialState.FAIL:
@@ -144,7 +148,8 @@ def trial_status(trial: FrozenTrial) -> str:
         if status in (*NOT_RUN, FAILED, RETRIED):
             return status
         reason = ua.get(FAIL_REASON)
-        if status in (RUNNING, INTERRUPTED, COMPLETED, UNSTABLE, PRUNED) or (  # its worker died before tell
+        # its worker died before tell
+        if status in (RUNNING, INTERRUPTED, COMPLETED, UNSTABLE, PRUNED) or (
                 status is None and isinstance(reason, str) and reason.startswith(INTERRUPTED)):
             return INTERRUPTED
         if status is None and reason is None and (WORKER in ua or HEARTBEAT in ua or QUEUED in ua):
@@ -183,7 +188,7 @@ report's max logit against Σ η. Kept as a file, not a user attr."""
 PROBES_FILE = "probes.json"
 """A trained trial's ``probe_history`` and ``stability_probes`` rows, in its folder: what
 the pruner judged and the outlook reads. A file, not user attrs, so that a trial's attrs
-fit a screen (they keep the last and peak max logit)."""
+fit a screen (they keep the last max logit)."""
 
 
 def write_probes_file(trial_dir: Path, rows: dict[str, list[dict]]) -> None:

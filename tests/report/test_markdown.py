@@ -50,7 +50,7 @@ def test_one_seed_each_names_no_winner(tmp_path: Path) -> None:
     run = tmp_path / "one"
     s = new_study(run)
     add(s, run, "stiefel", "dgram", [3.30])
-    add(s, run, "stiefel", "stiefel", [3.90])  # val_loss_std is None, as study.py stores it
+    add(s, run, "stiefel", "stiefel", [3.90])  # one seed: no spread
     ranking = rank_study(rp.load_run(run).study)
     # Δ = 0.6 is large, but one seed has no spread: no false winner
     assert [r.versus_best for r in ranking.rows] == ["best", "unknown"]

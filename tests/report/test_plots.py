@@ -47,7 +47,7 @@ def _baseline(study: optuna.Study, run_dir: Path, name: str, losses: list[float]
     mean = sum(losses) / len(losses)
     study.add_trial(create_trial(value=mean, user_attrs={
         "status": "completed", "baseline": name, "trial_dir": f"trials/{number}", "budget_steps": 40,
-        "val_losses": losses, "val_loss_mean": mean, "seeds": list(range(len(losses))),
+        "val_losses": losses, "seeds": list(range(len(losses))),
         "mean_step_ms": 10.0, "rung_indices": rungs,
         "rung_losses": [[v + 0.5 * (rungs[-1] - k) for v in losses] for k in rungs]}))
     write_rung_probes(run_dir / f"trials/{number}", [  # the trial's file, as the search writes it

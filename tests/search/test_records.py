@@ -34,7 +34,7 @@ def test_each_attr_name_is_one_constant_named_as_its_value():
     names = STUDY_ATTRS + TRIAL_ATTRS
     assert len(set(names)) == len(names)  # no attr listed twice
     for name in names:
-        assert getattr(records, name.upper()) == name  # VAL_LOSS_MEAN = "val_loss_mean"
+        assert getattr(records, name.upper()) == name  # VAL_LOSSES = "val_losses"
     assert len(set(STATUSES)) == len(STATUSES) and set(NOT_RUN) <= set(STATUSES)
 
 

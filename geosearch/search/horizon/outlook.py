@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial
 
 from geosearch.util.checks import finite_or_none
 from geosearch.search.horizon.forecast import Measured, Outlook, short_logit
-from geosearch.search.horizon.probes import TrialProbes
+from geosearch.search.horizon.probe_rows import TrialProbes
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 from geosearch.search.stats.trials import trial_label
 from geosearch.search.records import (

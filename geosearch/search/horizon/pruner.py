@@ -34,7 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from geosearch.util.checks import MAX_STEPS, Range, is_number, is_whole
 from geosearch.search.horizon.forecast import LogitForecast, Measured, Outlook, forecast_max_logit, short_logit
-from geosearch.search.horizon.probes import (
+from geosearch.search.horizon.probe_rows import (
     Probe,
     TrialProbes,
     non_finite,

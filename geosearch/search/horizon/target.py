@@ -31,7 +31,7 @@ from geosearch.optim.settings import ADAMW
 from geosearch.proxy.config import TrainConfig
 from geosearch.search.horizon.forecast import schedule_sum_eta, schedule_sum_eta2, wsd_sum_eta
 from geosearch.search.horizon.ladder import Rung, plan_ladder
-from geosearch.search.horizon.probes import QK_TYPES
+from geosearch.search.horizon.probe_rows import QK_TYPES
 
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.assignment import Assignment

@@ -16,7 +16,6 @@ from typing import Any
 import optuna
 
 from geosearch.assignment import Assignment
-from geosearch.util.checks import finite_or_none
 from geosearch.proxy.config import TrainConfig, TrainResult
 from geosearch.proxy.state import state_path
 from geosearch.search.horizon.ladder import Rung
@@ -27,11 +26,9 @@ from geosearch.search.horizon.target import (
     takes_spectral_qk,
     warmup_share,
 )
-from geosearch.search.horizon.probes import TrialProbes, probe_row
+from geosearch.search.horizon.probe_rows import TrialProbes, probe_row
 from geosearch.search.horizon.pruner import prune_verdict
 from geosearch.search.records import (
-    PEAK_MAX_LOGIT,
-    STABILITY_PEAK_LOGIT,
     MAX_LOGIT,
     MEAN_STEP_MS,
     PROBE_HISTORY,
@@ -220,9 +217,10 @@ def rung_dir(trial_dir: Path, rung: int, rungs: int, seed: int, seeds: int) -> P
 
 
 def run_callback(study: optuna.Study, trial: optuna.Trial, probes: TrialProbes,
-                 sum_eta: Callable[[int], float | None], heartbeat: Heartbeat, *, report: bool, judge: bool,
-                 on_prune: Callable[[bool], None],
-                 target_step: Callable[[int], int] | None = None) -> Callable[[int, dict], str | None]:
+                 sum_eta: Callable[[int], float | None], heartbeat: Heartbeat, *, report: bool,
+                 judge: bool, on_prune: Callable[[bool], None],
+                 target_step: Callable[[int], int] | None = None,
+                 ) -> Callable[[int, dict], str | None]:
     """The trainer's callback for one run of ``trial``.
 
     It reports (``report``: the first seed at the ranked, top rung only, as Optuna keeps one
@@ -295,16 +293,10 @@ def stopped_attrs(result: TrainResult, rows: list[dict]) -> dict[str, Any]:
 
 def store_probes(trial_dir: Path, attrs: dict[str, Any]) -> None:
     """Move the probe rows out of a trial's final ``attrs`` into its folder: ``rung_probes``
-    to ``rung_probes.json``, ``probe_history`` and ``stability_probes`` to ``probes.json``,
-    leaving their summaries: the peak max logit of each (``peak_max_logit``,
-    ``stability_peak_logit``; ``max_logit`` is the last)."""
+    to ``rung_probes.json``, ``probe_history`` and ``stability_probes`` to ``probes.json``.
+    The attrs keep the last max logit (``max_logit``); the peak is the rows' to read."""
     rung_probes = attrs.pop(RUNG_PROBES, None)
     if rung_probes:
         write_rung_probes(trial_dir, rung_probes)
-    rows = {k: attrs.pop(k) for k in (PROBE_HISTORY, STABILITY_PROBES) if k in attrs}
-    write_probes_file(trial_dir, rows)
-    for key, name in ((PEAK_MAX_LOGIT, PROBE_HISTORY), (STABILITY_PEAK_LOGIT, STABILITY_PROBES)):
-        values = [finite_or_none(r.get("max_logit")) for r in rows.get(name) or []]
-        values = [v for v in values if v is not None]
-        if values or name == PROBE_HISTORY:
-            attrs[key] = max(values, default=None)
+    write_probes_file(trial_dir, {k: attrs.pop(k) for k in (PROBE_HISTORY, STABILITY_PROBES)
+                                  if k in attrs})

@@ -87,8 +87,6 @@ from geosearch.search.records import (
     TRIAL_DIR,
     PRUNED,
     UNSTABLE,
-    VAL_LOSS_MEAN,
-    VAL_LOSS_STD,
     VAL_LOSSES,
     WORKER,
     is_extra,
@@ -215,8 +213,8 @@ class Searcher:
             twins = redundant_waiting(self.study)
             if twins:  # popped and recorded as duplicates before the search stops
                 if not self.drained:
-                    self.echo(f"{twins} point(s) queued twice (another command queued the grid at the "
-                              "same time): recorded as duplicates")
+                    self.echo(f"{twins} point(s) queued twice (another command queued the "
+                              "grid at the same time): recorded as duplicates")
                 self.drained = True
                 return None
         return why
@@ -245,8 +243,8 @@ class Searcher:
             self._not_run(trial, DUPLICATE, f"same point as trial {twin}", duplicate_of=twin)
             self.duplicates_in_a_row += 1
             if self.duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
-                raise StopSearch(f"the sampler proposed {MAX_DUPLICATES_IN_A_ROW} already scored points "
-                            "in a row; the space looks exhausted")
+                raise StopSearch(f"the sampler proposed {MAX_DUPLICATES_IN_A_ROW} already scored "
+                                 "points in a row; the space looks exhausted")
             return None
         why = budget_taken(self.study, self.budget, trial.number)
         if why:
@@ -255,8 +253,8 @@ class Searcher:
         self.duplicates_in_a_row = 0
         return self._train_trial(trial, suggestion)
 
-    def _interrupted(self, trial: optuna.Trial, reason: str = "interrupted (Ctrl-C); queued again: rerun "
-                     "the same command to resume", kind: str | None = None) -> None:
+    def _interrupted(self, trial: optuna.Trial, reason: str = "interrupted (Ctrl-C); queued "
+                     "again: rerun the same command to resume", kind: str | None = None) -> None:
         """Record a Ctrl-C (or SIGTERM) that landed anywhere between ``ask`` and ``tell``, or
         the run's settings stopping the search (``kind`` ``settings``): fail the trial as
         ``interrupted`` (it does not count, uses up no retry) and queue its point again
@@ -282,7 +280,8 @@ class Searcher:
     def _raised(self, trial: optuna.Trial, error: Exception, trial_dir: Path) -> int:
         """Fail a trial whose runs raised ``error`` (its traceback kept in the trial's
         folder), as :func:`failure_kind` sorts it; a settings error stops the search."""
-        message = str(error) if isinstance(error, GeosearchError) else f"{type(error).__name__}: {error}"
+        message = (str(error) if isinstance(error, GeosearchError)
+                   else f"{type(error).__name__}: {error}")
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / TRACEBACK_FILE).write_text(traceback.format_exc(), encoding="utf-8")
         kind = failure_kind(error)
@@ -301,11 +300,11 @@ class Searcher:
             GeosearchError: the setting's line, and what became of the trial.
         """
         line = settings_line(error, self.space.source or "the search space")
-        self._interrupted(trial, f"interrupted: the run's settings fail every trial ({line}); queued "
-                                 "again: fix them, then rerun", SETTINGS_FAILURE)
-        raise GeosearchError(f"{line}; every trial would fail alike, so the search stops: trial "
-                             f"{trial.number} is not counted and its point is queued again; fix the "
-                             "setting, then rerun the same command to resume") from None
+        self._interrupted(trial, f"interrupted: the run's settings fail every trial ({line}); "
+                                 "queued again: fix them, then rerun", SETTINGS_FAILURE)
+        raise GeosearchError(f"{line}; every trial would fail alike, so the search stops: "
+                             f"trial {trial.number} is not counted and its point is queued again; "
+                             "fix the setting, then rerun the same command to resume") from None
 
     def _run_extra(self, trial: optuna.Trial) -> int | None:
         """Train a baseline or an adaptive seed (queued by :func:`queue_extras`): never
@@ -399,13 +398,13 @@ class Searcher:
                 common[PRUNED_RUNG] = rung.index
             common[PROBE_HISTORY] = probes[-1][-1]  # the pruned run's
             self._finish(trial, TrialState.PRUNED, {
-                STATUS: PRUNED if self.loss_pruned else UNSTABLE, PRUNE_REASON: prefix + (last.reason or "unstable"),
-                STOP_STEP: last.stop_step, **common})
+                STATUS: PRUNED if self.loss_pruned else UNSTABLE, STOP_STEP: last.stop_step,
+                PRUNE_REASON: prefix + (last.reason or "unstable"), **common})
             self.failures_in_a_row = 0
             return n
         if last.status == "failed":
-            return self._fail(trial, prefix + (last.reason or "failed"),
-                              failure_kind(last.reason or ""), {STOP_STEP: last.stop_step, **common})
+            return self._fail(trial, prefix + (last.reason or "failed"), failure_kind(
+                last.reason or ""), {STOP_STEP: last.stop_step, **common})
         losses = [r.final_val_loss for r in results[-1]]  # the top rung's
         if any(v is None or not math.isfinite(v) for v in losses):
             self._finish(trial, TrialState.PRUNED, {
@@ -413,8 +412,7 @@ class Searcher:
             return n
         score = Score(tuple(float(v) for v in losses))
         self._finish(trial, TrialState.COMPLETE, {
-            STATUS: COMPLETED, VAL_LOSSES: list(score.values), VAL_LOSS_MEAN: score.mean,
-            VAL_LOSS_STD: score.std, **common}, value=score.mean)
+            STATUS: COMPLETED, VAL_LOSSES: list(score.values), **common}, value=score.mean)
         self.failures_in_a_row = 0
         return n
 
@@ -424,7 +422,8 @@ class Searcher:
         prefix = stability_prefix(self.plan.stability)
         attrs = stopped_attrs(result, rows)
         if result.status == "failed":
-            return self._fail(trial, prefix + (result.reason or "failed"), failure_kind(result.reason or ""), attrs)
+            return self._fail(trial, prefix + (result.reason or "failed"),
+                              failure_kind(result.reason or ""), attrs)
         self._finish(trial, TrialState.PRUNED, {
             STATUS: PRUNED if self.loss_pruned else UNSTABLE,
             PRUNE_REASON: prefix + (result.reason or "unstable"), **attrs})
@@ -455,9 +454,10 @@ class Searcher:
 
     def _finish(self, trial: optuna.Trial, state: TrialState, attrs: dict[str, Any], *,
                 value: float | None = None) -> None:
-        """Write a trained trial's final attrs and tell its outcome."""
-        attrs.setdefault(PRUNE_REASON, None)
-        attrs.setdefault(STOP_STEP, None)
+        """Write a trained trial's final attrs and tell its outcome; a ``prune_reason`` or
+        ``stop_step`` of ``None`` is left out, a ``fail_reason`` clears the placeholder."""
+        unset = (PRUNE_REASON, STOP_STEP)  # None: left out
+        attrs = {k: v for k, v in attrs.items() if v is not None or k not in unset}
         if state != TrialState.FAIL:
             attrs.setdefault(FAIL_REASON, None)
         trial_dir = self.run_dir / TRIALS_DIR / str(trial.number)
@@ -478,8 +478,9 @@ class Searcher:
 
         A sampler that has run out of points (Optuna's grid and brute-force samplers) calls
         ``study.stop()``, which raises outside ``study.optimize`` once the trial is stored:
-        the loop's own stopping rules end the search then. The trial, read back as stored,
-        is then copied to ``trials/<n>/trial.json`` (:class:`~geosearch.search.runtime.backup.TrialBackup`).
+        the loop's own stopping rules end the search then. The trial, read back as stored, is
+        then copied to ``trials/<n>/trial.json``
+        (:class:`~geosearch.search.runtime.backup.TrialBackup`).
         """
         try:
             self.study.tell(trial, value, state=state)

@@ -11,7 +11,7 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from geosearch.search.horizon.forecast import schedule_sum_eta
-from geosearch.search.horizon.probes import probe_row
+from geosearch.search.horizon.probe_rows import probe_row
 from geosearch.search.horizon.pruner import LogitGrowthPruner
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

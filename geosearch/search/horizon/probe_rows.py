@@ -1,4 +1,5 @@
-"""A trial's probes, as the pruner and the outlook read them: the ``probe_history`` rows
+"""A trial's recorded probe rows, as the pruner and the outlook read them (the probes
+themselves are measured by :mod:`geosearch.proxy.probes`): the ``probe_history`` rows
 the trial loop records (:func:`probe_row`), with the stability rung's (``stability_probes``)
 a :class:`TrialProbes`, read back by step (:func:`read_probes`), and the proxy's and
 target's d/√d_head the trial stores (:func:`stored_scales`). Torch-free.
