@@ -658,7 +658,7 @@ def compile_rows(model_name: str, args, device, backend: str = "inductor") -> li
 def compile_table(rows: list[dict]) -> str:
     """Ratios against the eager variant of the same assignment, measured in the same run."""
     lines = ["| model | geometry | variant | step ms | eager ÷ this | first step s | graphs "
-             "| graph breaks | optimizer ops | largest \|Δ loss\| vs eager | constraint error |",
+             "| graph breaks | optimizer ops | largest \\|Δ loss\\| vs eager | constraint error |",
              "|---" * 11 + "|"]
     for r in rows:
         eager = next(x for x in rows if x["model"] == r["model"]
