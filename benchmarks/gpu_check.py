@@ -66,9 +66,10 @@ the width) dispatches about 3,200 torch operations (counted on the CPU with a
 ``TorchDispatchMode``: attn=stiefel, mlp=dgram, bf16 autocast, probes every 10 steps), each
 a kernel launch on CUDA; at 6 to 12 µs of host time per eager operation that is 20 to 40 ms
 a step for one process, however fast the GPU (the model is far too small to keep an H200
-busy: hence part (e)). So: (a, b) 40 s, (c) 15 s, (d) 5 s, (e) about 110 s (a child's
-start, about 15 s, dominates each k), (f) 5,800 to 7,400 steps plus 17 to 21 run setups,
-165 to 353 s. In all about 330 to 520 s, which is why (f) gets only what is left of the budget;
+busy: hence part (e)). So: (a, b) 40 s, (c) 15 s, (d) 5 s, (g) 160 s (120 s of it
+compiling), (e) about 110 s (a child's start, about 15 s, dominates each k), (f) 5,800 to
+7,400 steps plus 17 to 21 run setups, 165 to 353 s. In all about 490 to 680 s, which is why
+(f) gets only what is left of the budget;
 after (e) the estimate of (f) is redone from the measured ms/step of one run. The script
 prints its estimates before it starts.
 
