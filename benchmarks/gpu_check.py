@@ -49,7 +49,10 @@ costs:
     all-DGram), the grouped step and the ungrouped one, against ``torch.optim.Muon`` and
     Muon in fp32, with the optimizer's operation count and the constraint error: the rows
     of ``benchmarks/optimizer_step.py --train`` (mini and small on a GPU, mini in the CPU
-    fallback, tiny with ``--quick``).
+    fallback, tiny with ``--quick``); then the same step with ``torch.compile`` (the model,
+    and the optimizer step in the fixed-iteration mode) against eager, with the compile
+    time apart and the loss against eager (``--train --compile``; mini, tiny with
+    ``--quick`` through the ``aot_eager`` backend).
 
 Accelerate allows one precision per process, so (a)+(b, bf16) and (b, fp32) run in two
 child processes of this script; (c), (d) and (g) run here; (e) and (f) in child processes.
@@ -63,9 +66,10 @@ the width) dispatches about 3,200 torch operations (counted on the CPU with a
 ``TorchDispatchMode``: attn=stiefel, mlp=dgram, bf16 autocast, probes every 10 steps), each
 a kernel launch on CUDA; at 6 to 12 µs of host time per eager operation that is 20 to 40 ms
 a step for one process, however fast the GPU (the model is far too small to keep an H200
-busy: hence part (e)). So: (a, b) 40 s, (c) 15 s, (d) 5 s, (e) about 110 s (a child's
-start, about 15 s, dominates each k), (f) 5,800 to 7,400 steps plus 17 to 21 run setups,
-165 to 353 s. In all about 330 to 520 s, which is why (f) gets only what is left of the budget;
+busy: hence part (e)). So: (a, b) 40 s, (c) 15 s, (d) 5 s, (g) 160 s (120 s of it
+compiling), (e) about 110 s (a child's start, about 15 s, dominates each k), (f) 5,800 to
+7,400 steps plus 17 to 21 run setups, 165 to 353 s. In all about 490 to 680 s, which is why
+(f) gets only what is left of the budget;
 after (e) the estimate of (f) is redone from the measured ms/step of one run. The script
 prints its estimates before it starts.
 
@@ -104,7 +108,7 @@ from _common import machine, publish  # noqa: E402  (benchmarks/ is on sys.path 
 from geosearch.manifolds import get_manifold, msign  # noqa: E402
 from geosearch.optim.muon import ManifoldMuon  # noqa: E402
 from optimizer_step import (  # noqa: E402
-    LR, SHAPES, run_case, train_rows, train_table, train_verdicts,
+    LR, SHAPES, compile_rows, compile_table, run_case, train_rows, train_table, train_verdicts,
 )
 
 RESULTS = Path(__file__).parent / "results" / "gpu_check.md"
@@ -130,7 +134,7 @@ STEP_MS = (20.0, 40.0)  # one training step of the small proxy, one process on t
 GPU_MS = 10.0  # the GPU's own time of such a step: the floor of k runs side by side
 START_S = 15.0  # a child process's start: imports, CUDA context, model, first steps
 RUN_SETUP_S = 2.0  # per proxy run of a search: build, place on the manifolds, evaluate
-PART_S = {"ab": 40.0, "c": 15.0, "d": 5.0, "g": 40.0}  # on a GPU
+PART_S = {"ab": 40.0, "c": 15.0, "d": 5.0, "g": 40.0, "g compiled": 120.0}  # on a GPU
 
 # (f) with --quick: the default space at tiny sizes (a check of the code path, not the search)
 QUICK_NOTE = " (quick: the default space at tiny sizes, a check of the code path)"
@@ -901,7 +905,12 @@ def training_step_rows(args: argparse.Namespace, device: torch.device) -> dict:
         models, sized = ["mini"], argparse.Namespace(warmup=2, rounds=3, block=3)
     rows = [r for m in models for r in train_rows(m, sized, device)]
     what = f"{sized.rounds} rounds of {sized.block} steps per variant after {sized.warmup} warm-up"
-    return {"models": models, "rows": rows, "what": what}
+    # torch.compile: mini (compiling is the cost), tiny with --quick through the aot_eager
+    # backend (the capture and the graphs, no code generation: seconds on a CPU)
+    backend = "aot_eager" if args.quick else "inductor"
+    compiled = compile_rows(models[0], sized, device, backend)
+    return {"models": models, "rows": rows, "what": what, "compiled": compiled,
+            "backend": backend}
 
 
 def estimates(args: argparse.Namespace, size: Sizes, plan: dict | None) -> tuple[str, tuple[float, float] | None]:
@@ -914,7 +923,7 @@ def estimates(args: argparse.Namespace, size: Sizes, plan: dict | None) -> tuple
     fixed = sum(PART_S.values()) + e
     lo, hi = (fixed + search[0], fixed + search[1]) if search else (fixed, fixed)
     text = (f"(a, b) ~{PART_S['ab']:.0f} s, (c) ~{PART_S['c']:.0f} s, (d) ~{PART_S['d']:.0f} s, "
-            f"(g) ~{PART_S['g']:.0f} s, "
+            f"(g) ~{PART_S['g'] + PART_S['g compiled']:.0f} s, "
             f"(e) ~{e:.0f} s for k = {', '.join(map(str, args.concurrency)) or 'none'}, (f) "
             + (f"{search[0]:.0f}–{search[1]:.0f} s" if search else "off")
             + f": {lo:.0f}–{hi:.0f} s in all, against a budget of {args.budget:.0f} s (the larger k of (e) "
@@ -1035,7 +1044,14 @@ def main(argv: list[str] | None = None) -> int:
         "process; "
         "optimizer ops = ATen operations of one optimizer step (each at least one kernel launch "
         "on a GPU)."
-        f"\n\n{train_table(train['rows'])}\n{train_verdicts(train['rows'])}"
+        f"\n\n{train_table(train['rows'])}\n{train_verdicts(train['rows'])}\n"
+        f"### (g) with torch.compile ({train['models'][0]}; backend {train['backend']})\n\n"
+        "The rows of `benchmarks/optimizer_step.py --train --compile`: eager against "
+        "torch.compile of the model (forward and backward) and of the optimizer step in the "
+        "fixed-iteration mode, the variants alternated in one process; first step s: the "
+        "first step's seconds (compiling, for the compiled variants); |Δ loss|: the largest "
+        "over every step against eager from the same seed and batches."
+        f"\n\n{compile_table(train['compiled'])}"
     )
     publish(text, args.out)
     return 1 if "FAIL" in checks.values() else 0

@@ -21,6 +21,7 @@ Usage::
     python benchmarks/optimizer_step.py --device cuda --repeats 20
     python benchmarks/optimizer_step.py --accuracy --shapes small --threads 1
     python benchmarks/optimizer_step.py --ranks --models mini --steps 30 --warmup 5 --threads 1
+    python benchmarks/optimizer_step.py --train --compile --models mini --threads 1 --warmup 3
 """
 
 from __future__ import annotations
@@ -389,7 +390,8 @@ class TrainCase:
 
     def __init__(self, model_name: str, label: str, assignment: str | None, corpus, device,
                  seed: int = 0,
-                 batch_size: int = 16, optimizer_kwargs: dict | None = None):
+                 batch_size: int = 16, optimizer_kwargs: dict | None = None,
+                 compiled: tuple[bool, bool] = (False, False), backend: str = "inductor"):
         from geosearch.assignment import Assignment
         from geosearch.build import build_optimizer
         from geosearch.models.model import GPT, make_config
@@ -413,6 +415,14 @@ class TrainCase:
                                   **settings)
             self.opts = [ManifoldMuon(opt.param_groups, **opt_kwargs) if opt_kwargs else opt]
         self.ms: list[float] = []
+        self.losses: list[float] = []  # every step's loss, timed or not
+        self.first_s = math.nan  # the first step's seconds (with compiled parts: compiling)
+        self.graphs = self.breaks = 0
+        # compiled = (the model's forward and backward, the optimizer's step): torch.compile
+        self.compiled = compiled
+        self.forward = torch.compile(self.model, backend=backend) if compiled[0] else self.model
+        self.steppers = [torch.compile(opt.step, backend=backend) if compiled[1] else opt.step
+                         for opt in self.opts]
 
     def batch(self):
         from geosearch.proxy.data import get_batch
@@ -420,24 +430,35 @@ class TrainCase:
         x, y = get_batch(self.corpus.train, self.batch_size, self.config.block_size, self.gen)
         return x.to(self.device), y.to(self.device)
 
-    def step(self) -> None:
+    def step(self) -> torch.Tensor:
         x, y = self.batch()
-        _, loss = self.model(x, y)
+        _, loss = self.forward(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        for opt in self.opts:
-            opt.step()
+        for step in self.steppers:
+            step()
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
+        return loss.detach()
 
     def run(self, steps: int, record: bool) -> None:
+        from torch._dynamo.utils import counters
+
+        graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
         for _ in range(steps):
             _sync(self.device)
             t0 = time.perf_counter()
-            self.step()
+            loss = self.step()
             _sync(self.device)
+            seconds = time.perf_counter() - t0
             if record:
-                self.ms.append(1e3 * (time.perf_counter() - t0))
+                self.ms.append(1e3 * seconds)
+            if not self.losses:
+                self.first_s = seconds
+            self.losses.append(float(loss))
+        # torch.compile's graphs compiled and graph breaks met in these steps
+        self.graphs += counters["stats"]["unique_graphs"] - graphs
+        self.breaks += sum(counters["graph_break"].values()) - breaks
 
     def optimizer_ops(self) -> int:
         """ATen operations of one optimizer step (on fresh gradients)."""
@@ -574,6 +595,99 @@ def train_main(args, device) -> int:
         "error: "
         "the largest over the manifold matrices after the run.\n\n")
     publish(header + train_table(rows) + "\n" + train_verdicts(rows), args.out or TRAIN_RESULTS)
+    return 0
+
+
+# ------------------------------------------------------------------------------------
+# --train --compile: the whole training step with torch.compile (the model's forward and
+# backward; the optimizer's step in the fixed-iteration mode, which has no data-dependent
+# control flow) against eager, the variants alternated in blocks in one process.
+# ------------------------------------------------------------------------------------
+COMPILE_ASSIGNMENTS = (MUON_FP32, "attn Stiefel + MLP DGram")
+FIXED = {"fixed_iterations": True}
+COMPILE_VARIANTS = {  # label -> (compile the model, compile the optimizer step), settings
+    "eager": ((False, False), {}),
+    "eager, fixed iterations": ((False, False), FIXED),
+    "compiled model": ((True, False), {}),
+    "compiled model + step, fixed iterations": ((True, True), FIXED),
+}
+COMPILE_RESULTS = Path(__file__).parent / "results" / "train_compile.md"
+
+
+def compile_rows(model_name: str, args, device, backend: str = "inductor") -> list[dict]:
+    """Per assignment of :data:`COMPILE_ASSIGNMENTS` and variant of :data:`COMPILE_VARIANTS`:
+    the first step's seconds (compiling, for the compiled ones), the median step ms, the
+    graphs compiled and graph breaks met, the optimizer's ATen operations (eager variants
+    only: a compiled step runs fused kernels), the constraint error, and the largest
+    |Δ loss| over every step against the eager variant (the same seed and batches)."""
+    import torch._dynamo
+    from geosearch.proxy.data import load_corpus
+
+    torch._dynamo.reset()
+    corpus, cases = load_corpus(None), []
+    for name in COMPILE_ASSIGNMENTS:
+        for label, (compiled, settings) in COMPILE_VARIANTS.items():
+            if name == MUON_FP32:
+                settings = dict(settings, ns_coefficients="quintic")
+            case = TrainCase(model_name, label, TRAIN_ASSIGNMENTS[name], corpus, device,
+                             optimizer_kwargs=({}, settings), compiled=compiled, backend=backend)
+            case.geometry = name
+            cases.append(case)
+    for case in cases:  # warm-up: the compiled variants compile here
+        case.run(args.warmup, record=False)
+        print(f"  {model_name} {case.geometry:26s} {case.label:40s} first step "
+              f"{case.first_s:6.1f} s", flush=True)
+    for _ in range(args.rounds):
+        for case in cases:
+            case.run(args.block, record=True)
+    rows = []
+    for case in cases:
+        eager = next(c for c in cases if c.geometry == case.geometry and c.label == "eager")
+        rows.append({"model": model_name, "geometry": case.geometry, "variant": case.label,
+                     "ms": statistics.median(case.ms), "first_s": case.first_s,
+                     "graphs": case.graphs, "breaks": case.breaks,
+                     "ops": None if any(case.compiled) else case.optimizer_ops(), "error": case.error(),
+                     "dloss": max(abs(a - b) for a, b in zip(case.losses, eager.losses)),
+                     "steps": len(case.losses)})
+        r = rows[-1]
+        print(f"  {model_name} {case.geometry:26s} {case.label:40s} {r['ms']:7.1f} ms "
+              f"Δloss {r['dloss']:.1e} error {r['error']:.1e}", flush=True)
+    return rows
+
+
+def compile_table(rows: list[dict]) -> str:
+    """Ratios against the eager variant of the same assignment, measured in the same run."""
+    lines = ["| model | geometry | variant | step ms | eager ÷ this | first step s | graphs "
+             "| graph breaks | optimizer ops | largest \\|Δ loss\\| vs eager | constraint error |",
+             "|---" * 11 + "|"]
+    for r in rows:
+        eager = next(x for x in rows if x["model"] == r["model"]
+                     and x["geometry"] == r["geometry"] and x["variant"] == "eager")
+        err = "—" if math.isnan(r["error"]) else f"{r['error']:.1e}"
+        lines.append(f"| {r['model']} | {r['geometry']} | {r['variant']} | {r['ms']:.1f} | "
+                     f"{eager['ms'] / r['ms']:.2f} | {r['first_s']:.1f} | {r['graphs']} | "
+                     f"{r['breaks']} | {'—' if r['ops'] is None else r['ops']} | "
+                     f"{r['dloss']:.1e} | {err} |")
+    return "\n".join(lines) + "\n"
+
+
+def compile_main(args, device) -> int:
+    rows = [r for m in args.models for r in compile_rows(m, args, device, args.backend)]
+    header = (
+        f"# Training step with torch.compile against eager ({', '.join(args.models)})\n\n"
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}; device {device} "
+        f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads); "
+        f"torch {torch.__version__}; backend {args.backend}. One process, the variants "
+        f"alternated in blocks of {args.block} steps, {args.rounds} rounds after {args.warmup} "
+        f"warm-up steps each (the compiled variants compile in the first: its seconds are "
+        f"the first step's); step ms: median over the {args.block * args.rounds} timed steps "
+        "(forward, backward, clip, optimizer step, zero_grad; batch 16). compiled model: "
+        "torch.compile(model) (its forward and backward); + step: torch.compile(opt.step) with "
+        "fixed_iterations: true (no data-dependent control flow: every retraction the fixed "
+        "one). Graphs and graph breaks: torch._dynamo's counters over the variant's steps. "
+        "Optimizer ops: ATen operations of one eager optimizer step. |Δ loss|: the largest "
+        "over every step against the eager variant from the same seed and batches.\n\n")
+    publish(header + compile_table(rows), args.out or COMPILE_RESULTS)
     return 0
 
 
@@ -818,6 +932,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", action="store_true",
                         help="time the whole training step of --models per geometry against "
                              "torch.optim.Muon and the ungrouped step instead")
+    parser.add_argument("--compile", action="store_true",
+                        help="with --train: the training step with torch.compile (the model; the "
+                             "optimizer step in the fixed-iteration mode) against eager")
+    parser.add_argument("--backend", default="inductor",
+                        help="--compile: torch.compile's backend (default inductor)")
     parser.add_argument("--retraction", action="store_true",
                         help="the constraint error of the fixed and adaptive retractions over "
                              "--steps steps")
@@ -845,6 +964,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if args.accuracy:
         return accuracy_main(args, device)
+    if args.train and args.compile:
+        return compile_main(args, device)
     if args.train:
         return train_main(args, device)
     if args.retraction:

@@ -13,6 +13,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import gpu_check  # noqa: E402
+from optimizer_step import COMPILE_VARIANTS  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
 
@@ -60,6 +61,16 @@ def test_cpu_fallback_writes_every_section(tmp_path):
                 "| tiny | attn Stiefel + MLP DGram | ungrouped (previous) |"):
         assert row in train
     assert "optimizer ops ÷" in train
+    # (g) with torch.compile: every variant of both assignments, the compiled ones equal to
+    # eager in loss (|Δ loss| is the table's second-to-last column) and on the manifold
+    compiled = train.split("### (g) with torch.compile", 1)[1]
+    for variant in COMPILE_VARIANTS:
+        for geometry in ("Muon fp32 (euclidean, quintic)", "attn Stiefel + MLP DGram"):
+            row = next(r for r in compiled.splitlines()
+                       if r.startswith(f"| tiny | {geometry} | {variant} |"))
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert float(cells[-2]) < 1e-4, row
+            assert cells[-1] == "—" if geometry.startswith("Muon") else float(cells[-1]) < 1e-5
     # Rule: the exit code is 0 exactly when every check says ok.
     checks = text.split("Checks: ", 1)[1].split("\n", 1)[0]
     assert "runs side by side ok" in checks and "default search ok" in checks

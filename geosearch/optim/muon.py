@@ -150,15 +150,19 @@ class ManifoldMuon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        muon = []
-        for index, group in enumerate(self.param_groups):
-            if group["geometry"] == ADAMW:
-                self._adamw_step(group)
-            else:
-                muon.append((index, group))
+        self._adamw_steps([g for g in self.param_groups if g["geometry"] == ADAMW])
+        muon = [(i, g) for i, g in enumerate(self.param_groups) if g["geometry"] != ADAMW]
         if muon:
             self._muon_steps(muon)
         return loss
+
+    @torch.compiler.disable
+    def _adamw_steps(self, groups: list[dict[str, Any]]) -> None:
+        """The AdamW groups, eagerly also inside a compiled ``step``: their step counts are
+        Python numbers in the bias corrections, on which ``torch.compile`` would recompile
+        at every step (the manifold steps, the bulk of the work, are compiled)."""
+        for group in groups:
+            self._adamw_step(group)
 
     def _muon_steps(self, groups: list[tuple[int, dict[str, Any]]]) -> None:
         """Momentum per group (foreach), then every matrix in batches of one shape, geometry
