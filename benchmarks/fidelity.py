@@ -19,6 +19,7 @@ Usage::
     python benchmarks/fidelity.py --show --eta 0.02 --steps 2000                 # the table so far
     geosearch search --study fid002 --runs-dir runs                             # the search under test
     python benchmarks/fidelity.py --compare runs/fid002 --eta 0.02 --steps 2000
+    python benchmarks/fidelity.py --compare runs/fid-mini-for-small --model mini   # its target's truth
     python benchmarks/fidelity.py --truth --eta 0.02 --steps 1000 --seeds 0 1   # a shorter length
     python benchmarks/fidelity.py --lengths --eta 0.02 --steps 2000             # its order vs 2,000's
     python benchmarks/fidelity.py --truth --eta 0.02 --steps 2000 --model-arg n_embd=32  # a narrow copy
