@@ -19,6 +19,7 @@ Usage::
     python benchmarks/fidelity.py --show --eta 0.02 --steps 2000                 # the table so far
     geosearch search --study fid002 --runs-dir runs                             # the search under test
     python benchmarks/fidelity.py --compare runs/fid002 --eta 0.02 --steps 2000
+    python benchmarks/fidelity.py --compare runs/fid-mini-for-small --model mini   # its target's truth
     python benchmarks/fidelity.py --truth --eta 0.02 --steps 1000 --seeds 0 1   # a shorter length
     python benchmarks/fidelity.py --lengths --eta 0.02 --steps 2000             # its order vs 2,000's
     python benchmarks/fidelity.py --truth --eta 0.02 --steps 2000 --model-arg n_embd=32  # a narrow copy
@@ -124,6 +125,7 @@ from geosearch.search.records import (
     STABILITY,
     STABILITY_PROBES,
     STOP_STEP,
+    TARGET,
     TRIAL_DIR,
 )
 from geosearch.search.stats.pooled import main_effects
@@ -407,23 +409,55 @@ def _law_lines(truth: dict[str, list[dict]], truth_mean: dict[str, float], model
     return lines
 
 
-def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
-            model_args: dict | None = None) -> None:
-    """Print (and publish) the search-vs-truth table for the study in ``run_dir`` (a model
-    changed by ``model_args``: its own ground truth, and the study must train the same)."""
-    truth = load_truth(model, steps, eta, model_args)
-    scores = truth_scores(truth)
-    if len(scores) < len(PAPER):
-        sys.exit(f"the ground truth at {model}/{steps}/{eta} has {len(scores)} of {len(PAPER)} "
-                 "assignments: run --truth first")
-    study = open_run_study(run_dir)
-    proxy = study.user_attrs.get(PROXY) or {}
-    rungs = study.user_attrs.get(LADDER) or []
+def study_truth(attrs: dict, model: str, eta: float, model_args: dict | None = None
+                ) -> tuple[str, dict]:
+    """The model (and model args) whose ground truth scores a study with these study attrs:
+    its target's (the study's stored plan, ``target``). The study's proxy must be ``model``
+    (with ``model_args``) at peak step ``eta`` and batch 16, else the script exits naming
+    both. A target model other than the proxy's (``--target-model``) is that preset at its
+    own sizes; the proxy's own model keeps the proxy's ``model_args``."""
+    proxy = attrs.get(PROXY) or {}
     if (proxy.get("model"), proxy.get("spectral_lr"), proxy.get("batch_size"), proxy.get("model_args") or {}) != (
             model, eta, 16, model_args or {}):
         sys.exit(f"the study's proxy is {proxy.get('model')}/{proxy.get('spectral_lr')}/batch "
                  f"{proxy.get('batch_size')}/{proxy.get('model_args') or {}}, not the ground truth's "
                  f"{model}/{eta}/batch 16/{model_args or {}}")
+    target = (attrs.get(TARGET) or {}).get("model") or model
+    return (model, dict(model_args or {})) if target == model else (target, {})
+
+
+def _flops_of(trials, model: str, steps: int, eta: float, model_args: dict | None,
+              rungs: list[dict], stability: dict | None, run_dir: str) -> float:
+    """Training FLOPs of ``trials`` of the four (each its steps × one step of its assignment
+    on ``model``, :func:`step_flops`): the compute of a proxy other than the target model."""
+    per_step: dict[str, float] = {}
+    total = 0.0
+    for t in trials:
+        a = _paper_key(t.user_attrs.get(ASSIGNMENT) or {})
+        if a not in PAPER:
+            continue
+        if a not in per_step:
+            per_step[a] = step_flops(truth_config(model, steps, eta, 0, model_args), a)
+        total += per_step[a] * _search_steps(t, rungs, stability, run_dir)
+    return total
+
+
+def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
+            model_args: dict | None = None) -> None:
+    """Print (and publish) the search-vs-truth table for the study in ``run_dir`` (a model
+    changed by ``model_args``: its own ground truth, and the study must train the same).
+    The study's proxy is ``model``; the ground truth is its target model's
+    (:func:`study_truth`: a ``--target-model`` study is scored against that model's long
+    runs, its compute in FLOPs)."""
+    study = open_run_study(run_dir)
+    proxy_model, proxy_args = model, dict(model_args or {})
+    model, model_args = study_truth(study.user_attrs, model, eta, model_args)
+    truth = load_truth(model, steps, eta, model_args)
+    scores = truth_scores(truth)
+    if len(scores) < len(PAPER):
+        sys.exit(f"the ground truth at {model}/{steps}/{eta} has {len(scores)} of {len(PAPER)} "
+                 "assignments: run --truth first")
+    rungs = study.user_attrs.get(LADDER) or []
     ranking = rank_study(study)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     search = _search_rows(ranking, trials)
@@ -456,11 +490,19 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
                        if not t.user_attrs.get(BASELINE))
     baseline_steps = sum(_search_steps(t, rungs, stability, run_dir) for t in baselines)
     truth_steps = sum(r["config"]["steps"] for recs in truth.values() for r in recs)
+    other = (proxy_model, proxy_args) != (model, model_args)
+    if other:  # a proxy other than the target model: steps of two models, compared in FLOPs
+        search_flops = _flops_of([t for t in trials.values() if not t.user_attrs.get(BASELINE)],
+                                 proxy_model, steps, eta, proxy_args, rungs, stability, run_dir)
+        truth_flops = sum(step_flops(truth_config(model, steps, eta, 0, model_args), a)
+                          * r["config"]["steps"] for a, recs in truth.items() for r in recs)
 
     pruner = LogitGrowthPruner()
     target_sum_eta = probe_sum_eta(truth_config(model, steps, eta, 0, model_args),
                                    assignment_for(model, next(iter(PAPER)), model_args))(steps)
     lines = [machine(), "",
+             *([f"Proxy `{proxy_model}`, target model `{model}` (the study's plan): the ground "
+                "truth is the target model's.", ""] if other else []),
              f"Ground truth: `{model}`, {steps} steps, peak spectral step {eta} (Σ η {target_sum_eta:.1f}), "
              f"seeds {sorted({s for sc in scores.values() for s in (sc.seeds or ())})}; "
              f"the search: `{run_dir}`, {len(rungs)} rung(s) at Σ η "
@@ -490,10 +532,15 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
               "- Same better level: " + ", ".join(
                   f"{f} " + ("not measured (no matched pair completed)" if f not in s_signs else
                              "yes" if s_signs[f] == t_signs[f] else "no") for f in sorted(t_signs)) + ".",
-              f"- Compute: the search trained {search_steps:,} optimizer steps of the same model and batch, "
-              f"the ground truth {truth_steps:,}: **{search_steps / truth_steps:.3f}** of it; its baselines "
-              f"({', '.join(sorted(t.user_attrs[BASELINE] for t in baselines)) or 'none'}) another "
-              f"{baseline_steps:,} steps ({baseline_steps / truth_steps:.3f}), not needed for the answer.",
+              (f"- Compute: the search trained {search_steps:,} optimizer steps of `{proxy_model}`, "
+               f"{search_flops:.3g} FLOPs; the ground truth {truth_steps:,} of `{model}`, "
+               f"{truth_flops:.3g} FLOPs: **{search_flops / truth_flops:.3f}** of it; its baselines "
+               f"({', '.join(sorted(t.user_attrs[BASELINE] for t in baselines)) or 'none'}) another "
+               f"{baseline_steps:,} steps of the proxy, not needed for the answer." if other else
+               f"- Compute: the search trained {search_steps:,} optimizer steps of the same model and batch, "
+               f"the ground truth {truth_steps:,}: **{search_steps / truth_steps:.3f}** of it; its baselines "
+               f"({', '.join(sorted(t.user_attrs[BASELINE] for t in baselines)) or 'none'}) another "
+               f"{baseline_steps:,} steps ({baseline_steps / truth_steps:.3f}), not needed for the answer."),
               f"- Forecast max logit over real, every forecast above: "
               f"{', '.join(f'{x:.2f}' for x in ratios)}; within ×2: "
               f"{sum(0.5 <= x <= 2 for x in ratios)} of {len(ratios)}."]
@@ -505,7 +552,8 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
         print(text)
     else:
         publish(text, out)
-    row = {"setting": setting_name(model, eta, model_args), "truth_best": PAPER[truth_best],
+    name = setting_name(proxy_model, eta, proxy_args) + (f" target {model}" if other else "")
+    row = {"setting": name, "truth_best": PAPER[truth_best],
            "search_best": PAPER[search_best], "spearman": round(rho_all, 4),
            "stability": list(decisions), "left": len(keys),
            "from": f"fidelity.py --compare {run_dir}"}

@@ -57,8 +57,8 @@ assignment ``A`` a piece)::
     geosearch search --model tiny --target-model mini --study fid-tiny-for-mini
     python benchmarks/fidelity.py --compare runs/fid-mini-0.04 --model mini --eta 0.04 --steps 2000
 
-(``--compare`` of 3 and 4 needs the truth of the study's target model, not its proxy's: not
-yet supported.)
+(``--compare`` of 3 and 4 reads the target model from the study's plan and scores against its
+long runs: ``python benchmarks/fidelity.py --compare runs/fid-mini-for-small --model mini``.)
 """
 
 from __future__ import annotations
@@ -141,15 +141,31 @@ def constant_rule(decisions: Sequence[bool]) -> int:
     return max(above, len(decisions) - above)
 
 
+SETTING = re.compile(r"(?:(\d+)-layer )?(\S+) ([\d.]+)((?: \w+=\d+)*)(?: target (\S+))?")
+"""A row's setting name: the proxy, its step, its model fields, and a target model other than
+the proxy's (``"mini 0.02 target small"``, ``fidelity.py --compare`` of a ``--target-model``
+study)."""
+
+
 def parse_setting(name: str) -> tuple[str, float, dict]:
-    """``"4-layer tiny 0.05"`` -> (``"tiny"``, 0.05, {"n_layer": 4}); other ``k=v`` after it."""
-    m = re.fullmatch(r"(?:(\d+)-layer )?(\S+) ([\d.]+)((?: \w+=\d+)*)", name)
+    """``"4-layer tiny 0.05"`` -> (``"tiny"``, 0.05, {"n_layer": 4}); other ``k=v`` after it:
+    the proxy's model, step and model fields (:func:`truth_model` names the scored one)."""
+    m = SETTING.fullmatch(name)
     if m is None:
         raise ValueError(f"not a setting name: {name!r}")
     args = {k: int(v) for k, v in (kv.split("=") for kv in m.group(4).split())}
     if m.group(1):
         args["n_layer"] = int(m.group(1))
     return m.group(2), float(m.group(3)), args
+
+
+def truth_model(name: str) -> tuple[str, float, dict]:
+    """The model whose long runs score the row ``name``: its target model at its own sizes
+    where the name has one (``"tiny 0.02 target mini"`` -> (``"mini"``, 0.02, {})), else
+    :func:`parse_setting`'s."""
+    model, eta, args = parse_setting(name)
+    target = SETTING.fullmatch(name).group(5)
+    return (model, eta, args) if target in (None, model) else (target, eta, {})
 
 
 def score(
@@ -281,7 +297,7 @@ def stored_truths(rows: Sequence[dict]) -> dict[str, tuple[dict[str, float], dic
 
     out = {}
     for row in rows:
-        model, eta, args = parse_setting(row["setting"])
+        model, eta, args = truth_model(row["setting"])
         if model in SETTINGS:  # a named setting ("llama-gqa"): its model and arguments
             model, args = SETTINGS[model][0], {**SETTINGS[model][1], **args}
         truth = load_truth(model, 2000, eta, args)

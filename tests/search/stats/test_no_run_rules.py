@@ -3,6 +3,7 @@ computed on a hand-made table."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -91,3 +92,54 @@ def test_the_rules_and_the_scores_on_a_hand_made_table(rules):
     assert [row["left"] for row in s["rows"]] == [4, 2, 2]
     text = "\n".join(r.lines(s))
     assert "The no-run rule: best named at 3 of 3" in text and "constant rule: 9 of 12" in text
+
+
+def test_a_study_whose_target_model_differs_is_scored_on_that_models_long_runs(
+    rules, monkeypatch, tmp_path
+):
+    """fidelity.py --compare reads the target model from the study's plan; the row it writes
+    (``"tiny 0.02 target mini"``) is scored on ``mini``'s long runs, not ``tiny``'s."""
+    import fidelity
+
+    proxy = {"model": "tiny", "spectral_lr": 0.02, "batch_size": 16, "model_args": {}}
+    assert fidelity.study_truth({"proxy": proxy, "target": {"model": "mini"}}, "tiny", 0.02) == (
+        "mini",
+        {},
+    )
+    assert fidelity.study_truth({"proxy": proxy, "target": {"model": "tiny"}}, "tiny", 0.02) == (
+        "tiny",
+        {},
+    )
+    narrow = dict(proxy, model_args={"n_embd": 16})  # the proxy's own model keeps its fields
+    assert fidelity.study_truth({"proxy": narrow, "target": {}}, "tiny", 0.02, {"n_embd": 16}) == (
+        "tiny",
+        {"n_embd": 16},
+    )
+    with pytest.raises(SystemExit, match="the study's proxy is tiny/0.02"):
+        fidelity.study_truth({"proxy": proxy, "target": {"model": "mini"}}, "mini", 0.02)
+
+    name = "tiny 0.02 target mini"
+    assert rules.parse_setting(name) == ("tiny", 0.02, {})
+    assert rules.truth_model(name) == ("mini", 0.02, {})
+    assert rules.truth_model("4-layer tiny 0.05") == ("tiny", 0.05, {"n_layer": 4})
+
+    # hand-made long runs: mini's order is the reverse of tiny's; one mini run above 160
+    losses = {"tiny": [1.0, 2.0, 3.0, 4.0], "mini": [4.0, 3.0, 2.0, 1.0]}
+    for model, values in losses.items():
+        for assign, loss in zip(rules.FOUR, values):
+            logit = 200.0 if (model, assign) == ("mini", rules.ALL_DGRAM) else 20.0
+            rec = {
+                "assign": assign,
+                "status": "completed",
+                "final_val_loss": loss,
+                "probes": [{"step": 2000, "max_logit": logit}],
+                "config": {"model": model, "steps": 2000, "spectral_lr": 0.02, "model_args": {}},
+            }
+            (tmp_path / f"{model}-{assign}.json").write_text(json.dumps(rec), encoding="utf-8")
+    monkeypatch.setattr(fidelity, "DATA", tmp_path)
+    mean, above = rules.stored_truths([{"setting": name}])[name]
+    assert mean == dict(zip(rules.FOUR, losses["mini"]))
+    assert above == {a: a == rules.ALL_DGRAM for a in rules.FOUR}
+    assert rules.stored_truths([{"setting": "tiny 0.02"}])["tiny 0.02"][0] == dict(
+        zip(rules.FOUR, losses["tiny"])
+    )
