@@ -520,8 +520,9 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
         ratios += [x for x in row_ratios if x is not None]
         lines.append(line)
     lines += ["",
-              f"- Winner: truth **{labels[truth_best]}** (the long runs' verdict: {truth_rank.verdict}); "
-              f"search **{labels.get(search_best, search_best)}** (its verdict: {ranking.verdict}). "
+              f"- Winner: truth **{labels[truth_best]}** (the long runs' verdict: "
+              f"{truth_rank.verdict}); search **{labels.get(search_best, search_best)}** "
+              f"(its verdict: {ranking.verdict}). "
               f"Same winner: **{'yes' if truth_best == search_best else 'no'}**.",
               f"- Spearman over the {len(keys)} ranked assignments: top rung **{rho:.2f}**; rung 0 alone "
               f"(the proxy's own Σ η, what a one-rung search answers) {rho0:.2f}"
@@ -530,8 +531,9 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
               + (f"; the order forecast at the target (lines in log Σ η through the rungs, extrapolated "
                  f"from Σ η {reading.rungs[-1].sum_eta:.1f}): {rho_fc:.2f}, best "
                  f"{labels[min(placed, key=placed.get)]}" if rho_fc is not None else "") + ".",
-              f"- Chance under a random order of the {len(keys)} ranked (the pruned last, tied): the "
-              f"right winner {chance_win:.3f}, ρ ≥ {rho_at:g} over all {len(labels)} {chance_rho:.3f}.",
+              f"- Chance under a random order of the {len(keys)} ranked (the pruned last, "
+              f"tied): the right winner {chance_win:.3f}, ρ ≥ {rho_at:g} over all "
+              f"{len(labels)} {chance_rho:.3f}.",
               f"- Main effects, truth: {'; '.join(_effects_text(truth_effects).values()) or 'none'}.",
               f"- Main effects, search: {'; '.join(_effects_text(ranking.effects).values()) or 'none'}.",
               "- Same better level: " + ", ".join(
@@ -598,7 +600,8 @@ def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: 
            "|---|---|---|---|---|---|"]
     for a, m, real, long_above in sorted(rows, key=lambda r: points.labels[r[0]]):
         mean = statistics.fmean(real) if real else math.nan
-        out.append(f"| {points.labels[a]} | {m.final:.1f} ({m.peak:.1f}) | {', '.join(f'{x:.1f}' for x in real)} "
+        out.append(f"| {points.labels[a]} | {m.final:.1f} ({m.peak:.1f}) | "
+                   f"{', '.join(f'{x:.1f}' for x in real)} "
                    f"| {m.final / mean:.2f} | {m.verdict} | {'above' if long_above else 'below'} |")
     same = sum((m.verdict == "above") == long_above for _, m, _, long_above in rows)
     out.append(f"\nThreshold decisions equal to the long runs': {same} of {len(rows)}.")

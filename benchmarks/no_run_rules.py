@@ -101,7 +101,8 @@ def no_run_crosses(eta: float, assign: str) -> bool:
     return assign.startswith("attn=dgram") and eta >= CROSS_STEP
 
 
-def placed(order: Sequence[str], pruned: Iterable[str], keys: Sequence[str] = FOUR) -> dict[str, float]:
+def placed(order: Sequence[str], pruned: Iterable[str],
+           keys: Sequence[str] = FOUR) -> dict[str, float]:
     """Rank positions over all ``keys``: ``order`` 1, 2, ...; the ``pruned`` tied after them."""
     pruned = [a for a in keys if a in set(pruned)]
     out = {a: float(i + 1) for i, a in enumerate(order)}

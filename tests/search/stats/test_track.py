@@ -92,7 +92,8 @@ def test_a_roles_study_is_scored_on_its_eight_points(monkeypatch):
     assert roles.role_key(split) == "attn_qk=stiefel,attn_vo=dgram,mlp=dgram"
     llama = dict(split, attn_k="dgram", mlp_gate="dgram")
     assert roles.role_key(llama) == "attn_qk=mixed,attn_vo=dgram,mlp=dgram"
-    assert roles.LABELS["attn_qk=stiefel,attn_vo=dgram,mlp=dgram"] == "QK Stiefel, VO DGram, MLP DGram"
+    label = roles.LABELS["attn_qk=stiefel,attn_vo=dgram,mlp=dgram"]
+    assert label == "QK Stiefel, VO DGram, MLP DGram"
     assert not any(roles.role_truth("tiny", 2000, 0.05, {"n_embd": 32}).values())  # not stored
 
     class Study:  # what points_of reads: the space the study recorded
@@ -101,7 +102,8 @@ def test_a_roles_study_is_scored_on_its_eight_points(monkeypatch):
 
     assert fidelity.points_of(Study({"attn": [], "mlp": []})).labels is fidelity.PAPER
     scored = fidelity.points_of(Study({"attn_qk": [], "attn_vo": [], "mlp": []}))
-    assert list(scored.labels) == roles.ROLE_POINTS and scored.key_of(split) == roles.role_key(split)
+    assert list(scored.labels) == roles.ROLE_POINTS
+    assert scored.key_of(split) == roles.role_key(split)
 
     keys = [f"p{i}" for i in range(8)]
     mean = {k: float(i) for i, k in enumerate(keys)}  # p0 best
