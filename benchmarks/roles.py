@@ -13,6 +13,8 @@ Usage::
     python benchmarks/roles.py --train --model tiny --eta 0.05 --seeds 0 1      # ~10 min
     python benchmarks/roles.py --train --model mini --eta 0.02 --seeds 0 1 --limit 4   # a piece
     python benchmarks/roles.py --show --model tiny --eta 0.05                  # the table so far
+    geosearch search --model tiny --space roles --set proxy.spectral_lr=0.05 --study roles-tiny-0.05
+    python benchmarks/fidelity.py --compare runs/roles-tiny-0.05 --model tiny --eta 0.05  # on the 8
 
 Prediction, written before any of these runs (2026-12-03; a 20-step smoke search of the
 ``roles`` space on ``mini`` had been run, whose ranking is not evidence at 2,000 steps):
