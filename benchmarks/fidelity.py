@@ -26,7 +26,7 @@ Usage::
     python benchmarks/fidelity.py --curve --model mini --eta 0.02               # the order along the long runs
     python benchmarks/fidelity.py --truth --setting llama-gqa --eta 0.02        # beyond GPT-2
     python benchmarks/fidelity.py --compare runs/fid-llama-gqa --setting llama-gqa --eta 0.02
-    python benchmarks/fidelity.py --compare runs/roles-tiny-0.05 --model tiny --eta 0.05  # the 8 roles
+    python benchmarks/fidelity.py --compare runs/roles-tiny-0.05 --model tiny --eta 0.05  # roles
 
 The default problem, ``mini`` at 0.02 (stop 26, 2026-12-02). The default search on ``small``
 took 1,186 s on two cores and its ranked runs alone (4 × 2 × 400 steps) about 10 minutes, so no
