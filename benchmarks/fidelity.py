@@ -27,6 +27,7 @@ Usage::
     python benchmarks/fidelity.py --curve --model mini --eta 0.02               # the order along the long runs
     python benchmarks/fidelity.py --truth --setting llama-gqa --eta 0.02        # beyond GPT-2
     python benchmarks/fidelity.py --compare runs/fid-llama-gqa --setting llama-gqa --eta 0.02
+    python benchmarks/fidelity.py --compare runs/roles-tiny-0.05 --model tiny --eta 0.05  # roles
 
 The default problem, ``mini`` at 0.02 (stop 26, 2026-12-02). The default search on ``small``
 took 1,186 s on two cores and its ranked runs alone (4 × 2 × 400 steps) about 10 minutes, so no
@@ -94,6 +95,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -122,6 +125,7 @@ from geosearch.search.records import (
     RUNG_INDICES,
     RUNG_LOSSES,
     SEED_OF,
+    SPACE,
     STABILITY,
     STABILITY_PROBES,
     STOP_STEP,
@@ -259,17 +263,53 @@ def _point(assign: str) -> Point:
     return Point(dict(kv.split("=") for kv in assign.split(",")))
 
 
-def _paper_key(resolved: dict[str, str]) -> str:
-    """``attn=G,mlp=G`` of a resolved assignment, each type in its rules' family (an MoE
-    model's ``moe_gate``, ``moe_in``, ``moe_out`` are ``mlp``'s; its ``router`` is neither);
-    ``mixed`` for a family whose types differ."""
+def family_of(module_type: str) -> str:
+    """A module type's family in the rules that have it (an MoE model's ``moe_gate``,
+    ``moe_in``, ``moe_out`` are ``mlp``'s; its ``router`` is neither), else its prefix."""
     families = {t: r.family for name in rule_set_names() for r in get_rule_set(name)
                 for t in r.types}
+    return families.get(module_type, module_type.split("_")[0])
+
+
+def group_key(resolved: dict[str, str], groups: tuple[str, ...],
+              group_of: Callable[[str], str]) -> str:
+    """``G1=g,G2=g`` of a resolved assignment (type -> geometry), each type in its group
+    (``group_of``); ``mixed`` for a group whose types differ, ``?`` for one with none."""
     key = []
-    for f in ("attn", "mlp"):
-        found = {g for t, g in resolved.items() if families.get(t, t.split("_")[0]) == f}
+    for f in groups:
+        found = {g for t, g in resolved.items() if group_of(t) == f}
         key.append(f"{f}={found.pop() if len(found) == 1 else 'mixed' if found else '?'}")
     return ",".join(key)
+
+
+def _paper_key(resolved: dict[str, str]) -> str:
+    """``attn=G,mlp=G`` of a resolved assignment, each type in its rules' family."""
+    return group_key(resolved, ("attn", "mlp"), family_of)
+
+
+@dataclass(frozen=True)
+class Points:
+    """The points :func:`compare` scores a study on: key -> label (in the order the table
+    lists them), the key of a trial's resolved assignment (a key not in ``labels`` is not
+    scored), and the long runs of each key at ``(model, steps, eta, model_args)``."""
+
+    labels: dict[str, str]
+    key_of: Callable[[dict[str, str]], str]
+    truth: Callable[..., dict[str, list[dict]]]
+
+
+def points_of(study) -> Points:
+    """The reference study's four (:data:`PAPER`, this script's long runs), or for a study
+    whose space searches a role (``attn_qk``, ``attn_vo``) the eight role points and
+    ``roles.py``'s long runs."""
+    from geosearch.rules.roles import ROLES
+
+    geometries = (study.user_attrs.get(SPACE) or {}).get("geometries") or {}
+    if not any(k in ROLES for k in geometries):
+        return Points(PAPER, _paper_key, load_truth)
+    import roles  # roles.py imports this module: read only when a roles study is scored
+
+    return roles.SCORED
 
 
 def _effects_text(effects) -> dict[str, str]:
@@ -294,7 +334,7 @@ def _early_forecast(rec: dict, fraction: float, target_sum_eta: float) -> float 
     rows = [p for p in rec["probes"] if p["step"] <= fraction * config.steps and p["max_logit"] is not None]
     sum_eta = [at(p["step"]) for p in rows]
     keep = [i for i, e in enumerate(sum_eta) if e > 0]
-    sigma = [max((p["sigma_max"] or {}).get(t) or 0.0 for t in QK_TYPES) for p in rows]
+    sigma = [max((p.get("sigma_max") or {}).get(t) or 0.0 for t in QK_TYPES) for p in rows]
     f = forecast_max_logit([sum_eta[i] for i in keep], [rows[i]["max_logit"] for i in keep], target_sum_eta,
                            sigma=[sigma[i] for i in keep] if all(sigma[i] > 0 for i in keep) else None)
     return None if f is None else f.value
@@ -326,25 +366,25 @@ def _rung_steps(trial, rungs: list[dict], stop) -> int:
     return total
 
 
-def _search_rows(ranking, trials: dict) -> dict[str, dict]:
+def _search_rows(ranking, trials: dict, points: Points) -> dict[str, dict]:
     """Assignment -> the top-rung mean, rung-0 mean and trial of its best-ranked point."""
     search: dict[str, dict] = {}
     for row in ranking.rows:
         t = trials[row.number]
-        key = _paper_key(t.user_attrs[ASSIGNMENT])
-        if key in PAPER and key not in search:
+        key = points.key_of(t.user_attrs[ASSIGNMENT])
+        if key in points.labels and key not in search:
             rung0 = [r for r in (t.user_attrs.get(RUNG_LOSSES) or [[]])[0]]
             search[key] = {"mean": row.score.mean, "rung0": statistics.fmean(rung0) if rung0 else math.nan,
                            "trial": t}
     return search
 
 
-def _pruned_trials(trials: dict) -> dict[str, object]:
+def _pruned_trials(trials: dict, points: Points) -> dict[str, object]:
     """Assignment -> the first of its points the search pruned (it calls them unstable)."""
     pruned: dict[str, object] = {}
     for t in trials.values():
         if t.state.name == "PRUNED" and not t.user_attrs.get(BASELINE) and ASSIGNMENT in t.user_attrs:
-            pruned.setdefault(_paper_key(t.user_attrs[ASSIGNMENT]), t)
+            pruned.setdefault(points.key_of(t.user_attrs[ASSIGNMENT]), t)
     return pruned
 
 
@@ -361,7 +401,8 @@ def _frozen_rung0(t, run_dir: str):
 
 
 def _forecast_row(a: str, runs: list[dict], score: Score, search: dict[str, dict], pruned: dict[str, object],
-                  study, pruner, target_sum_eta: float, run_dir: str) -> tuple[str, list[float | None]]:
+                  study, pruner, target_sum_eta: float, run_dir: str,
+                  label: str) -> tuple[str, list[float | None]]:
     """One assignment's row of the search-vs-truth table, with its forecast-over-real ratios."""
     recs = [r for r in runs if r["status"] == "completed"]
     real = [v for v in (_final_logit(r) for r in recs) if v is not None]
@@ -379,11 +420,11 @@ def _forecast_row(a: str, runs: list[dict], score: Score, search: dict[str, dict
     v = statistics.fmean(early) if early else None
     cells.append("—" if v is None else f"{v:.1f}")
     row_ratios.append(None if v is None else v / real_mean)
-    line = (f"| {PAPER[a]} | {score.mean:.4f} ({score.n} seeds) | "
+    line = (f"| {label} | {score.mean:.4f} ({score.n} seeds) | "
             f"{search[a]['mean']:.4f} | {search[a]['rung0']:.4f} | {' / '.join(cells)} | "
             f"{real_mean:.1f} | {' / '.join('—' if x is None else f'{x:.2f}' for x in row_ratios)} |"
             if a in search else
-            f"| {PAPER[a]} | {score.mean:.4f} ({score.n} seeds) | pruned: "
+            f"| {label} | {score.mean:.4f} ({score.n} seeds) | pruned: "
             f"{(pruned[a].user_attrs.get(PRUNE_REASON) or '') if a in pruned else 'not run'} | | "
             f"{' / '.join(cells)} | {real_mean:.1f} | "
             f"{' / '.join('—' if x is None else f'{x:.2f}' for x in row_ratios)} |")
@@ -391,7 +432,7 @@ def _forecast_row(a: str, runs: list[dict], score: Score, search: dict[str, dict
 
 
 def _law_lines(truth: dict[str, list[dict]], truth_mean: dict[str, float], model: str, steps: int, eta: float,
-               target_sum_eta: float) -> list[str]:
+               target_sum_eta: float, labels: dict[str, str]) -> list[str]:
     """The table of the forecast law alone, fitted on each long run's first part and read at its end."""
     lines = ["", "The forecast law alone, on each long run's own probes: fitted on the first part of "
              "the run, forecast to its end; forecast ÷ real max logit at the end (one number a seed).", "",
@@ -400,12 +441,12 @@ def _law_lines(truth: dict[str, list[dict]], truth_mean: dict[str, float], model
     reached = {f: at(int(f * steps)) for f in LAW_FRACTIONS}
     lines += ["| assignment | " + " | ".join(f"first {f:.0%} (Σ η ×{target_sum_eta / reached[f]:.1f} to go)"
                                            for f in LAW_FRACTIONS) + " |", "|---|" + "---|" * len(LAW_FRACTIONS)]
-    for a in sorted(PAPER, key=truth_mean.get):
+    for a in sorted(labels, key=truth_mean.get):
         cells = []
         for f in LAW_FRACTIONS:
             rs = [(_early_forecast(r, f, target_sum_eta), _final_logit(r)) for r in truth[a] if r["status"] == "completed"]
             cells.append(", ".join("—" if v is None or not real else f"{v / real:.2f}" for v, real in rs))
-        lines.append(f"| {PAPER[a]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {labels[a]} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -448,31 +489,36 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
     changed by ``model_args``: its own ground truth, and the study must train the same).
     The study's proxy is ``model``; the ground truth is its target model's
     (:func:`study_truth`: a ``--target-model`` study is scored against that model's long
-    runs, its compute in FLOPs)."""
+    runs, its compute in FLOPs), scored on the points of its space (:func:`points_of`: the
+    four, or the eight roles)."""
     study = open_run_study(run_dir)
+    points = points_of(study)
+    labels = points.labels
     proxy_model, proxy_args = model, dict(model_args or {})
     model, model_args = study_truth(study.user_attrs, model, eta, model_args)
-    truth = load_truth(model, steps, eta, model_args)
+    truth = points.truth(model, steps, eta, model_args)
     scores = truth_scores(truth)
-    if len(scores) < len(PAPER):
-        sys.exit(f"the ground truth at {model}/{steps}/{eta} has {len(scores)} of {len(PAPER)} "
-                 "assignments: run --truth first")
+    if len(scores) < len(labels):
+        sys.exit(f"the ground truth at {model}/{steps}/{eta} has {len(scores)} of {len(labels)} "
+                 "assignments: run --truth (roles.py --train for a roles study) first")
     rungs = study.user_attrs.get(LADDER) or []
     ranking = rank_study(study)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    search = _search_rows(ranking, trials)
-    pruned = _pruned_trials(trials)
-    truth_rank = rank_scores([(i, PAPER[a], s) for i, (a, s) in enumerate(scores.items())],
+    search = _search_rows(ranking, trials, points)
+    pruned = _pruned_trials(trials, points)
+    truth_rank = rank_scores([(i, labels[a], s) for i, (a, s) in enumerate(scores.items())],
                              {i: _point(a) for i, a in enumerate(scores)})
-    keys = [a for a in PAPER if a in search]
-    truth_mean = {a: scores[a].mean for a in PAPER}
-    truth_best = min(PAPER, key=truth_mean.get)
-    search_best = _paper_key(trials[ranking.rows[0].number].user_attrs[ASSIGNMENT])
+    keys = [a for a in labels if a in search]
+    truth_mean = {a: scores[a].mean for a in labels}
+    truth_best = min(labels, key=truth_mean.get)
+    search_best = points.key_of(trials[ranking.rows[0].number].user_attrs[ASSIGNMENT])
     rho = spearman([search[a]["mean"] for a in keys], [truth_mean[a] for a in keys])
     rho0 = spearman([search[a]["rung0"] for a in keys], [truth_mean[a] for a in keys])
     # the tool's whole order: ranked ones by their loss, then the pruned ones, tied last
     worst = max((search[a]["mean"] for a in keys), default=0.0) + 1.0
-    rho_all = spearman([search[a]["mean"] if a in search else worst for a in PAPER], [truth_mean[a] for a in PAPER])
+    rho_all = spearman([search[a]["mean"] if a in search else worst for a in labels],
+                       [truth_mean[a] for a in labels])
+    chance_win, chance_rho, rho_at = _chances(truth_mean, keys, labels)
     # the order the ladder forecasts at the target (each loss's line in log Σ η through the
     # rungs; the top rung's own order when it reached the target): not what the verdict ranks on
     reading = study_reading(study)
@@ -511,22 +557,26 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
              "(top rung / rung 0 / first 10% of long run) | real max logit at the end | ratios |",
              "|---|---|---|---|---|---|---|"]
     ratios: list[float] = []
-    for a in sorted(PAPER, key=truth_mean.get):
+    for a in sorted(labels, key=truth_mean.get):
         line, row_ratios = _forecast_row(a, truth[a], scores[a], search, pruned, study, pruner, target_sum_eta,
-                                           run_dir)
+                                           run_dir, labels[a])
         ratios += [x for x in row_ratios if x is not None]
         lines.append(line)
     lines += ["",
-              f"- Winner: truth **{PAPER[truth_best]}** (the long runs' verdict: {truth_rank.verdict}); "
-              f"search **{PAPER[search_best]}** (its verdict: {ranking.verdict}). "
+              f"- Winner: truth **{labels[truth_best]}** (the long runs' verdict: "
+              f"{truth_rank.verdict}); search **{labels.get(search_best, search_best)}** "
+              f"(its verdict: {ranking.verdict}). "
               f"Same winner: **{'yes' if truth_best == search_best else 'no'}**.",
               f"- Spearman over the {len(keys)} ranked assignments: top rung **{rho:.2f}**; rung 0 alone "
               f"(the proxy's own Σ η, what a one-rung search answers) {rho0:.2f}"
-              + (f"; over all {len(PAPER)}, the pruned placed last (tied): **{rho_all:.2f}**"
-                 if len(keys) < len(PAPER) else "")
+              + (f"; over all {len(labels)}, the pruned placed last (tied): **{rho_all:.2f}**"
+                 if len(keys) < len(labels) else "")
               + (f"; the order forecast at the target (lines in log Σ η through the rungs, extrapolated "
                  f"from Σ η {reading.rungs[-1].sum_eta:.1f}): {rho_fc:.2f}, best "
-                 f"{PAPER[min(placed, key=placed.get)]}" if rho_fc is not None else "") + ".",
+                 f"{labels[min(placed, key=placed.get)]}" if rho_fc is not None else "") + ".",
+              f"- Chance under a random order of the {len(keys)} ranked (the pruned last, "
+              f"tied): the right winner {chance_win:.3f}, ρ ≥ {rho_at:g} over all "
+              f"{len(labels)} {chance_rho:.3f}.",
               f"- Main effects, truth: {'; '.join(_effects_text(truth_effects).values()) or 'none'}.",
               f"- Main effects, search: {'; '.join(_effects_text(ranking.effects).values()) or 'none'}.",
               "- Same better level: " + ", ".join(
@@ -544,25 +594,38 @@ def compare(run_dir: str, model: str, steps: int, eta: float, out: Path | None,
               f"- Forecast max logit over real, every forecast above: "
               f"{', '.join(f'{x:.2f}' for x in ratios)}; within ×2: "
               f"{sum(0.5 <= x <= 2 for x in ratios)} of {len(ratios)}."]
-    stability_lines, decisions = _stability_lines(study, trials, truth, pruner, run_dir)
+    stability_lines, decisions = _stability_lines(study, trials, truth, pruner, run_dir, points)
     lines += stability_lines
-    lines += _law_lines(truth, truth_mean, model, steps, eta, target_sum_eta)
+    lines += _law_lines(truth, truth_mean, model, steps, eta, target_sum_eta, labels)
     text = "\n".join(lines)
     if out is None:
         print(text)
     else:
         publish(text, out)
     name = setting_name(proxy_model, eta, proxy_args) + (f" target {model}" if other else "")
-    row = {"setting": name, "truth_best": PAPER[truth_best],
-           "search_best": PAPER[search_best], "spearman": round(rho_all, 4),
+    row = {"setting": name, "truth_best": labels[truth_best],
+           "search_best": labels.get(search_best, search_best), "spearman": round(rho_all, 4),
            "stability": list(decisions), "left": len(keys),
            "from": f"fidelity.py --compare {run_dir}"}
+    if labels is not PAPER:  # the track record scores the default space's four only
+        print(f"row (not recorded in {SEARCHES.name}, which holds the four): {row}")
+        return
     record_search(row)
     print(f"{SEARCHES}: row {row['setting']!r} written (--track-record scores it)")
 
 
+def _chances(truth_mean: dict[str, float], ranked: list[str],
+             labels: dict[str, str]) -> tuple[float, float, float]:
+    """The chance of the right winner and of ρ ≥ the bar (``no_run_rules.RHO_AT``, the third
+    number) under a random order of the ``ranked`` points (the others pruned, last, tied):
+    ``no_run_rules.chances`` over all of ``labels``."""
+    import no_run_rules
+
+    return (*no_run_rules.chances(truth_mean, ranked, keys=tuple(labels)), no_run_rules.RHO_AT)
+
+
 def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: LogitGrowthPruner,
-                     run_dir: str) -> tuple[list[str], tuple[int, int]]:
+                     run_dir: str, points: Points) -> tuple[list[str], tuple[int, int]]:
     """With a stability rung: each assignment's measured max logit at the target (first seed)
     against the long runs' final ones, and the threshold decision against theirs (any probe
     of any seed above the threshold); nothing without one. Also (decisions equal to the long
@@ -573,8 +636,8 @@ def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: 
                 or t.state.name not in ("COMPLETE", "PRUNED")):  # not an interrupted or failed run
             continue
         m = pruner.measured(study, t, TrialProbes.of(read_probes_file(Path(run_dir), t)))
-        a = _paper_key(t.user_attrs[ASSIGNMENT])
-        if m is None or a not in PAPER:
+        a = points.key_of(t.user_attrs[ASSIGNMENT])
+        if m is None or a not in points.labels:
             continue
         real = [x for x in (_final_logit(r) for r in truth[a]) if x is not None]
         long_above = any(p["max_logit"] is not None and p["max_logit"] > m.threshold for r in truth[a] for p in r["probes"])
@@ -584,9 +647,10 @@ def _stability_lines(study, trials: dict, truth: dict[str, list[dict]], pruner: 
     out = ["", "Stability rung (measured at the target's Σ η², first seed) against the long runs:", "",
            "| assignment | measured final (peak) | long runs' final | ratio to their mean | search | long runs |",
            "|---|---|---|---|---|---|"]
-    for a, m, real, long_above in sorted(rows, key=lambda r: PAPER[r[0]]):
+    for a, m, real, long_above in sorted(rows, key=lambda r: points.labels[r[0]]):
         mean = statistics.fmean(real) if real else math.nan
-        out.append(f"| {PAPER[a]} | {m.final:.1f} ({m.peak:.1f}) | {', '.join(f'{x:.1f}' for x in real)} "
+        out.append(f"| {points.labels[a]} | {m.final:.1f} ({m.peak:.1f}) | "
+                   f"{', '.join(f'{x:.1f}' for x in real)} "
                    f"| {m.final / mean:.2f} | {m.verdict} | {'above' if long_above else 'below'} |")
     same = sum((m.verdict == "above") == long_above for _, m, _, long_above in rows)
     out.append(f"\nThreshold decisions equal to the long runs': {same} of {len(rows)}.")

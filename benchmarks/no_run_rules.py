@@ -101,28 +101,32 @@ def no_run_crosses(eta: float, assign: str) -> bool:
     return assign.startswith("attn=dgram") and eta >= CROSS_STEP
 
 
-def placed(order: Sequence[str], pruned: Iterable[str]) -> dict[str, float]:
-    """Rank positions over all four: ``order`` 1, 2, ...; the ``pruned`` tied after them."""
-    pruned = [a for a in FOUR if a in set(pruned)]
+def placed(order: Sequence[str], pruned: Iterable[str],
+           keys: Sequence[str] = FOUR) -> dict[str, float]:
+    """Rank positions over all ``keys``: ``order`` 1, 2, ...; the ``pruned`` tied after them."""
+    pruned = [a for a in keys if a in set(pruned)]
     out = {a: float(i + 1) for i, a in enumerate(order)}
     tied = len(order) + (len(pruned) + 1) / 2
     return out | {a: tied for a in pruned}
 
 
-def rho_all(order: Sequence[str], pruned: Iterable[str], truth_mean: Mapping[str, float]) -> float:
-    """Spearman over all four between an order (the pruned last, tied) and the long runs'."""
-    pos = placed(order, pruned)
-    return spearman([pos[a] for a in FOUR], [truth_mean[a] for a in FOUR])
+def rho_all(order: Sequence[str], pruned: Iterable[str], truth_mean: Mapping[str, float],
+            keys: Sequence[str] = FOUR) -> float:
+    """Spearman over all ``keys`` between an order (the pruned last, tied) and the long runs'."""
+    pos = placed(order, pruned, keys)
+    return spearman([pos[a] for a in keys], [truth_mean[a] for a in keys])
 
 
-def chances(truth_mean: Mapping[str, float], left: Sequence[str]) -> tuple[float, float]:
-    """Chance, under a random order of the ``left`` assignments (the others pruned, placed
-    last, tied), of naming the long runs' best, and of ρ ≥ 0.8 over all four."""
-    best = min(FOUR, key=lambda a: truth_mean[a])
-    pruned = [a for a in FOUR if a not in left]
+def chances(truth_mean: Mapping[str, float], left: Sequence[str],
+            keys: Sequence[str] = FOUR) -> tuple[float, float]:
+    """Chance, under a random order of the ``left`` assignments (the others of ``keys``
+    pruned, placed last, tied), of naming the long runs' best, and of ρ ≥ 0.8 over all
+    ``keys`` (the four; ``fidelity.py --compare`` passes a roles study's eight)."""
+    best = min(keys, key=lambda a: truth_mean[a])
+    pruned = [a for a in keys if a not in left]
     perms = list(itertools.permutations(left))
     win = sum(p[0] == best for p in perms) / len(perms)
-    rho = sum(rho_all(p, pruned, truth_mean) >= RHO_AT - 1e-12 for p in perms) / len(perms)
+    rho = sum(rho_all(p, pruned, truth_mean, keys) >= RHO_AT - 1e-12 for p in perms) / len(perms)
     return win, rho
 
 

@@ -13,6 +13,8 @@ Usage::
     python benchmarks/roles.py --train --model tiny --eta 0.05 --seeds 0 1      # ~10 min
     python benchmarks/roles.py --train --model mini --eta 0.02 --seeds 0 1 --limit 4   # a piece
     python benchmarks/roles.py --show --model tiny --eta 0.05                  # the table so far
+    geosearch search --model tiny --space roles --set proxy.spectral_lr=0.05 --study roles-tiny-0.05
+    python benchmarks/fidelity.py --compare runs/roles-tiny-0.05 --model tiny --eta 0.05  # on the 8
 
 Prediction, written before any of these runs (2026-12-03; a 20-step smoke search of the
 ``roles`` space on ``mini`` had been run, whose ranking is not evidence at 2,000 steps):
@@ -39,8 +41,19 @@ from pathlib import Path
 import torch
 
 from _common import machine, publish  # benchmarks/ is on sys.path when a script runs
-from fidelity import PAPER, _commit, load_truth, run_key, truth_config, truth_scores
+from fidelity import (
+    PAPER,
+    Points,
+    _commit,
+    family_of,
+    group_key,
+    load_truth,
+    run_key,
+    truth_config,
+    truth_scores,
+)
 from geosearch.assignment import Assignment
+from geosearch.rules.roles import ROLES
 from geosearch.proxy.train import train
 from geosearch.search.stats.ranking import rank_scores
 from geosearch.search.stats.blocked import blocked_fit
@@ -53,6 +66,28 @@ PER_HEAD = "attn_qk=stiefel,attn_qk.per_head=true,attn_vo=dgram,mlp=dgram"
 WHOLE = "attn_qk=stiefel,attn_vo=dgram,mlp=dgram"
 """The per-head point and its whole-matrix twin."""
 POINTS = [*ROLE_POINTS, PER_HEAD]
+_NAMES = {"stiefel": "Stiefel", "dgram": "DGram"}
+LABELS = {a: ", ".join(f"{k.removeprefix('attn_').upper()} {_NAMES[g]}"
+                       for k, g in (kv.split("=") for kv in a.split(","))) for a in ROLE_POINTS}
+"""A role point's label: ``"QK Stiefel, VO DGram, MLP DGram"``."""
+
+
+def role_key(resolved: dict[str, str]) -> str:
+    """``attn_qk=G,attn_vo=G,mlp=G`` of a resolved assignment (type -> geometry): Q and K in
+    ``attn_qk``, V and the output in ``attn_vo``, the rest in its family."""
+    role = {t: r for r, types in ROLES.items() for t in types}
+    return group_key(resolved, ("attn_qk", "attn_vo", "mlp"), lambda t: role.get(t) or family_of(t))
+
+
+def role_truth(model: str, steps: int, eta: float,
+               model_args: dict | None = None) -> dict[str, list[dict]]:
+    """The eight role points' stored long runs (none but at 2,000 steps, the model's sizes)."""
+    runs = load(model, eta) if steps == 2000 and not model_args else {}
+    return {a: runs.get(a, []) for a in ROLE_POINTS}
+
+
+SCORED = Points(LABELS, role_key, role_truth)
+"""What ``fidelity.py --compare`` scores a study of the ``roles`` space on."""
 
 
 def run_all(model: str, eta: float, seeds: list[int], limit: int | None) -> None:
@@ -104,7 +139,7 @@ def show(model: str, eta: float, out: Path | None) -> None:
     scores = truth_scores(runs)
     paper_scores = truth_scores(paper)
     entries = [(i, a, s) for i, (a, s) in enumerate({**scores, **paper_scores}.items())]
-    labels = {a: PAPER.get(a, a) for a in [*scores, *paper_scores]}
+    labels = {a: PAPER.get(a) or LABELS.get(a) or a for a in [*scores, *paper_scores]}
     lines = [f"{model}, spectral step {eta}, 2,000 steps: final val loss (mean over seeds), its "
              "seeds, the peak max logit over the run", "",
              "| assignment | val loss | seeds | peak max logit |", "|---|---:|---|---:|"]

@@ -77,3 +77,38 @@ def test_a_named_setting_is_its_row_and_an_expert_stack_counts_as_mlp(monkeypatc
     assert fidelity.assignment_for(spec, "attn=dgram,mlp=stiefel", args).resolve() == dict(
         moe, attn_q="dgram", attn_k="dgram", attn_v="dgram", attn_out="dgram", moe_gate="stiefel",
         moe_in="stiefel", moe_out="stiefel")
+
+
+def test_a_roles_study_is_scored_on_its_eight_points(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("fidelity", "roles", "no_run_rules"):
+        sys.modules.pop(name, None)
+    import fidelity
+    import no_run_rules
+    import roles
+
+    split = {"attn_q": "stiefel", "attn_k": "stiefel", "attn_v": "dgram", "attn_out": "dgram",
+             "mlp_in": "dgram", "mlp_out": "dgram"}  # nanogpt_split's types
+    assert roles.role_key(split) == "attn_qk=stiefel,attn_vo=dgram,mlp=dgram"
+    llama = dict(split, attn_k="dgram", mlp_gate="dgram")
+    assert roles.role_key(llama) == "attn_qk=mixed,attn_vo=dgram,mlp=dgram"
+    label = roles.LABELS["attn_qk=stiefel,attn_vo=dgram,mlp=dgram"]
+    assert label == "QK Stiefel, VO DGram, MLP DGram"
+    assert not any(roles.role_truth("tiny", 2000, 0.05, {"n_embd": 32}).values())  # not stored
+
+    class Study:  # what points_of reads: the space the study recorded
+        def __init__(self, geometries):
+            self.user_attrs = {"space": {"geometries": geometries}}
+
+    assert fidelity.points_of(Study({"attn": [], "mlp": []})).labels is fidelity.PAPER
+    scored = fidelity.points_of(Study({"attn_qk": [], "attn_vo": [], "mlp": []}))
+    assert list(scored.labels) == roles.ROLE_POINTS
+    assert scored.key_of(split) == roles.role_key(split)
+
+    keys = [f"p{i}" for i in range(8)]
+    mean = {k: float(i) for i, k in enumerate(keys)}  # p0 best
+    assert no_run_rules.chances(mean, keys, keys=keys)[0] == pytest.approx(1 / 8)
+    # the worst four pruned (tied last): ρ >= 0.8 iff Σ d² <= 10 among the best four's order,
+    # 13 of the 24 orders
+    assert no_run_rules.chances(mean, keys[:4], keys=keys) == pytest.approx((1 / 4, 13 / 24))
+    assert no_run_rules.chances(mean, keys[4:], keys=keys)[0] == 0
