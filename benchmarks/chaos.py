@@ -5,7 +5,8 @@
 
 ``--faults N`` runs each fault scenario of ``tests/faults/_harness.py`` (and
 ``_study_files.py``: one byte changed in a stored value, outputs onto the study's files,
-two kinds of start on one directory) N times, each with
+two kinds of start on one directory; ``_stops.py``: a search's output closed, ``train``'s
+SIGTERM) N times, each with
 its own seed for the moment the fault hits, on real processes (the tiny proxy; a minute or
 so per run on a loaded 2-core machine), and prints the table fault × runs × invariant
 violations. ``--inputs`` runs every case of ``tests/faults/_bad_inputs.py`` and prints what
@@ -33,6 +34,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "faults"), str(REPO / "tests")]
 
 import _bad_inputs  # noqa: E402
 import _harness  # noqa: E402
+import _stops  # noqa: E402
 import _study_files  # noqa: E402
 
 DOC = REPO / "docs" / "reliability.md"
@@ -78,6 +80,8 @@ def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _ha
         "export -o, report, train --out onto the study's files or a finished run": _study_files.overwrites,
         "a one-process and a --workers search started at once":
             lambda t, r: _study_files.mixed_start(t, r, runs=1),
+        "stdout closed mid-search (search | head)": _stops.closed_output,
+        "SIGTERM of train --log-with tensorboard": _stops.train_terminated,
     }
     if url is not None:
         out["PostgreSQL connections dropped mid-trial"] = lambda t, r: _harness.dropped_connection(t, r, url)
