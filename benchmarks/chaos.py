@@ -80,7 +80,7 @@ def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _ha
         "export -o, report, train --out onto the study's files or a finished run": _study_files.overwrites,
         "a one-process and a --workers search started at once":
             lambda t, r: _study_files.mixed_start(t, r, runs=1),
-        "stdout closed mid-search (search | head)": _stops.closed_output,
+        "stdout closed mid-search (search piped to head)": _stops.closed_output,
         "SIGTERM of train --log-with tensorboard": _stops.train_terminated,
     }
     if url is not None:
