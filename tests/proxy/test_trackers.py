@@ -240,7 +240,8 @@ def test_one_line_per_tracker_says_where_its_runs_are(tmp_path, monkeypatch):
 def test_train_prints_one_line_per_tracker_and_nothing_of_its_own(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", "--model", "tiny", "--assign", MIXED, "--device", "cpu", "--quiet",
-                 "--steps", "2", "--eval-every", "1", "--log-with", "tensorboard", "--out", str(out)])
+                 "--steps", "2", "--eval-every", "1", "--log-with", "tensorboard",
+                 "--out", str(out)])
     captured = capsys.readouterr()
     # Rule: the terminal gets one line for TensorBoard (where, how to view), then the summary
     lines = [ln for ln in (captured.err + captured.out).splitlines() if "tensorboard" in ln.lower()]

@@ -108,7 +108,8 @@ def auto_workers(space: SearchSpace, run_dir: Path, storage: object,
     elif storage is not None and storage.startswith("sqlite:"):
         why = "an SQLite storage"
     omp = os.environ.get("OMP_NUM_THREADS")
-    chosen = f"--threads {threads}" if threads else None if omp is None else f"OMP_NUM_THREADS={omp}"
+    chosen = f"--threads {threads}" if threads else \
+        None if omp is None else f"OMP_NUM_THREADS={omp}"
     n, line = choose_workers(cpu_cores(), points, threads=chosen,
                              gpus=bool(_worker_gpus(space)), one_process=why)
     note = thread_note() if n == 1 else None  # one process on every thread of a loaded machine

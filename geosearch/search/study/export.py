@@ -237,8 +237,9 @@ def optuna_best_note(study: optuna.Study, ranking: Ranking) -> list[str]:
     except ValueError:  # no feasible completed trial
         best = None
     if best is not None and best.number != top.number:
-        lines.append(f"note: Optuna's best_trial (optuna best-trial) is trial {best.number}, by the "
-                     f"mean of its own seeds ({best.value:.4f}); the ranking merges the adaptive "
+        lines.append(f"note: Optuna's best_trial (optuna best-trial) is trial {best.number}, "
+                     f"by the mean of its own seeds ({best.value:.4f}); the ranking merges the "
+                     "adaptive "
                      f"seeds each point got later, which put trial {top.number} first "
                      f"({top.score.mean:.4f})")
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

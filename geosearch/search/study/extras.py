@@ -50,7 +50,8 @@ from geosearch.search.stats.seeding import study_seed_plan
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["NOT_A_POINT", "extra_note", "extra_plan", "halving", "mark_extra", "passed_above", "queue_extras",
+__all__ = ["NOT_A_POINT", "extra_note", "extra_plan", "halving", "mark_extra", "passed_above",
+           "queue_extras",
            "queue_halving", "seed_twin_of"]
 
 NOT_A_POINT = "not_a_point"
@@ -91,7 +92,8 @@ def extra_note(attrs: dict) -> str:
     if SEED_OF in attrs:
         return (f"{seed_word} {seeds} of trial {attrs[SEED_OF]}: more seeds of its point, merged "
                 f"into that trial's score; not a point of its own, never exported")
-    return f"baseline {attrs.get(BASELINE)}{at}: a reference, not a point of the space; never exported"
+    return (f"baseline {attrs.get(BASELINE)}{at}: a reference, not a point of the space; "
+            "never exported")
 
 
 def queue_extras(study: optuna.Study, space: SearchSpace, echo: Callable[[str], None]) -> bool:

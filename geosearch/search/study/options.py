@@ -52,7 +52,8 @@ class SearchOptions:
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"expected a whole number >= 1, got {self.workers}", source="--workers")
         if self.threads is not None and (not is_int(self.threads) or self.threads < 1):
-            raise ConfigError(f"expected a whole number >= 1, got {self.threads!r}", source="--threads")
+            raise ConfigError(f"expected a whole number >= 1, got {self.threads!r}",
+                              source="--threads")
         retries = self.max_retries
         if not is_int(retries) or retries < 0:
             raise ConfigError(f"expected a whole number >= 0, got {retries!r}", source="--max-retries")

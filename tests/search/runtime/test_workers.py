@@ -211,7 +211,8 @@ def test_more_torch_threads_than_free_cores_is_said_in_one_line(monkeypatch):
     monkeypatch.setattr(workers, "cpu_cores", lambda: 2)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.0, 1.0))  # another job holds 2 cores
-    assert workers.thread_note() == ("note: torch runs 2 threads, but about 1 of this machine's 2 "
-                                     "cores are free (load 1.9); --threads 1 (or OMP_NUM_THREADS=1) sets its threads")
+    assert workers.thread_note() == (
+        "note: torch runs 2 threads, but about 1 of this machine's 2 cores are free (load 1.9); "
+        "--threads 1 (or OMP_NUM_THREADS=1) sets its threads")
     monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 1.0, 1.0))
     assert workers.thread_note() is None

@@ -193,7 +193,8 @@ def test_the_dashboard_shows_what_each_extra_trial_is_and_the_summary_names_its_
     assert shown[muon]["note"]["body"] == ("baseline muon: a reference, not a point of the "
                                            "space; never exported")
     seed = next(n for n in extras if SEED_OF in trials[n].user_attrs)
-    assert shown[seed]["note"]["body"].startswith(f"seed 2 of trial {trials[seed].user_attrs[SEED_OF]}: ")
+    of = trials[seed].user_attrs[SEED_OF]
+    assert shown[seed]["note"]["body"].startswith(f"seed 2 of trial {of}: ")
     # The dashboard's Best Trial is the lowest completed value (it reads no constraints):
     # here the muon baseline, not the winner that best_assignment.yaml and Optuna's own
     # best_trial name; the search's summary says so, naming the answer.
