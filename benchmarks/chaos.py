@@ -5,7 +5,8 @@
 
 ``--faults N`` runs each fault scenario of ``tests/faults/_harness.py`` (and
 ``_study_files.py``: one byte changed in a stored value, outputs onto the study's files,
-two kinds of start on one directory) N times, each with
+two kinds of start on one directory; ``_stops.py``: a search's output closed, ``train``'s
+SIGTERM) N times, each with
 its own seed for the moment the fault hits, on real processes (the tiny proxy; a minute or
 so per run on a loaded 2-core machine), and prints the table fault × runs × invariant
 violations. ``--inputs`` runs every case of ``tests/faults/_bad_inputs.py`` and prints what
@@ -33,6 +34,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "faults"), str(REPO / "tests")]
 
 import _bad_inputs  # noqa: E402
 import _harness  # noqa: E402
+import _stops  # noqa: E402
 import _study_files  # noqa: E402
 
 DOC = REPO / "docs" / "reliability.md"
@@ -78,6 +80,8 @@ def _scenarios(url: str | None) -> dict[str, Callable[[Path, random.Random], _ha
         "export -o, report, train --out onto the study's files or a finished run": _study_files.overwrites,
         "a one-process and a --workers search started at once":
             lambda t, r: _study_files.mixed_start(t, r, runs=1),
+        "stdout closed mid-search (search piped to head)": _stops.closed_output,
+        "SIGTERM of train --log-with tensorboard": _stops.train_terminated,
     }
     if url is not None:
         out["PostgreSQL connections dropped mid-trial"] = lambda t, r: _harness.dropped_connection(t, r, url)
@@ -156,13 +160,42 @@ def write(section: str, text: str) -> None:
     DOC.write_text(f"{head}{begin}\n{text}\n\n{end}{tail}", encoding="utf-8")
 
 
+def merge(section: str, text: str) -> None:
+    """Put the rows of ``text``'s table into the first table between the section's markers:
+    a fault's row replaces the row of the same fault, a new fault's row goes last; the
+    other rows and the prose around them stay (``--only`` reruns some scenarios)."""
+    doc = DOC.read_text(encoding="utf-8")
+    begin, end = f"<!-- chaos:{section} -->", f"<!-- /chaos:{section} -->"
+    head, rest = doc.split(begin, 1)
+    body, tail = rest.split(end, 1)
+    lines = body.split("\n")
+    table = [i for i, line in enumerate(lines) if line.startswith("|")]
+    first = table[0]
+    last = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
+    rows = lines[first + 2:last]
+
+    def fault(row: str) -> str:
+        return row.split("|")[1].strip()
+
+    for new in (r for r in text.splitlines()[2:] if r.startswith("|")):
+        at = [i for i, row in enumerate(rows) if fault(row) == fault(new)]
+        if at:
+            rows[at[0]] = new
+        else:
+            rows.append(new)
+    lines[first + 2:last] = rows
+    DOC.write_text(f"{head}{begin}{chr(10).join(lines)}{end}{tail}", encoding="utf-8")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--inputs", action="store_true", help="table the bad inputs")
     p.add_argument("--faults", type=int, metavar="N", help="run each fault scenario N times")
     p.add_argument("--seed", type=int, default=0, help="seed of the first run (default 0)")
     p.add_argument("--only", metavar="TEXT", help="only the scenarios whose name contains TEXT")
-    p.add_argument("--write", action="store_true", help="write the table(s) into docs/reliability.md")
+    p.add_argument("--write", action="store_true",
+                   help="write the table(s) into docs/reliability.md (with --only: put the rows "
+                        "of those scenarios into its faults table, the others kept)")
     args = p.parse_args()
     if not args.inputs and not args.faults:
         p.error("give --inputs and/or --faults N")
@@ -174,9 +207,11 @@ def main() -> int:
     if args.faults:
         text = run_faults(args.faults, args.seed, args.only)
         print(text)
-        if args.write:
+        if args.write and args.only:  # the rows of these scenarios, in the one table
+            merge("faults", text)
+        elif args.write:
             write("faults", f"Command: `python benchmarks/chaos.py --faults {args.faults} --seed {args.seed}`"
-                            f"{f' --only {args.only}' if args.only else ''}\n\n{text}")
+                            f"\n\n{text}")
     return 0
 
 

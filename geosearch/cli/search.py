@@ -104,6 +104,9 @@ def _add_workers(p: argparse.ArgumentParser) -> None:
                    help="run a point again up to N times in a row when its trial fails because of "
                         "the environment (out of memory, CUDA, disk, storage); a failure of the "
                         "assignment itself is not retried (default: 2)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch threads of the search and of each worker (default: a worker's "
+                        "share of the cores; one process: OMP_NUM_THREADS, else every core)")
     p.add_argument("--retry-failed", action="store_true",
                    help="queue the study's failed points again, once each, and run them")
 
@@ -139,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             outcome = run_search(space, SearchOptions(
                 runs_dir=args.runs_dir, storage=args.storage, export=False, workers=args.workers,
                 worker_index=args.worker_index, max_retries=args.max_retries,
-                retry_failed=args.retry_failed,
+                retry_failed=args.retry_failed, threads=args.threads,
                 **({} if args.stale_after is None else {"stale_after": args.stale_after})))
     except optuna.exceptions.StorageInternalError as e:  # e.g. a database connection dropped
         cause = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]

@@ -57,6 +57,8 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="auto (default), cpu or cuda")
     add_knobs(p)
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch threads of the run (default: OMP_NUM_THREADS, else every core)")
     p.add_argument("--out", metavar="DIR", help="write config.yaml, metrics.jsonl, result.json here")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
@@ -76,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
             fields={f: getattr(args, f) for f in _FIELDS if getattr(args, f) is not None},
             model_args=key_values(args.model_arg, "--model-arg"), assign=args.assign,
             assignment_file=args.assignment, rules=args.rules, out=args.out,
-            progress=not args.quiet)
+            progress=not args.quiet, threads=args.threads)
 
 
 def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, Any],
                model_args: Mapping[str, Any], assign: str | None, assignment_file: str | None,
-               rules: str | None, out: str | None, progress: bool) -> int:
+               rules: str | None, out: str | None, progress: bool,
+               threads: int | None = None) -> int:
     """Train the proxy once, as ``geosearch train`` does, and print the summary.
 
     Args:
@@ -94,6 +97,7 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
             (``nanogpt`` for ``py:`` models). Only with ``assign``.
         out: the run directory, or None.
         progress: show progress on stderr.
+        threads: torch threads of the run (``--threads``), or None for torch's.
 
     Returns:
         0 when the run completed, 1 when it ended unstable or failed.
@@ -106,16 +110,19 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
     """
     from geosearch.util.errors import ConfigError
     from geosearch.util.files import check_dir
-    from geosearch.models.memory import check_fits, probe_logit_bytes
+    from geosearch.models.memory import (check_fits, matmul_rate, parameter_count,
+                                         probe_logit_bytes, step_flops, time_note)
     from geosearch.models.zoo import build_meta_model
     from geosearch.proxy.accelerator import check_device
     from geosearch.proxy.accelerator import get_accelerator
     from geosearch.proxy.data import config_corpus
-    from geosearch.proxy.trackers import check_trackers
+    from geosearch.proxy.trackers import check_trackers, tracker_lines
     from geosearch.proxy.train import train
     from geosearch.search.runtime.storage import check_outside_study
-    from geosearch.search.runtime.workers import thread_note
+    from geosearch.search.runtime.workers import share_cpu, thread_note
 
+    if threads is not None and threads < 1:
+        raise ConfigError(f"expected a whole number >= 1, got {threads}", source="--threads")
     config = _config(config_file, fields, model_args)
     if out:  # a file there, or a directory that cannot be written: said before any work
         check_dir(out, source="--out")
@@ -143,14 +150,24 @@ def train_once(*, config_file: str | os.PathLike | None, fields: Mapping[str, An
                **({"source": "--model-arg", "key": None} if model_args else named("model_args")),
                probe_bytes=probe_logit_bytes(built.config, built.block_size,
                                              config.probe_batch_size))
+    flops = step_flops(parameter_count(built.model), built.config, built.block_size,
+                       config.batch_size)
     del built
-    main_process = get_accelerator(config.device, config.mixed_precision).is_main_process
-    if main_process:
+    if threads is not None:  # every process of a launch: --threads each
+        share_cpu(1, threads)
+    accelerator = get_accelerator(config.device, config.mixed_precision)
+    main_process = accelerator.is_main_process
+    if main_process:  # a run of an hour or more is said (memory.time_note)
+        slow = time_note(config.model, flops, config.steps,
+                         matmul_rate(accelerator.device) * accelerator.num_processes)
         print(f"training {config.model} with {source}: "
               + ", ".join(f"{t}={g}" for t, g in assignment.resolve().items()), file=sys.stderr)
         note = thread_note() if check_device(config.device) == "cpu" else None
-        if note:
-            print(note, file=sys.stderr)
+        lines = [x for x in (note, slow) if x]  # then one line per tracker: where its run is
+        lines += tracker_lines(config.log_with, out or ".", project="geosearch",
+                               store_dir=out or ".")
+        for line in lines:
+            print(line, file=sys.stderr)
     result = train(config, assignment, out_dir=out, progress=progress)
     if not main_process:
         return 0 if result.status == "completed" else 1

@@ -184,6 +184,40 @@ class Trackers:
                     tracker.finish()
 
 
+def tracker_lines(names: list[str], runs_under: str | os.PathLike, *, project: str,
+                  store_dir: str | os.PathLike) -> list[str]:
+    """One terminal line per tracker of ``names``: where its runs are and how to open them
+    (what the trackers print themselves goes to each run's ``trackers.log``).
+
+    Args:
+        names: tracker names (``log_with``).
+        runs_under: the run directory (``train --out``), or the folder holding a search's
+            run directories (``<run_dir>/trials``).
+        project: the study (or project) the runs belong to.
+        store_dir: where MLflow's store ``mlflow.db`` is (unless ``MLFLOW_TRACKING_URI`` is set).
+
+    Example:
+        >>> tracker_lines(["tensorboard"], "out", project="p", store_dir="out")
+        ['tensorboard: events under out/ (view: tensorboard --logdir out)']
+    """
+    under = Path(runs_under).as_posix()
+    lines = []
+    for name in names:
+        if name == "tensorboard":
+            line = f"events under {under}/ (view: tensorboard --logdir {under})"
+        elif name == "wandb":
+            mode = os.environ.get("WANDB_MODE", "offline")
+            line = (f"project {project}, {mode}; files under {under}/"
+                    + (" (upload: wandb sync DIR)" if mode == "offline" else ""))
+        elif name == "mlflow":
+            uri = os.environ.get("MLFLOW_TRACKING_URI") or mlflow_store_uri(Path(store_dir))
+            line = f"experiment {project} in {uri} (view: mlflow ui --backend-store-uri {uri})"
+        else:
+            line = f"project {project}; files under {under}/"
+        lines.append(f"{name}: {line}")
+    return lines
+
+
 @contextlib.contextmanager
 def quiet(log: Path | None) -> Iterator[None]:
     """Send what is written to this process's stdout and stderr (file descriptors 1 and 2:

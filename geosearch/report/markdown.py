@@ -82,8 +82,10 @@ def dashboard_paragraph(run_dir: str | Path = "runs/<study>", storage: str | Non
         "`prune_reason`, ...) and, with `--artifact-dir`, its files. Install it with "
         "`pip install 'geosearch[dashboard]'`, then run\n\n"
         f"```bash\n{commands}```\n\n"
-        "and open http://127.0.0.1:8080. A study kept in PostgreSQL opens the same way with "
-        "its `postgresql://...` URL."
+        "and open http://127.0.0.1:8080. Its \"Best Trial\" is the lowest value of any completed "
+        "trial, a baseline's or an adaptive seed's too (each carries a note saying what it is); "
+        "the answer is `best_assignment.yaml`'s trial. A study kept in PostgreSQL opens the "
+        "same way with its `postgresql://...` URL."
     )
 
 

@@ -531,6 +531,10 @@ CASES: list[Case] = [
          lambda d: _search(d, "--model-arg", "block_size=100000"), volatile=True),
     Case("`train --model-arg block_size=100000`",
          lambda d: _train("--model-arg", "block_size=100000"), volatile=True),
+    # --- torch threads
+    Case("`--threads 0`", lambda d: _search(d, "--threads", "0")),
+    Case("`--threads x`", lambda d: _search(d, "--threads", "x")),
+    Case("`train --threads -1`", lambda d: _train("--threads", "-1")),
 ]
 
 

@@ -26,6 +26,7 @@ from _harness import (
     trial_failures,
 )
 from _small_fs import small_filesystem
+from _stops import closed_output, train_terminated
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the faults are injected through Linux /proc and mount")
@@ -106,3 +107,14 @@ def test_a_trial_stopped_between_its_parameters_leaves_no_point_untrained(action
 def test_a_storage_damaged_after_a_kill_is_recovered_and_resumed(tmp_path):
     # the other kinds and damages: tests/cli/test_recover.py, and chaos.py's loop
     check(damaged_storage(tmp_path, random.Random(9), "journal", "garbage"))
+
+
+@pytest.mark.slow
+def test_a_search_whose_output_closes_stops_as_on_ctrl_c_and_resumes(tmp_path):
+    check(closed_output(tmp_path, random.Random(10)))
+
+
+@pytest.mark.slow
+def test_a_terminated_train_ends_its_tensorboard_run(tmp_path):
+    pytest.importorskip("tensorboard")
+    check(train_terminated(tmp_path, random.Random(11)))

@@ -68,3 +68,32 @@ def test_the_probes_attention_logits_count_with_the_context_length(monkeypatch):
         check_fits(long.model, "tiny", "cpu", source="s.yaml", key="proxy.model_args",
                    probe_bytes=probes)
     assert memory.probe_logit_bytes({}, 10, rows=2) == 4 * 2 * 1 * 100  # no head count: one head
+
+
+# --------------------------------------------------------------------------- time
+def test_a_steps_flops_are_six_per_parameter_and_token_plus_attention():
+    built = build_meta_model("tiny", vocab_size=256)
+    n, c, t = parameter_count(built.model), built.config, built.block_size
+    tokens = 4 * t
+    attention = 12 * c["n_layer"] * c["n_embd"] * t  # logits and mixing, per token
+    assert memory.step_flops(n, c, t, batch=4) == tokens * (6 * n + attention)
+    # Rule: the context counts quadratically: block_size x 8 gives more than 8x the step
+    long = build_meta_model("tiny", vocab_size=256, model_args={"block_size": 8 * t})
+    ratio = memory.step_flops(parameter_count(long.model), long.config, 8 * t, 4) / \
+        memory.step_flops(n, c, t, 4)
+    assert ratio > 8
+    assert memory.step_flops(10, {}, 3, 2) == 2 * 3 * 60  # no layers or width named: 6 N only
+
+
+def test_the_matmul_rate_is_measured_on_the_device():
+    rate = memory.matmul_rate("cpu", size=64, seconds=0.01)
+    assert 1e6 < rate < 1e15  # FLOP/s of one CPU, loaded or not
+
+
+def test_a_run_of_an_hour_or_more_is_said_in_one_line():
+    assert memory.time_note("tiny", 1e9, 100, 1e9) is None  # 100 s
+    line = memory.time_note("gpt2", 1e12, 3600, 1e12, runs=10)  # 1 h a run
+    assert line == ("note: one run of 'gpt2' takes at least 1.0 h here (1e+12 FLOPs a step x 3,600 "
+                    "steps at the 1e+12 FLOP/s a matrix product reaches), 10 runs 10.0 h; "
+                    "Ctrl-C stops it")
+    assert "2.0 days" in memory.time_note("gpt2", 1e12, 172_800, 1e12)

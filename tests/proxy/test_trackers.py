@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.machinery
+import io
 import json
 import sys
 import types
@@ -18,8 +19,9 @@ from geosearch.proxy import trackers as trackers_mod
 from geosearch.proxy.config import TrainConfig
 from geosearch.proxy.train import train
 from geosearch.search.space.spec import apply_overrides
+from geosearch.search.study.run import run_search
 
-from _search_helpers import make_space, search
+from _search_helpers import make_space
 
 pytestmark = pytest.mark.usefixtures("no_plots")  # no test here checks a plot: tests/_no_plots.py
 
@@ -203,12 +205,49 @@ def test_search_logs_one_run_per_trial_and_seed_in_the_studys_project(monkeypatc
     space = make_space({"attn": ["adamw"], "mlp": ["adamw"]}, repeats=2)
     space = apply_overrides(space, [], log_with="tensorboard", trials=1)
     assert space.proxy.log_with == ["tensorboard"]
-    search(space, tmp_path)
+    out = io.StringIO()
+    run_search(space, runs_dir=tmp_path / "runs", out=out, progress=False)
+    # Rule: the terminal gets one line per tracker, once a search, saying where its runs are
+    trials = (tmp_path / "runs/t/trials").as_posix()
+    assert [ln for ln in out.getvalue().splitlines() if "tensorboard" in ln] == [
+        f"tensorboard: events under {trials}/ (view: tensorboard --logdir {trials})"]
     trial = tmp_path / "runs/t/trials/0"
     study = tmp_path / "runs/t"  # MLflow's store: the study's directory
     assert opened == [(trial / "seed0", "t", "trial 0 seed 0", study), (trial / "seed1", "t", "trial 0 seed 1", study)]
     for seed in (0, 1):
         assert [s for s, _ in _scalars(trial / f"seed{seed}/tensorboard")["val_loss"]] == [5, 10]
+
+
+def test_one_line_per_tracker_says_where_its_runs_are(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    lines = trackers_mod.tracker_lines(["tensorboard", "mlflow", "wandb", "comet_ml"], "r/trials",
+                                       project="s", store_dir=tmp_path)
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').resolve().as_posix()}"
+    assert lines == [
+        "tensorboard: events under r/trials/ (view: tensorboard --logdir r/trials)",
+        f"mlflow: experiment s in {uri} (view: mlflow ui --backend-store-uri {uri})",
+        "wandb: project s, offline; files under r/trials/ (upload: wandb sync DIR)",
+        "comet_ml: project s; files under r/trials/"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")  # the user's store is named
+    assert trackers_mod.tracker_lines(["mlflow"], "r", project="s", store_dir=tmp_path) == [
+        "mlflow: experiment s in http://mlflow:5000 (view: mlflow ui --backend-store-uri "
+        "http://mlflow:5000)"]
+    assert trackers_mod.tracker_lines([], "r", project="s", store_dir=tmp_path) == []
+
+
+@pytest.mark.slow
+def test_train_prints_one_line_per_tracker_and_nothing_of_its_own(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--model", "tiny", "--assign", MIXED, "--device", "cpu", "--quiet",
+                 "--steps", "2", "--eval-every", "1", "--log-with", "tensorboard",
+                 "--out", str(out)])
+    captured = capsys.readouterr()
+    # Rule: the terminal gets one line for TensorBoard (where, how to view), then the summary
+    lines = [ln for ln in (captured.err + captured.out).splitlines() if "tensorboard" in ln.lower()]
+    assert code == 0 and lines == [f"tensorboard: events under {out.as_posix()}/ (view: "
+                                   f"tensorboard --logdir {out.as_posix()})"]
+    assert any((out / "tensorboard").iterdir())
 
 
 def test_unknown_or_missing_trackers_are_refused_before_training(monkeypatch):

@@ -43,7 +43,7 @@ from geosearch.search.runtime.storage import DB_FILE, JOURNAL_FILE, SPACE_FILE, 
 from geosearch.util.urls import hide_secrets
 
 __all__ = ["auto_workers", "cap_workers", "choose_workers", "cpu_cores", "follow_parent",
-           "run_workers", "share_cpu", "sigterm_as_ctrl_c", "thread_note"]
+           "process_count", "run_workers", "share_cpu", "sigterm_as_ctrl_c", "thread_note"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STOP_WAIT = 60.0  # seconds the workers get to record an interrupted trial
@@ -75,7 +75,8 @@ def choose_workers(cores: int, points: int | None, *, threads: str | None = None
         points: the trials the study runs to (its queued grid); ``None`` when a sampler
             proposes them (each worker seeds its own, so the points would depend on the
             process count: one process keeps a seeded search reproducible).
-        threads: ``OMP_NUM_THREADS`` when set: the user chose the threads, one process.
+        threads: ``"--threads N"`` or ``"OMP_NUM_THREADS=N"`` when given: the user chose
+            the threads, one process.
         gpus: the trials run on GPUs (``--workers N`` puts one worker on each).
         one_process: why the storage wants one process, in words (a ``study.db``), or None.
     """
@@ -83,7 +84,7 @@ def choose_workers(cores: int, points: int | None, *, threads: str | None = None
     if gpus:
         return 1, "workers: one process (GPU trials" + flag
     if threads is not None:
-        return 1, f"workers: one process (OMP_NUM_THREADS={threads} is set" + flag
+        return 1, f"workers: one process ({threads} is set" + flag
     if one_process is not None:
         return 1, f"workers: one process ({one_process}" + flag
     if points is None:
@@ -94,10 +95,11 @@ def choose_workers(cores: int, points: int | None, *, threads: str | None = None
 
 
 def auto_workers(space: SearchSpace, run_dir: Path, storage: object,
-                 points: int | None) -> tuple[int, str]:
-    """:func:`choose_workers` for ``space`` on this machine: its cores, ``OMP_NUM_THREADS``,
-    its GPUs, and the storage a rerun finds (a study started as one process in ``study.db``
-    resumes as one; a ``journal.log`` or a server URL takes workers)."""
+                 points: int | None, threads: int | None = None) -> tuple[int, str]:
+    """:func:`choose_workers` for ``space`` on this machine: its cores, ``threads``
+    (``--threads``) or ``OMP_NUM_THREADS``, its GPUs, and the storage a rerun finds (a study
+    started as one process in ``study.db`` resumes as one; a ``journal.log`` or a server URL
+    takes workers)."""
     why = None
     if storage is not None and not isinstance(storage, str):
         why = "a storage object of this process"
@@ -105,10 +107,27 @@ def auto_workers(space: SearchSpace, run_dir: Path, storage: object,
         why = f"a study one process started, in {DB_FILE}"
     elif storage is not None and storage.startswith("sqlite:"):
         why = "an SQLite storage"
-    n, line = choose_workers(cpu_cores(), points, threads=os.environ.get("OMP_NUM_THREADS"),
+    omp = os.environ.get("OMP_NUM_THREADS")
+    chosen = f"--threads {threads}" if threads else \
+        None if omp is None else f"OMP_NUM_THREADS={omp}"
+    n, line = choose_workers(cpu_cores(), points, threads=chosen,
                              gpus=bool(_worker_gpus(space)), one_process=why)
     note = thread_note() if n == 1 else None  # one process on every thread of a loaded machine
     return n, line if note is None else f"{line}\n{note}"
+
+
+def process_count(space: SearchSpace, run_dir: Path, storage: object, workers: int | None,
+                  points: int | None, *, threads: int | None, auto: bool,
+                  cap: bool) -> tuple[int, str | None]:
+    """How many processes run a search, and the line that says why (or ``None``):
+    ``--workers`` capped (:func:`cap_workers`, when ``cap``), else :func:`auto_workers` (when
+    ``auto``: no Optuna objects, no distributed launch), else one. ``threads``
+    (``--threads``) are this process's torch threads from here on, so the line counts them."""
+    if threads:
+        share_cpu(1, threads)
+    if workers is None:
+        return auto_workers(space, run_dir, storage, points, threads) if auto else (1, None)
+    return cap_workers(space, workers) if cap else (workers, None)
 
 
 def cap_workers(space: SearchSpace, workers: int) -> tuple[int, str | None]:
@@ -140,14 +159,16 @@ def thread_note() -> str | None:
     if threads <= free:
         return None
     return (f"note: torch runs {threads} threads, but about {free} of this machine's {cores} "
-            f"cores are free (load {load:.1f}); OMP_NUM_THREADS={free} sets its threads")
+            f"cores are free (load {load:.1f}); --threads {free} (or OMP_NUM_THREADS={free}) "
+            "sets its threads")
 
 
-def share_cpu(workers: int) -> None:
-    """In a worker process: take this process's share of the CPU threads."""
+def share_cpu(workers: int, threads: int | None = None) -> None:
+    """In a worker process (or a search or a run given ``--threads``): take ``threads``
+    torch threads, else this process's share of the cores."""
     import torch
 
-    torch.set_num_threads(_cpu_share(workers))
+    torch.set_num_threads(threads or _cpu_share(workers))
 
 
 @contextlib.contextmanager
@@ -227,7 +248,7 @@ def _stop(procs: list[tuple[int, subprocess.Popen, Path]]) -> None:
 def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers: int,
                 study: optuna.Study, on_trial: Callable[[FrozenTrial], None],
                 echo: Callable[[str], None], stale_after: float = STALE_AFTER,
-                max_retries: int | None = None) -> str:
+                max_retries: int | None = None, threads: int | None = None) -> str:
     """Start ``workers`` processes on the study, hand on their trials as they finish, wait.
 
     Args:
@@ -240,6 +261,7 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
         echo: prints one line.
         stale_after: passed on to the workers.
         max_retries: passed on to the workers (``None``: their default).
+        threads: each worker's torch threads (``--threads``; ``None``: a share of the cores).
 
     Returns:
         Why the search stopped, in words.
@@ -255,9 +277,10 @@ def run_workers(space: SearchSpace, run_dir: Path, storage: str | None, workers:
     logs.mkdir(parents=True, exist_ok=True)
     if gpus and workers > len(gpus):
         echo(f"note: {workers} workers share {len(gpus)} GPUs")
-    cmd, secret_env = _worker_command(space, run_dir, storage, workers, stale_after, max_retries)
+    cmd, secret_env = _worker_command(space, run_dir, storage, workers, stale_after, max_retries,
+                                      threads)
     procs: list[tuple[int, subprocess.Popen, Path]] = []
-    threads = _cpu_share(workers)
+    threads = threads or _cpu_share(workers)
     owner = Owner(run_dir)  # a later command sees this run as live until the workers are done
     with sigint_honoured():  # a background job's ignored SIGINT stops the workers too
         try:
@@ -290,7 +313,8 @@ def _worker_gpus(space: SearchSpace) -> list[str]:
 
 
 def _worker_command(space: SearchSpace, run_dir: Path, storage: str | None, workers: int,
-                    stale_after: float, max_retries: int | None) -> tuple[list[str], dict[str, str]]:
+                    stale_after: float, max_retries: int | None,
+                    threads: int | None = None) -> tuple[list[str], dict[str, str]]:
     """Every worker's command line (without ``--worker-index``), and the environment that
     hands them the full storage URL when the command line carries its masked form."""
     cmd = [sys.executable, "-m", "geosearch", "search", "--space", str(run_dir / SPACE_FILE),
@@ -303,6 +327,8 @@ def _worker_command(space: SearchSpace, run_dir: Path, storage: str | None, work
         cmd += ["--stale-after", repr(stale_after)]
     if max_retries is not None:
         cmd += ["--max-retries", str(max_retries)]
+    if threads:  # --threads: each worker's (its OMP_NUM_THREADS too)
+        cmd += ["--threads", str(threads)]
     return cmd, secret_env
 
 

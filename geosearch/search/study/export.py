@@ -52,6 +52,7 @@ from geosearch.search.records import (
     STEP_FACTOR,
     TARGET,
     UNSTABLE,
+    is_extra,
     trial_status,
 )
 from geosearch.search.space.spec import SearchSpace, Suggestion, study_pruner
@@ -218,23 +219,39 @@ def _versus(r: RankedTrial) -> str:
 
 
 def optuna_best_note(study: optuna.Study, ranking: Ranking) -> list[str]:
-    """A line when Optuna's own best trial (``study.best_trial``, ``optuna best-trial``, the
-    dashboard) is not the ranking's winner, nothing otherwise. Baselines and adaptive-seed
-    trials are infeasible there (:func:`~geosearch.search.study.extras.mark_extra`), but a
-    point's Optuna value is the mean of its own seeds, which cannot change once told, while
-    the ranking merges the adaptive seeds a point got later."""
+    """Lines for the views whose best trial is not the ranking's winner, nothing otherwise.
+
+    Optuna's own (``study.best_trial``, ``optuna best-trial``) skips baselines and
+    adaptive-seed trials, which are infeasible there
+    (:func:`~geosearch.search.study.extras.mark_extra`), but a point's Optuna value is the
+    mean of its own seeds, which cannot change once told, while the ranking merges the
+    adaptive seeds a point got later. optuna-dashboard's "Best Trial" is the lowest value of
+    every completed trial (it reads no constraints), so it can be a baseline or a seed trial:
+    their dashboard notes say what they are."""
     if not ranking.rows:
         return []
+    top = ranking.rows[0]
+    lines = []
     try:
         best = study.best_trial
     except ValueError:  # no feasible completed trial
-        return []
-    top = ranking.rows[0]
-    if best.number == top.number:
-        return []
-    return [f"note: Optuna's best_trial (optuna best-trial, the dashboard) is trial {best.number}, by the "
-            f"mean of its own seeds ({best.value:.4f}); the ranking merges the adaptive seeds each point "
-            f"got later, which put trial {top.number} first ({top.score.mean:.4f})"]
+        best = None
+    if best is not None and best.number != top.number:
+        lines.append(f"note: Optuna's best_trial (optuna best-trial) is trial {best.number}, "
+                     f"by the mean of its own seeds ({best.value:.4f}); the ranking merges the "
+                     "adaptive "
+                     f"seeds each point got later, which put trial {top.number} first "
+                     f"({top.score.mean:.4f})")
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.value is not None]
+    lowest = min(done, key=lambda t: t.value, default=None)
+    if lowest is not None and is_extra(lowest) and lowest.number != top.number:
+        what = (f"baseline {lowest.user_attrs[BASELINE]}" if BASELINE in lowest.user_attrs
+                else f"a seed of trial {lowest.user_attrs.get(SEED_OF)}")
+        lines.append(f"note: optuna-dashboard's Best Trial is trial {lowest.number} ({what}, "
+                     f"{lowest.value:.4f}): it counts every completed trial; the answer is trial "
+                     f"{top.number}, as exported")
+    return lines
 
 
 def outlook_numbers(study: optuna.Study, ranking: Ranking) -> list[int]:

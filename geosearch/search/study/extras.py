@@ -50,7 +50,8 @@ from geosearch.search.stats.seeding import study_seed_plan
 if TYPE_CHECKING:  # pragma: no cover
     from geosearch.search.space.spec import SearchSpace
 
-__all__ = ["NOT_A_POINT", "extra_plan", "halving", "mark_extra", "passed_above", "queue_extras",
+__all__ = ["NOT_A_POINT", "extra_note", "extra_plan", "halving", "mark_extra", "passed_above",
+           "queue_extras",
            "queue_halving", "seed_twin_of"]
 
 NOT_A_POINT = "not_a_point"
@@ -60,11 +61,39 @@ NOT_A_POINT = "not_a_point"
 def mark_extra(trial: optuna.Trial) -> None:
     """Make a baseline or an adaptive-seed trial infeasible in Optuna's sense (the constraint
     ``not_a_point`` = 1; a trial is feasible when every constraint is <= 0), so that
-    ``study.best_trial``, ``optuna best-trial`` and the dashboard's best trial, which choose
-    among feasible trials, only ever name a point of the space: a baseline is a reference,
-    and a seed trial's value is one seed, not its point's score. Samplers ignore constraints
-    unless given a ``constraints_func``, so the search itself is unchanged."""
+    ``study.best_trial`` and ``optuna best-trial``, which choose among feasible trials, only
+    ever name a point of the space: a baseline is a reference, and a seed trial's value is
+    one seed, not its point's score. Samplers ignore constraints unless given a
+    ``constraints_func``, so the search itself is unchanged. optuna-dashboard's "Best Trial"
+    reads no constraints (the lowest completed value); with it installed, the trial gets a
+    note saying what it is (:func:`extra_note`), which its trial page shows, and the
+    search's summary names its best trial when that is not the winner
+    (:func:`~geosearch.search.study.export.optuna_best_note`)."""
     trial.set_constraint(NOT_A_POINT, 1.0)
+    try:
+        from optuna_dashboard import save_note  # the optional `dashboard` extra
+    except ImportError:
+        return
+    save_note(trial, extra_note(trial.user_attrs))
+
+
+def extra_note(attrs: dict) -> str:
+    """What a baseline or an adaptive-seed trial is, in one line (its dashboard note), from
+    its user attrs: ``"baseline muon at step x2: a reference, not a point of the space; never
+    exported"``, ``"seed 2 of trial 5: more seeds of its point, merged into that trial's
+    score; not a point of its own, never exported"``."""
+    factor = attrs.get(STEP_FACTOR)
+    at = f" at step x{float(factor):g}" if isinstance(factor, (int, float)) else ""
+    seeds = ", ".join(str(s) for s in attrs.get(SEEDS) or [])
+    seed_word = "seeds" if "," in seeds else "seed"
+    if SEED_OF in attrs and BASELINE in attrs:
+        return (f"{seed_word} {seeds} of baseline {attrs[BASELINE]}{at} (trial {attrs[SEED_OF]}): "
+                f"merged into that trial's score; a reference, never exported")
+    if SEED_OF in attrs:
+        return (f"{seed_word} {seeds} of trial {attrs[SEED_OF]}: more seeds of its point, merged "
+                f"into that trial's score; not a point of its own, never exported")
+    return (f"baseline {attrs.get(BASELINE)}{at}: a reference, not a point of the space; "
+            "never exported")
 
 
 def queue_extras(study: optuna.Study, space: SearchSpace, echo: Callable[[str], None]) -> bool:

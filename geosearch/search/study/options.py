@@ -43,6 +43,7 @@ class SearchOptions:
     artifact_store: ArtifactStore | None = None
     max_retries: int = DEFAULT_MAX_RETRIES
     retry_failed: bool = False
+    threads: int | None = None
 
     def check(self) -> None:
         """Raise a :class:`~geosearch.util.errors.ConfigError` naming the flag or argument at
@@ -50,6 +51,9 @@ class SearchOptions:
         ``workers`` > 1."""
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"expected a whole number >= 1, got {self.workers}", source="--workers")
+        if self.threads is not None and (not is_int(self.threads) or self.threads < 1):
+            raise ConfigError(f"expected a whole number >= 1, got {self.threads!r}",
+                              source="--threads")
         retries = self.max_retries
         if not is_int(retries) or retries < 0:
             raise ConfigError(f"expected a whole number >= 0, got {retries!r}", source="--max-retries")

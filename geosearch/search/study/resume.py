@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -272,7 +273,8 @@ def data_digest(space: SearchSpace) -> dict[str, Any]:
     return config_corpus(space.proxy).digest()
 
 
-def preflight(space: SearchSpace, processes: int = 1) -> None:
+def preflight(space: SearchSpace, processes: int = 1,
+              echo: Callable[[str], None] | None = None) -> None:
     """Errors that would fail every trial, found before the study is touched.
 
     The run's settings, as :func:`geosearch.proxy.train.train` refuses them: a device this
@@ -283,6 +285,8 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     device), a context the data cannot fill, one forward pass of the model
     (:func:`~geosearch.models.zoo.check_logits`: logits of the data's vocabulary; a ``py:``
     model whose forward cannot run on the meta device is built for real on the CPU for it),
+    (its memory, and its time: a line to ``echo`` when a run would take an hour or more,
+    :func:`~geosearch.models.memory.time_note`),
     and rules that do not fit the model, match nothing or leave a hidden weight without a
     geometry: the plan (:func:`geosearch.plan.bind`) of the space's first assignment, with
     the proxy's optimizer settings. ``space.rules`` are the rules every trial's assignment
@@ -291,6 +295,7 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     Args:
         space: the search space, flags applied.
         processes: the processes that train each trial (a data-parallel launch's world).
+        echo: prints the time line (``None``: not estimated).
 
     Raises:
         ConfigError: the first problem, naming the space's key (``proxy.grad_accum``, ...);
@@ -302,7 +307,8 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     from geosearch.proxy.data import config_corpus
     from geosearch.proxy.trackers import check_trackers
     from geosearch.models.specs import PY_PREFIX
-    from geosearch.models.memory import check_fits, probe_logit_bytes
+    from geosearch.models.memory import (check_fits, matmul_rate, parameter_count,
+                                         probe_logit_bytes, step_flops, time_note)
     from geosearch.models.zoo import build_meta_model, build_model, check_logits
 
     proxy = space.proxy
@@ -317,6 +323,12 @@ def preflight(space: SearchSpace, processes: int = 1) -> None:
     check_fits(built.model, proxy.model, device, source=where, key="proxy.model_args",
                probe_bytes=probe_logit_bytes(built.config, built.block_size,
                                              proxy.probe_batch_size))
+    if echo is not None:  # a run of an hour or more is said (memory.time_note)
+        flops = step_flops(parameter_count(built.model), built.config, built.block_size,
+                           proxy.batch_size)
+        note = time_note(proxy.model, flops, proxy.steps, matmul_rate(device) * processes)
+        if note:
+            echo(note)
     if not check_logits(built, corpus.vocab_size, source=where, key="proxy.model") \
             and proxy.model.startswith(PY_PREFIX):  # its forward needs real tensors
         real = build_model(proxy.model, vocab_size=corpus.vocab_size, model_args=proxy.model_args)

@@ -36,6 +36,7 @@ from geosearch.util.errors import ConfigError, GeosearchError
 from geosearch.proxy.accelerator import get_accelerator
 from geosearch.proxy.config import check_batch_split
 from geosearch.proxy.train import train
+from geosearch.proxy.trackers import tracker_lines
 from geosearch.search.runtime.backup import TrialFiles, default_store
 from geosearch.search.runtime.distributed import RankGroup, follow, launch_world
 from geosearch.search.study.export import export_best, format_ranking, where_line
@@ -70,7 +71,7 @@ from geosearch.search.runtime.storage import (
 )
 from geosearch.search.space.plan import StudyPlan, plan_study
 from geosearch.search.study.trial_loop import Searcher
-from geosearch.search.runtime.workers import auto_workers, cap_workers, run_workers, share_cpu
+from geosearch.search.runtime.workers import process_count, run_workers, share_cpu
 
 __all__ = ["METRIC_NAME", "SearchOutcome", "bind_study", "run_search", "write_space_file"]
 
@@ -273,6 +274,7 @@ def run_search(space: SearchSpace | str | os.PathLike, options: SearchOptions | 
             of memory, CUDA, disk, storage: :mod:`~geosearch.search.study.failures`) runs its
             point again; it counts towards the budget only once it stays failed.
         retry_failed: first queue the study's failed points again, once each.
+        threads: torch threads here and in each worker (``--threads``; default: a share).
 
     Objects (a study, a storage object, a sampler, a pruner, an artifact store) live in
     this process: with ``workers`` > 1 pass a storage URL and the space's settings instead.
@@ -326,6 +328,16 @@ def run_search(space: SearchSpace | str | os.PathLike, options: SearchOptions | 
     return outcome
 
 
+def _processes(space: SearchSpace, options: SearchOptions, run_dir: Path, points: int | None,
+               group: RankGroup | None) -> tuple[int, str | None]:
+    """How many processes run the search, and the line that says why (or ``None``)."""
+    local = group is None and not (options.study or options.sampler or options.pruner
+                                   or options.artifact_store)
+    return process_count(space, run_dir, options.storage, options.workers, points,
+                         threads=options.threads, auto=local,
+                         cap=options.worker_index is None and group is None)
+
+
 def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None = None) -> SearchOutcome:
     """:func:`run_search` in one process, or on rank 0 of a distributed launch. A command
     (not one of its workers) checks what would fail every trial first, then holds the
@@ -340,21 +352,14 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
     run_dir = Path(options.runs_dir) / space.name
     if worker_index is None:  # its command holds the lock
         check_no_other_run(run_dir, space.name, echo)  # at once, before the preflight's work
-        preflight(space, group.world if group is not None else 1)  # before the storage is opened
+        preflight(space, group.world if group is not None else 1, echo)  # before the storage opens
     plan = plan_study(space)
     exhaustive = options.sampler is None and space.sampler_type() == "grid"
     budget = resolve_budget(space, exhaustive)
-    note = None
-    if workers is None:  # no --workers: one single-thread worker per core, when worth it
-        local = group is None and not (options.study or options.sampler or options.pruner
-                                       or options.artifact_store)
-        workers, note = auto_workers(space, run_dir, options.storage, budget if exhaustive else None) \
-            if local else (1, None)
-    elif worker_index is None and group is None:  # --workers N: at most the cores (GPUs)
-        workers, note = cap_workers(space, workers)
+    workers, note = _processes(space, options, run_dir, budget if exhaustive else None, group)
     options = dataclasses.replace(options, workers=workers)
     if worker_index is not None:
-        share_cpu(workers)
+        share_cpu(workers, options.threads)
     with contextlib.ExitStack() as held:
         new = not (options.study or options.storage or has_storage(run_dir))  # one creates it
         lock = None if worker_index is not None else early_lock(held, run_dir, space.name, new)
@@ -389,7 +394,8 @@ def _search(space: SearchSpace, options: SearchOptions, group: RankGroup | None 
         try:
             if workers > 1 and worker_index is None:
                 stopped = run_workers(space, run_dir, options.storage, workers, study, on_trial,
-                                      echo, options.stale_after, max_retries=options.max_retries)
+                                      echo, options.stale_after, max_retries=options.max_retries,
+                                      threads=options.threads)
                 stopped = done_reason(study, budget, exhaustive, space.grid_size()) or stopped
             else:
                 store = options.artifact_store or default_store(run_dir)
@@ -423,8 +429,9 @@ def _prepare(study: optuna.Study, space: SearchSpace, plan: StudyPlan, options: 
     trials of dead workers, back up the finished trials that have no ``trial.json`` yet."""
     write_space_file(space, run_dir)
     echo(space.summary(plan.header_lines()))
-    for note in notes:
-        echo(note)
+    for note in notes + tracker_lines(space.proxy.log_with, run_dir / TRIALS_DIR,
+                                      project=study.study_name, store_dir=run_dir):
+        echo(note)  # the notes, then one line per tracker
     owner = Owner(run_dir)
     try:
         for recovered in recover_stale(study, owner, options.stale_after, options.max_retries):

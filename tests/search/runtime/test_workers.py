@@ -122,7 +122,8 @@ def test_the_default_takes_one_single_thread_worker_per_core_when_the_grid_keeps
 
 
 @pytest.mark.parametrize("kwargs, why", [
-    ({"threads": "1"}, "OMP_NUM_THREADS=1 is set"),
+    ({"threads": "OMP_NUM_THREADS=1"}, "OMP_NUM_THREADS=1 is set"),
+    ({"threads": "--threads 1"}, "--threads 1 is set"),
     ({"gpus": True}, "GPU trials"),
     ({"one_process": "a study one process started, in study.db"}, "study.db"),
 ])
@@ -140,7 +141,7 @@ def test_a_sampler_s_points_keep_one_process():
 
 def test_every_header_line_fits_100_columns():
     cases = [choose_workers(2, 6), choose_workers(64, 3), choose_workers(2, None),
-             choose_workers(2, 6, threads="16"), choose_workers(2, 6, gpus=True),
+             choose_workers(2, 6, threads="OMP_NUM_THREADS=16"), choose_workers(2, 6, gpus=True),
              choose_workers(2, 6, one_process="a study one process started, in study.db")]
     assert all(len(line) <= 100 for _, line in cases)
 
@@ -166,6 +167,30 @@ def test_a_rerun_finds_the_storage_its_study_was_started_in(tmp_path, monkeypatc
     assert auto_workers(space, run_dir, "sqlite:///x.db", 4)[0] == 1
 
 
+def test_threads_set_this_process_and_each_worker_and_keep_one_process(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(workers, "cpu_cores", lambda: 4)
+    space = make_space({"attn": ["adamw", "euclidean"], "mlp": ["adamw", "euclidean"]})
+    before = torch.get_num_threads()
+    try:
+        # Rule: --threads N sets torch's threads here, and the default then keeps one process
+        # (the user chose the threads), naming the flag ...
+        n, line = workers.process_count(space, tmp_path / space.name, None, None, 4,
+                                        threads=3, auto=True, cap=True)
+        assert torch.get_num_threads() == 3
+        assert n == 1 and "(--threads 3 is set;" in line
+        # ... and with --workers each worker takes N threads: the flag and the variable.
+        assert workers.process_count(space, tmp_path, None, 2, 4, threads=2, auto=True,
+                                     cap=True) == (2, None)
+        cmd, _ = _worker_command(space, tmp_path, None, 2, STALE_AFTER, None, 2)
+        assert cmd[-2:] == ["--threads", "2"]
+        assert _worker_env(0, [], {}, 2)["OMP_NUM_THREADS"] == "2"
+    finally:
+        torch.set_num_threads(before)
+
+
 # --------------------------------------------------------------------------- the cap
 def test_workers_beyond_the_cores_or_the_gpus_are_cut_in_one_line(monkeypatch):
     space = make_space({"attn": ["adamw"], "mlp": ["adamw"]})
@@ -186,7 +211,8 @@ def test_more_torch_threads_than_free_cores_is_said_in_one_line(monkeypatch):
     monkeypatch.setattr(workers, "cpu_cores", lambda: 2)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.0, 1.0))  # another job holds 2 cores
-    assert workers.thread_note() == ("note: torch runs 2 threads, but about 1 of this machine's 2 "
-                                     "cores are free (load 1.9); OMP_NUM_THREADS=1 sets its threads")
+    assert workers.thread_note() == (
+        "note: torch runs 2 threads, but about 1 of this machine's 2 cores are free (load 1.9); "
+        "--threads 1 (or OMP_NUM_THREADS=1) sets its threads")
     monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 1.0, 1.0))
     assert workers.thread_note() is None

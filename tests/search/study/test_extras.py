@@ -6,16 +6,17 @@
 from __future__ import annotations
 
 import io
+import json
 
 import optuna
 import pytest
 from _search_helpers import FakeTrain, make_space, search, trials_of, use_train
 from optuna.trial import TrialState
 
-from geosearch.search.study.extras import queue_extras
+from geosearch.search.study.extras import extra_note, queue_extras
 from geosearch.search.study.queue import done_count, enqueue
-from geosearch.search.records import SEED_OF, SEEDS
-from geosearch.search.study.export import export_best
+from geosearch.search.records import SEED_OF, SEEDS, is_extra
+from geosearch.search.study.export import export_best, optuna_best_note
 from geosearch.search.records import read_probes_file
 from geosearch.search.runtime.storage import open_run_study
 from geosearch.search.space.plan import plan_study
@@ -125,20 +126,21 @@ def test_planning_is_keyed_so_a_second_call_queues_nothing(monkeypatch, tmp_path
     assert len(study.get_trials()) == before
 
 
+# the muon baseline (every type euclidean) and one adaptive seed have the lowest values of
+# the study; adamw leads euclidean within noise at two seeds and ahead at three
+def baseline_lowest_losses(key, seed, *config):
+    if key == "attn=euclidean,mlp=euclidean":
+        return 2.0  # the muon baseline
+    if key.startswith("attn=oblique"):
+        return 3.5 + 0.01 * seed
+    if key.startswith("attn=adamw"):
+        return 3.0 + [0.0, 0.0, -0.3][seed]  # its third seed: 2.7, a seed trial's value
+    return 3.0 + [0.01, 0.0, 0.0][seed]
+
+
 @pytest.mark.slow
 def test_baselines_and_seed_trials_are_never_optunas_best(monkeypatch, tmp_path):
-    # the muon baseline (every type euclidean) and one adaptive seed have the lowest values of
-    # the study; adamw leads euclidean within noise at two seeds and ahead at three
-    def losses(key, seed, *config):
-        if key == "attn=euclidean,mlp=euclidean":
-            return 2.0  # the muon baseline
-        if key.startswith("attn=oblique"):
-            return 3.5 + 0.01 * seed
-        if key.startswith("attn=adamw"):
-            return 3.0 + [0.0, 0.0, -0.3][seed]  # its third seed: 2.7, a seed trial's value
-        return 3.0 + [0.01, 0.0, 0.0][seed]
-
-    use_train(monkeypatch, FakeTrain(losses=losses, with_config=True))
+    use_train(monkeypatch, FakeTrain(losses=baseline_lowest_losses, with_config=True))
     space = make_space(GRID, repeats=2, max_repeats=3, baselines=["muon"])
     out = search(space, tmp_path)
     study = open_run_study(tmp_path / "runs" / "t")
@@ -155,6 +157,55 @@ def test_baselines_and_seed_trials_are_never_optunas_best(monkeypatch, tmp_path)
     assert f"trial: {winner}" in best
 
 
+def dashboard_get(app, path: str) -> dict:
+    """GET ``path`` from optuna-dashboard's WSGI app, in-process; the JSON it answers."""
+    from wsgiref.util import setup_testing_defaults
+
+    environ: dict = {"PATH_INFO": path, "REQUEST_METHOD": "GET"}
+    setup_testing_defaults(environ)
+    status: list[str] = []
+    body = b"".join(app(environ, lambda s, headers, exc_info=None: status.append(s)))
+    assert status[0].startswith("200"), (path, status, body[:200])
+    return json.loads(body)
+
+
+@pytest.mark.slow
+def test_the_dashboard_shows_what_each_extra_trial_is_and_the_summary_names_its_best(
+        monkeypatch, tmp_path):
+    dashboard = pytest.importorskip("optuna_dashboard")
+    use_train(monkeypatch, FakeTrain(losses=baseline_lowest_losses, with_config=True))
+    out = search(make_space(GRID, repeats=2, max_repeats=3, baselines=["muon"]), tmp_path)
+    run = tmp_path / "runs" / "t"
+    study = open_run_study(run)
+    winner = out.ranking.rows[0].number
+    app = dashboard.wsgi(f"sqlite:///{run / 'study.db'}")
+    (summary,) = dashboard_get(app, "/api/studies")["study_summaries"]
+    detail = dashboard_get(app, f"/api/studies/{summary['study_id']}")
+    shown = {t["number"]: t for t in detail["trials"]}
+    trials = {t.number: t for t in study.get_trials()}
+    extras = [n for n, t in trials.items() if is_extra(t)]
+    assert {trials[n].user_attrs.get("baseline") for n in extras} >= {"muon", None}
+    # Rule: every baseline and seed trial carries a note the dashboard shows, saying what
+    # it is; a point of the space none.
+    for n, t in trials.items():
+        assert shown[n]["note"]["body"] == (extra_note(t.user_attrs) if n in extras else "")
+    muon = next(n for n in extras if trials[n].user_attrs.get("baseline") == "muon")
+    assert shown[muon]["note"]["body"] == ("baseline muon: a reference, not a point of the "
+                                           "space; never exported")
+    seed = next(n for n in extras if SEED_OF in trials[n].user_attrs)
+    of = trials[seed].user_attrs[SEED_OF]
+    assert shown[seed]["note"]["body"].startswith(f"seed 2 of trial {of}: ")
+    # The dashboard's Best Trial is the lowest completed value (it reads no constraints):
+    # here the muon baseline, not the winner that best_assignment.yaml and Optuna's own
+    # best_trial name; the search's summary says so, naming the answer.
+    (best,) = detail["best_trials"]
+    assert best["number"] == muon != winner == study.best_trial.number
+    assert f"trial: {winner}" in export_best(run)[0].read_text()
+    assert optuna_best_note(study, out.ranking) == [
+        f"note: optuna-dashboard's Best Trial is trial {muon} (baseline muon, 2.0000): it counts "
+        f"every completed trial; the answer is trial {winner}, as exported"]
+
+
 @pytest.mark.slow
 def test_optunas_best_that_the_merged_seeds_overturn_is_named(monkeypatch, tmp_path):
     use_train(monkeypatch, FakeTrain(losses=tied_losses, with_config=True))
@@ -168,7 +219,7 @@ def test_optunas_best_that_the_merged_seeds_overturn_is_named(monkeypatch, tmp_p
     # euclidean's (3.0075): the views cannot agree, and the summary says why.
     assert out.ranking.rows[0].label.startswith("attn=adamw")
     assert study.best_trial.params["geometry.attn"] == "euclidean"
-    assert (f"note: Optuna's best_trial (optuna best-trial, the dashboard) is trial {study.best_trial.number}, "
+    assert (f"note: Optuna's best_trial (optuna best-trial) is trial {study.best_trial.number}, "
             "by the mean of its own seeds (3.0050)") in " ".join(buf.getvalue().split())  # wrapped
 
 

@@ -292,6 +292,20 @@ def test_preflight_splits_the_batch_over_the_processes_of_a_launch():
         preflight(make_space(proxy={**TINY_PROXY, "batch_size": 4, "grad_accum": 4}), processes=2)
 
 
+def test_preflight_says_when_a_run_takes_an_hour_or_more(monkeypatch):
+    from geosearch.models import memory
+
+    lines = []
+    preflight(make_space(proxy=TINY_PROXY), echo=lines.append)
+    assert lines == []  # the tiny proxy: seconds
+    # Rule: a run estimated at an hour or more (its FLOPs at the device's measured rate) is
+    # one note before any trial; the search goes on (the user may mean it).
+    monkeypatch.setattr(memory, "matmul_rate", lambda device: 1.0)  # one FLOP a second
+    preflight(make_space(proxy=TINY_PROXY), echo=lines.append)
+    (line,) = lines
+    assert line.startswith("note: one run of 'tiny' takes at least ") and "Ctrl-C stops it" in line
+
+
 def test_preflight_runs_a_py_model_for_real_when_its_forward_cannot_run_on_the_meta_device():
     def space(factory):
         return make_space(rules=USER_RULES, proxy={**TINY_PROXY, "model": f"py:{USER_MODEL}:{factory}"})
