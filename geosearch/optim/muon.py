@@ -248,15 +248,12 @@ class ManifoldMuon(torch.optim.Optimizer):
             group, size = sharded.ranks(params, self.replicas)
             groups.setdefault(group, (size, []))[1].append(i)
         pieces: dict[int, list] = {}
-        for group, (size, idx) in groups.items():
-            if size < 2:
-                pieces.update((i, [(batches[i], None)]) for i in idx)
-                continue
+        for group, (size, idx) in groups.items():  # size 1: one piece, every rank steps it
             costs = [[grouped.cost([m]) for m in batches[i][2]] for i in idx]
             for i, cuts in zip(idx, sharded.divide(costs, size)):
                 manifold, step, members, params = batches[i]
-                pieces[i] = [((manifold, step, members[a:b], params[a:b]), (rank, group))
-                             for a, b, rank in cuts]
+                pieces[i] = [((manifold, step, members[a:b], params[a:b]),
+                              (rank, group) if size > 1 else None) for a, b, rank in cuts]
         flat = [piece for i in range(len(batches)) for piece in pieces[i]]
         return [b for b, _ in flat], [o for _, o in flat]
 
