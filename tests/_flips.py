@@ -174,11 +174,15 @@ def flip(run_dir: Path, file: str, rng: random.Random, only_val_losses: bool = F
                 if old.isdigit()
                 else bytes([old[0] ^ (1 << rng.randrange(8))])
             )
-            result = Flip(path, n, what, at, old, new)
             with open(path, "r+b") as f:
                 f.seek(at)
                 f.write(new)
-            if _text(_stored(run_dir, file)) != _text(before):
+            after = _stored(run_dir, file)
+            # the trial whose number changed: the same value (a constant every trial stores,
+            # such as the target's logit scale) sits in other trials' rows too
+            hit = [m for m in before if _text(after.get(m)) != _text(before[m])]
+            result = Flip(path, hit[0] if len(hit) == 1 else n, what, at, old, new)
+            if _text(after) != _text(before):
                 return result
             result.undo()  # a stale copy (a page SQLite does not use): try the next place
     raise AssertionError(f"no stored number of {file} in {run_dir} could be changed by one byte")

@@ -26,7 +26,10 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to
 
 
 def _send_sigint_and_wait() -> None:
-    os.kill(os.getpid(), signal.SIGINT)
+    # To this thread (the main one): os.kill to the process lets the kernel pick any of its
+    # threads (torch's, a tracker's), which on a loaded machine may run the C handler only
+    # after the loop below has ended, and then no KeyboardInterrupt comes in time.
+    signal.raise_signal(signal.SIGINT)
     for _ in range(100_000):  # the handler runs between two bytecodes of the main thread
         pass
 
