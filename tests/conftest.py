@@ -11,6 +11,9 @@ on a 2-core CI machine a second spinning thread slows small ops down many times
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import warnings
 
 import pytest
 import torch
@@ -33,6 +36,30 @@ def _one_thread():
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
         os.environ["OMP_NUM_THREADS"] = env
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_found(request):
+    """Each test leaves SIGINT, SIGTERM and the signal hold as it found them. A test that
+    does not (a handler left in place, a hold never ended) gets them put back and a warning
+    naming it, so the tests after it in the same process (test_interrupts.py) see Python's
+    own handlers: two failed in CI under xdist, after some test left one behind."""
+    from geosearch.search.runtime.interrupts import signals_held
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    left = {s: h for s, h in before.items() if signal.getsignal(s) != h}
+    for s, h in left.items():
+        signal.signal(s, signal.SIG_DFL if h is None else h)
+    if signals_held._depth:
+        left["signals_held"] = signals_held._depth
+        signals_held._depth = 0
+    if left:
+        warnings.warn(f"{request.node.nodeid} left signal state behind: {sorted(map(str, left))}",
+                      stacklevel=1)
 
 
 @pytest.fixture
