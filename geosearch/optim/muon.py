@@ -249,7 +249,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             groups.setdefault(group, (size, []))[1].append(i)
         pieces: dict[int, list] = {}
         for group, (size, idx) in groups.items():  # size 1: one piece, every rank steps it
-            costs = [[grouped.cost([m]) for m in batches[i][2]] for i in idx]
+            costs = [[grouped.cost([m]) if size > 1 else 0.0 for m in batches[i][2]] for i in idx]
             for i, cuts in zip(idx, sharded.divide(costs, size)):
                 manifold, step, members, params = batches[i]
                 pieces[i] = [((manifold, step, members[a:b], params[a:b]),
