@@ -11,9 +11,6 @@ on a 2-core CI machine a second spinning thread slows small ops down many times
 from __future__ import annotations
 
 import os
-import signal
-import threading
-import warnings
 
 import pytest
 import torch
@@ -36,55 +33,6 @@ def _one_thread():
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
         os.environ["OMP_NUM_THREADS"] = env
-
-
-def _c_level(signals: tuple) -> dict:
-    """What Python's ``signal.getsignal`` does not show: the signals the main thread blocks,
-    and those a library ignored through ``sigaction`` itself (Linux ``/proc``), by name."""
-    state = {f"{s.name} blocked": True for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-             if s in signals}
-    try:
-        with open("/proc/self/status") as status:
-            ignored = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
-    except (OSError, StopIteration, ValueError):
-        return state
-    for s in signals:
-        if ignored >> (s - 1) & 1 and callable(signal.getsignal(s)):
-            state[f"{s.name} ignored below Python"] = True
-    return state
-
-
-@pytest.fixture(autouse=True)
-def _signals_as_found(request):
-    """Each test leaves SIGINT, SIGTERM and the signal hold as it found them. A test that
-    does not (a handler left in place, a hold never ended, a signal left blocked in the main
-    thread or ignored by a library underneath Python's handler) gets them put back and a
-    warning naming it, so the tests after it in the same process (test_interrupts.py) see
-    Python's own handlers: two failed in CI under xdist, after some test left one behind."""
-    from geosearch.search.runtime.interrupts import signals_held
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signals = (signal.SIGINT, signal.SIGTERM)
-    before = {s: signal.getsignal(s) for s in signals}
-    below = _c_level(signals)
-    yield
-    left = {s: h for s, h in before.items() if signal.getsignal(s) != h}
-    for s, h in left.items():
-        signal.signal(s, signal.SIG_DFL if h is None else h)
-    if signals_held._depth:
-        left["signals_held"] = signals_held._depth
-        signals_held._depth = 0
-    new = {k: v for k, v in _c_level(signals).items() if k not in below}
-    if new:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
-        for s in signals:  # sigaction again with Python's own handler
-            signal.signal(s, signal.getsignal(s))
-        left.update(new)
-    if left:
-        warnings.warn(f"{request.node.nodeid} left signal state behind: {sorted(map(str, left))}",
-                      stacklevel=1)
 
 
 @pytest.fixture

@@ -34,6 +34,19 @@ def _send_sigint_and_wait() -> None:
         pass
 
 
+@pytest.fixture
+def python_sigint():
+    """SIGINT with Python's own handler (KeyboardInterrupt) for the test, put back after.
+
+    A process started with SIGINT ignored keeps it ignored, and Python then installs no
+    handler: a background job of a non-interactive shell starts so (``pytest ... &`` in a CI
+    script; the case ``sigint_honoured`` exists for). A test that expects a delivered Ctrl-C to
+    raise sets the handler itself instead of taking it from how the suite was started."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_the_latch_keeps_a_swallowed_ctrl_c_and_restores_the_handler():
     before = signal.getsignal(signal.SIGINT)
     with ctrl_c_latch():
@@ -52,7 +65,7 @@ def test_sigint_is_ignored_while_deferred_and_handled_after():
     assert signal.getsignal(signal.SIGINT) == before
 
 
-def test_signals_held_arrive_after_the_block_and_the_handlers_come_back():
+def test_signals_held_arrive_after_the_block_and_the_handlers_come_back(python_sigint):
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     finished = False
     with pytest.raises(KeyboardInterrupt):
@@ -65,7 +78,8 @@ def test_signals_held_arrive_after_the_block_and_the_handlers_come_back():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
-def test_a_signal_held_during_a_journal_append_comes_after_the_record_and_the_lock(tmp_path, monkeypatch):
+def test_a_signal_held_during_a_journal_append_comes_after_the_record_and_the_lock(
+        tmp_path, monkeypatch, python_sigint):
     from geosearch.search.runtime.journal import SafeJournalFile
 
     journal = SafeJournalFile(tmp_path / "journal.log")
